@@ -1,0 +1,72 @@
+"""pytest options, device x implementation parametrization and Hypothesis profiles.
+
+Options:
+  --rope-impl NAME|module:callable     (repeatable) rotation implementations to check; default all built-ins
+  --rope-device cpu|cuda|rocm|xpu      (repeatable) restrict to these devices; default every device found
+  --rope-positions-impl NAME|module:callable   (repeatable) position-preparation implementations
+
+Profiles (``--hypothesis-profile``): dev (default, quick), ci (derandomized, loaded when CI is set),
+deep (many examples, for a GPU box).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+import rope  # noqa: F401  (switches Triton to the interpreter when there is no GPU, before any kernel)
+from rope.devices import DEVICE_NAMES, available_devices
+from rope.registry import get_implementation, implementations
+
+_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
+settings.register_profile("dev", max_examples=20, deadline=None, suppress_health_check=_SLOW_OK)
+settings.register_profile("ci", derandomize=True, deadline=None, database=None, print_blob=True,
+                          max_examples=20, suppress_health_check=_SLOW_OK)
+settings.register_profile("deep", max_examples=400, deadline=None, print_blob=True, suppress_health_check=_SLOW_OK)
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("rope", "rope-harness")
+    group.addoption("--rope-impl", action="append", default=[], metavar="NAME",
+                    help="rotation implementation (registered name or package.module:callable); repeatable")
+    group.addoption("--rope-device", action="append", default=[], metavar="DEVICE",
+                    help=f"restrict to these devices ({', '.join(DEVICE_NAMES)}); repeatable")
+    group.addoption("--rope-positions-impl", action="append", default=[], metavar="NAME",
+                    help="position-preparation implementation (name or package.module:callable); repeatable")
+
+
+def selected_devices(config) -> list[str]:
+    found = available_devices()
+    wanted = config.getoption("--rope-device") or found
+    for name in wanted:
+        if name not in DEVICE_NAMES:
+            raise pytest.UsageError(f"--rope-device={name!r}: must be one of {DEVICE_NAMES}")
+        if name not in found:
+            raise pytest.UsageError(f"--rope-device={name!r}: not available here (found {found})")
+    return list(dict.fromkeys(wanted))
+
+
+def selected_implementations(config) -> dict:
+    names = config.getoption("--rope-impl")
+    if not names:
+        return implementations()
+    try:
+        return {name: get_implementation(name) for name in names}
+    except ValueError as exc:
+        raise pytest.UsageError(f"--rope-impl: {exc}") from None
+
+
+def pytest_generate_tests(metafunc):
+    """Tests taking ``impl_name`` and ``device`` run for every implementation on every device."""
+    if "impl_name" in metafunc.fixturenames and "device" in metafunc.fixturenames:
+        impls = selected_implementations(metafunc.config)
+        devices = selected_devices(metafunc.config)
+        combos = [(name, dev) for name in impls for dev in devices]
+        metafunc.parametrize("impl_name,device", combos, ids=[f"{n}-{d}" for n, d in combos])
+    elif "device" in metafunc.fixturenames:
+        devices = selected_devices(metafunc.config)
+        metafunc.parametrize("device", devices, ids=devices)
+

@@ -1,0 +1,43 @@
+"""Inputs that triggered real bugs (SPEC §7), as rotation cases every implementation must pass.
+
+Each entry names the bug it reproduces; the spec is the model's, the positions are chosen to
+expose the bug (distinct rows, the last cache row, the last token).
+"""
+
+from __future__ import annotations
+
+from properties.strategies import RotationCase
+from rope.spec import RopeSpec
+
+GLM_41V = RopeSpec(head_size=128, rotary_dim=64, is_neox_style=False, sections=(8, 12, 12),
+                   layout="chunked", base=10000.0, max_position=4 * 65536)
+GLM_OCR = RopeSpec(head_size=128, rotary_dim=128, is_neox_style=False, sections=(16, 24, 24),
+                   layout="chunked", base=10000.0, max_position=4 * 131072)
+QWEN35 = RopeSpec(head_size=256, rotary_dim=64, is_neox_style=True, sections=(11, 11, 10),
+                  layout="interleaved", base=10000000.0, max_position=4 * 262144)
+QWEN3_VL = RopeSpec(head_size=128, rotary_dim=128, is_neox_style=True, sections=(24, 20, 20),
+                    layout="interleaved", base=5000000.0, max_position=4 * 262144)
+HUNYUAN_OCR = RopeSpec(head_size=128, rotary_dim=128, is_neox_style=True, sections=(16, 16, 16, 16),
+                       layout="chunked", base=10000.0, max_position=32768, ntk_alpha=1000.0)
+SMALL_INTERLEAVED = RopeSpec(head_size=128, rotary_dim=64, is_neox_style=True, sections=(8, 12, 12),
+                             layout="interleaved", base=10000.0, max_position=4096)
+
+KNOWN_BUG_CASES = {
+    # 1. Triton M-RoPE paired NeoX for GPT-J models (vllm#42016, #49290, fixed by #49906).
+    "gptj-paired-neox-glm41v": RotationCase(GLM_41V, 11, 32, 2, "bfloat16", "uniform", False, 1),
+    "gptj-paired-neox-glmocr": RotationCase(GLM_OCR, 11, 16, 8, "bfloat16", "grid", False, 2),
+    # 2. Interleaved masks covering padding lanes: cos/sin loads past rotary_dim/2 (sglang#30123);
+    #    positions at the last cache row and on the last token.
+    "interleaved-padding-lanes-qwen35": RotationCase(QWEN35, 7, 16, 2, "bfloat16", "last_row", False, 3),
+    # 3. Partial rotary with head_size/2 strides (vllm#22593).
+    "partial-rotary-strides-glm41v": RotationCase(GLM_41V, 8, 4, 2, "float32", "uniform", True, 4),
+    # 9. Interleaved map pinned exactly, including 3*s_h > rotary_dim/2 ([8,12,12] over 32 freqs).
+    "interleaved-map-qwen3vl": RotationCase(QWEN3_VL, 9, 8, 2, "float32", "uniform", False, 5),
+    "interleaved-map-short-sections": RotationCase(SMALL_INTERLEAVED, 9, 4, 1, "float32", "uniform", False, 6),
+    # XD-RoPE 4 rows with NTK alpha (HunyuanOCR), image grid positions.
+    "xdrope-4rows-hunyuanocr": RotationCase(HUNYUAN_OCR, 12, 16, 8, "bfloat16", "grid", False, 7),
+    # Early Triton stride review (vllm#22375): h/w row offsets use num_tokens strides.
+    "row-strides-many-tokens": RotationCase(QWEN3_VL, 97, 2, 1, "float16", "uniform", True, 8),
+    # MQA, key absent, a single token.
+    "single-token-no-key": RotationCase(GLM_41V, 1, 3, 0, "float16", "uniform", False, 9),
+}

@@ -1,0 +1,200 @@
+"""Hypothesis strategies for rotary cases.
+
+Strategies draw *descriptions* (spec, head counts, token count, dtype, position pattern,
+memory layout, seed); :func:`build_rotation_inputs` turns a description into tensors with a
+``torch.Generator`` on the CPU and then moves them, so a case regenerates bit-identically on
+any device and from a case file.  Everything shrinks towards the simplest case: 64-wide
+heads, full rotary, one head, one token, uniform positions, contiguous tensors, seed 0.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import asdict, dataclass
+
+import torch
+from hypothesis import strategies as st
+
+from rope.cache import cos_sin_cache
+from rope.devices import torch_device
+from rope.spec import RopeSpec
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPE_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+# Head sizes of real models first (64 shrinks best), then small ones for edge cases.
+HEAD_SIZES = (64, 128, 80, 96, 112, 160, 192, 256, 32, 16, 8)
+# Per-rank head counts of real models under tensor parallelism (e.g. Qwen2-VL-7B 28/4 at tp=4 -> 7/1).
+REAL_HEAD_COUNTS = (28, 14, 7, 64, 32, 16, 8, 96, 48, 12, 6, 3, 2)
+BASES = (10000.0, 1000000.0, 5000000.0, 10000000.0, 500000.0)
+MAX_POSITIONS = (4096, 1, 7, 300, 2048, 32768, 131072)
+POSITION_KINDS = ("uniform", "text", "grid", "last_row")
+# Variant kinds, as used in test ids: how many position rows and which layout.
+KINDS = ("1d", "chunked3", "chunked4", "interleaved", "chunked1")
+KIND_ROWS = {"1d": 1, "chunked1": 1, "chunked3": 3, "chunked4": 4, "interleaved": 3}
+
+
+def _check(name, value, allowed):
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r}: must be one of {allowed}")
+
+
+@dataclass(frozen=True)
+class RotationCase:
+    """A rotation input, described well enough to regenerate it anywhere."""
+    spec: RopeSpec
+    num_tokens: int
+    num_q_heads: int
+    num_kv_heads: int          # 0: key absent
+    dtype: str
+    positions_kind: str = "uniform"
+    packed_qkv: bool = False   # q and k are row-strided views into one [T, (Hq + 2 Hkv) * hs] tensor
+    seed: int = 0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["spec"] = self.spec.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RotationCase":
+        d = dict(d)
+        d["spec"] = RopeSpec.from_dict(d["spec"])
+        return cls(**d)
+
+
+@st.composite
+def sections(draw, *, total: int, parts: int):
+    """Positive ints summing to ``total`` in ``parts`` pieces (any composition); shrinks to even-ish."""
+    if parts < 1 or total < parts:
+        raise ValueError(f"parts={parts}: need 1 <= parts <= total={total}")
+    if parts == 1:
+        return (total,)
+    cuts = draw(st.lists(st.integers(1, total - 1), min_size=parts - 1, max_size=parts - 1, unique=True))
+    edges = [0] + sorted(cuts) + [total]
+    return tuple(b - a for a, b in zip(edges, edges[1:]))
+
+
+@st.composite
+def rope_specs(draw, *, kind: str = "chunked3", is_neox_style: bool | None = None,
+               head_sizes=HEAD_SIZES, max_positions=MAX_POSITIONS):
+    """A valid RopeSpec of the given kind; shrinks to head 64, full rotary, base 1e4."""
+    _check("kind", kind, KINDS)
+    rows = KIND_ROWS[kind]
+    head_size = draw(st.sampled_from(head_sizes))
+    half_max = head_size // 2
+    min_half = 3 if kind in ("chunked3", "interleaved") else (4 if kind == "chunked4" else 1)
+    half = draw(st.one_of(
+        st.sampled_from([h for h in (half_max, half_max // 2, half_max // 4) if h >= min_half] or [half_max]),
+        st.integers(min_half, half_max)))
+    if half < min_half:
+        half = half_max
+    if kind == "1d":
+        secs, layout = None, "chunked"
+    elif kind == "interleaved":
+        secs, layout = draw(sections(total=half, parts=3)), "interleaved"
+    else:
+        secs, layout = draw(sections(total=half, parts=rows)), "chunked"
+    neox = draw(st.booleans()) if is_neox_style is None else is_neox_style
+    alpha = draw(st.sampled_from([None, 1000.0])) if kind in ("chunked3", "chunked4") and half > 1 else None
+    return RopeSpec(head_size=head_size, rotary_dim=2 * half, is_neox_style=neox, sections=secs, layout=layout,
+                    base=draw(st.sampled_from(BASES)), max_position=draw(st.sampled_from(max_positions)),
+                    ntk_alpha=alpha)
+
+
+def head_counts(*, key: bool | None = None):
+    """(num_q_heads, num_kv_heads): MHA, GQA, MQA and TP-sharded real counts; kv 0 = key absent."""
+    q = st.one_of(st.integers(1, 4), st.sampled_from(REAL_HEAD_COUNTS))
+
+    @st.composite
+    def pairs(draw):
+        nq = draw(q)
+        has_key = draw(st.booleans().map(lambda b: not b)) if key is None else key
+        if not has_key:
+            return nq, 0
+        nkv = draw(st.one_of(st.just(nq), st.just(1), st.integers(1, max(1, nq))))
+        return nq, nkv
+    return pairs()
+
+
+@st.composite
+def rotation_cases(draw, *, dtype: str = "float32", kind: str = "chunked3", is_neox_style: bool | None = None,
+                   min_tokens: int = 0, max_tokens: int = 48, head_sizes=HEAD_SIZES, max_positions=MAX_POSITIONS):
+    """A full rotation case; shrinks to one token, one head, uniform positions, contiguous q/k."""
+    _check("dtype", dtype, tuple(DTYPES))
+    if not 0 <= min_tokens <= max_tokens:
+        raise ValueError(f"min_tokens={min_tokens}: must be in [0, max_tokens={max_tokens}]")
+    spec = draw(rope_specs(kind=kind, is_neox_style=is_neox_style, head_sizes=head_sizes,
+                           max_positions=max_positions))
+    num_tokens = draw(st.integers(min(max(1, min_tokens), max_tokens), max_tokens) | st.just(min_tokens))
+    nq, nkv = draw(head_counts())
+    # Keep interpreter runs cheap: large real head counts with big heads only for few tokens.
+    if nq * spec.head_size * max(1, num_tokens) > 64 * 1024:
+        num_tokens = max(min_tokens, min(num_tokens, 4))
+    return RotationCase(spec=spec, num_tokens=num_tokens, num_q_heads=nq, num_kv_heads=nkv, dtype=dtype,
+                        positions_kind=draw(st.sampled_from(POSITION_KINDS)), packed_qkv=draw(st.booleans()),
+                        seed=draw(st.integers(0, 2 ** 32 - 1)))
+
+
+# --------------------------------------------------------------------------- tensors
+@functools.lru_cache(maxsize=16)
+def _cpu_cache(spec: RopeSpec, dtype: torch.dtype) -> torch.Tensor:
+    return cos_sin_cache(spec, dtype, "cpu")
+
+
+def make_positions(spec: RopeSpec, num_tokens: int, kind: str, gen: torch.Generator) -> torch.Tensor:
+    """int64 [T] or [num_dims, T] with values in [0, spec.max_position)."""
+    _check("positions_kind", kind, POSITION_KINDS)
+    rows, limit = spec.num_dims, spec.max_position
+    if kind == "uniform":
+        pos = torch.randint(0, limit, (rows, num_tokens), generator=gen)
+    elif kind == "text":        # all rows equal, consecutive from a random start
+        start = int(torch.randint(0, max(1, limit - num_tokens + 1), (1,), generator=gen))
+        pos = (start + torch.arange(num_tokens)).remainder(limit).expand(rows, num_tokens).clone()
+    elif kind == "grid":        # one image-like block: t-major, then h, then w from a common base
+        w = int(torch.randint(1, 6, (1,), generator=gen))
+        h = int(torch.randint(1, 6, (1,), generator=gen))
+        j = torch.arange(num_tokens)
+        coords = [j // (h * w), (j // w) % h, j % w, j]
+        base = int(torch.randint(0, limit, (1,), generator=gen))
+        pos = torch.stack([(base + coords[d]) for d in range(rows)]).remainder(limit)
+    else:                       # "last_row": the last cache row, mixed with random rows
+        pos = torch.randint(0, limit, (rows, num_tokens), generator=gen)
+        pos[torch.rand(rows, num_tokens, generator=gen) < 0.5] = limit - 1
+        if num_tokens:
+            pos[:, -1] = limit - 1
+    pos = pos.to(torch.int64)
+    return pos[0].contiguous() if spec.num_dims == 1 else pos
+
+
+@dataclass
+class RotationInputs:
+    positions: torch.Tensor
+    query: torch.Tensor
+    key: torch.Tensor | None
+    cache: torch.Tensor
+    storage: torch.Tensor        # the tensor q and k live in (packed qkv or q itself)
+
+
+def build_rotation_inputs(case: RotationCase, device: str = "cpu") -> RotationInputs:
+    """Regenerate the case's tensors bit-identically (CPU generator), then move them to ``device``."""
+    spec, hs = case.spec, case.spec.head_size
+    dtype = DTYPES[case.dtype]
+    gen = torch.Generator().manual_seed(case.seed)
+    positions = make_positions(spec, case.num_tokens, case.positions_kind, gen)
+    q_width, k_width = case.num_q_heads * hs, case.num_kv_heads * hs
+    dev = torch_device(device)
+    if case.packed_qkv:
+        storage = torch.randn(case.num_tokens, q_width + 2 * k_width, generator=gen).to(dtype).to(dev)
+        query = storage[:, :q_width]
+        key = storage[:, q_width:q_width + k_width] if k_width else None
+    else:
+        query = torch.randn(case.num_tokens, q_width, generator=gen).to(dtype).to(dev)
+        key = torch.randn(case.num_tokens, k_width, generator=gen).to(dtype).to(dev) if k_width else None
+        storage = query
+    return RotationInputs(positions.to(dev), query, key, _cpu_cache(spec, dtype).to(dev), storage)
+
+
+def case_id(impl: str, device: str, dtype: str, kind: str, neox: bool) -> str:
+    """Test id in the project's format: ``triton-cuda-bf16-interleaved-gptj``."""
+    return f"{impl}-{device}-{DTYPE_SHORT.get(dtype, dtype)}-{kind}-{'neox' if neox else 'gptj'}"

@@ -1,0 +1,78 @@
+"""The reference checked against an independent formulation and against the algebra of rotations."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from hypothesis import given, strategies as st
+
+import reference
+from properties.strategies import KINDS, build_rotation_inputs, rotation_cases
+
+
+def complex_rotation(spec, positions, x, cache):
+    """Independent formulation: each pair is a complex number times e^{i theta}, theta read per
+    frequency from the axis row the spec names; pairs gathered by explicit channel lists."""
+    rows = positions.reshape(spec.num_dims, -1).tolist()
+    half = spec.rotary_dim // 2
+    out = x.to(torch.float64).clone()
+    heads = x.shape[1] // spec.head_size
+    axis = spec.axis_map()
+    for t in range(x.shape[0]):
+        for i in range(half):
+            p = rows[axis[i]][t]
+            w = complex(float(cache[p, i]), float(cache[p, half + i]))
+            a_ch, b_ch = (i, i + half) if spec.is_neox_style else (2 * i, 2 * i + 1)
+            for h in range(heads):
+                base = h * spec.head_size
+                z = complex(float(x[t, base + a_ch]), float(x[t, base + b_ch])) * w
+                out[t, base + a_ch], out[t, base + b_ch] = z.real, z.imag
+    return out
+
+
+@given(case=st.sampled_from(KINDS).flatmap(lambda k: rotation_cases(kind=k, max_tokens=6, head_sizes=(8, 16, 32))))
+def test_reference_equals_complex_formulation(case):
+    x = build_rotation_inputs(case)
+    q, k = reference.rotate(case.spec, x.positions, x.query, x.key, x.cache)
+    expected = complex_rotation(case.spec, x.positions, x.query, x.cache)
+    torch.testing.assert_close(q, expected, rtol=4 * 2.0 ** -53, atol=1e-300)   # both float64, <= 2 roundings
+    assert (k is None) == (x.key is None)
+
+
+@given(case=st.sampled_from(KINDS).flatmap(lambda k: rotation_cases(kind=k, min_tokens=1)))
+def test_reference_preserves_pair_norms(case):
+    # |R x|^2 = |x|^2 (cos^2 + sin^2) for every pair; pass-through channels are copied.
+    x = build_rotation_inputs(case)
+    q, _ = reference.rotate(case.spec, x.positions, x.query, x.key, x.cache)
+    spec = case.spec
+    q_in = x.query.to(torch.float64).reshape(case.num_tokens, -1, spec.head_size)
+    q_out = q.reshape(q_in.shape)
+    assert torch.equal(q_out[..., spec.rotary_dim:], q_in[..., spec.rotary_dim:])
+    cos, sin = reference.rotation.select_cos_sin(spec, x.positions, x.cache)
+    a, b = reference.rotation.pair_indices(spec)
+    before = (q_in[..., a] ** 2 + q_in[..., b] ** 2) * (cos ** 2 + sin ** 2)[:, None, :]
+    after = q_out[..., a] ** 2 + q_out[..., b] ** 2
+    torch.testing.assert_close(after, before, rtol=1e-13, atol=1e-300)
+
+
+@given(case=rotation_cases(kind="chunked3", min_tokens=1))
+def test_reference_position_zero_is_identity(case):
+    x = build_rotation_inputs(case)
+    zeros = torch.zeros_like(x.positions)
+    q, _ = reference.rotate(case.spec, zeros, x.query, x.key, x.cache)
+    assert torch.equal(q, x.query.to(torch.float64))
+
+
+def test_reference_worked_example_gptj_partial():
+    from rope.spec import RopeSpec
+    spec = RopeSpec(head_size=6, rotary_dim=4, is_neox_style=False, sections=(1, 1), base=10000.0, max_position=4)
+    cache = torch.zeros(4, 4, dtype=torch.float64)
+    cache[1] = torch.tensor([math.cos(0.5), math.cos(0.25), math.sin(0.5), math.sin(0.25)])
+    cache[2] = torch.tensor([0.0, 1.0, 1.0, 0.0])      # row 2: freq 0 by 90 degrees, freq 1 identity
+    q = torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]], dtype=torch.float64)
+    pos = torch.tensor([[2], [1]])                     # freq 0 <- row 0 (pos 2), freq 1 <- row 1 (pos 1)
+    out, _ = reference.rotate(spec, pos, q, None, cache)
+    c1, s1 = math.cos(0.25), math.sin(0.25)
+    expected = [1 * 0 - 2 * 1, 2 * 0 + 1 * 1, 3 * c1 - 4 * s1, 4 * c1 + 3 * s1, 5.0, 6.0]
+    torch.testing.assert_close(out[0], torch.tensor(expected, dtype=torch.float64))

@@ -1,0 +1,71 @@
+"""Every rotation implementation, on every device, against the float64 reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+import reference
+from properties.checks import assert_matches_reference, run_rotation, skip_if_unsupported
+from properties.known_cases import KNOWN_BUG_CASES
+from properties.strategies import DTYPE_SHORT, DTYPES, KINDS, RotationCase, build_rotation_inputs, rotation_cases
+from rope.registry import get_implementation
+from rope.spec import RopeSpec
+
+DTYPE_PARAMS = [pytest.param(d, id=DTYPE_SHORT[d]) for d in DTYPES]
+KIND_PARAMS = [pytest.param(k, id=k) for k in KINDS]
+PAIRING_PARAMS = [pytest.param(True, id="neox"), pytest.param(False, id="gptj")]
+
+
+@pytest.mark.parametrize("is_neox_style", PAIRING_PARAMS)
+@pytest.mark.parametrize("kind", KIND_PARAMS)
+@pytest.mark.parametrize("dtype", DTYPE_PARAMS)
+@given(data=st.data())
+def test_rotation_matches_reference(impl_name, device, dtype, kind, is_neox_style, data):
+    # Rejects: wrong pairing, wrong axis map or sections, wrong partial strides, rounding or
+    # precision worse than declared, writes outside q/k, NaN from out-of-range loads.
+    impl = get_implementation(impl_name)
+    case = data.draw(rotation_cases(dtype=dtype, kind=kind, is_neox_style=is_neox_style), label="case")
+    skip_if_unsupported(impl_name, impl, case.spec, dtype, device)
+    assert_matches_reference(impl_name, impl, case, device)
+
+
+@pytest.mark.parametrize("bug", list(KNOWN_BUG_CASES), ids=list(KNOWN_BUG_CASES))
+def test_known_bug_triggers_match_reference(impl_name, device, bug):
+    impl = get_implementation(impl_name)
+    case = KNOWN_BUG_CASES[bug]
+    skip_if_unsupported(impl_name, impl, case.spec, case.dtype, device)
+    assert_matches_reference(impl_name, impl, case, device)
+
+
+def _as_1d(spec: RopeSpec) -> RopeSpec:
+    return RopeSpec(spec.head_size, spec.rotary_dim, spec.is_neox_style, None, "chunked", spec.base,
+                    spec.max_position, spec.ntk_alpha)
+
+
+@pytest.mark.parametrize("kind", ["chunked3", "chunked4", "interleaved"])
+@given(data=st.data())
+def test_text_tokens_reduce_to_1d(impl_name, device, kind, data):
+    impl = get_implementation(impl_name)
+    # With all position rows equal, every layout is 1-D RoPE, bit for bit.  Rejects kernels that
+    # read rows with the wrong stride or mix lanes across rows.
+    case = data.draw(rotation_cases(dtype="float32", kind=kind, min_tokens=1))
+    case = RotationCase(**{**case.__dict__, "positions_kind": "text"})
+    skip_if_unsupported(impl_name, impl, case.spec, case.dtype, device)
+    inputs, q_multi, k_multi = run_rotation(impl, case, device)
+    spec_1d = _as_1d(case.spec)
+    fresh = build_rotation_inputs(case, device)
+    q_1d, k_1d = impl(spec_1d, fresh.positions[0].contiguous(), fresh.query, fresh.key, fresh.cache)
+    assert torch.equal(q_multi.cpu(), q_1d.cpu())
+    if case.num_kv_heads:
+        assert torch.equal(k_multi.cpu(), k_1d.cpu())
+
+
+@given(case=rotation_cases(kind="interleaved", min_tokens=1))
+def test_reference_text_tokens_reduce_to_1d(case):
+    case = RotationCase(**{**case.__dict__, "positions_kind": "text"})
+    x = build_rotation_inputs(case)
+    q3, k3 = reference.rotate(case.spec, x.positions, x.query, x.key, x.cache)
+    q1, k1 = reference.rotate(_as_1d(case.spec), x.positions[0].contiguous(), x.query, x.key, x.cache)
+    assert torch.equal(q3, q1)

@@ -1,0 +1,83 @@
+"""The bound is tight: it rejects real precision bugs and never a correctly rounded result."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+import reference
+from properties.strategies import DTYPES, KINDS, build_rotation_inputs, rotation_cases
+from rope.native import rotate_native
+from rope.tolerance import compare_rotation, rotation_bound, unit_roundoff
+
+
+def _compare(case, q_out, k_out, precision):
+    x = build_rotation_inputs(case)
+    rq, rk = reference.rotate(case.spec, x.positions, x.query, x.key, x.cache)
+    return compare_rotation(case.spec, x.positions, x.query, x.key, x.cache, q_out, k_out, rq, rk, precision)
+
+
+def _bf16_compute(case):
+    """Computes in bf16 whatever the input dtype (the bug: claims float32)."""
+    x = build_rotation_inputs(case)
+    bf = torch.bfloat16
+    q, k = rotate_native(case.spec, x.positions, x.query.to(bf), None if x.key is None else x.key.to(bf), x.cache.to(bf))
+    return q.to(x.query.dtype), None if k is None else k.to(x.query.dtype)
+
+
+def _exact_then_rounded(case, truncate=False):
+    """The float64 reference rounded once to the output dtype: nearest-even, or truncated."""
+    x = build_rotation_inputs(case)
+    rq, rk = reference.rotate(case.spec, x.positions, x.query, x.key, x.cache)
+    dtype = x.query.dtype
+
+    def store(t):
+        if t is None:
+            return None
+        f32 = t.to(torch.float32)
+        if truncate and dtype == torch.bfloat16:
+            return (f32.view(torch.int32) & ~0xFFFF).view(torch.float32).to(dtype)
+        return f32.to(dtype)
+    return store(rq), store(rk)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@given(data=st.data())
+def test_bf16_arithmetic_claiming_fp32_fails(dtype, data):
+    case = data.draw(rotation_cases(dtype=dtype, kind=data.draw(st.sampled_from(KINDS)), min_tokens=1))
+    assert not _compare(case, *_bf16_compute(case), "float32").ok
+
+
+@given(data=st.data())
+def test_truncating_bf16_store_fails(data):
+    # The Triton interpreter's fp32->bf16 cast truncates; a kernel relying on it is 1 ulp off
+    # on about half of the elements.  Needs enough elements that one rounds differently.
+    case = data.draw(rotation_cases(dtype="bfloat16", kind=data.draw(st.sampled_from(KINDS)), min_tokens=4))
+    truncated = _exact_then_rounded(case, truncate=True)
+    nearest = _exact_then_rounded(case)
+    if all(torch.equal(a, b) for a, b in zip(truncated, nearest) if a is not None):
+        return  # every value happened to be exact or round down: nothing to distinguish
+    assert not _compare(case, *truncated, "float32").ok
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@given(data=st.data())
+def test_correctly_rounded_result_passes(dtype, data):
+    case = data.draw(rotation_cases(dtype=dtype, kind=data.draw(st.sampled_from(KINDS))))
+    result = _compare(case, *_exact_then_rounded(case), "float32")
+    assert result.ok, result.message()
+    assert result.worst_ratio <= 1.0
+
+
+def test_pass_through_bound_is_zero_and_rotated_bound_is_half_ulp():
+    from rope.spec import RopeSpec
+    spec = RopeSpec(8, 4, True)
+    x = torch.ones(1, 8, dtype=torch.bfloat16)
+    cos, sin = torch.ones(1, 2, dtype=torch.float64), torch.zeros(1, 2, dtype=torch.float64)
+    ref = x.to(torch.float64)
+    bound = rotation_bound(spec, x, ref, cos, sin, torch.bfloat16, "float32")
+    assert torch.all(bound[0, 4:] == 0)
+    # half an ulp of 1.0 in bf16 (2^-8), plus float32 work (2 * 2^-24) and second-order terms
+    assert torch.all((bound[0, :4] > 2 ** -8) & (bound[0, :4] < 2 ** -8 + 3 * 2 ** -24))
+    assert unit_roundoff(torch.bfloat16) == 2 ** -8

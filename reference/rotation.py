@@ -1,0 +1,57 @@
+"""Reference rotation in float64 (SPEC §2-3).
+
+Written to be read, not to be fast: gather the cos/sin rows the spec's axis map selects,
+then rotate each (a, b) pair of every head.  It reads the very cache the implementation
+receives (upcast to float64), so its only own error is one float64 rounding per output.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rope.spec import RopeSpec, check_rotation_inputs
+
+
+def pair_indices(spec: RopeSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """Channels (a_i, b_i) rotated by frequency i: NeoX (i, i + rd/2), GPT-J (2i, 2i + 1)."""
+    i = torch.arange(spec.num_freqs)
+    if spec.is_neox_style:
+        return i, i + spec.num_freqs
+    return 2 * i, 2 * i + 1
+
+
+def select_cos_sin(spec: RopeSpec, positions: torch.Tensor, cos_sin_cache: torch.Tensor):
+    """cos, sin as float64 [num_tokens, rotary_dim/2]: cos[t, i] = cache[positions[axis(i), t], i]."""
+    cache = cos_sin_cache.to(torch.float64)
+    rows = positions.long().reshape(spec.num_dims, -1)          # [num_dims, T]
+    half = spec.num_freqs
+    cos = torch.empty(rows.shape[1], half, dtype=torch.float64, device=cache.device)
+    sin = torch.empty_like(cos)
+    for i, axis in enumerate(spec.axis_map()):
+        pos = rows[axis]                                          # [T]
+        cos[:, i] = cache[pos, i]
+        sin[:, i] = cache[pos, half + i]
+    return cos, sin
+
+
+def rotate_heads(spec: RopeSpec, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate [T, H * head_size] in float64; channels >= rotary_dim are copied unchanged."""
+    num_tokens = x.shape[0]
+    heads = x.to(torch.float64).reshape(num_tokens, x.shape[1] // spec.head_size, spec.head_size)
+    out = heads.clone()
+    a_idx, b_idx = pair_indices(spec)
+    a, b = heads[..., a_idx], heads[..., b_idx]                   # [T, H, rd/2]
+    c, s = cos[:, None, :], sin[:, None, :]
+    out[..., a_idx] = a * c - b * s
+    out[..., b_idx] = b * c + a * s
+    return out.reshape(x.shape)
+
+
+def rotate(spec: RopeSpec, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None,
+           cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Reference rotation: float64 (query_out, key_out or None) on the inputs' device."""
+    check_rotation_inputs(spec, positions, query, key, cos_sin_cache)
+    cos, sin = select_cos_sin(spec, positions, cos_sin_cache)
+    q_out = rotate_heads(spec, query, cos, sin)
+    k_out = rotate_heads(spec, key, cos, sin) if key is not None else None
+    return q_out, k_out

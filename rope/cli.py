@@ -1,0 +1,76 @@
+"""``rope-harness``: the command-line entry point.
+
+    rope-harness check [--device D ...] [--impl NAME ...] [--profile dev|ci|deep] [-- PYTEST ARGS]
+        Run the equivalence suite (every implementation against the float64 reference) on every
+        available device, in parallel workers, and print the outcome.
+    rope-harness devices
+        List the devices found and whether Triton runs on each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _pytest_args(args) -> list[str]:
+    tests = PROJECT_ROOT / "properties"
+    if not tests.is_dir():
+        raise SystemExit(f"rope-harness: no properties/ next to {PROJECT_ROOT / 'rope'} (install with pip install -e .)")
+    out = [str(tests), "-q", "-p", "no:cacheprovider", f"--hypothesis-profile={args.profile}",
+           "--rootdir", str(PROJECT_ROOT)]
+    if args.workers != "0":
+        out += ["-n", args.workers]
+    for d in args.device:
+        out += ["--rope-device", d]
+    for name in args.impl:
+        out += ["--rope-impl", name]
+    return out + list(args.pytest_args)
+
+
+def cmd_check(args) -> int:
+    import pytest
+
+    from rope.devices import available_devices
+    devices = args.device or available_devices()
+    print(f"rope-harness check: devices {', '.join(devices)}; implementations "
+          f"{', '.join(args.impl) if args.impl else 'all built-in'}; profile {args.profile}", flush=True)
+    return int(pytest.main(_pytest_args(args)))
+
+
+def cmd_devices(args) -> int:
+    from rope.devices import available_devices, is_interpreter, triton_runs_on
+    for d in available_devices():
+        note = " (Triton interpreter)" if d == "cpu" and is_interpreter() else ""
+        print(f"{d}: triton {'yes' if triton_runs_on(d) else 'no'}{note}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rope-harness", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="run the equivalence suite on every available device")
+    check.add_argument("--device", action="append", default=[], help="restrict to this device (repeatable)")
+    check.add_argument("--impl", action="append", default=[], help="implementation name or module:callable (repeatable)")
+    check.add_argument("--profile", default="dev", choices=["dev", "ci", "deep"], help="Hypothesis profile")
+    check.add_argument("--workers", default="auto", help="pytest-xdist workers ('0' for none)")
+    check.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
+    check.set_defaults(func=cmd_check)
+    devices = sub.add_parser("devices", help="list the devices found")
+    devices.set_defaults(func=cmd_devices)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    import rope  # noqa: F401  (Triton interpreter switch before any kernel import)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

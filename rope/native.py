@@ -1,0 +1,56 @@
+"""The "native" implementation: plain torch ops in the activation dtype.
+
+This is how serving engines' ``forward_native`` computes M-RoPE: the cache is cast to the
+activation dtype, cos/sin rows are gathered and selected per frequency, and every product and
+sum is rounded to the activation dtype (bf16 stays bf16).  Its declared working precision is
+therefore "activation", and the tolerance widens accordingly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rope.spec import RopeSpec, check_rotation_inputs
+
+
+def select_cos_sin(spec: RopeSpec, positions: torch.Tensor, cache: torch.Tensor):
+    """cos, sin [T, rotary_dim/2] in the cache's dtype, each frequency from its axis row."""
+    cos, sin = cache[positions.long()].chunk(2, dim=-1)     # [T, half] or [D, T, half]
+    if spec.num_dims == 1:
+        return cos, sin
+    axis = torch.tensor(spec.axis_map(), device=cache.device)
+    index = axis.view(1, 1, -1).expand(1, cos.shape[1], -1)
+    return cos.gather(0, index).squeeze(0), sin.gather(0, index).squeeze(0)
+
+
+def apply_rotation(spec: RopeSpec, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate [T, H * head_size] in x's dtype; channels >= rotary_dim pass through."""
+    num_tokens = x.shape[0]
+    heads = x.reshape(num_tokens, x.shape[1] // spec.head_size, spec.head_size)
+    rot, rest = heads[..., : spec.rotary_dim], heads[..., spec.rotary_dim:]
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+    if spec.is_neox_style:
+        x1, x2 = rot.chunk(2, dim=-1)
+    else:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+    o1 = x1 * c - x2 * s
+    o2 = x2 * c + x1 * s
+    if spec.is_neox_style:
+        rotated = torch.cat((o1, o2), dim=-1)
+    else:
+        rotated = torch.stack((o1, o2), dim=-1).flatten(-2)
+    return torch.cat((rotated, rest), dim=-1).reshape(x.shape)
+
+
+def rotate_native(spec: RopeSpec, positions, query, key, cos_sin_cache):
+    """Out-of-place rotation in the activation dtype (serving engines' forward_native)."""
+    check_rotation_inputs(spec, positions, query, key, cos_sin_cache)
+    cache = cos_sin_cache.to(query.dtype)
+    cos, sin = select_cos_sin(spec, positions, cache)
+    q_out = apply_rotation(spec, query, cos, sin)
+    k_out = apply_rotation(spec, key, cos, sin) if key is not None else None
+    return q_out, k_out
+
+
+rotate_native.working_precision = "activation"
+rotate_native.supports = lambda spec, dtype, device: True

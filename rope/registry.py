@@ -1,0 +1,75 @@
+"""Registry of rotation implementations.
+
+An implementation is a callable ``fn(spec, positions, query, key, cos_sin_cache) -> (q, k)``.
+It may carry two attributes:
+
+* ``working_precision``: "float32" (default) or "activation" (computes in the input dtype);
+  the tolerance is derived from it.
+* ``supports(spec, dtype, device) -> bool``: combinations it cannot run are skipped, with the
+  reason in the test id and the report, never silently passed.
+
+Names resolve to built-ins (``native``, ``triton``) or to an import path ``package.module:callable``,
+so any external kernel can be checked without touching the project.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+WORKING_PRECISIONS = ("float32", "activation")
+
+_ROTATIONS = {
+    "native": "rope.native:rotate_native",
+    "triton": "rope.triton.rotary:rotate_triton",
+}
+
+
+def resolve(target: str, *, kind: str, builtins: dict[str, str]) -> Callable:
+    """Import ``module:callable`` (or a built-in name) and return the callable."""
+    if not isinstance(target, str) or not target:
+        raise ValueError(f"{kind}={target!r}: must be a registered name or 'module:callable'")
+    path = builtins.get(target, target)
+    if ":" not in path:
+        raise ValueError(f"{kind}={target!r}: not a registered name ({', '.join(sorted(builtins))}) "
+                         f"nor an import path 'package.module:callable'")
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"{kind}={target!r}: cannot import module {module_name!r} ({exc})") from exc
+    fn = module
+    for part in attr.split("."):
+        fn = getattr(fn, part, None)
+        if fn is None:
+            raise ValueError(f"{kind}={target!r}: module {module_name!r} has no attribute {attr!r}")
+    if not callable(fn):
+        raise ValueError(f"{kind}={target!r}: {attr!r} is not callable")
+    return fn
+
+
+def get_implementation(name: str) -> Callable:
+    """A rotation implementation by registered name or import path."""
+    fn = resolve(name, kind="impl", builtins=_ROTATIONS)
+    precision = working_precision(fn)
+    if precision not in WORKING_PRECISIONS:
+        raise ValueError(f"impl={name!r}: working_precision={precision!r} must be one of {WORKING_PRECISIONS}")
+    return fn
+
+
+def implementations() -> dict[str, Callable]:
+    """Every built-in rotation implementation, by name."""
+    return {name: get_implementation(name) for name in _ROTATIONS}
+
+
+def working_precision(fn: Callable) -> str:
+    return getattr(fn, "working_precision", "float32")
+
+
+def unsupported_reason(name: str, fn: Callable, spec, dtype, device: str) -> str | None:
+    """None when ``fn`` claims to support the combination, else the reason to skip it."""
+    supports = getattr(fn, "supports", None)
+    if supports is None or supports(spec, dtype, device):
+        return None
+    return (f"unsupported: {name} does not run {spec.variant()} "
+            f"{str(dtype).replace('torch.', '')} on {device}")

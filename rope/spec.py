@@ -1,0 +1,248 @@
+"""RopeSpec: the static description of one rotary embedding (SPEC §1-3).
+
+A spec says *which* rotation to apply: head size, how many channels rotate,
+how they pair (NeoX halves or GPT-J neighbours), which position row drives each
+frequency (sections + layout), the base and the cache length.  It validates
+itself at construction, so every later stage can trust it.
+
+Error messages follow ``<field>=<value>: <rule> (<actual>)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from dataclasses import dataclass
+
+LAYOUTS = ("chunked", "interleaved")
+MAX_NUM_DIMS = 4
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """One rotary embedding configuration.
+
+    Attributes:
+        head_size: channels per head.
+        rotary_dim: leading channels of each head that rotate (even, <= head_size);
+            the rest pass through unchanged (partial rotary).
+        is_neox_style: True pairs (i, i + rotary_dim/2), False pairs (2i, 2i+1) (GPT-J).
+        sections: None for 1-D RoPE; else positive frequency counts per position row,
+            summing to rotary_dim/2 (3 rows for M-RoPE, 3 or 4 for XD-RoPE).
+        layout: "chunked" (row d owns a contiguous run of frequencies) or "interleaved"
+            (Qwen3-VL: T H W T H W ..., 3 rows only).
+        base: rope_theta.
+        max_position: cache length; every position must be < max_position.
+        ntk_alpha: XD-RoPE dynamic NTK-alpha; the effective base becomes
+            base * ntk_alpha ** (rotary_dim / (rotary_dim - 2)).
+    """
+
+    head_size: int
+    rotary_dim: int
+    is_neox_style: bool = True
+    sections: tuple[int, ...] | None = None
+    layout: str = "chunked"
+    base: float = 10000.0
+    max_position: int = 4096
+    ntk_alpha: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.sections is not None and not isinstance(self.sections, tuple):
+            try:
+                object.__setattr__(self, "sections", tuple(self.sections))
+            except TypeError:
+                raise ValueError(f"sections={self.sections!r}: must be a sequence of ints or None") from None
+        self._validate()
+
+    # ------------------------------------------------------------------ checks
+    def _validate(self) -> None:
+        hs, rd = self.head_size, self.rotary_dim
+        if not _is_int(hs) or hs <= 0:
+            raise ValueError(f"head_size={hs!r}: must be a positive int")
+        if not _is_int(rd) or rd <= 0:
+            raise ValueError(f"rotary_dim={rd!r}: must be a positive int")
+        if rd % 2:
+            raise ValueError(f"rotary_dim={rd}: must be even (got odd)")
+        if rd > hs:
+            raise ValueError(f"rotary_dim={rd}: must be <= head_size (head_size={hs})")
+        if not isinstance(self.is_neox_style, bool):
+            raise ValueError(f"is_neox_style={self.is_neox_style!r}: must be a bool")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout={self.layout!r}: must be one of {LAYOUTS}")
+        if self.sections is None:
+            if self.layout != "chunked":
+                raise ValueError(f"layout={self.layout!r}: needs sections (1-D RoPE has sections=None)")
+        else:
+            s = self.sections
+            if not 1 <= len(s) <= MAX_NUM_DIMS:
+                raise ValueError(f"sections={s}: must have 1 to {MAX_NUM_DIMS} rows (got {len(s)})")
+            for x in s:
+                if not _is_int(x) or x <= 0:
+                    raise ValueError(f"sections={s}: every entry must be a positive int (got {x!r})")
+            if sum(s) != rd // 2:
+                raise ValueError(f"sections={s}: must sum to rotary_dim/2 = {rd // 2} (got {sum(s)})")
+            if self.layout == "interleaved" and len(s) != 3:
+                raise ValueError(f"sections={s}: layout='interleaved' needs exactly 3 rows (got {len(s)})")
+        if isinstance(self.base, bool) or not isinstance(self.base, (int, float)) or not math.isfinite(self.base) or self.base <= 1:
+            raise ValueError(f"base={self.base!r}: must be a finite number > 1")
+        if not _is_int(self.max_position) or self.max_position <= 0:
+            raise ValueError(f"max_position={self.max_position!r}: must be a positive int")
+        if self.ntk_alpha is not None:
+            a = self.ntk_alpha
+            if isinstance(a, bool) or not isinstance(a, (int, float)) or not math.isfinite(a) or a <= 0:
+                raise ValueError(f"ntk_alpha={a!r}: must be a finite number > 0 or None")
+            if rd <= 2:
+                raise ValueError(f"ntk_alpha={a}: needs rotary_dim > 2 (got rotary_dim={rd})")
+
+    # ------------------------------------------------------------- derived
+    @property
+    def num_dims(self) -> int:
+        """Number of position rows: 1 for 1-D RoPE, else len(sections)."""
+        return 1 if self.sections is None else len(self.sections)
+
+    @property
+    def num_freqs(self) -> int:
+        return self.rotary_dim // 2
+
+    @property
+    def effective_base(self) -> float:
+        """The base the cache is built from (dynamic NTK-alpha applied for XD-RoPE)."""
+        if self.ntk_alpha is None:
+            return float(self.base)
+        rd = self.rotary_dim
+        return float(self.base) * float(self.ntk_alpha) ** (rd / (rd - 2))
+
+    def axis_map(self) -> tuple[int, ...]:
+        """Row of the positions that drives each frequency i (length rotary_dim/2). SPEC §2."""
+        n = self.num_freqs
+        if self.sections is None or len(self.sections) == 1:
+            return (0,) * n
+        if self.layout == "chunked":
+            out: list[int] = []
+            for row, count in enumerate(self.sections):
+                out.extend([row] * count)
+            return tuple(out)
+        # interleaved (Qwen3-VL): start from T, overwrite i % 3 == 1 below 3*s_h with H,
+        # i % 3 == 2 below 3*s_w with W.  s_t is never read; T takes the remainder.
+        _, s_h, s_w = self.sections
+        out = []
+        for i in range(n):
+            if i % 3 == 1 and i < 3 * s_h:
+                out.append(1)
+            elif i % 3 == 2 and i < 3 * s_w:
+                out.append(2)
+            else:
+                out.append(0)
+        return tuple(out)
+
+    def variant(self) -> str:
+        """Short name of the variant, used in test ids and reports: ``interleaved-neox-partial``."""
+        if self.sections is None:
+            kind = "1d"
+        elif self.layout == "interleaved":
+            kind = "interleaved"
+        else:
+            kind = f"chunked{self.num_dims}"
+        parts = [kind, "neox" if self.is_neox_style else "gptj"]
+        if self.rotary_dim < self.head_size:
+            parts.append("partial")
+        return "-".join(parts)
+
+    def to_dict(self) -> dict:
+        return {
+            "head_size": self.head_size,
+            "rotary_dim": self.rotary_dim,
+            "is_neox_style": self.is_neox_style,
+            "sections": list(self.sections) if self.sections is not None else None,
+            "layout": self.layout,
+            "base": self.base,
+            "max_position": self.max_position,
+            "ntk_alpha": self.ntk_alpha,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RopeSpec":
+        known = {"head_size", "rotary_dim", "is_neox_style", "sections", "layout", "base", "max_position", "ntk_alpha"}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"spec: unknown fields {sorted(unknown)}")
+        d = dict(d)
+        if d.get("sections") is not None:
+            d["sections"] = tuple(d["sections"])
+        return cls(**d)
+
+
+_POSITION_DTYPES = (torch.int64, torch.int32)
+
+
+def check_rotation_inputs(spec: RopeSpec, positions, query, key, cos_sin_cache) -> tuple[int, int, int]:
+    """Validate the arguments of a rotation call; return (num_tokens, num_q_heads, num_kv_heads).
+
+    Shared by the reference and every built-in implementation so that bad input is a
+    ``ValueError`` naming the field, raised before any arithmetic or kernel launch.
+    """
+    if not isinstance(spec, RopeSpec):
+        raise ValueError(f"spec={spec!r}: must be a RopeSpec")
+    for name, t in (("positions", positions), ("query", query), ("cos_sin_cache", cos_sin_cache)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name}={type(t).__name__}: must be a torch.Tensor")
+    if key is not None and not isinstance(key, torch.Tensor):
+        raise ValueError(f"key={type(key).__name__}: must be a torch.Tensor or None")
+
+    if positions.dtype not in _POSITION_DTYPES:
+        raise ValueError(f"positions.dtype={positions.dtype}: must be torch.int64 or torch.int32")
+    if spec.num_dims == 1:
+        if positions.dim() != 1:
+            raise ValueError(
+                f"positions.shape={tuple(positions.shape)}: must be [num_tokens] for 1-D RoPE (got {positions.dim()} dims)")
+    elif positions.dim() != 2 or positions.shape[0] != spec.num_dims:
+        raise ValueError(
+            f"positions.shape={tuple(positions.shape)}: must be [{spec.num_dims}, num_tokens] "
+            f"for sections={spec.sections} (got {positions.dim()} dims)")
+    num_tokens = positions.shape[-1]
+
+    if not query.dtype.is_floating_point:
+        raise ValueError(f"query.dtype={query.dtype}: must be floating point")
+    if query.dim() != 2:
+        raise ValueError(f"query.shape={tuple(query.shape)}: must be [num_tokens, num_q_heads * head_size]")
+    if query.shape[0] != num_tokens:
+        raise ValueError(f"query.shape={tuple(query.shape)}: must have num_tokens={num_tokens} rows like positions")
+    if query.shape[1] == 0 or query.shape[1] % spec.head_size:
+        raise ValueError(
+            f"query.shape={tuple(query.shape)}: last dim must be a positive multiple of head_size={spec.head_size}")
+    num_kv_heads = 0
+    if key is not None:
+        if key.dtype != query.dtype:
+            raise ValueError(f"key.dtype={key.dtype}: must equal query.dtype={query.dtype}")
+        if key.dim() != 2 or key.shape[0] != num_tokens:
+            raise ValueError(f"key.shape={tuple(key.shape)}: must be [num_tokens={num_tokens}, num_kv_heads * head_size]")
+        if key.shape[1] == 0 or key.shape[1] % spec.head_size:
+            raise ValueError(
+                f"key.shape={tuple(key.shape)}: last dim must be a positive multiple of head_size={spec.head_size}")
+        num_kv_heads = key.shape[1] // spec.head_size
+
+    if not cos_sin_cache.dtype.is_floating_point:
+        raise ValueError(f"cos_sin_cache.dtype={cos_sin_cache.dtype}: must be floating point")
+    if cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] != spec.rotary_dim or cos_sin_cache.shape[0] == 0:
+        raise ValueError(
+            f"cos_sin_cache.shape={tuple(cos_sin_cache.shape)}: must be [>= 1, rotary_dim={spec.rotary_dim}]")
+
+    devices = {("positions", positions.device), ("query", query.device), ("cos_sin_cache", cos_sin_cache.device)}
+    if key is not None:
+        devices.add(("key", key.device))
+    if len({d for _, d in devices}) > 1:
+        named = ", ".join(f"{n}.device={d}" for n, d in sorted(devices, key=lambda x: x[0]))
+        raise ValueError(f"devices: all tensors must be on one device ({named})")
+
+    if num_tokens:
+        lo, hi = int(positions.min()), int(positions.max())
+        rows = cos_sin_cache.shape[0]
+        if lo < 0 or hi >= rows:
+            raise ValueError(
+                f"positions=[{lo}..{hi}]: must lie in [0, {rows}) = cos_sin_cache rows (got min {lo}, max {hi})")
+    return num_tokens, query.shape[1] // spec.head_size, num_kv_heads

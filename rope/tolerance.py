@@ -1,0 +1,213 @@
+"""Per-element error bounds for rotary outputs, and the comparison against the reference.
+
+Derivation (docs/tolerance.md has the long form).  For one rotated pair (a, b) with
+cos c and sin s, the exact results are
+
+    r1 = a*c - b*s,    r2 = b*c + a*s.
+
+The reference computes these in float64 from the *same* rounded inputs and cache the
+implementation receives, so every product is exact and its only own error is one float64
+rounding (2^-53 relative; negligible).  An implementation working in precision w
+(unit roundoff u_w) and storing in the output dtype (unit roundoff u_o) commits, for r1:
+
+    fl(a*c)          error <= u_w |a c|
+    fl(b*s)          error <= u_w |b s|
+    fl(p - q)        error <= u_w |r1| + O(u_w^2) (|a c| + |b s|)
+    store (round)    error <= u_o |r1|        (only when w is wider than the output dtype)
+
+so with M1 = |a||c| + |b||s| (M2 = |b||c| + |a||s| for r2):
+
+    |computed - r1| <= u_w (M1 + |r1|) + u_o' |r1| + (3 u_w^2 + 2 u_w u_o') M1 + eta
+
+where u_o' = u_o if the implementation computes wider than it stores (fp32 work, bf16/fp16
+output) and 0 when the last arithmetic rounding *is* the store (activation precision), and
+eta is the output dtype's subnormal spacing (absolute floor near zero).  A correct fp32
+kernel writing bf16 is thus held to half an ulp of the exact result plus ~2^-24 relative:
+round-to-nearest-even, nothing looser.  Pass-through channels (>= rotary_dim) get bound 0:
+they must be bit-exact.  An FMA-contracted kernel (fma(a, c, -fl(b*s))) stays inside.
+
+Fixed atol/rtol pairs are not used: they either hide systematic 1-ulp errors (truncating
+stores) or fail correct kernels on cancellation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from reference.rotation import pair_indices, select_cos_sin
+from rope.spec import RopeSpec
+
+UNIT_ROUNDOFF = {
+    torch.float64: 2.0 ** -53,
+    torch.float32: 2.0 ** -24,
+    torch.float16: 2.0 ** -11,
+    torch.bfloat16: 2.0 ** -8,
+}
+SUBNORMAL_SPACING = {
+    torch.float64: 2.0 ** -1074,
+    torch.float32: 2.0 ** -149,
+    torch.float16: 2.0 ** -24,
+    torch.bfloat16: 2.0 ** -133,
+}
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    if dtype not in UNIT_ROUNDOFF:
+        raise ValueError(f"dtype={dtype}: no unit roundoff known (supported: {list(UNIT_ROUNDOFF)})")
+    return UNIT_ROUNDOFF[dtype]
+
+
+def working_dtype(precision: str, activation_dtype: torch.dtype) -> torch.dtype:
+    if precision == "float32":
+        return torch.float32
+    if precision == "activation":
+        return activation_dtype
+    raise ValueError(f"working_precision={precision!r}: must be 'float32' or 'activation'")
+
+
+def rotation_bound(spec: RopeSpec, x: torch.Tensor, ref_out: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor, out_dtype: torch.dtype, precision: str) -> torch.Tensor:
+    """float64 [T, H * head_size]: the largest legitimate |computed - ref_out| per element."""
+    work = working_dtype(precision, out_dtype)
+    u_w = unit_roundoff(work)
+    u_o = unit_roundoff(out_dtype) if u_w < unit_roundoff(out_dtype) else 0.0
+    eta = SUBNORMAL_SPACING[out_dtype]
+
+    num_tokens = x.shape[0]
+    heads = x.to(torch.float64).reshape(num_tokens, x.shape[1] // spec.head_size, spec.head_size).abs()
+    ref = ref_out.reshape(heads.shape).abs()
+    a_idx, b_idx = pair_indices(spec)
+    a, b = heads[..., a_idx], heads[..., b_idx]
+    c, s = cos.abs()[:, None, :], sin.abs()[:, None, :]
+    bound = torch.zeros_like(heads)   # pass-through channels: exact
+    for idx, mag in ((a_idx, a * c + b * s), (b_idx, b * c + a * s)):
+        r = ref[..., idx]
+        bound[..., idx] = u_w * (mag + r) + u_o * r + (3 * u_w * u_w + 2 * u_w * u_o) * mag + eta
+    return bound.reshape(x.shape)
+
+
+@dataclass
+class Mismatch:
+    """One element of a comparison, located in the head/channel grid."""
+    tensor: str
+    token: int
+    head: int
+    channel: int
+    got: float
+    expected: float
+    error: float
+    bound: float
+
+    @property
+    def ratio(self) -> float:
+        return ratio_of(self.error, self.bound)
+
+    def describe(self, spec: RopeSpec) -> str:
+        if self.channel >= spec.rotary_dim:
+            where = "pass-through"
+        elif spec.is_neox_style:
+            half = spec.num_freqs
+            where = f"freq {self.channel % half} member {'a' if self.channel < half else 'b'}"
+        else:
+            where = f"freq {self.channel // 2} member {'ab'[self.channel % 2]}"
+        return (f"{self.tensor}[token {self.token}, head {self.head}, channel {self.channel}] ({where}): "
+                f"got {self.got:.9g}, expected {self.expected:.9g}, error {self.error:.3g}, "
+                f"bound {self.bound:.3g}, error/bound {self.ratio:.3g}")
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("tensor", "token", "head", "channel", "got", "expected", "error", "bound")}
+
+
+def ratio_of(error: float, bound: float) -> float:
+    if error != error:
+        return float("inf")
+    if bound > 0:
+        return error / bound
+    return 0.0 if error == 0 else float("inf")
+
+
+@dataclass
+class Comparison:
+    """Outcome of comparing an implementation's outputs with the reference."""
+    spec: RopeSpec
+    num_elements: int = 0
+    num_mismatched: int = 0
+    worst_ratio: float = 0.0
+    worst: list[Mismatch] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)   # dtype/shape/None errors
+    errors: dict = field(default_factory=dict)          # tensor name -> float64 error tensor
+    bounds: dict = field(default_factory=dict)          # tensor name -> float64 bound tensor
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and self.num_mismatched == 0
+
+    def message(self, header: str = "") -> str:
+        lines = [header] if header else []
+        lines += self.problems
+        if self.num_mismatched:
+            share = self.num_mismatched / max(1, self.num_elements)
+            lines.append(f"Mismatched elements: {self.num_mismatched} / {self.num_elements} ({share:.1%})")
+        lines.append(f"Worst error/bound: {self.worst_ratio:.3g}")
+        lines += ["  " + m.describe(self.spec) for m in self.worst]
+        return "\n".join(lines)
+
+
+def _locate(name, flat_index, spec, shape):
+    row_len = shape[1]
+    token, col = divmod(flat_index, row_len)
+    head, channel = divmod(col, spec.head_size)
+    return token, head, channel
+
+
+def compare_rotation(spec: RopeSpec, positions, query, key, cos_sin_cache, out_q, out_k, ref_q, ref_k,
+                     precision: str = "float32", *, keep: int = 5) -> Comparison:
+    """Compare an implementation's (out_q, out_k) with the reference's (ref_q, ref_k).
+
+    ``query``/``key`` are the unrotated inputs; all tensors are moved to the CPU.
+    """
+    result = Comparison(spec)
+    cpu = torch.device("cpu")
+    cos, sin = select_cos_sin(spec, positions.to(cpu), cos_sin_cache.to(cpu))
+    candidates: list[Mismatch] = []
+    pairs = [("query", query, out_q, ref_q)]
+    if key is not None or out_k is not None:
+        pairs.append(("key", key, out_k, ref_k))
+    for name, x, out, ref in pairs:
+        if x is None:
+            result.problems.append(f"{name}: the input key is None but the implementation returned a tensor")
+            continue
+        if out is None:
+            result.problems.append(f"{name}: the implementation returned None")
+            continue
+        if out.dtype != x.dtype:
+            result.problems.append(f"{name}.dtype={out.dtype}: must equal the input dtype {x.dtype}")
+        if tuple(out.shape) != tuple(x.shape):
+            result.problems.append(f"{name}.shape={tuple(out.shape)}: must equal the input shape {tuple(x.shape)}")
+            continue
+        if out.device != x.device:
+            result.problems.append(f"{name}.device={out.device}: must equal the input device {x.device}")
+        got = out.detach().to(cpu, torch.float64)
+        exp = ref.detach().to(cpu, torch.float64)
+        bound = rotation_bound(spec, x.to(cpu), exp, cos, sin, x.dtype, precision)
+        err = (got - exp).abs()
+        err = torch.where(torch.isnan(got) & ~torch.isnan(exp), torch.full_like(err, float("inf")), err)
+        result.errors[name], result.bounds[name] = err, bound
+        bad = err > bound
+        result.num_elements += err.numel()
+        result.num_mismatched += int(bad.sum())
+        if err.numel() == 0:
+            continue
+        ratio = torch.where(bound > 0, err / bound, torch.where(err == 0, 0.0, float("inf")))
+        flat = ratio.flatten()
+        top = torch.topk(flat, min(keep, flat.numel())).indices.tolist()
+        for i in top:
+            token, head, channel = _locate(name, i, spec, err.shape)
+            candidates.append(Mismatch(name, token, head, channel, float(got.flatten()[i]),
+                                       float(exp.flatten()[i]), float(err.flatten()[i]), float(bound.flatten()[i])))
+    candidates.sort(key=lambda m: m.ratio, reverse=True)
+    result.worst = [m for m in candidates[:keep] if m.ratio > 0]
+    result.worst_ratio = candidates[0].ratio if candidates else 0.0
+    return result

@@ -1,0 +1,189 @@
+"""One Triton kernel for every rotary variant: 1-D RoPE, M-RoPE (chunked or interleaved
+sections), XD-RoPE (3 or 4 rows), NeoX or GPT-J pairing, partial rotary, key present or absent.
+
+Precision contract (SPEC §3): load in the storage dtype, convert to fp32, compute in fp32 with
+no FMA contraction, and round to the output dtype explicitly at the store (round to nearest
+even).  Under TRITON_INTERPRET=1, bf16 arithmetic is wrong and fp32->bf16 casts truncate; with
+this contract the interpreter and a GPU produce the same bits.
+
+The kernel works in place on q and k (row strides allow views into a packed qkv tensor) and
+never touches channels >= rotary_dim, heads >= num_heads or frequencies >= rotary_dim/2.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from rope.devices import device_name, is_interpreter, triton_runs_on
+from rope.spec import RopeSpec, check_rotation_inputs
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_TILE = 4096  # heads x frequencies handled by one program
+
+
+@triton.jit
+def _round_for_store(x, OUT_BF16: tl.constexpr):
+    """fp32 -> storage value.  For bf16: explicit round-to-nearest-even on the bits
+    (1) take the fp32 bits, (2) add 0x7FFF plus the lowest kept bit (ties to even),
+    (3) keep the high 16 bits; NaNs keep their sign and become quiet NaNs."""
+    if OUT_BF16:
+        bits = x.to(tl.uint32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        rounded = tl.where(x != x, (bits >> 16) | 0x40, rounded)
+        return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return x
+
+
+@triton.jit
+def _rotate_tile(row_ptr, heads, num_heads, head_size, a_chan, b_chan, freq_ok, cos, sin,
+                 OUT_BF16: tl.constexpr):
+    """Rotate the pairs (a_chan[i], b_chan[i]) of the given heads of one token row, in place."""
+    mask = (heads[:, None] < num_heads) & freq_ok[None, :]
+    head_base = heads[:, None] * head_size
+    a_ptr = row_ptr + head_base + a_chan[None, :]
+    b_ptr = row_ptr + head_base + b_chan[None, :]
+    x1 = tl.load(a_ptr, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(b_ptr, mask=mask, other=0.0).to(tl.float32)
+    c = cos[None, :]
+    s = sin[None, :]
+    o1 = x1 * c - x2 * s
+    o2 = x2 * c + x1 * s
+    out_ty = row_ptr.dtype.element_ty
+    tl.store(a_ptr, _round_for_store(o1, OUT_BF16).to(out_ty), mask=mask)
+    tl.store(b_ptr, _round_for_store(o2, OUT_BF16).to(out_ty), mask=mask)
+
+
+@triton.jit
+def _rotary_kernel(
+    q_ptr, k_ptr, cache_ptr, pos_ptr,
+    q_row_stride, k_row_stride, cache_row_stride, pos_row_stride,
+    num_q_heads, num_kv_heads, head_size, half, sec0, sec1, sec2,
+    NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, IS_NEOX: tl.constexpr, HAS_KEY: tl.constexpr, OUT_BF16: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr,
+):
+    # Program (token, head_block) rotates heads [head_block*BLOCK_H, +BLOCK_H) of q and of k.
+    # Sizes are runtime ints (fewer recompiles; Triton still specializes multiples of 16);
+    # only the variant switches and the power-of-two tile sizes are constexpr.
+    # half = rotary_dim / 2; sec0..sec2 are the first three sections (row 3 takes the rest).
+    token = tl.program_id(0).to(tl.int64)
+    head_block = tl.program_id(1)
+
+    # (1) Frequency lanes; lanes >= half are padding (BLOCK_F is a power of two) and are
+    #     masked off every load and store, cos/sin included.
+    freq = tl.arange(0, BLOCK_F)
+    freq_ok = freq < half
+
+    # (2) The position row that drives each frequency (SPEC §2).
+    axis = tl.zeros([BLOCK_F], dtype=tl.int32)
+    if INTERLEAVED:
+        # Qwen3-VL: H at i%3==1 below 3*s_h, W at i%3==2 below 3*s_w, T elsewhere.
+        axis = tl.where((freq % 3 == 1) & (freq < 3 * sec1), 1, axis)
+        axis = tl.where((freq % 3 == 2) & (freq < 3 * sec2), 2, axis)
+    else:
+        # Chunked: row d owns [sec0+..+sec(d-1), sec0+..+sec(d)).
+        if NUM_DIMS >= 2:
+            axis += (freq >= sec0).to(tl.int32)
+        if NUM_DIMS >= 3:
+            axis += (freq >= sec0 + sec1).to(tl.int32)
+        if NUM_DIMS >= 4:
+            axis += (freq >= sec0 + sec1 + sec2).to(tl.int32)
+
+    # (3) Per-lane position: positions[axis(i), token]; row d starts at d * pos_row_stride.
+    pos = tl.load(pos_ptr + token).to(tl.int64) + tl.zeros([BLOCK_F], dtype=tl.int64)
+    for d in tl.static_range(1, NUM_DIMS):
+        pos_d = tl.load(pos_ptr + d * pos_row_stride + token).to(tl.int64)
+        pos = tl.where(axis == d, pos_d, pos)
+
+    # (4) Gather cos = cache[pos, i], sin = cache[pos, half + i] (one row per lane).
+    cache_row = cache_ptr + pos * cache_row_stride
+    cos = tl.load(cache_row + freq, mask=freq_ok, other=0.0).to(tl.float32)
+    sin = tl.load(cache_row + half + freq, mask=freq_ok, other=0.0).to(tl.float32)
+
+    # (5) Pair channels: NeoX (i, i + half), GPT-J (2i, 2i + 1).
+    if IS_NEOX:
+        a_chan = freq
+        b_chan = freq + half
+    else:
+        a_chan = 2 * freq
+        b_chan = 2 * freq + 1
+
+    heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
+    _rotate_tile(q_ptr + token * q_row_stride, heads, num_q_heads, head_size,
+                 a_chan, b_chan, freq_ok, cos, sin, OUT_BF16)
+    if HAS_KEY:
+        _rotate_tile(k_ptr + token * k_row_stride, heads, num_kv_heads, head_size,
+                     a_chan, b_chan, freq_ok, cos, sin, OUT_BF16)
+
+
+def _sections_constexprs(spec: RopeSpec) -> tuple[int, int, int]:
+    sections = tuple(spec.sections or ()) + (0, 0, 0)
+    return sections[0], sections[1], sections[2]
+
+
+def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block_h: int | None = None,
+                  num_warps: int = 4):
+    """Launch the kernel without validation (the caller has checked); returns (query, key).
+
+    query/key must have unit stride in the last dim; they are rotated in place.
+    """
+    num_tokens = positions.shape[-1]
+    if num_tokens == 0:
+        return query, key
+    num_q = query.shape[1] // spec.head_size
+    num_k = key.shape[1] // spec.head_size if key is not None else 0
+    block_f = triton.next_power_of_2(spec.num_freqs)
+    if block_h is None:
+        block_h = min(triton.next_power_of_2(max(num_q, num_k)), max(1, MAX_TILE // block_f))
+    grid = (num_tokens, triton.cdiv(max(num_q, num_k), block_h))
+    sec0, sec1, sec2 = _sections_constexprs(spec)
+    pos_row_stride = positions.stride(0) if positions.dim() == 2 else 0
+    extra = {} if is_interpreter() else {"enable_fp_fusion": False, "num_warps": num_warps}
+    _rotary_kernel[grid](
+        query, key if key is not None else query, cos_sin_cache, positions,
+        query.stride(0), key.stride(0) if key is not None else 0, cos_sin_cache.stride(0), pos_row_stride,
+        num_q, num_k, spec.head_size, spec.num_freqs, sec0, sec1, sec2,
+        NUM_DIMS=spec.num_dims, INTERLEAVED=spec.layout == "interleaved", IS_NEOX=spec.is_neox_style, HAS_KEY=key is not None,
+        OUT_BF16=query.dtype == torch.bfloat16,
+        BLOCK_H=block_h, BLOCK_F=block_f, **extra,
+    )
+    return query, key
+
+
+def _unit_last_stride(t: torch.Tensor | None) -> torch.Tensor | None:
+    if t is None or t.stride(-1) == 1:
+        return t
+    return t.contiguous()
+
+
+def rotate_triton(spec: RopeSpec, positions, query, key, cos_sin_cache):
+    """Rotate query/key in place with the Triton kernel; returns the rotated tensors.
+
+    Args:
+        positions: int64/int32 [T] (1-D RoPE) or [spec.num_dims, T].
+        query: [T, num_q_heads * head_size], any row stride; key: [T, num_kv_heads * head_size] or None.
+        cos_sin_cache: [>= max position + 1, rotary_dim], cos | sin.
+    Returns:
+        (query, key): the same tensors, rotated (copies only if the last dim was strided).
+    """
+    check_rotation_inputs(spec, positions, query, key, cos_sin_cache)
+    if query.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"query.dtype={query.dtype}: the Triton kernel supports {SUPPORTED_DTYPES}")
+    device = device_name(query.device)
+    if not triton_runs_on(device):
+        raise ValueError(f"query.device={query.device}: Triton needs a GPU tensor here, or TRITON_INTERPRET=1")
+    if cos_sin_cache.stride(1) != 1:
+        cos_sin_cache = cos_sin_cache.contiguous()
+    if positions.dim() == 2 and positions.stride(1) != 1:
+        positions = positions.contiguous()
+    return launch_rotary(spec, positions, _unit_last_stride(query), _unit_last_stride(key), cos_sin_cache)
+
+
+def supports(spec: RopeSpec, dtype: torch.dtype, device: str) -> bool:
+    return dtype in SUPPORTED_DTYPES and triton_runs_on(device)
+
+
+rotate_triton.working_precision = "float32"
+rotate_triton.supports = supports
