@@ -33,7 +33,7 @@ def compare_case(impl_name: str, fn, case: RotationCase, device: str) -> Compari
     ref_in = build_rotation_inputs(case, "cpu")        # untouched inputs, regenerated bit-identically
     ref_q, ref_k = reference.rotate(case.spec, ref_in.positions, ref_in.query, ref_in.key, ref_in.cache)
     result = compare_rotation(case.spec, ref_in.positions, ref_in.query, ref_in.key, ref_in.cache,
-                              q_out, k_out, ref_q, ref_k, working_precision(fn))
+                              q_out, k_out, ref_q, ref_k, working_precision(fn), device=inputs.query.device)
     if case.packed_qkv:
         # The value slice of a packed qkv tensor is not the implementation's to touch.
         width = (case.num_q_heads + case.num_kv_heads) * case.spec.head_size

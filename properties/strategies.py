@@ -137,7 +137,7 @@ def rotation_cases(draw, *, dtype: str = "float32", kind: str = "chunked3", is_n
 
 
 # --------------------------------------------------------------------------- tensors
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=4)
 def _cpu_cache(spec: RopeSpec, dtype: torch.dtype) -> torch.Tensor:
     return cos_sin_cache(spec, dtype, "cpu")
 

@@ -1,0 +1,421 @@
+"""The model catalogue (models.yaml, rope/models.py).
+
+(a) every entry loads into a valid RopeSpec and every value names its source;
+(b) entries agree with the installed transformers (weight-free: default-built configs and rotary
+    modules, offline) wherever its defaults describe the model, and the rotary module transformers
+    builds rotates with the catalogue's rotary_dim, pairing, axis map and inv_freq;
+(c) tensor-parallel sharding of heads, as vLLM splits them;
+(d) the loader rejects bad YAML with a message naming the model and the field.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+from dataclasses import dataclass
+
+import pytest
+import torch
+import yaml
+
+from rope.cache import inv_freq
+from rope.models import DEFAULT_PATH, MROPE_CACHE_FACTOR, get_model, load_models
+
+MODELS = load_models()
+
+# --------------------------------------------------------------------------------------------------
+# (a) the catalogue itself
+
+REQUIRED = {  # the models the catalogue promises (ARCHITECTURE: models.yaml; notes/vllm-rope.md §7)
+    "qwen2-vl-2b", "qwen2-vl-7b", "qwen2-vl-72b", "qwen2.5-vl-3b", "qwen2.5-vl-7b", "qwen2.5-vl-72b",
+    "qwen3-vl-2b", "qwen3-vl-4b", "qwen3-vl-8b", "qwen3-vl-30b-a3b", "qwen3-vl-235b-a22b",
+    "glm-4.1v-9b", "glm-4.5v", "glm-ocr", "hunyuan-ocr", "paddleocr-vl", "qwen2.5-omni-7b",
+}
+
+
+def test_catalogue_covers_required_models():
+    missing = REQUIRED - set(MODELS)
+    assert not missing, f"models.yaml: missing entries {sorted(missing)}"
+    assert len(MODELS) >= 15, f"models.yaml: {len(MODELS)} entries (want >= 15)"
+    assert {m.rope_kind for m in MODELS.values()} == {"mrope", "xdrope", "1d"}
+
+
+@pytest.mark.parametrize("key", sorted(MODELS))
+def test_catalogue_entry_is_valid_and_sourced(key):
+    m = MODELS[key]
+    spec = m.spec
+    assert m.key == key and get_model(key) == m
+    factor = MROPE_CACHE_FACTOR if m.rope_kind == "mrope" else 1
+    assert spec.max_position == factor * m.max_position_embeddings, \
+        f"{key}: max_position={spec.max_position}: must be {factor} x max_position_embeddings"
+    assert spec.num_dims in {"mrope": (3,), "xdrope": (3, 4), "1d": (1,)}[m.rope_kind]
+    assert (spec.ntk_alpha is not None) == (m.rope_kind == "xdrope")
+    assert m.num_q_heads % m.num_kv_heads == 0
+    values = {"head_size": spec.head_size, "rotary_dim": spec.rotary_dim, "num_q_heads": m.num_q_heads,
+              "num_kv_heads": m.num_kv_heads, "base": spec.base,
+              "max_position_embeddings": m.max_position_embeddings, "is_neox_style": spec.is_neox_style,
+              "sections": spec.sections, "layout": spec.layout if spec.sections else None,
+              "ntk_alpha": spec.ntk_alpha}
+    for field, value in values.items():
+        if value is not None:
+            src = m.sources.get(field, "")
+            assert isinstance(src, str) and src.strip(), f"{key}: {field}={value!r}: has no source"
+    assert set(m.sources) <= {f for f, v in values.items() if v is not None}
+
+
+@pytest.mark.parametrize("key", sorted(MODELS))
+def test_catalogue_memory_is_marked_unverified(key):
+    """A value taken from memory must say so in the words the catalogue header defines."""
+    for field, src in MODELS[key].sources.items():
+        if "memory" in src or "guess" in src:
+            assert "unverified" in src, f"{key}: sources.{field}={src!r}: memory must be marked 'unverified'"
+
+
+def test_get_model_unknown_key():
+    with pytest.raises(KeyError, match="model='qwen9-vl': not in models.yaml"):
+        get_model("qwen9-vl")
+
+
+# --------------------------------------------------------------------------------------------------
+# (b) agreement with the installed transformers
+
+@dataclass(frozen=True)
+class Family:
+    rotary: str            # the text rotary-embedding class in transformers.models.<family>.modeling_<family>
+    heads_key: str | None  # the catalogue entry whose size the default config is (head counts compared)
+    not_default: frozenset = frozenset()  # rope fields whose checkpoint values the defaults do not describe
+
+
+ROPE_FIELDS = ("base", "head_size", "rotary_dim", "sections", "max_position_embeddings", "ntk_alpha")
+
+# Which catalogue entry each default config is, read from the config classes (transformers 5.17, 5.24).
+# A field in not_default must differ from the default (so the list stays minimal); all other rope
+# fields of every entry of the family must equal it.
+FAMILIES = {
+    # Qwen2Config: 4096 hidden, 32/32 heads, theta 1e4 (docstring says Qwen2-7B; it is not its shape).
+    "qwen2": Family("Qwen2RotaryEmbedding", None, frozenset({"base"})),
+    # Qwen2VLTextConfig: hidden 8192, 80 layers, 64/8 heads = the 72B shape (docstring names 7B).
+    "qwen2_vl": Family("Qwen2VLRotaryEmbedding", "qwen2-vl-72b"),
+    # Qwen2_5_VLTextConfig: the 72B shape again; max_position_embeddings 32768, checkpoints 128000.
+    "qwen2_5_vl": Family("Qwen2_5_VLRotaryEmbedding", "qwen2.5-vl-72b", frozenset({"max_position_embeddings"})),
+    # Qwen2_5OmniTextConfig (thinker): documents and matches Qwen2.5-Omni-7B.
+    "qwen2_5_omni": Family("Qwen2_5OmniRotaryEmbedding", "qwen2.5-omni-7b"),
+    # Qwen3VLTextConfig: 32/32 heads, theta 5e5, 128000 positions: no released Qwen3-VL (5e6, 262144).
+    "qwen3_vl": Family("Qwen3VLTextRotaryEmbedding", None, frozenset({"base", "max_position_embeddings"})),
+    # Qwen3VLMoeTextConfig: 16/16 heads, 60 experts: no released Qwen3-VL MoE.
+    "qwen3_vl_moe": Family("Qwen3VLMoeTextRotaryEmbedding", None, frozenset({"base", "max_position_embeddings"})),
+    # Qwen3_5TextConfig: 16/4 heads, 32 layers (docstring names Qwen3.5-27B, which is 24/4 x 64 layers).
+    "qwen3_5": Family("Qwen3_5TextRotaryEmbedding", None, frozenset({"base", "max_position_embeddings"})),
+    # Qwen3_5MoeTextConfig: 16/2 heads, 40 layers, 256 experts = Qwen3.5-35B-A3B (as documented).
+    "qwen3_5_moe": Family("Qwen3_5MoeTextRotaryEmbedding", "qwen3.5-35b-a3b",
+                          frozenset({"base", "max_position_embeddings"})),
+    # Glm4vTextConfig: GLM-4.1V-9B heads, but no partial_rotary_factor (checkpoint 0.5) and 32768 positions.
+    "glm4v": Family("Glm4vTextRotaryEmbedding", "glm-4.1v-9b", frozenset({"rotary_dim", "max_position_embeddings"})),
+    # Glm4vMoeTextConfig: GLM-4.5V heads, but no head_dim field: 4096 // 96 = 42 (checkpoint sets 128).
+    "glm4v_moe": Family("Glm4vMoeTextRotaryEmbedding", "glm-4.5v", frozenset({"head_size", "rotary_dim"})),
+    # GlmOcrTextConfig: GLM-OCR heads (hidden 1024 vs 1536), head_dim 1024 // 16 = 64 and the modeling
+    # default mrope_section [8, 12, 12]; the checkpoint sets head_dim 128 and [16, 24, 24].
+    "glm_ocr": Family("GlmOcrTextRotaryEmbedding", "glm-ocr", frozenset({"head_size", "rotary_dim", "sections"})),
+    # PaddleOCRTextConfig: documents and matches PaddleOCR-VL.
+    "paddleocr_vl": Family("PaddleOCRRotaryEmbedding", "paddleocr-vl"),
+    # HunYuanVLTextConfig: a HunYuan-7B-like dense shape, no sections, no alpha, 2048 positions.
+    "hunyuan_vl": Family("HunYuanVLRotaryEmbedding", None,
+                         frozenset({"sections", "ntk_alpha", "max_position_embeddings"})),
+}
+
+HUNYUAN_MISMATCH = ("known mismatch: transformers HunYuanVL (5.13+) splits the whole head into blocks of "
+                    "2*s_i, so the two members of a NeoX pair take different rows; Tencent's code, vLLM and "
+                    "mlx-vlm share the row (SPEC §2)")
+TABLED = sorted(k for k, m in MODELS.items() if m.family in FAMILIES)
+POSITIONS = (101, 211, 307, 401)  # one per row; sin(p * inv_freq) tells the rows apart for every entry
+
+
+def _transformers():
+    return pytest.importorskip("transformers", reason="transformers not installed (pip install .[oracle])")
+
+
+def _text_config(family: str):
+    """The family's default config (no arguments: weight-free, offline), its text part."""
+    transformers = _transformers()
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    if family not in CONFIG_MAPPING:
+        pytest.skip(f"transformers {transformers.__version__} has no config class for {family}")
+    return CONFIG_MAPPING[family]().get_text_config()
+
+
+def _rotary_class(family: str):
+    transformers = _transformers()
+    name = FAMILIES[family].rotary
+    module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    if not hasattr(module, name):
+        pytest.skip(f"transformers {transformers.__version__} has no {name} in modeling_{family}")
+    return getattr(module, name)
+
+
+def _defaults(family: str) -> dict:
+    cfg = _text_config(family)
+    rope = cfg.rope_parameters
+    head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    sections = getattr(_rotary_class(family)(config=cfg), "mrope_section", None)  # the modeling default
+    return {"base": float(rope["rope_theta"]), "head_size": head,
+            "rotary_dim": int(head * rope.get("partial_rotary_factor", 1.0)),
+            "sections": tuple(sections) if sections else None,
+            "max_position_embeddings": cfg.max_position_embeddings, "ntk_alpha": rope.get("alpha"),
+            "num_q_heads": cfg.num_attention_heads, "num_kv_heads": cfg.num_key_value_heads}
+
+
+def _catalogue(key: str) -> dict:
+    m = MODELS[key]
+    return {"base": m.spec.base, "head_size": m.spec.head_size, "rotary_dim": m.spec.rotary_dim,
+            "sections": m.spec.sections, "max_position_embeddings": m.max_position_embeddings,
+            "ntk_alpha": m.spec.ntk_alpha, "num_q_heads": m.num_q_heads, "num_kv_heads": m.num_kv_heads}
+
+
+def _rotary(key: str):
+    """transformers' rotary module for the model: the default config with the values the defaults do
+    not describe (not_default) set from the catalogue."""
+    m = MODELS[key]
+    spec, wrong = m.spec, FAMILIES[m.family].not_default
+    cfg = _text_config(m.family)
+    rope = cfg.rope_parameters
+    cfg.head_dim = spec.head_size  # the default's own value unless listed; some modules read it directly
+    if "base" in wrong:
+        rope["rope_theta"] = spec.base
+    if "rotary_dim" in wrong:
+        rope["partial_rotary_factor"] = spec.rotary_dim / spec.head_size
+    if "sections" in wrong:
+        rope["mrope_section"] = list(spec.sections)
+    if "ntk_alpha" in wrong:  # how transformers normalises HunyuanOCR's rope_scaling {type: xdrope, alpha}
+        rope.update(rope_type="dynamic", alpha=spec.ntk_alpha, factor=1.0)
+    return _rotary_class(m.family)(config=cfg)
+
+
+def _sin(rot, rows) -> torch.Tensor:
+    """sin of the rotary module at one token whose position rows are ``rows``: [rotary_dim]."""
+    positions = torch.tensor(rows)[:, None, None]  # [rows, batch, seq]
+    if len(rows) == 1:
+        positions = positions[0]  # 1-D modules take [batch, seq]
+    _, sin = rot(torch.zeros(1, dtype=torch.float32), positions)
+    return sin.reshape(-1)
+
+
+def _row(candidates: torch.Tensor, value: torch.Tensor) -> int:
+    """Which row's sin(p * inv_freq[i]) ``value`` is: a unique near-exact match, else -1."""
+    diff = (candidates - value).abs()
+    best = diff.sort().values
+    return int(diff.argmin()) if best[0] <= 1e-6 and (len(best) == 1 or best[1] > 1e-5) else -1
+
+
+@pytest.mark.oracle
+def test_transformers_families_are_tabled():
+    """Every catalogue family that transformers knows has a row in FAMILIES (so (b) covers it)."""
+    _transformers()
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    untabled = sorted({m.family for m in MODELS.values() if m.family in CONFIG_MAPPING} - set(FAMILIES))
+    assert not untabled, f"families with a transformers config class but no FAMILIES row: {untabled}"
+    for family, row in FAMILIES.items():
+        if row.heads_key is not None:
+            assert MODELS[row.heads_key].family == family, f"FAMILIES[{family!r}].heads_key={row.heads_key!r}"
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("key", TABLED)
+def test_transformers_defaults_match_catalogue(key):
+    m = MODELS[key]
+    row = FAMILIES[m.family]
+    default, ours = _defaults(m.family), _catalogue(key)
+    fields = ROPE_FIELDS + (("num_q_heads", "num_kv_heads") if row.heads_key == key else ())
+    problems = []
+    for field in fields:
+        if field in row.not_default:
+            if ours[field] == default[field]:
+                problems.append(f"{field}={ours[field]!r}: listed in not_default but equals the default")
+        elif ours[field] != default[field]:
+            problems.append(f"{field}={ours[field]!r}: must equal the transformers default ({default[field]!r})")
+    version = _transformers().__version__
+    assert not problems, f"{key} vs transformers {version} {m.family} defaults: " + "; ".join(problems)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("key", [
+    pytest.param(k, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=HUNYUAN_MISMATCH))
+    if MODELS[k].family == "hunyuan_vl" else k for k in TABLED])
+def test_transformers_rotary_matches_spec(key):
+    """rotary_dim, pairing and the axis map of the module transformers builds equal the spec's."""
+    spec = MODELS[key].spec
+    rot = _rotary(key)
+    rows = POSITIONS[:spec.num_dims]
+    sin = _sin(rot, rows)
+    assert sin.numel() == spec.rotary_dim, f"{key}: rotary_dim={spec.rotary_dim}: transformers rotates {sin.numel()}"
+    h = spec.rotary_dim // 2
+    first, second = (sin[:h], sin[h:]) if spec.is_neox_style else (sin[0::2], sin[1::2])
+    assert torch.equal(first, second), \
+        f"{key}: is_neox_style={spec.is_neox_style}: transformers pairs channels differently"
+    candidates = torch.stack([(torch.tensor(float(p)) * rot.inv_freq.float()).sin() for p in rows])
+    axis = tuple(_row(candidates[:, i], first[i]) for i in range(h))
+    assert axis == spec.axis_map(), \
+        f"{key}: sections={spec.sections}, layout={spec.layout!r}: transformers axis map {axis}"
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("key", TABLED)
+def test_transformers_inv_freq_matches_cache(key):
+    """transformers' inv_freq (base, rotary_dim, NTK alpha) is bit-identical to rope.cache.inv_freq."""
+    rot = _rotary(key)
+    ours = inv_freq(MODELS[key].spec)
+    assert torch.equal(rot.inv_freq.float(), ours), \
+        f"{key}: inv_freq: max difference {float((rot.inv_freq.float() - ours).abs().max()):.3g}"
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("key", TABLED)
+def test_transformers_text_tokens_reduce_to_1d(key):
+    """All rows equal (a text token): every layout, HunYuanVL's included, is plain 1-D RoPE."""
+    spec = MODELS[key].spec
+    rot = _rotary(key)
+    sin = _sin(rot, (257,) * spec.num_dims)
+    f = (torch.tensor(257.0) * rot.inv_freq.float()).sin()
+    expected = torch.cat((f, f)) if spec.is_neox_style else f.repeat_interleave(2)
+    torch.testing.assert_close(sin, expected, rtol=0, atol=1e-6, msg=lambda m: f"{key}: {m}")
+
+
+@pytest.mark.oracle
+def test_transformers_hunyuan_layout_is_the_known_mismatch():
+    """Pin transformers' HunYuanVL map exactly: block j of 2*s_j channels of the whole head takes row j.
+    If this fails, transformers changed; revisit HUNYUAN_MISMATCH and the strict xfail above."""
+    spec = MODELS["hunyuan-ocr"].spec
+    rot = _rotary("hunyuan-ocr")
+    rows = POSITIONS[:spec.num_dims]
+    sin = _sin(rot, rows)
+    h = spec.rotary_dim // 2
+    candidates = torch.stack([(torch.tensor(float(p)) * rot.inv_freq.float()).sin() for p in rows])
+    got = tuple(_row(candidates[:, i % h], sin[i]) for i in range(spec.rotary_dim))
+    expected = tuple(row for row, s in enumerate(spec.sections) for _ in range(2 * s))
+    assert got == expected, f"hunyuan-ocr: transformers map {got}"
+    assert got[:h] != spec.axis_map(), "transformers now matches the canonical layout"
+
+
+# --------------------------------------------------------------------------------------------------
+# (c) tensor parallelism
+
+@pytest.mark.parametrize("key, tp, expected", [
+    ("qwen2-vl-7b", 1, (28, 4)),
+    ("qwen2-vl-7b", 2, (14, 2)),
+    ("qwen2-vl-7b", 4, (7, 1)),
+    ("qwen2.5-vl-72b", 8, (8, 1)),
+    ("qwen3-vl-235b-a22b", 8, (8, 1)),      # 4 kv heads, replicated: one per rank
+    ("glm-4.5v", 8, (12, 1)),
+    ("glm-4.5v", 16, (6, 1)),
+    ("hunyuan-ocr", 2, (8, 4)),
+    ("qwen3.5-397b-a17b", 4, (8, 1)),
+])
+def test_sharded_heads(key, tp, expected):
+    assert get_model(key).sharded(tp) == expected
+
+
+@pytest.mark.parametrize("key, tp, message", [
+    ("qwen2-vl-7b", 8, "qwen2-vl-7b: tp=8: must divide num_q_heads=28 (remainder 4)"),
+    ("qwen2-vl-2b", 8, "qwen2-vl-2b: tp=8: must divide num_q_heads=12 (remainder 4)"),
+    ("glm-4.5v", 6, "glm-4.5v: tp=6: must divide num_kv_heads=8 (remainder 2)"),
+    ("qwen3.5-27b", 6, "qwen3.5-27b: tp=6: must be a multiple of num_kv_heads=4 to replicate them (remainder 2)"),
+    ("qwen2-vl-7b", 0, "qwen2-vl-7b: tp=0: must be a positive int"),
+    ("qwen2-vl-7b", True, "qwen2-vl-7b: tp=True: must be a positive int"),
+])
+def test_sharded_rejects(key, tp, message):
+    with pytest.raises(ValueError) as e:
+        get_model(key).sharded(tp)
+    assert str(e.value) == message
+
+
+# --------------------------------------------------------------------------------------------------
+# (d) the loader's errors
+
+KEY = "glm-4.1v-9b"
+
+
+def _raw_entry() -> dict:
+    with open(DEFAULT_PATH, encoding="utf-8") as f:
+        return copy.deepcopy(yaml.safe_load(f)[KEY])
+
+
+def _write(tmp_path, catalogue) -> str:
+    path = tmp_path / "models.yaml"
+    path.write_text(catalogue if isinstance(catalogue, str) else yaml.safe_dump(catalogue), encoding="utf-8")
+    return path
+
+
+def test_loader_reads_a_copied_entry(tmp_path):
+    """The bad-YAML cases below start from this entry; unchanged, it loads to the catalogue's value."""
+    assert load_models(_write(tmp_path, {KEY: _raw_entry()})) == {KEY: MODELS[KEY]}
+
+
+def _drop(field):
+    return lambda e: e.pop(field)
+
+
+def _set(field, value):
+    return lambda e: e.__setitem__(field, value)
+
+
+def _source(field, value):
+    return lambda e: e["sources"].__setitem__(field, value)
+
+
+def _both(*edits):
+    return lambda e: [edit(e) for edit in edits]
+
+
+BAD = [  # (edit of the entry, expected message start after "glm-4.1v-9b: ", a rule it must state)
+    ("missing-field", _drop("num_kv_heads"), "num_kv_heads=<missing>", "every entry needs this field"),
+    ("missing-sources", _drop("sources"), "sources=<missing>", "every entry needs this field"),
+    ("unknown-field", _set("rope_theta", 10000.0), "rope_theta=10000.0", "unknown field"),
+    ("no-source", lambda e: e["sources"].pop("base"), "sources.base=None", "every value needs a source"),
+    ("blank-source", _source("sections", "  "), "sources.sections='  '", "every value needs a source"),
+    ("source-for-nothing", _source("bias", "x"), "sources.bias='x'", "names no sourced field"),
+    ("source-for-null", _source("ntk_alpha", "x"), "sources.ntk_alpha='x'", "names no sourced field"),
+    ("sections-sum", _set("sections", [8, 12, 11]), "sections=(8, 12, 11)", "must sum to rotary_dim/2 = 32 (got 31)"),
+    ("rotary-gt-head", _set("rotary_dim", 256), "rotary_dim=256", "must be <= head_size"),
+    ("odd-rotary", _set("rotary_dim", 63), "rotary_dim=63", "must be even"),
+    ("bad-layout", _set("layout", "zigzag"), "layout='zigzag'", "must be one of"),
+    ("neox-not-bool", _set("is_neox_style", "no"), "is_neox_style='no'", "must be a bool"),
+    ("base-string", _set("base", "1e4"), "base='1e4'", "must be a number"),
+    ("base-too-small", _set("base", 1.0), "base=1.0", "must be a finite number > 1"),
+    ("heads-zero", _set("num_q_heads", 0), "num_q_heads=0", "must be a positive int"),
+    ("kv-not-dividing", _set("num_kv_heads", 3), "num_kv_heads=3", "must divide num_q_heads=32"),
+    ("mpe-float", _set("max_position_embeddings", 65536.0), "max_position_embeddings=65536.0",
+     "must be a positive int"),
+    ("bad-kind", _set("rope_kind", "3d"), "rope_kind='3d'", "must be one of"),
+    ("1d-with-sections", _set("rope_kind", "1d"), "sections=[8, 12, 12]", "must be null exactly when"),
+    ("mrope-rows", _set("sections", [8, 12, 6, 6]), "sections=[8, 12, 6, 6]", "M-RoPE needs 3 rows"),
+    ("alpha-on-mrope", _both(_set("ntk_alpha", 1000.0), _source("ntk_alpha", "x")), "ntk_alpha=1000.0",
+     "must be null unless rope_kind is 'xdrope'"),
+    ("hf-id", _set("hf_id", "GLM-4.1V"), "hf_id='GLM-4.1V'", "must be 'owner/name'"),
+]
+
+
+@pytest.mark.parametrize("edit, start, rule", [pytest.param(*case[1:], id=case[0]) for case in BAD])
+def test_loader_rejects_bad_entry(tmp_path, edit, start, rule):
+    entry = _raw_entry()
+    edit(entry)
+    with pytest.raises(ValueError) as e:
+        load_models(_write(tmp_path, {KEY: entry}))
+    message = str(e.value)
+    assert message.startswith(f"{KEY}: {start}"), message
+    assert rule in message, message
+
+
+@pytest.mark.parametrize("text, start", [
+    pytest.param("- just\n- a list\n", "models.yaml: top level must be", id="not-a-mapping"),
+    pytest.param("GLM 4.1V: {}\n", "key='GLM 4.1V'", id="bad-key"),
+    pytest.param("glm-ocr: 3\n", "glm-ocr: entry=3: must be a mapping", id="entry-not-mapping"),
+])
+def test_loader_rejects_bad_file(tmp_path, text, start):
+    with pytest.raises(ValueError) as e:
+        load_models(_write(tmp_path, text))
+    assert str(e.value).startswith(start), str(e.value)
+
+
+def test_loader_rejects_repeated_key(tmp_path):
+    entry = yaml.safe_dump({KEY: _raw_entry()})
+    with pytest.raises(ValueError, match=rf"^{KEY}=<repeated>: keys must be unique"):
+        load_models(_write(tmp_path, entry + entry))
