@@ -34,6 +34,11 @@ def compare_case(impl_name: str, fn, case: RotationCase, device: str) -> Compari
     ref_q, ref_k = reference.rotate(case.spec, ref_in.positions, ref_in.query, ref_in.key, ref_in.cache)
     result = compare_rotation(case.spec, ref_in.positions, ref_in.query, ref_in.key, ref_in.cache,
                               q_out, k_out, ref_q, ref_k, working_precision(fn), device=inputs.query.device)
+    # Only q and k may be written (in place); positions and the cache are read-only.
+    if not torch.equal(inputs.positions.cpu(), ref_in.positions):
+        result.problems.append("positions were modified by the implementation")
+    if not torch.equal(inputs.cache.cpu(), ref_in.cache):
+        result.problems.append("cos_sin_cache was modified by the implementation")
     if case.packed_qkv:
         # The value slice of a packed qkv tensor is not the implementation's to touch.
         width = (case.num_q_heads + case.num_kv_heads) * case.spec.head_size

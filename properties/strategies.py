@@ -138,8 +138,13 @@ def rotation_cases(draw, *, dtype: str = "float32", kind: str = "chunked3", is_n
 
 # --------------------------------------------------------------------------- tensors
 @functools.lru_cache(maxsize=4)
+def _cached_table(base: float, rotary_dim: int, max_position: int, dtype: torch.dtype) -> torch.Tensor:
+    return cos_sin_cache(RopeSpec(rotary_dim, rotary_dim, base=base, max_position=max_position), dtype, "cpu")
+
+
 def _cpu_cache(spec: RopeSpec, dtype: torch.dtype) -> torch.Tensor:
-    return cos_sin_cache(spec, dtype, "cpu")
+    """The spec's cache; memoized on what it depends on (base, rotary_dim, length, dtype) only."""
+    return _cached_table(spec.effective_base, spec.rotary_dim, spec.max_position, dtype)
 
 
 def make_positions(spec: RopeSpec, num_tokens: int, kind: str, gen: torch.Generator) -> torch.Tensor:

@@ -13,25 +13,24 @@ from rope.registry import get_implementation
 MODELS = load_models()
 
 
-def _largest_tp(model) -> int:
-    for tp in (8, 4, 2):
+def _valid_tps(model):
+    for tp in (1, 2, 4, 8):
         try:
-            model.sharded(tp)
-            return tp
-        except ValueError:
+            yield tp, model.sharded(tp)
+        except ValueError:   # e.g. 12 q heads at tp=8: not a configuration anyone serves
             continue
-    return 1
 
 
 def _cases():
     for key, model in MODELS.items():
-        q, kv = model.sharded(1)
-        # Whole model: 11 tokens of an image grid (rows differ), bf16, key present.
-        yield pytest.param(RotationCase(model.spec, 11, q, kv, "bfloat16", "grid", False, 11), id=f"{key}-tp1")
-        tp = _largest_tp(model)
-        q, kv = model.sharded(tp)
-        # A TP shard inside a packed qkv tensor, positions at the last cache row.
-        yield pytest.param(RotationCase(model.spec, 33, q, kv, "bfloat16", "last_row", True, 33), id=f"{key}-tp{tp}")
+        for tp, (q, kv) in _valid_tps(model):
+            # tp 1: 11 tokens of an image grid (rows differ); shards: 33 tokens in a packed qkv
+            # tensor with positions at the last cache row.
+            if tp == 1:
+                case = RotationCase(model.spec, 11, q, kv, "bfloat16", "grid", False, 11)
+            else:
+                case = RotationCase(model.spec, 33, q, kv, "bfloat16", "last_row", True, 33 + tp)
+            yield pytest.param(case, id=f"{key}-tp{tp}")
 
 
 @pytest.mark.parametrize("case", list(_cases()))

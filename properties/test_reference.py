@@ -76,3 +76,75 @@ def test_reference_worked_example_gptj_partial():
     c1, s1 = math.cos(0.25), math.sin(0.25)
     expected = [1 * 0 - 2 * 1, 2 * 0 + 1 * 1, 3 * c1 - 4 * s1, 4 * c1 + 3 * s1, 5.0, 6.0]
     torch.testing.assert_close(out[0], torch.tensor(expected, dtype=torch.float64))
+
+
+def _neox_to_gptj_channels(spec):
+    """Channel order that moves NeoX pair (i, i + rd/2) to GPT-J pair (2i, 2i + 1)."""
+    half = spec.rotary_dim // 2
+    order = []
+    for i in range(half):
+        order += [i, i + half]
+    return order + list(range(spec.rotary_dim, spec.head_size))
+
+
+@given(case=st.sampled_from(KINDS).flatmap(lambda k: rotation_cases(kind=k, is_neox_style=True)))
+def test_reference_gptj_is_neox_under_channel_permutation(case):
+    import dataclasses
+    x = build_rotation_inputs(case)
+    spec = case.spec
+    gptj = dataclasses.replace(spec, is_neox_style=False)
+    order = torch.tensor(_neox_to_gptj_channels(spec))
+
+    def permute(t):
+        return t.reshape(t.shape[0], t.shape[1] // spec.head_size, spec.head_size)[..., order].reshape(t.shape)
+    q_neox, _ = reference.rotate(spec, x.positions, x.query, None, x.cache)
+    q_gptj, _ = reference.rotate(gptj, x.positions, permute(x.query), None, x.cache)
+    assert torch.equal(q_gptj, permute(q_neox))
+
+
+@given(case=st.sampled_from(KINDS).flatmap(lambda k: rotation_cases(kind=k, min_tokens=1)))
+def test_reference_negated_sin_rotates_back(case):
+    # R(-theta) R(theta) x = (cos^2 + sin^2) x on rotated channels; the cache's cos^2 + sin^2 is
+    # within a few ulps of 1, so scale by it exactly instead of assuming 1.
+    x = build_rotation_inputs(case)
+    spec = case.spec
+    half = spec.rotary_dim // 2
+    cache64 = x.cache.to(torch.float64)
+    back_cache = torch.cat((cache64[:, :half], -cache64[:, half:]), dim=1)
+    q1, _ = reference.rotate(spec, x.positions, x.query.to(torch.float64), None, cache64)
+    q2, _ = reference.rotate(spec, x.positions, q1, None, back_cache)
+    cos, sin = reference.rotation.select_cos_sin(spec, x.positions, cache64)
+    a, b = reference.rotation.pair_indices(spec)
+    scale = torch.ones(case.num_tokens, spec.head_size, dtype=torch.float64)
+    scale[:, a] = scale[:, b] = cos ** 2 + sin ** 2
+    expected = (x.query.to(torch.float64).reshape(case.num_tokens, -1, spec.head_size) * scale[:, None, :])
+    torch.testing.assert_close(q2, expected.reshape(q2.shape), rtol=1e-13, atol=1e-13)
+
+
+def _exact_cache(spec, length):
+    """cos | sin of p * inv_freq evaluated in float64 (no float32 rounding of the angle)."""
+    inv = spec.effective_base ** (-torch.arange(0, spec.rotary_dim, 2, dtype=torch.float64) / spec.rotary_dim)
+    ang = torch.arange(length, dtype=torch.float64)[:, None] * inv[None, :]
+    return torch.cat((ang.cos(), ang.sin()), dim=1)
+
+
+@given(case=rotation_cases(kind="1d", min_tokens=1, max_tokens=8, max_positions=(4096,)),
+       shift=st.integers(0, 3000))
+def test_reference_1d_score_depends_only_on_position_difference(case, shift):
+    # q.k after rotating q at m and k at n equals the same with m + d and n + d (per head).
+    spec = case.spec
+    x = build_rotation_inputs(case)
+    cache = _exact_cache(spec, spec.max_position + shift)
+    q = x.query.to(torch.float64)
+    k = torch.flip(q, dims=(0,))                  # any key; one per token
+    m = x.positions
+    n = torch.flip(m, dims=(0,))
+
+    def scores(pm, pn):
+        rq, _ = reference.rotate(spec, pm, q, None, cache)
+        rk, _ = reference.rotate(spec, pn, k, None, cache)
+        return (rq.reshape(len(pm), -1, spec.head_size) * rk.reshape(len(pn), -1, spec.head_size)).sum(-1)
+    mags = (q.abs().reshape(len(m), -1, spec.head_size) * k.abs().reshape(len(n), -1, spec.head_size)).sum(-1)
+    diff = (scores(m, n) - scores(m + shift, n + shift)).abs()
+    # angles p*theta up to ~7000 rad: float64 cos/sin of them are good to ~1e-12 relative
+    assert torch.all(diff <= 1e-10 * mags), f"max relative change {(diff / mags).max():.3g}"

@@ -56,7 +56,9 @@ def _rotate_tile(row_ptr, heads, num_heads, head_size, a_chan, b_chan, freq_ok, 
     tl.store(b_ptr, _round_for_store(o2, OUT_BF16).to(out_ty), mask=mask)
 
 
-@triton.jit
+# Head counts, sections and the positions row stride vary per model but do not affect memory
+# alignment: do not let Triton specialize (and recompile) on them.
+@triton.jit(do_not_specialize=["pos_row_stride", "num_q_heads", "num_kv_heads", "sec0", "sec1", "sec2"])
 def _rotary_kernel(
     q_ptr, k_ptr, cache_ptr, pos_ptr,
     q_row_stride, k_row_stride, cache_row_stride, pos_row_stride,

@@ -1,0 +1,90 @@
+"""Broken rotation implementations, each a mistake real kernels have made.
+
+All take the registry signature ``fn(spec, positions, query, key, cos_sin_cache)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from rope.native import rotate_native
+from rope.triton.rotary import rotate_triton
+
+
+def neox_for_gptj(spec, positions, query, key, cache):
+    """Pairs (i, i + rd/2) even when GPT-J pairs are asked (vllm#42016)."""
+    return rotate_triton(dataclasses.replace(spec, is_neox_style=True), positions, query, key, cache)
+
+
+def chunked_for_interleaved(spec, positions, query, key, cache):
+    """Uses the chunked axis map for Qwen3-VL interleaved sections (vllm-gaudi#1437)."""
+    return rotate_triton(dataclasses.replace(spec, layout="chunked"), positions, query, key, cache)
+
+
+def key_unrotated(spec, positions, query, key, cache):
+    """Rotates the query only; the key comes back as it went in."""
+    q, _ = rotate_triton(spec, positions, query, None, cache)
+    return q, key
+
+
+def touches_pass_through(spec, positions, query, key, cache):
+    """Rotates correctly but rounds the pass-through channels through bf16 (a copy-back bug)."""
+    q, k = rotate_native(spec, positions, query, key, cache)
+
+    def squash(x):
+        if x is None:
+            return None
+        heads = x.reshape(x.shape[0], x.shape[1] // spec.head_size, spec.head_size).clone()
+        heads[..., spec.rotary_dim:] = heads[..., spec.rotary_dim:].to(torch.bfloat16).to(x.dtype) * 1.0001
+        return heads.reshape(x.shape)
+    return squash(q), squash(k)
+
+
+def first_pow2_heads(spec, positions, query, key, cache):
+    """Rotates only the first power-of-two heads (a tile sized with prev_power_of_2)."""
+    def cut(x):
+        if x is None:
+            return None, None
+        heads = x.shape[1] // spec.head_size
+        keep = 1 << (heads.bit_length() - 1)
+        return x[:, : keep * spec.head_size], x
+    q_part, q_full = cut(query)
+    k_part, k_full = cut(key)
+    q_rot, k_rot = rotate_native(spec, positions, q_part, k_part, cache)
+    q_out = q_full.clone()
+    q_out[:, : q_rot.shape[1]] = q_rot
+    k_out = None
+    if k_full is not None:
+        k_out = k_full.clone()
+        k_out[:, : k_rot.shape[1]] = k_rot
+    return q_out, k_out
+
+
+def assumes_contiguous(spec, positions, query, key, cache):
+    """Reads q/k as if their rows were packed back to back (ignores the row stride)."""
+    def as_packed(x):
+        if x is None or x.is_contiguous():
+            return x
+        flat = x.as_strided((x.numel(),), (1,), x.storage_offset())
+        return flat.view(x.shape)
+    return rotate_native(spec, positions, as_packed(query), as_packed(key), cache)
+
+
+def bf16_claiming_fp32(spec, positions, query, key, cache):
+    """Computes in bf16 whatever the input dtype, while declaring float32 working precision."""
+    bf = torch.bfloat16
+    q, k = rotate_native(spec, positions, query.to(bf), None if key is None else key.to(bf), cache.to(bf))
+    return q.to(query.dtype), None if k is None else k.to(query.dtype)
+
+
+BROKEN_ROTATIONS = {
+    "neox_for_gptj": neox_for_gptj,
+    "chunked_for_interleaved": chunked_for_interleaved,
+    "key_unrotated": key_unrotated,
+    "touches_pass_through": touches_pass_through,
+    "first_pow2_heads": first_pow2_heads,
+    "assumes_contiguous": assumes_contiguous,
+    "bf16_claiming_fp32": bf16_claiming_fp32,
+}
