@@ -24,7 +24,7 @@ _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
 settings.register_profile("dev", max_examples=20, deadline=None, suppress_health_check=_SLOW_OK)
 settings.register_profile("ci", derandomize=True, deadline=None, database=None, print_blob=True,
                           max_examples=20, suppress_health_check=_SLOW_OK)
-settings.register_profile("deep", max_examples=400, deadline=None, print_blob=True, suppress_health_check=_SLOW_OK)
+settings.register_profile("deep", max_examples=2000, deadline=None, print_blob=True, suppress_health_check=_SLOW_OK)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
