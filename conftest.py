@@ -27,6 +27,13 @@ settings.register_profile("ci", derandomize=True, deadline=None, database=None, 
 settings.register_profile("deep", max_examples=2000, deadline=None, print_blob=True, suppress_health_check=_SLOW_OK)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
+# Under pytest-xdist every worker is a process: give each its share of the cores instead of
+# letting N workers x N torch threads oversubscribe the machine.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 
 def pytest_addoption(parser):
     group = parser.getgroup("rope", "rope-harness")

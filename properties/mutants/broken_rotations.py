@@ -1,5 +1,8 @@
 """Broken rotation implementations, each a mistake real kernels have made.
 
+They wrap the native implementation so they run on every device; the kernel-level mutants of
+the known-bug catalogue live beside them.
+
 All take the registry signature ``fn(spec, positions, query, key, cos_sin_cache)``.
 """
 
@@ -10,22 +13,21 @@ import dataclasses
 import torch
 
 from rope.native import rotate_native
-from rope.triton.rotary import rotate_triton
 
 
 def neox_for_gptj(spec, positions, query, key, cache):
     """Pairs (i, i + rd/2) even when GPT-J pairs are asked (vllm#42016)."""
-    return rotate_triton(dataclasses.replace(spec, is_neox_style=True), positions, query, key, cache)
+    return rotate_native(dataclasses.replace(spec, is_neox_style=True), positions, query, key, cache)
 
 
 def chunked_for_interleaved(spec, positions, query, key, cache):
     """Uses the chunked axis map for Qwen3-VL interleaved sections (vllm-gaudi#1437)."""
-    return rotate_triton(dataclasses.replace(spec, layout="chunked"), positions, query, key, cache)
+    return rotate_native(dataclasses.replace(spec, layout="chunked"), positions, query, key, cache)
 
 
 def key_unrotated(spec, positions, query, key, cache):
     """Rotates the query only; the key comes back as it went in."""
-    q, _ = rotate_triton(spec, positions, query, None, cache)
+    q, _ = rotate_native(spec, positions, query, None, cache)
     return q, key
 
 
