@@ -18,7 +18,12 @@ from hypothesis import HealthCheck, settings
 
 import rope  # noqa: F401  (switches Triton to the interpreter when there is no GPU, before any kernel)
 from rope.devices import DEVICE_NAMES, available_devices
-from rope.registry import get_implementation, implementations
+from rope.registry import (
+    get_implementation,
+    get_positions_implementation,
+    implementations,
+    positions_implementations,
+)
 
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
 settings.register_profile("dev", max_examples=20, deadline=None, suppress_health_check=_SLOW_OK)
@@ -66,9 +71,25 @@ def selected_implementations(config) -> dict:
         raise pytest.UsageError(f"--rope-impl: {exc}") from None
 
 
+def selected_positions_implementations(config) -> dict:
+    names = config.getoption("--rope-positions-impl")
+    if not names:
+        return positions_implementations()
+    try:
+        return {name: get_positions_implementation(name) for name in names}
+    except ValueError as exc:
+        raise pytest.UsageError(f"--rope-positions-impl: {exc}") from None
+
+
 def pytest_generate_tests(metafunc):
-    """Tests taking ``impl_name`` and ``device`` run for every implementation on every device."""
-    if "impl_name" in metafunc.fixturenames and "device" in metafunc.fixturenames:
+    """Tests taking ``impl_name`` (or ``positions_impl_name``) and ``device`` run for every
+    implementation on every device."""
+    if "positions_impl_name" in metafunc.fixturenames and "device" in metafunc.fixturenames:
+        impls = selected_positions_implementations(metafunc.config)
+        devices = selected_devices(metafunc.config)
+        combos = [(name, dev) for name in impls for dev in devices]
+        metafunc.parametrize("positions_impl_name,device", combos, ids=[f"{n}-{d}" for n, d in combos])
+    elif "impl_name" in metafunc.fixturenames and "device" in metafunc.fixturenames:
         impls = selected_implementations(metafunc.config)
         devices = selected_devices(metafunc.config)
         combos = [(name, dev) for name in impls for dev in devices]

@@ -203,3 +203,71 @@ def build_rotation_inputs(case: RotationCase, device: str = "cpu") -> RotationIn
 def case_id(impl: str, device: str, dtype: str, kind: str, neox: bool) -> str:
     """Test id in the project's format: ``triton-cuda-bf16-interleaved-gptj``."""
     return f"{impl}-{device}-{DTYPE_SHORT.get(dtype, dtype)}-{kind}-{'neox' if neox else 'gptj'}"
+
+
+# --------------------------------------------------------------------------- ragged batches
+@dataclass(frozen=True)
+class RaggedBatch:
+    """One model-runner step over persistent request slots (SPEC §5), as plain lists."""
+    num_dims: int
+    prefill_positions: tuple          # [max_reqs * num_dims][max_model_len]
+    prefill_delta: tuple              # [max_reqs]
+    prefill_lens: tuple               # [max_reqs]
+    num_computed_tokens: tuple        # [max_reqs]
+    idx_mapping: tuple                # [num_reqs], injective into the slots
+    query_lens: tuple                 # [num_reqs]
+    padding: int = 0                  # extra output columns the implementation must not write
+
+    @property
+    def query_start_loc(self) -> list[int]:
+        out = [0]
+        for n in self.query_lens:
+            out.append(out[-1] + n)
+        return out
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.query_lens)
+
+    def tensors(self, device: str = "cpu") -> dict:
+        dev = torch_device(device)
+        i32 = dict(dtype=torch.int32, device=dev)
+        return dict(prefill_positions=torch.tensor(self.prefill_positions, **i32).reshape(
+                        len(self.prefill_lens) * self.num_dims, -1),
+                    prefill_delta=torch.tensor(self.prefill_delta, **i32),
+                    idx_mapping=torch.tensor(self.idx_mapping, **i32),
+                    query_start_loc=torch.tensor(self.query_start_loc, **i32),
+                    prefill_lens=torch.tensor(self.prefill_lens, **i32),
+                    num_computed_tokens=torch.tensor(self.num_computed_tokens, **i32),
+                    num_dims=self.num_dims)
+
+
+OUT_SENTINEL = -7777
+
+
+@st.composite
+def ragged_batches(draw, *, num_dims: int | None = None, max_reqs: int = 6, max_model_len: int = 48):
+    """A step mixing prefill, chunked prefill and decode requests over an arbitrary injective
+    slot mapping; shrinks to one request, one slot, short prompts, identity mapping."""
+    dims = draw(st.sampled_from([3, 1, 4])) if num_dims is None else num_dims
+    slots = draw(st.integers(1, max_reqs))
+    model_len = draw(st.integers(1, max_model_len))
+    table = [[draw(st.integers(0, 10 * model_len)) for _ in range(model_len)]
+             for _ in range(slots * dims)] if draw(st.booleans()) else \
+        [[c + 3 * (row % dims) for c in range(model_len)] for row in range(slots * dims)]
+    prefill_lens = [draw(st.integers(0, model_len)) for _ in range(slots)]
+    computed, deltas = [], []
+    for r in range(slots):
+        # Any progress: mid-prompt (chunked prefill), at the end, or decoding past it.
+        computed.append(draw(st.integers(0, prefill_lens[r] + 8)))
+        deltas.append(draw(st.integers(-40, 40)))
+    num_reqs = draw(st.integers(0, slots))
+    mapping = draw(st.permutations(range(slots)))[:num_reqs]
+    query_lens = []
+    for r in mapping:
+        if computed[r] < prefill_lens[r]:          # prefill: a chunk of what is left
+            query_lens.append(draw(st.integers(1, prefill_lens[r] - computed[r])))
+        else:                                      # decode (several tokens: speculative decoding)
+            query_lens.append(draw(st.integers(0, 3)))
+    return RaggedBatch(dims, tuple(v for row in table for v in row), tuple(deltas), tuple(prefill_lens),
+                       tuple(computed), tuple(mapping), tuple(query_lens), draw(st.integers(0, 5)))

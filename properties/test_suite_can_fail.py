@@ -24,3 +24,32 @@ def test_rotation_property_rejects_broken_implementation(broken):
 
     with pytest.raises(AssertionError, match="does not match the reference"):
         rotation_matches_reference()
+
+
+# ------------------------------------------------------------------ position preparation
+from properties.mutants.broken_positions import BROKEN_POSITIONS, correct_loop  # noqa: E402
+from properties.strategies import ragged_batches  # noqa: E402
+from properties.test_runner_positions import assert_positions_match  # noqa: E402
+
+# delta_per_chunk corrupts the stored delta for later steps; one step cannot see it (the
+# scheduler state machine in test_scheduler_positions.py does).
+SINGLE_STEP_VISIBLE = [b for b in BROKEN_POSITIONS if b != "delta_per_chunk"]
+
+
+@pytest.mark.parametrize("broken", SINGLE_STEP_VISIBLE)
+def test_position_property_rejects_broken_implementation(broken):
+    fn = BROKEN_POSITIONS[broken]
+
+    @settings(max_examples=300, derandomize=True, database=None, deadline=None, print_blob=False)
+    @given(batch=ragged_batches())
+    def prepared_positions_match_reference(batch):
+        assert_positions_match(broken, fn, batch, "cpu")
+
+    with pytest.raises(AssertionError, match=f"{broken} on cpu"):
+        prepared_positions_match_reference()
+
+
+@settings(max_examples=50, deadline=None)
+@given(batch=ragged_batches())
+def test_mutant_loop_without_bug_is_correct(batch):
+    assert_positions_match("correct_loop", correct_loop, batch, "cpu")

@@ -23,6 +23,10 @@ _ROTATIONS = {
     "native": "rope.native:rotate_native",
     "triton": "rope.triton.rotary:rotate_triton",
 }
+_POSITIONS = {
+    "native": "rope.positions:prepare_positions_native",
+    "triton": "rope.triton.positions:prepare_positions_triton",
+}
 
 
 def resolve(target: str, *, kind: str, builtins: dict[str, str]) -> Callable:
@@ -60,6 +64,23 @@ def get_implementation(name: str) -> Callable:
 def implementations() -> dict[str, Callable]:
     """Every built-in rotation implementation, by name."""
     return {name: get_implementation(name) for name in _ROTATIONS}
+
+
+def get_positions_implementation(name: str) -> Callable:
+    """A position-preparation implementation by registered name or import path."""
+    return resolve(name, kind="positions_impl", builtins=_POSITIONS)
+
+
+def positions_implementations() -> dict[str, Callable]:
+    """Every built-in position-preparation implementation, by name."""
+    return {name: get_positions_implementation(name) for name in _POSITIONS}
+
+
+def positions_unsupported_reason(name: str, fn: Callable, device: str) -> str | None:
+    supports = getattr(fn, "supports", None)
+    if supports is None or supports(device):
+        return None
+    return f"unsupported: {name} does not run on {device}"
 
 
 def working_precision(fn: Callable) -> str:

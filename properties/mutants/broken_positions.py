@@ -1,0 +1,62 @@
+"""Broken position-preparation implementations: the runner bugs this field has shipped
+(SPEC §7.5, vllm#10388, #10403), each a one-line deviation from the reference loop."""
+
+from __future__ import annotations
+
+import torch
+
+from reference.runner import check_position_inputs
+from rope.positions import check_out
+
+
+def _prepare(prefill_positions, prefill_delta, idx_mapping, query_start_loc, prefill_lens, num_computed_tokens,
+             num_dims, out, *, bug: str) -> None:
+    n = check_position_inputs(prefill_positions, prefill_delta, idx_mapping, query_start_loc, prefill_lens,
+                              num_computed_tokens, num_dims)
+    check_out(out, num_dims, n, prefill_positions.device)
+    table = prefill_positions.tolist()
+    qsl, lens, computed = query_start_loc.tolist(), prefill_lens.tolist(), num_computed_tokens.tolist()
+    for b, r in enumerate(idx_mapping.tolist()):
+        if bug == "slot_mapping_ignored":
+            r = b if b < len(lens) else r
+        qs, ql, nc = qsl[b], qsl[b + 1] - qsl[b], computed[r]
+        if bug == "query_start_off_by_one":
+            qs += 1
+        is_prefill = nc < lens[r]
+        delta = int(prefill_delta[r])
+        for i in range(ql):
+            col = qs + i
+            if col >= out.shape[1]:
+                continue
+            for d in range(num_dims):
+                if is_prefill:
+                    src = i if bug == "prefill_reads_at_i" else nc + i
+                    value = table[num_dims * r + d][src]
+                    if bug == "delta_in_prefill":
+                        value += delta
+                else:
+                    value = nc + i + (0 if bug == "delta_missing_in_decode" else delta)
+                out[d, col] = value
+        if bug == "delta_per_chunk" and is_prefill and ql:
+            # Recomputes the request's delta from this chunk alone and stores it for decode.
+            chunk = [table[num_dims * r + d][nc + i] for d in range(num_dims) for i in range(ql)]
+            prefill_delta[r] = max(chunk) + 1 - ql
+
+
+def _mutant(bug):
+    def fn(*args, **kwargs):
+        _prepare(*args, **kwargs, bug=bug)
+    fn.__name__ = bug
+    return fn
+
+
+BUGS = ("prefill_reads_at_i", "delta_per_chunk", "delta_in_prefill", "delta_missing_in_decode",
+        "slot_mapping_ignored", "query_start_off_by_one")
+BROKEN_POSITIONS = {bug: _mutant(bug) for bug in BUGS}
+prefill_reads_at_i, delta_per_chunk, delta_in_prefill, delta_missing_in_decode, slot_mapping_ignored, \
+    query_start_off_by_one = (BROKEN_POSITIONS[b] for b in BUGS)
+
+
+def correct_loop(*args, **kwargs):
+    """The same loop without a bug (checks that the mutants differ only by their bug)."""
+    _prepare(*args, **kwargs, bug="none")

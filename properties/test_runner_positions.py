@@ -1,0 +1,98 @@
+"""Position preparation (SPEC §5): every implementation on every device against the reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import example, given
+
+import reference
+from properties.strategies import OUT_SENTINEL, RaggedBatch, ragged_batches
+from rope.devices import synchronize, torch_device
+from rope.registry import get_positions_implementation, positions_unsupported_reason
+
+# vllm#10388 / #10403: a 40-token prompt in chunks of 32 then 8, then decode with the full-prompt delta.
+_PROMPT = [0, 1, 2, 3] + [4] * 12 + [5 + i for i in range(24)]          # 40 tokens, max position 28
+_ROWS = (tuple(_PROMPT) + (0,) * 24) * 3                                  # 3 rows, max_model_len 64
+CHUNK_1 = RaggedBatch(3, _ROWS, (28 + 1 - 40,), (40,), (0,), (0,), (32,))
+CHUNK_2 = RaggedBatch(3, _ROWS, (28 + 1 - 40,), (40,), (32,), (0,), (8,), 2)
+DECODE = RaggedBatch(3, _ROWS, (28 + 1 - 40,), (40,), (40,), (0,), (1,), 1)
+
+
+def run_positions(fn, batch: RaggedBatch, device: str) -> torch.Tensor:
+    args = batch.tensors(device)
+    out = torch.full((batch.num_dims, batch.num_tokens + batch.padding), OUT_SENTINEL,
+                     dtype=torch.int64, device=torch_device(device))
+    fn(**args, out=out)
+    synchronize(device)
+    return out.cpu()
+
+
+def assert_positions_match(name: str, fn, batch: RaggedBatch, device: str) -> None:
+    out = run_positions(fn, batch, device)
+    expected = reference.prepare_positions(**batch.tensors("cpu"))
+    n = batch.num_tokens
+    bad = (out[:, :n] != expected).nonzero().tolist()
+    assert not bad, (f"{name} on {device}: {len(bad)} wrong positions, first (row, column) {bad[:5]}; "
+                     f"got {out[:, :n].tolist()}, expected {expected.tolist()}")
+    assert torch.all(out[:, n:] == OUT_SENTINEL), f"{name} on {device} wrote columns past the step's {n} tokens"
+
+
+@given(batch=ragged_batches())
+@example(batch=CHUNK_1)
+@example(batch=CHUNK_2)
+@example(batch=DECODE)
+def test_prepared_positions_match_reference(positions_impl_name, device, batch):
+    fn = get_positions_implementation(positions_impl_name)
+    reason = positions_unsupported_reason(positions_impl_name, fn, device)
+    if reason:
+        pytest.skip(reason)
+    assert_positions_match(positions_impl_name, fn, batch, device)
+
+
+def test_chunked_prefill_concatenates_to_prompt_then_decodes_with_delta():
+    first = reference.prepare_positions(**CHUNK_1.tensors())
+    second = reference.prepare_positions(**CHUNK_2.tensors())
+    prompt = torch.tensor(_PROMPT).expand(3, -1)
+    assert torch.equal(torch.cat([first, second], 1), prompt)
+    assert reference.prepare_positions(**DECODE.tensors()).tolist() == [[29]] * 3   # 40 + (28 + 1 - 40)
+
+
+def _good():
+    return CHUNK_1.tensors()
+
+
+ERRORS = {
+    "num-dims": (dict(num_dims=5), r"num_dims=5: must be an int in \[1, 4\]"),
+    "table-rows": (dict(num_dims=2), r"prefill_positions.shape=\(3, 64\): must be \[max_reqs \* num_dims"),
+    "slot-out-of-range": (dict(idx_mapping=torch.tensor([1], dtype=torch.int32)), r"idx_mapping=\[1\]: every slot must lie in \[0, max_reqs=1\)"),
+    "delta-length": (dict(prefill_delta=torch.zeros(2, dtype=torch.int32)), r"prefill_delta.shape=\(2,\): must be \[1\]"),
+    "qsl-length": (dict(query_start_loc=torch.tensor([0], dtype=torch.int32)), r"query_start_loc.shape=\(1,\): must be \[2\]"),
+    "qsl-decreasing": (dict(query_start_loc=torch.tensor([3, 1], dtype=torch.int32)), r"query_start_loc=\[3, 1\]: must start at 0"),
+    "float-lens": (dict(prefill_lens=torch.tensor([40.0])), r"prefill_lens.dtype=torch.float32"),
+    "read-past-table": (dict(num_computed_tokens=torch.tensor([39], dtype=torch.int32)), r"num_computed_tokens\[0\]=39: prefill reads columns up to 70, past max_model_len=64"),
+}
+
+
+@pytest.mark.parametrize("error", list(ERRORS), ids=list(ERRORS))
+def test_reference_rejects_bad_position_input(error):
+    change, pattern = ERRORS[error]
+    with pytest.raises(ValueError, match=pattern):
+        reference.prepare_positions(**{**_good(), **change})
+
+
+@pytest.mark.parametrize("error", list(ERRORS) + ["out-too-short"], ids=list(ERRORS) + ["out-too-short"])
+def test_implementation_rejects_bad_position_input(positions_impl_name, device, error):
+    fn = get_positions_implementation(positions_impl_name)
+    reason = positions_unsupported_reason(positions_impl_name, fn, device)
+    if reason:
+        pytest.skip(reason)
+    args = {k: v.to(torch_device(device)) if isinstance(v, torch.Tensor) else v for k, v in _good().items()}
+    out = torch.zeros(3, 40, dtype=torch.int64, device=torch_device(device))
+    if error == "out-too-short":
+        out, pattern = out[:, :10], r"out.shape=\(3, 10\): must be \[num_dims=3, >= num_tokens=32\]"
+    else:
+        change, pattern = ERRORS[error]
+        args.update({k: v.to(torch_device(device)) if isinstance(v, torch.Tensor) else v for k, v in change.items()})
+    with pytest.raises(ValueError, match=pattern):
+        fn(**args, out=out)

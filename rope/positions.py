@@ -1,0 +1,40 @@
+"""The "native" position preparation: the runner step (SPEC §5) in vectorized torch ops."""
+
+from __future__ import annotations
+
+import torch
+
+from reference.runner import check_position_inputs
+
+
+def prepare_positions_native(prefill_positions, prefill_delta, idx_mapping, query_start_loc, prefill_lens,
+                             num_computed_tokens, num_dims, out) -> None:
+    """Write out[:, :num_tokens]; columns past the step's tokens are left alone."""
+    num_tokens = check_position_inputs(prefill_positions, prefill_delta, idx_mapping, query_start_loc,
+                                       prefill_lens, num_computed_tokens, num_dims)
+    check_out(out, num_dims, num_tokens, prefill_positions.device)
+    if num_tokens == 0:
+        return
+    dev = prefill_positions.device
+    token = torch.arange(num_tokens, device=dev)
+    starts = query_start_loc.long()
+    batch = torch.searchsorted(starts[1:], token, right=True)       # slot b of each token
+    offset = token - starts[batch]                                   # i within the request's query
+    req = idx_mapping.long()[batch]                                  # r
+    computed = num_computed_tokens.long()[req]                       # nc
+    is_prefill = computed < prefill_lens.long()[req]
+    column = computed + offset                                       # absolute index nc + i
+    decode = column + prefill_delta.long()[req]
+    safe_column = torch.where(is_prefill, column, torch.zeros_like(column))
+    for d in range(num_dims):
+        prefill = prefill_positions[num_dims * req + d, safe_column].long()
+        out[d, :num_tokens] = torch.where(is_prefill, prefill, decode)
+
+
+def check_out(out, num_dims: int, num_tokens: int, device) -> None:
+    if not isinstance(out, torch.Tensor) or out.dtype != torch.int64:
+        raise ValueError(f"out: must be an int64 tensor (got {getattr(out, 'dtype', type(out))})")
+    if out.dim() != 2 or out.shape[0] != num_dims or out.shape[1] < num_tokens:
+        raise ValueError(f"out.shape={tuple(out.shape)}: must be [num_dims={num_dims}, >= num_tokens={num_tokens}]")
+    if out.device != device:
+        raise ValueError(f"out.device={out.device}: must equal prefill_positions.device={device}")
