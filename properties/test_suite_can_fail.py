@@ -53,3 +53,15 @@ def test_position_property_rejects_broken_implementation(broken):
 @given(batch=ragged_batches())
 def test_mutant_loop_without_bug_is_correct(batch):
     assert_positions_match("correct_loop", correct_loop, batch, "cpu")
+
+
+@pytest.mark.parametrize("broken", list(BROKEN_POSITIONS))
+def test_scheduler_machine_rejects_broken_positions(broken):
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from properties.test_scheduler_positions import make_machine
+    machine = make_machine(f"properties.mutants.broken_positions:{broken}", "cpu", "qwen2_5_vl")
+    with pytest.raises(AssertionError):
+        run_state_machine_as_test(machine, settings=settings(max_examples=200, stateful_step_count=25,
+                                                             derandomize=True, database=None, deadline=None,
+                                                             print_blob=False))

@@ -1,0 +1,398 @@
+"""Reference prefill position ids and the decode rule, from a description of the prompt (SPEC §4).
+
+A prompt is described, not tokenized: an ordered tuple of segments, each a text run (``Text``),
+an image (``Image``) or a video (``Video``), with the vision grids in patches before the spatial
+merge.  ``prompt_positions(family, prompt)`` lays the description out as the model's real token
+sequence, markup tokens included, and returns the position ids the model gives every token:
+int64 ``[num_dims, L]`` plus the decode ``delta`` and, per token, its modality and role so that a
+test can build ``input_ids`` and ``mm_token_type_ids`` for a peer from the same description.
+
+Conventions (all families):
+
+* A vision grid ``(t, h, w)`` counts patches before the merge; the language model sees
+  ``t' = t``, ``h' = h / spatial_merge_size``, ``w' = w / spatial_merge_size`` tokens, in t-major,
+  then h, then w order.  Images have ``t = 1``.
+* M-RoPE (3 rows T, H, W): a text token gets the same value on every row; the first token of the
+  prompt gets 0 and every later text token gets ``max(all previous positions) + 1`` (the models'
+  original rule, and vLLM's).  A vision block starts at ``base = max(previous) + 1`` and gives
+  token (ti, hi, wi) the rows ``(base + f(ti), base + hi, base + wi)``.
+* ``delta = max(prefill positions) + 1 - L`` for M-RoPE and 0 for XD-RoPE; decode token at absolute
+  index n gets ``n + delta`` on every row (``decode_positions``).
+
+Token layout per family (markup tokens are text tokens, modality 0; their roles name them):
+
+==============  ===========================================================================
+qwen2_vl,       image: ``vision_start, image * h'w', vision_end`` (f = 0)
+qwen2_5_vl      video: ``vision_start, video * t'h'w', vision_end``, one block with temporal
+                offset f(ti) = ti (qwen2_vl), or ``int(ti * second_per_grid * 2)``
+                (qwen2_5_vl, tokens_per_second = 2, truncated toward zero)
+qwen3_vl        image: as qwen2_vl (f = 0);  video: for each of the t' frames
+                ``timestamp * timestamp_tokens, vision_start, video * h'w', vision_end``;
+                every frame is its own (1, h', w') block, so T is constant inside a frame
+glm4v           image: ``vision_start, image * h'w', vision_end`` (``<|begin_of_image|>`` ...)
+                video: ``video_start``, then for each of the t' frames
+                ``vision_start, video * h'w', vision_end, timestamp * timestamp_tokens``,
+                then ``video_end``; each frame is its own (1, h', w') block (the frame
+                grouping of transformers' original Glm4v get_rope_index, 4.57)
+hunyuan_ocr,    image: ``vision_start, image * (h'(w' + 1) + 2), vision_end``: the image tokens
+hunyuan_ocr_3d  are the ViT begin token, h' rows of w' patch tokens plus one row-end token, and
+                the ViT end token.  Every row starts as the plain token index n.  For the k-th
+                image (0-based) the h'(w'+1) grid tokens (after ``vision_start`` and the first
+                image token) get W = column 0..w', H = row 0..h'-1, T = k; P stays n.
+                Rows are P, W, H, T (hunyuan_ocr) or W, H, T (hunyuan_ocr_3d).  No videos.
+==============  ===========================================================================
+
+Roles: ``text`` (the description's own text), ``timestamp`` (a video frame's time text),
+``vision_start`` / ``vision_end`` (``<|vision_start|>``/``<|vision_end|>``, GLM
+``<|begin_of_image|>``/``<|end_of_image|>``, HunyuanOCR ``<image_start>``/``<image_end>``),
+``video_start`` / ``video_end`` (GLM ``<|begin_of_video|>``/``<|end_of_video|>``), ``image`` and
+``video`` (placeholder tokens, modality 1 and 2; GLM writes its video placeholders with the image
+token id, the modality still says video).  No other tokens are added: no chat template, no BOS.
+
+Error messages follow ``<field>=<value>: <rule> (<actual>)``.  Pure Python integers throughout
+(the time scale is one float64 product per frame); tensors are built at the end.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "hunyuan_ocr", "hunyuan_ocr_3d")
+XDROPE_FAMILIES = ("hunyuan_ocr", "hunyuan_ocr_3d")
+
+# Modality codes, the values of transformers' mm_token_type_ids.
+TEXT, IMAGE, VIDEO = 0, 1, 2
+ROLES = ("text", "timestamp", "vision_start", "vision_end", "video_start", "video_end", "image", "video")
+
+# Qwen2.5-VL vision_config.tokens_per_second in the released checkpoints (the config class default
+# differs; the checkpoints set 2).  Temporal offsets are spaced by absolute time.
+QWEN2_5_VL_TOKENS_PER_SECOND = 2
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_grid(field: str, grid_thw) -> tuple[int, int, int]:
+    try:
+        grid = tuple(grid_thw)
+    except TypeError:
+        raise ValueError(f"{field}={grid_thw!r}: must be a sequence (t, h, w) of ints (got {type(grid_thw).__name__})") from None
+    if len(grid) != 3:
+        raise ValueError(f"{field}={grid!r}: must have 3 entries (t, h, w) (got {len(grid)})")
+    for name, value in zip("thw", grid):
+        if not _is_int(value):
+            raise ValueError(f"{field}={grid!r}: every entry must be an int (got {name}={value!r})")
+        if value < 1:
+            raise ValueError(f"{field}={grid!r}: every entry must be >= 1 (got {name}={value})")
+    return grid
+
+
+# ---------------------------------------------------------------------------------- description
+@dataclass(frozen=True)
+class Text:
+    """A run of ``length`` ordinary text tokens (>= 0)."""
+
+    length: int
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.length):
+            raise ValueError(f"length={self.length!r}: must be an int (got {type(self.length).__name__})")
+        if self.length < 0:
+            raise ValueError(f"length={self.length}: must be >= 0 (got {self.length})")
+
+
+@dataclass(frozen=True)
+class Image:
+    """One image; ``grid_thw`` = (1, h, w) patches before the spatial merge."""
+
+    grid_thw: tuple[int, int, int]
+
+    def __post_init__(self) -> None:
+        grid = _check_grid("grid_thw", self.grid_thw)
+        if grid[0] != 1:
+            raise ValueError(f"grid_thw={grid!r}: an image has t = 1 (got t={grid[0]})")
+        object.__setattr__(self, "grid_thw", grid)
+
+
+@dataclass(frozen=True)
+class Video:
+    """One video; ``grid_thw`` = (t, h, w) grids before the spatial merge.
+
+    ``second_per_grid`` (seconds per temporal grid, = temporal_patch_size / fps) scales the
+    temporal row for qwen2_5_vl only.  ``timestamp_tokens`` is the length of the time text each
+    frame carries in qwen3_vl and glm4v (the tokenizer decides it; positions only need the count).
+    Families that have neither ignore them.
+    """
+
+    grid_thw: tuple[int, int, int]
+    second_per_grid: float = 1.0
+    timestamp_tokens: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "grid_thw", _check_grid("grid_thw", self.grid_thw))
+        spg = self.second_per_grid
+        if isinstance(spg, bool) or not isinstance(spg, (int, float)):
+            raise ValueError(f"second_per_grid={spg!r}: must be a number (got {type(spg).__name__})")
+        if not math.isfinite(spg) or spg <= 0:
+            raise ValueError(f"second_per_grid={spg!r}: must be finite and > 0 (got {spg!r})")
+        if not _is_int(self.timestamp_tokens) or self.timestamp_tokens < 0:
+            raise ValueError(f"timestamp_tokens={self.timestamp_tokens!r}: must be an int >= 0 (got {self.timestamp_tokens!r})")
+
+
+SEGMENT_TYPES = (Text, Image, Video)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """An ordered tuple of segments and the vision tower's ``spatial_merge_size`` (2 in every model here)."""
+
+    segments: tuple[Text | Image | Video, ...]
+    spatial_merge_size: int = 2
+
+    def __post_init__(self) -> None:
+        try:
+            segments = tuple(self.segments)
+        except TypeError:
+            raise ValueError(f"segments={self.segments!r}: must be a sequence of Text, Image, Video (got {type(self.segments).__name__})") from None
+        object.__setattr__(self, "segments", segments)
+        m = self.spatial_merge_size
+        if not _is_int(m) or m < 1:
+            raise ValueError(f"spatial_merge_size={m!r}: must be an int >= 1 (got {m!r})")
+        for i, seg in enumerate(segments):
+            if not isinstance(seg, SEGMENT_TYPES):
+                raise ValueError(f"segments[{i}]={seg!r}: must be a Text, Image or Video (got {type(seg).__name__})")
+            if isinstance(seg, Text):
+                continue
+            _, h, w = seg.grid_thw
+            if h % m or w % m:
+                raise ValueError(
+                    f"segments[{i}].grid_thw={seg.grid_thw!r}: h and w must be multiples of "
+                    f"spatial_merge_size={m} (h % {m} = {h % m}, w % {m} = {w % m})"
+                )
+
+
+# ---------------------------------------------------------------------------------- result
+@dataclass(frozen=True, eq=False)
+class PromptPositions:
+    """What ``prompt_positions`` returns.
+
+    positions: int64 [num_dims, L], rows T, H, W (M-RoPE), P, W, H, T or W, H, T (XD-RoPE).
+    delta: the decode offset (``decode_positions``).
+    modality: int64 [L], 0 text, 1 image, 2 video (transformers' ``mm_token_type_ids``).
+    roles: per token, one of ``ROLES`` (which token id a test should write there).
+    """
+
+    family: str
+    positions: torch.Tensor
+    delta: int
+    modality: torch.Tensor
+    roles: tuple[str, ...]
+
+    @property
+    def length(self) -> int:
+        return self.positions.shape[1]
+
+    @property
+    def num_dims(self) -> int:
+        return self.positions.shape[0]
+
+
+# ---------------------------------------------------------------------------------- rules
+def check_family(family) -> str:
+    """Return ``family`` if it is one of ``FAMILIES``, else raise ValueError."""
+    if family not in FAMILIES:
+        raise ValueError(f"family={family!r}: must be one of {FAMILIES} (got {family!r})")
+    return family
+
+
+def family_num_dims(family: str) -> int:
+    """Position rows of a family: 3 (M-RoPE, and hunyuan_ocr_3d W, H, T) or 4 (hunyuan_ocr P, W, H, T)."""
+    return 4 if check_family(family) == "hunyuan_ocr" else 3
+
+
+def llm_grid(grid_thw: tuple[int, int, int], spatial_merge_size: int) -> tuple[int, int, int]:
+    """(t', h', w') = (t, h / m, w / m): the grid the language model sees."""
+    t, h, w = grid_thw
+    return t, h // spatial_merge_size, w // spatial_merge_size
+
+
+def temporal_offsets(family: str, video: Video) -> list[int]:
+    """f(ti) for ti = 0 .. t'-1 of a video that is one block (qwen2_vl, qwen2_5_vl).
+
+    qwen2_vl: f(ti) = ti.  qwen2_5_vl: f(ti) = int(ti * second_per_grid * tokens_per_second),
+    truncated toward zero, tokens_per_second = 2.
+    """
+    t = video.grid_thw[0]
+    if family == "qwen2_5_vl":
+        return [int(ti * video.second_per_grid * QWEN2_5_VL_TOKENS_PER_SECOND) for ti in range(t)]
+    return list(range(t))
+
+
+def mrope_delta(positions: torch.Tensor) -> int:
+    """max(positions) + 1 - L for M-RoPE positions [num_dims, L] (L >= 1)."""
+    return int(positions.max()) + 1 - positions.shape[1]
+
+
+def decode_positions(n_start: int, count: int, delta: int, num_dims: int) -> torch.Tensor:
+    """int64 [num_dims, count]: decode token at absolute index n = n_start + i gets n + delta on every row.
+
+    ``delta`` is the prompt's (``PromptPositions.delta``), fixed once from the full prompt; it is
+    0 for XD-RoPE, where every row simply continues the token index.
+    """
+    for name, value in (("n_start", n_start), ("count", count), ("delta", delta), ("num_dims", num_dims)):
+        if not _is_int(value):
+            raise ValueError(f"{name}={value!r}: must be an int (got {type(value).__name__})")
+    if n_start < 0:
+        raise ValueError(f"n_start={n_start}: must be >= 0 (got {n_start})")
+    if count < 0:
+        raise ValueError(f"count={count}: must be >= 0 (got {count})")
+    if not 1 <= num_dims <= 4:
+        raise ValueError(f"num_dims={num_dims}: must be 1 to 4 (got {num_dims})")
+    if n_start + delta < 0:
+        raise ValueError(f"delta={delta}: n_start + delta must be >= 0 (got {n_start + delta})")
+    row = [n + delta for n in range(n_start, n_start + count)]
+    return torch.tensor([row] * num_dims, dtype=torch.int64).reshape(num_dims, count)
+
+
+# ---------------------------------------------------------------------------------- M-RoPE layout
+class _MRopeWriter:
+    """Appends tokens left to right and remembers the largest position written so far."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, int, int]] = []
+        self.modality: list[int] = []
+        self.roles: list[str] = []
+        self.largest = -1
+
+    def _append(self, t: int, h: int, w: int, modality: int, role: str) -> None:
+        self.rows.append((t, h, w))
+        self.modality.append(modality)
+        self.roles.append(role)
+        self.largest = max(self.largest, t, h, w)
+
+    def text(self, count: int, role: str = "text") -> None:
+        """``count`` text tokens, each at max(previous) + 1 on all rows."""
+        for _ in range(count):
+            p = self.largest + 1
+            self._append(p, p, p, TEXT, role)
+
+    def block(self, t_offsets: list[int], h: int, w: int, modality: int, role: str) -> None:
+        """A vision block of len(t_offsets) x h x w tokens, t-major: (base + f(ti), base + hi, base + wi)."""
+        base = self.largest + 1
+        for f_ti in t_offsets:
+            for hi in range(h):
+                for wi in range(w):
+                    self._append(base + f_ti, base + hi, base + wi, modality, role)
+
+
+def _write_mrope(family: str, prompt: Prompt) -> _MRopeWriter:
+    out = _MRopeWriter()
+    m = prompt.spatial_merge_size
+    for seg in prompt.segments:
+        if isinstance(seg, Text):
+            out.text(seg.length)
+            continue
+        t, h, w = llm_grid(seg.grid_thw, m)
+        if isinstance(seg, Image):
+            out.text(1, "vision_start")
+            out.block([0], h, w, IMAGE, "image")
+            out.text(1, "vision_end")
+        elif family in ("qwen2_vl", "qwen2_5_vl"):        # the whole video is one block
+            out.text(1, "vision_start")
+            out.block(temporal_offsets(family, seg), h, w, VIDEO, "video")
+            out.text(1, "vision_end")
+        elif family == "qwen3_vl":                        # one block per frame, time as text before it
+            for _ in range(t):
+                out.text(seg.timestamp_tokens, "timestamp")
+                out.text(1, "vision_start")
+                out.block([0], h, w, VIDEO, "video")
+                out.text(1, "vision_end")
+        else:                                             # glm4v: frames inside begin/end of video
+            out.text(1, "video_start")
+            for _ in range(t):
+                out.text(1, "vision_start")
+                out.block([0], h, w, VIDEO, "video")
+                out.text(1, "vision_end")
+                out.text(seg.timestamp_tokens, "timestamp")
+            out.text(1, "video_end")
+    return out
+
+
+# ---------------------------------------------------------------------------------- XD-RoPE layout
+def _write_xdrope(family: str, prompt: Prompt) -> tuple[list[list[int]], list[int], list[str]]:
+    """Rows [P, W, H, T] per token (the caller drops P for hunyuan_ocr_3d), modality, roles."""
+    rows: list[list[int]] = []
+    modality: list[int] = []
+    roles: list[str] = []
+
+    def plain(role: str, kind: int = TEXT) -> None:
+        n = len(rows)
+        rows.append([n, n, n, n])
+        modality.append(kind)
+        roles.append(role)
+
+    m = prompt.spatial_merge_size
+    image_ordinal = 0
+    for i, seg in enumerate(prompt.segments):
+        if isinstance(seg, Text):
+            for _ in range(seg.length):
+                plain("text")
+            continue
+        if isinstance(seg, Video):
+            raise ValueError(f"segments[{i}]={seg!r}: {family} takes no video (got a Video)")
+        _, h, w = llm_grid(seg.grid_thw, m)
+        plain("vision_start")
+        plain("image", IMAGE)                          # ViT begin token: plain index
+        for row in range(h):
+            for col in range(w + 1):                   # w' patches, then the row-end token
+                n = len(rows)
+                rows.append([n, col, row, image_ordinal])
+                modality.append(IMAGE)
+                roles.append("image")
+        plain("image", IMAGE)                          # ViT end token: plain index
+        plain("vision_end")
+        image_ordinal += 1
+    return rows, modality, roles
+
+
+# ---------------------------------------------------------------------------------- entry point
+def prompt_positions(family: str, prompt: Prompt) -> PromptPositions:
+    """Prefill position ids, decode delta, modality and roles of ``prompt`` laid out as ``family`` does.
+
+    The layout adds the family's markup tokens (vision start/end, GLM video begin/end, per-frame
+    timestamps; see the module docstring) around each image and video; nothing else.
+    Raises ValueError for an unknown family, a Video in a HunyuanOCR prompt, or 0 tokens.
+    """
+    check_family(family)
+    if not isinstance(prompt, Prompt):
+        raise ValueError(f"prompt={prompt!r}: must be a Prompt (got {type(prompt).__name__})")
+    if family in XDROPE_FAMILIES:
+        rows, modality, roles = _write_xdrope(family, prompt)
+        if family == "hunyuan_ocr_3d":
+            rows = [r[1:] for r in rows]               # W, H, T
+    else:
+        out = _write_mrope(family, prompt)
+        rows, modality, roles = out.rows, out.modality, out.roles
+    if not rows:
+        raise ValueError(f"segments={prompt.segments!r}: must produce at least one token (got 0 tokens)")
+    positions = torch.tensor(rows, dtype=torch.int64).T.contiguous()
+    delta = 0 if family in XDROPE_FAMILIES else mrope_delta(positions)
+    return PromptPositions(
+        family=family,
+        positions=positions,
+        delta=delta,
+        modality=torch.tensor(modality, dtype=torch.int64),
+        roles=tuple(roles),
+    )
+
+
+__all__ = [
+    "FAMILIES", "XDROPE_FAMILIES", "TEXT", "IMAGE", "VIDEO", "ROLES", "QWEN2_5_VL_TOKENS_PER_SECOND",
+    "Text", "Image", "Video", "Prompt", "PromptPositions",
+    "check_family", "family_num_dims", "llm_grid", "temporal_offsets", "mrope_delta",
+    "decode_positions", "prompt_positions",
+]
