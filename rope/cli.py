@@ -3,6 +3,9 @@
     rope-harness check [--device D ...] [--impl NAME ...] [--profile dev|ci|deep] [-- PYTEST ARGS]
         Run the equivalence suite (every implementation against the float64 reference) on every
         available device, in parallel workers, and print the outcome.
+    rope-harness bench [--device cuda] [--models K,...] [--tokens N,...] [--dtype bfloat16,...]
+        Time the rotation and position kernels against the measured copy bandwidth; writes
+        reports/bench.json, bench.md and bench.png.
     rope-harness devices
         List the devices found and whether Triton runs on each.
 """
@@ -42,6 +45,20 @@ def cmd_check(args) -> int:
     return int(pytest.main(_pytest_args(args)))
 
 
+def cmd_bench(args) -> int:
+    from rope import bench
+    from rope.devices import available_devices
+    device = args.device or available_devices()[-1]
+    tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else bench.TOKENS
+    models = tuple(args.models.split(",")) if args.models else bench.DEFAULT_MODELS
+    dtypes = tuple(args.dtype.split(","))
+    data = bench.run(models=models, tokens=tokens, dtypes=dtypes, device=device, extra_impls=args.impl,
+                     positions=not args.no_positions)
+    for path in bench.write_reports(data, Path(args.out)):
+        print(f"wrote {path}")
+    return 0
+
+
 def cmd_devices(args) -> int:
     from rope.devices import available_devices, is_interpreter, triton_runs_on
     for d in available_devices():
@@ -61,6 +78,15 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--workers", default="auto", help="pytest-xdist workers ('0' for none)")
     check.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     check.set_defaults(func=cmd_check)
+    bench = sub.add_parser("bench", help="time the kernels against the memory floor")
+    bench.add_argument("--device", default=None, help="device to time on (default: the GPU, else cpu)")
+    bench.add_argument("--models", default=None, help="comma-separated models.yaml keys")
+    bench.add_argument("--tokens", default=None, help="comma-separated token counts (default 1,16,256,4096,16384,65536)")
+    bench.add_argument("--dtype", default="bfloat16", help="comma-separated dtypes (bfloat16, float16, float32)")
+    bench.add_argument("--impl", action="append", default=[], help="extra implementation (module:callable)")
+    bench.add_argument("--no-positions", action="store_true", help="skip the position-preparation kernels")
+    bench.add_argument("--out", default=str(PROJECT_ROOT / "reports"), help="directory for bench.json/.md/.png")
+    bench.set_defaults(func=cmd_bench)
     devices = sub.add_parser("devices", help="list the devices found")
     devices.set_defaults(func=cmd_devices)
     return parser

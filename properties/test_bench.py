@@ -1,0 +1,40 @@
+"""The benchmark's machinery: the byte floor, the check before timing, and the reports."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rope import bench
+from rope.models import get_model
+
+
+def test_rotation_bytes_floor_qwen25_vl_72b():
+    spec = get_model("qwen2.5-vl-72b").spec
+    # 4096 tokens x (64 + 8) heads x 128 channels x 2 bytes, read and written; cos+sin 128 x 2 bytes
+    # per token; 3 int64 positions per token.
+    assert bench.rotation_bytes(spec, 4096, 64, 8, 2) == 2 * 4096 * 72 * 128 * 2 + 4096 * 128 * 2 + 4096 * 3 * 8
+
+
+def test_check_sample_flags_a_broken_implementation(device):
+    from properties.mutants.broken_rotations import neox_for_gptj
+    spec = get_model("glm-4.1v-9b").spec
+    import torch
+    pos, q, k = bench._inputs(spec, 8, 4, 2, torch.bfloat16, device)
+    cache = __import__("rope").cos_sin_cache(spec, torch.bfloat16, q.device)
+    assert bench.check_sample(spec, bench.rotate_native, pos, q, k, cache).startswith("ok")
+    assert bench.check_sample(spec, neox_for_gptj, pos, q, k, cache).startswith("MISMATCH")
+
+
+@pytest.mark.slow
+def test_bench_smoke_writes_reports(tmp_path):
+    data = bench.run(models=("glm-4.1v-9b",), tokens=(1, 2), device="cpu", positions=False,
+                     progress=lambda s: None, only=("triton", "native"))
+    paths = bench.write_reports(data, tmp_path)
+    assert [p.name for p in paths] == ["bench.json", "bench.md", "bench.png"]
+    loaded = json.loads(paths[0].read_text())
+    assert {r["impl"] for r in loaded["results"]} == {"triton", "native"}
+    assert all(r["checked"].startswith("ok") for r in loaded["results"])
+    assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| glm-4.1v-9b | 1 | triton |" in paths[1].read_text()

@@ -1,0 +1,351 @@
+"""``rope-harness bench``: rotation and position-preparation kernels timed against the memory
+floor.
+
+Rotary embedding is memory bound.  The floor for one call is the bytes it must move: the
+rotated channels of q and k read and written, one cos and one sin value per frequency per
+token, and the positions.  Each result is reported as time, achieved GB/s over those bytes,
+the fraction of the device's measured copy bandwidth, and the speedup over native eager.
+
+Timing on CUDA: warm-up, then ``triton.testing.do_bench`` medians, which clear the L2 cache
+before every timed call (so large sizes are not flattered), and CUDA graphs for small sizes
+(``do_bench_cudagraph``: no Python launch overhead).  Every implementation's output is checked
+against the float64 reference (on a sample of tokens) before it is timed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+import reference
+from rope.cache import cos_sin_cache
+from rope.devices import synchronize, torch_device
+from rope.models import load_models
+from rope.native import rotate_native
+from rope.registry import get_implementation, working_precision
+from rope.spec import RopeSpec
+from rope.tolerance import compare_rotation
+
+TOKENS = (1, 16, 256, 4096, 16384, 65536)
+DEFAULT_MODELS = ("qwen2.5-vl-72b", "qwen3-vl-8b", "glm-4.1v-9b", "hunyuan-ocr")
+GRAPH_MAX_TOKENS = 256          # CUDA graphs below this size
+CHECK_TOKENS = 64               # tokens compared with the reference before timing
+
+
+@dataclass
+class Result:
+    kind: str                    # "rotation" | "positions"
+    impl: str
+    model: str
+    tokens: int
+    dtype: str
+    ms: float
+    bytes: int
+    gbps: float
+    frac_copy: float
+    speedup_vs_native: float | None = None
+    checked: str = ""            # "ok (worst error/bound 0.61)" or the failure
+    timing: str = ""             # "cudagraph" | "do_bench" | "wall"
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temp file in the same directory and os.replace."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# ------------------------------------------------------------------------------------ bytes
+def rotation_bytes(spec: RopeSpec, tokens: int, num_q: int, num_kv: int, elsize: int) -> int:
+    """The floor: rotated channels read + written, cos and sin per frequency, positions (int64)."""
+    qk = 2 * tokens * (num_q + num_kv) * spec.rotary_dim * elsize
+    cos_sin = tokens * spec.rotary_dim * elsize
+    return qk + cos_sin + tokens * spec.num_dims * 8
+
+
+# ------------------------------------------------------------------------------------ timing
+def _timer(device: str):
+    if device in ("cuda", "rocm"):
+        import triton.testing as tt
+
+        def time_fn(fn, tokens):
+            fn()
+            synchronize(device)
+            if tokens <= GRAPH_MAX_TOKENS:
+                try:
+                    return tt.do_bench_cudagraph(fn, rep=50, return_mode="median"), "cudagraph"
+                except Exception:   # graph capture not possible (e.g. torch.compile guards): fall back
+                    pass
+            return tt.do_bench(fn, warmup=25, rep=100, return_mode="median"), "do_bench"
+        return time_fn
+
+    def wall(fn, tokens):
+        fn()
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+        return statistics.median(times), "wall"
+    return wall
+
+
+def copy_bandwidth(device: str) -> float:
+    """Device-to-device copy bandwidth in GB/s (bytes read + written), 1 GiB on GPUs."""
+    n = (1 << 30) if device in ("cuda", "rocm") else (1 << 24)
+    src = torch.empty(n, dtype=torch.uint8, device=torch_device(device))
+    dst = torch.empty_like(src)
+    ms, _ = _timer(device)(lambda: dst.copy_(src), tokens=1 << 30)
+    return 2 * n / (ms * 1e-3) / 1e9
+
+
+def empty_launch_ms(device: str) -> float:
+    """Time of a Triton kernel that does nothing (one program), under the small-size timer."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _empty_kernel(x_ptr):
+        pass
+
+    x = torch.empty(1, device=torch_device(device))
+    ms, _ = _timer(device)(lambda: _empty_kernel[(1,)](x), tokens=1)
+    return ms
+
+
+# ------------------------------------------------------------------------------------ impls
+def _transformers_rotation():
+    """transformers' own NeoX rotation (apply_rotary_pos_emb on [T, H, D] with cat(f, f) cos/sin)."""
+    try:
+        from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb
+    except ImportError:
+        return None
+
+    def hf(spec, positions, query, key, cache):
+        cos, sin = _selected_cos_sin(spec, positions, cache.to(query.dtype))
+        cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
+        t = query.shape[0]
+        q = query.view(t, -1, spec.head_size)
+        k = key.view(t, -1, spec.head_size)
+        rd = spec.rotary_dim
+        q_rot, k_rot = apply_rotary_pos_emb(q[..., :rd], k[..., :rd], cos, sin, unsqueeze_dim=1)
+        return (torch.cat((q_rot, q[..., rd:]), -1).view(t, -1), torch.cat((k_rot, k[..., rd:]), -1).view(t, -1))
+    hf.working_precision = "activation"
+    hf.supports = lambda spec, dtype, device: spec.is_neox_style
+    return hf
+
+
+def _selected_cos_sin(spec, positions, cache):
+    from rope.native import select_cos_sin
+    return select_cos_sin(spec, positions, cache)
+
+
+BUILTIN_IMPLS = ("triton", "native", "native-compile", "transformers")
+
+
+def implementations_to_time(extra: list[str], only=BUILTIN_IMPLS) -> dict:
+    impls = {}
+    if "triton" in only:
+        impls["triton"] = get_implementation("triton")
+    if "native" in only:
+        impls["native"] = rotate_native
+    if "native-compile" in only:
+        compiled = torch.compile(rotate_native, dynamic=False)
+        compiled.working_precision = "activation"
+        impls["native-compile"] = compiled
+    hf = _transformers_rotation() if "transformers" in only else None
+    if hf is not None:
+        impls["transformers"] = hf
+    for name in extra:
+        impls[name] = get_implementation(name)
+    return impls
+
+
+# ------------------------------------------------------------------------------------ running
+def _inputs(spec, tokens, num_q, num_kv, dtype, device, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    dev = torch_device(device)
+    rows = spec.num_dims
+    limit = spec.max_position
+    pos = torch.randint(0, limit, (rows, tokens), generator=gen)
+    pos = pos[0] if rows == 1 else pos
+    q = torch.randn(tokens, num_q * spec.head_size, generator=gen).to(dtype)
+    k = torch.randn(tokens, num_kv * spec.head_size, generator=gen).to(dtype)
+    return pos.to(dev), q.to(dev), k.to(dev)
+
+
+def check_sample(spec, fn, positions, q, k, cache) -> str:
+    """Run ``fn`` once and compare a sample of its tokens with the float64 reference."""
+    out_q, out_k = fn(spec, positions, q.clone(), k.clone(), cache)
+    t = q.shape[0]
+    idx = torch.linspace(0, t - 1, min(t, CHECK_TOKENS)).round().long().unique().to(q.device)
+    pos = positions[..., idx]
+    sub_q, sub_k = q[idx].cpu(), k[idx].cpu()
+    ref_q, ref_k = reference.rotate(spec, pos.cpu(), sub_q, sub_k, cache.cpu())
+    result = compare_rotation(spec, pos.cpu(), sub_q, sub_k, cache.cpu(), out_q[idx].cpu(), out_k[idx].cpu(),
+                              ref_q, ref_k, working_precision(fn))
+    if not result.ok:
+        return "MISMATCH " + result.message().splitlines()[0]
+    return f"ok (worst error/bound {result.worst_ratio:.2f})"
+
+
+def run(models=DEFAULT_MODELS, tokens=TOKENS, dtypes=("bfloat16",), device="cuda", extra_impls=(),
+        positions=True, progress=print, only=BUILTIN_IMPLS) -> dict:
+    models_db = load_models()
+    time_fn = _timer(device)
+    ceiling = copy_bandwidth(device)
+    empty = empty_launch_ms(device)
+    progress(f"device {device}: copy bandwidth {ceiling:.0f} GB/s, empty launch {empty * 1e3:.1f} us")
+    impls = implementations_to_time(list(extra_impls), only)
+    results: list[Result] = []
+    for key in models:
+        model = models_db[key]
+        spec = model.spec
+        num_q, num_kv = model.sharded(1)
+        for dtype_name in dtypes:
+            dtype = getattr(torch, dtype_name)
+            cache = cos_sin_cache(spec, dtype, torch_device(device))
+            for t in tokens:
+                positions_t, q, k = _inputs(spec, t, num_q, num_kv, dtype, device)
+                nbytes = rotation_bytes(spec, t, num_q, num_kv, dtype.itemsize)
+                row = {}
+                for name, fn in impls.items():
+                    supports = getattr(fn, "supports", None)
+                    if supports is not None and not supports(spec, dtype, device):
+                        continue
+                    try:
+                        checked = check_sample(spec, fn, positions_t, q, k, cache)
+                        qq, kk = q.clone(), k.clone()
+                        ms, how = time_fn(lambda: fn(spec, positions_t, qq, kk, cache), t)
+                    except Exception as exc:       # recorded, the run goes on
+                        progress(f"  {key} {t:>6} {name}: error {type(exc).__name__}: {exc}")
+                        continue
+                    gbps = nbytes / (ms * 1e-3) / 1e9
+                    row[name] = Result("rotation", name, key, t, dtype_name, ms, nbytes, gbps, gbps / ceiling,
+                                       checked=checked, timing=how)
+                base = row.get("native")
+                for r in row.values():
+                    r.speedup_vs_native = base.ms / r.ms if base else None
+                    results.append(r)
+                    progress(f"  {key:<16} {t:>6} {r.impl:<15} {r.ms * 1e3:>9.1f} us {r.gbps:>7.0f} GB/s "
+                             f"{100 * r.frac_copy:>5.1f}% {r.checked}")
+    if positions:
+        results += bench_positions(device, time_fn, ceiling, progress)
+    return {"device": device, "device_name": _device_name(device), "copy_gbps": ceiling,
+            "empty_launch_ms": empty, "torch": torch.__version__, "host": platform.node(),
+            "results": [asdict(r) for r in results]}
+
+
+def bench_positions(device, time_fn, ceiling, progress) -> list[Result]:
+    """Position preparation for ragged batches: many requests, mixed prefill chunks and decode."""
+    from rope.registry import get_positions_implementation
+    out = []
+    dev = torch_device(device)
+    for num_reqs, chunk in ((256, 1), (64, 256), (16, 4096)):
+        dims, max_len = 3, max(8192, 2 * chunk)
+        gen = torch.Generator().manual_seed(num_reqs)
+        table = torch.randint(0, 1 << 20, (num_reqs * dims, max_len), generator=gen, dtype=torch.int32)
+        lens = torch.full((num_reqs,), max_len, dtype=torch.int32)
+        computed = torch.randint(0, max_len - chunk, (num_reqs,), generator=gen, dtype=torch.int32)
+        if chunk == 1:
+            computed = lens.clone()                           # all decode
+        mapping = torch.randperm(num_reqs, generator=gen).to(torch.int32)
+        starts = torch.arange(0, (num_reqs + 1) * chunk, chunk, dtype=torch.int32)
+        args = [x.to(dev) for x in (table, torch.zeros(num_reqs, dtype=torch.int32), mapping, starts, lens, computed)]
+        tokens = num_reqs * chunk
+        nbytes = tokens * dims * (8 + (4 if chunk > 1 else 0)) + num_reqs * 5 * 4
+        expected = reference.prepare_positions(*[a.cpu() for a in args], dims) if tokens <= 4096 else None
+        row = {}
+        for name in ("native", "triton"):
+            fn = get_positions_implementation(name)
+            o = torch.zeros(dims, tokens, dtype=torch.int64, device=dev)
+            fn(*args, dims, o)
+            checked = "ok" if expected is None or torch.equal(o.cpu(), expected) else "MISMATCH"
+            if expected is None:
+                checked = "ok (same as native)" if name == "native" or torch.equal(o.cpu(), row["native"][1]) else "MISMATCH"
+            ms, how = time_fn(lambda: fn(*args, dims, o), tokens)
+            gbps = nbytes / (ms * 1e-3) / 1e9
+            row[name] = (Result("positions", name, f"{num_reqs}x{chunk}", tokens, "int64", ms, nbytes, gbps,
+                                gbps / ceiling, checked=checked, timing=how), o.cpu())
+        for name, (r, _) in row.items():
+            r.speedup_vs_native = row["native"][0].ms / r.ms
+            out.append(r)
+            progress(f"  positions {r.model:<10} {name:<8} {r.ms * 1e3:>9.1f} us  speedup {r.speedup_vs_native:.1f}x {r.checked}")
+    return out
+
+
+def _device_name(device: str) -> str:
+    if device in ("cuda", "rocm"):
+        return torch.cuda.get_device_name()
+    return platform.processor() or "cpu"
+
+
+# ------------------------------------------------------------------------------------ reports
+def write_reports(data: dict, out_dir: Path) -> list[Path]:
+    out_dir = Path(out_dir)
+    paths = [out_dir / "bench.json", out_dir / "bench.md", out_dir / "bench.png"]
+    atomic_write(paths[0], json.dumps(data, indent=1).encode())
+    atomic_write(paths[1], markdown(data).encode())
+    atomic_write(paths[2], plot(data))
+    return paths
+
+
+def markdown(data: dict) -> str:
+    lines = [f"# Benchmark on {data['device_name']} ({data['device']})", "",
+             f"Copy bandwidth (measured): {data['copy_gbps']:.0f} GB/s; empty Triton launch: "
+             f"{data['empty_launch_ms'] * 1e3:.1f} us; torch {data['torch']}.", "",
+             "| model | tokens | impl | time (us) | GB/s | % of copy | vs native | timing | check |",
+             "|---|---:|---|---:|---:|---:|---:|---|---|"]
+    for r in data["results"]:
+        sp = f"{r['speedup_vs_native']:.2f}x" if r["speedup_vs_native"] else "-"
+        lines.append(f"| {r['model']} | {r['tokens']} | {r['impl']} | {r['ms'] * 1e3:.1f} | {r['gbps']:.0f} | "
+                     f"{100 * r['frac_copy']:.1f} | {sp} | {r['timing']} | {r['checked']} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(data: dict) -> bytes:
+    import io
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rot = [r for r in data["results"] if r["kind"] == "rotation"]
+    models = sorted({r["model"] for r in rot})
+    fig, axes = plt.subplots(1, max(1, len(models)), figsize=(5 * max(1, len(models)), 4), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        for impl in sorted({r["impl"] for r in rot if r["model"] == model}):
+            pts = sorted((r["tokens"], r["gbps"]) for r in rot if r["model"] == model and r["impl"] == impl)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+        ax.axhline(data["copy_gbps"], color="k", linestyle="--", label="measured copy bandwidth")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("achieved GB/s (bytes of the floor / time)")
+        ax.set_title(model)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"Rotary kernels vs the memory floor on {data['device_name']}")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
