@@ -72,3 +72,4 @@ def launch_prepare_positions(prefill_positions, prefill_delta, idx_mapping, quer
 
 
 prepare_positions_triton.supports = lambda device: triton_runs_on(device)
+prepare_positions_triton.unchecked = launch_prepare_positions   # hot path for the benchmark
