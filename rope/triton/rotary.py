@@ -38,22 +38,37 @@ def _round_for_store(x, OUT_BF16: tl.constexpr):
 
 
 @triton.jit
-def _rotate_tile(row_ptr, heads, num_heads, head_size, a_chan, b_chan, freq_ok, cos, sin,
-                 OUT_BF16: tl.constexpr):
-    """Rotate the pairs (a_chan[i], b_chan[i]) of the given heads of one token row, in place."""
-    mask = (heads[:, None] < num_heads) & freq_ok[None, :]
-    head_base = heads[:, None] * head_size
-    a_ptr = row_ptr + head_base + a_chan[None, :]
-    b_ptr = row_ptr + head_base + b_chan[None, :]
-    x1 = tl.load(a_ptr, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(b_ptr, mask=mask, other=0.0).to(tl.float32)
+def _rotate_tile(row_ptr, heads, num_heads, head_size, freq, freq_ok, half, cos, sin,
+                 IS_NEOX: tl.constexpr, OUT_BF16: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr):
+    """Rotate every pair of the given heads of one token row, in place.
+
+    NeoX pairs (i, i + half): two contiguous half-rows per head.  GPT-J pairs (2i, 2i + 1): one
+    contiguous run of 2 * BLOCK_F channels per head, split into even/odd lanes in registers
+    (strided 2-byte loads and stores would not coalesce)."""
     c = cos[None, :]
     s = sin[None, :]
-    o1 = x1 * c - x2 * s
-    o2 = x2 * c + x1 * s
     out_ty = row_ptr.dtype.element_ty
-    tl.store(a_ptr, _round_for_store(o1, OUT_BF16).to(out_ty), mask=mask)
-    tl.store(b_ptr, _round_for_store(o2, OUT_BF16).to(out_ty), mask=mask)
+    head_base = heads[:, None] * head_size
+    if IS_NEOX:
+        mask = (heads[:, None] < num_heads) & freq_ok[None, :]
+        a_ptr = row_ptr + head_base + freq[None, :]
+        b_ptr = a_ptr + half
+        x1 = tl.load(a_ptr, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(b_ptr, mask=mask, other=0.0).to(tl.float32)
+        o1 = x1 * c - x2 * s
+        o2 = x2 * c + x1 * s
+        tl.store(a_ptr, _round_for_store(o1, OUT_BF16).to(out_ty), mask=mask)
+        tl.store(b_ptr, _round_for_store(o2, OUT_BF16).to(out_ty), mask=mask)
+    else:
+        chan = tl.arange(0, 2 * BLOCK_F)
+        mask = (heads[:, None] < num_heads) & (chan < 2 * half)[None, :]
+        ptr = row_ptr + head_base + chan[None, :]
+        x = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+        x1, x2 = tl.split(tl.reshape(x, (BLOCK_H, BLOCK_F, 2)))
+        o1 = x1 * c - x2 * s
+        o2 = x2 * c + x1 * s
+        o = tl.reshape(tl.join(o1, o2), (BLOCK_H, 2 * BLOCK_F))
+        tl.store(ptr, _round_for_store(o, OUT_BF16).to(out_ty), mask=mask)
 
 
 # Head counts, sections and the positions row stride vary per model but do not affect memory
@@ -104,20 +119,13 @@ def _rotary_kernel(
     cos = tl.load(cache_row + freq, mask=freq_ok, other=0.0).to(tl.float32)
     sin = tl.load(cache_row + half + freq, mask=freq_ok, other=0.0).to(tl.float32)
 
-    # (5) Pair channels: NeoX (i, i + half), GPT-J (2i, 2i + 1).
-    if IS_NEOX:
-        a_chan = freq
-        b_chan = freq + half
-    else:
-        a_chan = 2 * freq
-        b_chan = 2 * freq + 1
-
+    # (5) Rotate: NeoX pairs (i, i + half), GPT-J pairs (2i, 2i + 1).
     heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
-    _rotate_tile(q_ptr + token * q_row_stride, heads, num_q_heads, head_size,
-                 a_chan, b_chan, freq_ok, cos, sin, OUT_BF16)
+    _rotate_tile(q_ptr + token * q_row_stride, heads, num_q_heads, head_size, freq, freq_ok, half,
+                 cos, sin, IS_NEOX, OUT_BF16, BLOCK_H, BLOCK_F)
     if HAS_KEY:
-        _rotate_tile(k_ptr + token * k_row_stride, heads, num_kv_heads, head_size,
-                     a_chan, b_chan, freq_ok, cos, sin, OUT_BF16)
+        _rotate_tile(k_ptr + token * k_row_stride, heads, num_kv_heads, head_size, freq, freq_ok, half,
+                     cos, sin, IS_NEOX, OUT_BF16, BLOCK_H, BLOCK_F)
 
 
 def _sections_constexprs(spec: RopeSpec) -> tuple[int, int, int]:
