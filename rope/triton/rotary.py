@@ -20,7 +20,8 @@ from rope.devices import device_name, is_interpreter, triton_runs_on
 from rope.spec import RopeSpec, check_rotation_inputs
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-MAX_TILE = 4096  # heads x frequencies handled by one program
+MAX_TILE = 4096            # heads x frequencies handled by one program at large batch sizes
+SMALL_BATCH_TOKENS = 128   # below this, split heads over more programs (decode latency)
 
 
 @triton.jit
@@ -134,10 +135,12 @@ def _sections_constexprs(spec: RopeSpec) -> tuple[int, int, int]:
 
 
 def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block_h: int | None = None,
-                  num_warps: int = 4):
+                  num_warps: int | None = None):
     """Launch the kernel without validation (the caller has checked); returns (query, key).
 
-    query/key must have unit stride in the last dim; they are rotated in place.
+    query/key must have unit stride in the last dim; they are rotated in place.  Tile sizes come
+    from the H200 sweep in docs/perf-notes.md: few tokens -> small head blocks and more programs
+    (latency); many tokens -> heads x frequencies tiles of up to MAX_TILE elements (bandwidth).
     """
     num_tokens = positions.shape[-1]
     if num_tokens == 0:
@@ -145,8 +148,12 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
     num_q = query.shape[1] // spec.head_size
     num_k = key.shape[1] // spec.head_size if key is not None else 0
     block_f = triton.next_power_of_2(spec.num_freqs)
+    max_heads = triton.next_power_of_2(max(num_q, num_k))
+    small = num_tokens < SMALL_BATCH_TOKENS
     if block_h is None:
-        block_h = min(triton.next_power_of_2(max(num_q, num_k)), max(1, MAX_TILE // block_f))
+        block_h = min(max_heads, 4 if small else max(1, MAX_TILE // block_f))
+    if num_warps is None:
+        num_warps = 8 if small else 4
     grid = (num_tokens, triton.cdiv(max(num_q, num_k), block_h))
     sec0, sec1, sec2 = _sections_constexprs(spec)
     pos_row_stride = positions.stride(0) if positions.dim() == 2 else 0
