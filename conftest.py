@@ -4,6 +4,8 @@ Options:
   --rope-impl NAME|module:callable     (repeatable) rotation implementations to check; default all built-ins
   --rope-device cpu|cuda|rocm|xpu      (repeatable) restrict to these devices; default every device found
   --rope-positions-impl NAME|module:callable   (repeatable) position-preparation implementations
+  --rope-repro CASE                    (repeatable) replay case files (a file, or every *.json in a directory)
+                                       through properties/test_repro.py; every other test is deselected
 
 Profiles (``--hypothesis-profile``): dev (default, quick), ci (derandomized, loaded when CI is set),
 deep (many examples, for a GPU box).
@@ -46,8 +48,22 @@ def pytest_addoption(parser):
                     help="rotation implementation (registered name or package.module:callable); repeatable")
     group.addoption("--rope-device", action="append", default=[], metavar="DEVICE",
                     help=f"restrict to these devices ({', '.join(DEVICE_NAMES)}); repeatable")
+    group.addoption("--rope-baseline", action="store_true", default=False,
+                    help="also run the serving-engine-style baseline suite (properties/baseline)")
     group.addoption("--rope-positions-impl", action="append", default=[], metavar="NAME",
                     help="position-preparation implementation (name or package.module:callable); repeatable")
+    group.addoption("--rope-repro", action="append", default=[], metavar="CASE",
+                    help="replay a case file (reports/cases/<id>.json) or every *.json in a directory; repeatable; "
+                         "--rope-impl / --rope-device override the recorded implementation / device")
+
+
+def pytest_collection_modifyitems(config, items):
+    """With --rope-repro, run the replay only (properties/test_repro.py)."""
+    if not config.getoption("--rope-repro"):
+        return
+    keep = [item for item in items if item.path.name == "test_repro.py"]
+    config.hook.pytest_deselected(items=[item for item in items if item.path.name != "test_repro.py"])
+    items[:] = keep
 
 
 def selected_devices(config) -> list[str]:
@@ -98,3 +114,12 @@ def pytest_generate_tests(metafunc):
         devices = selected_devices(metafunc.config)
         metafunc.parametrize("device", devices, ids=devices)
 
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--rope-baseline"):
+        return
+    skip = pytest.mark.skip(reason="baseline suite: run with --rope-baseline (rope-harness mutants does)")
+    for item in items:
+        if "baseline" in item.keywords:
+            item.add_marker(skip)
