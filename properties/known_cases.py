@@ -19,6 +19,10 @@ QWEN3_VL = RopeSpec(head_size=128, rotary_dim=128, is_neox_style=True, sections=
                     layout="interleaved", base=5000000.0, max_position=4 * 262144)
 HUNYUAN_OCR = RopeSpec(head_size=128, rotary_dim=128, is_neox_style=True, sections=(16, 16, 16, 16),
                        layout="chunked", base=10000.0, max_position=32768, ntk_alpha=1000.0)
+# rotary_dim/2 = 40 is not a power of two: the kernel has padding lanes 40..63 (the shape our
+# kernel needs for bug 2; no catalogued model has it).
+PADDING_LANES = RopeSpec(head_size=80, rotary_dim=80, is_neox_style=True, sections=(10, 15, 15),
+                         layout="interleaved", base=10000.0, max_position=4096)
 SMALL_INTERLEAVED = RopeSpec(head_size=128, rotary_dim=64, is_neox_style=True, sections=(8, 12, 12),
                              layout="interleaved", base=10000.0, max_position=4096)
 
@@ -29,6 +33,7 @@ KNOWN_BUG_CASES = {
     # 2. Interleaved masks covering padding lanes: cos/sin loads past rotary_dim/2 (sglang#30123);
     #    positions at the last cache row and on the last token.
     "interleaved-padding-lanes-qwen35": RotationCase(QWEN35, 7, 16, 2, "bfloat16", "last_row", False, 3),
+    "interleaved-padding-lanes-head80": RotationCase(PADDING_LANES, 7, 4, 2, "bfloat16", "last_row", False, 10),
     # 3. Partial rotary with head_size/2 strides (vllm#22593).
     "partial-rotary-strides-glm41v": RotationCase(GLM_41V, 8, 4, 2, "float32", "uniform", True, 4),
     # 9. Interleaved map pinned exactly, including 3*s_h > rotary_dim/2 ([8,12,12] over 32 freqs).

@@ -94,3 +94,19 @@ def test_unknown_implementation_is_a_clear_error():
 
 def test_import_path_resolves_to_the_callable():
     assert get_implementation("rope.native:rotate_native") is get_implementation("native")
+
+
+def test_strided_1d_positions_are_read_by_value(impl_name, device):
+    # A 1-D positions view with stride 2 must be read element by element, not as if contiguous.
+    from properties.checks import skip_if_unsupported
+    from rope.spec import RopeSpec
+    spec = RopeSpec(64, 64, True, max_position=64)
+    impl = get_implementation(impl_name)
+    skip_if_unsupported(impl_name, impl, spec, "float32", device)
+    dev = torch_device(device)
+    pos = (torch.arange(16) * 3)[::2].to(dev)
+    q = torch.randn(8, 128, generator=torch.Generator().manual_seed(1)).to(dev)
+    cache = cos_sin_cache(spec, torch.float32, dev)
+    out, _ = impl(spec, pos, q.clone(), None, cache)
+    ref, _ = reference.rotate(spec, pos.cpu().contiguous(), q.cpu(), None, cache.cpu())
+    torch.testing.assert_close(out.cpu().double(), ref, rtol=2e-6, atol=1e-6)

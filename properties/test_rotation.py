@@ -69,3 +69,15 @@ def test_reference_text_tokens_reduce_to_1d(case):
     q3, k3 = reference.rotate(case.spec, x.positions, x.query, x.key, x.cache)
     q1, k1 = reference.rotate(_as_1d(case.spec), x.positions[0].contiguous(), x.query, x.key, x.cache)
     assert torch.equal(q3, q1)
+
+
+@pytest.mark.parametrize("bug", list(KNOWN_BUG_CASES), ids=list(KNOWN_BUG_CASES))
+def test_known_bug_triggers_under_guards(impl_name, device, bug):
+    # Inputs inside NaN/sentinel guard regions (properties/guards.py): a stray read that reaches
+    # the output is NaN, a stray write changes a guard; under the interpreter every load and
+    # store is also traced against the guards.
+    from properties.guards import assert_matches_reference_guarded
+    impl = get_implementation(impl_name)
+    case = KNOWN_BUG_CASES[bug]
+    skip_if_unsupported(impl_name, impl, case.spec, case.dtype, device)
+    assert_matches_reference_guarded(impl_name, impl, case, device)

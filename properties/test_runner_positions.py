@@ -96,3 +96,17 @@ def test_implementation_rejects_bad_position_input(positions_impl_name, device, 
         args.update({k: v.to(torch_device(device)) if isinstance(v, torch.Tensor) else v for k, v in change.items()})
     with pytest.raises(ValueError, match=pattern):
         fn(**args, out=out)
+
+
+def test_strided_vector_inputs_are_read_by_value(positions_impl_name, device):
+    # query_start_loc as a stride-2 view once made the kernel read ql = 99 and write past out.
+    fn = get_positions_implementation(positions_impl_name)
+    reason = positions_unsupported_reason(positions_impl_name, fn, device)
+    if reason:
+        pytest.skip(reason)
+    args = {k: v.to(torch_device(device)) if isinstance(v, torch.Tensor) else v for k, v in CHUNK_2.tensors().items()}
+    args["query_start_loc"] = torch.tensor([0, 99, 8, 77], dtype=torch.int32, device=torch_device(device))[::2]
+    out = torch.full((3, 8 + 4), OUT_SENTINEL, dtype=torch.int64, device=torch_device(device))
+    fn(**args, out=out)
+    expected = reference.prepare_positions(**CHUNK_2.tensors())
+    assert torch.equal(out[:, :8].cpu(), expected) and torch.all(out[:, 8:].cpu() == OUT_SENTINEL)

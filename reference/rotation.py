@@ -22,15 +22,14 @@ def pair_indices(spec: RopeSpec) -> tuple[torch.Tensor, torch.Tensor]:
 
 def select_cos_sin(spec: RopeSpec, positions: torch.Tensor, cos_sin_cache: torch.Tensor):
     """cos, sin as float64 [num_tokens, rotary_dim/2]: cos[t, i] = cache[positions[axis(i), t], i]."""
-    cache = cos_sin_cache.to(torch.float64)
     rows = positions.long().reshape(spec.num_dims, -1)          # [num_dims, T]
     half = spec.num_freqs
-    cos = torch.empty(rows.shape[1], half, dtype=torch.float64, device=cache.device)
+    cos = torch.empty(rows.shape[1], half, dtype=torch.float64, device=cos_sin_cache.device)
     sin = torch.empty_like(cos)
     for i, axis in enumerate(spec.axis_map()):
         pos = rows[axis]                                          # [T]
-        cos[:, i] = cache[pos, i]
-        sin[:, i] = cache[pos, half + i]
+        cos[:, i] = cos_sin_cache[pos, i].to(torch.float64)      # gather, then upcast (exact)
+        sin[:, i] = cos_sin_cache[pos, half + i].to(torch.float64)
     return cos, sin
 
 

@@ -56,8 +56,9 @@ def prepare_positions_triton(prefill_positions, prefill_delta, idx_mapping, quer
     for name, t in (("prefill_positions", prefill_positions), ("out", out)):
         if t.stride(1) != 1:
             raise ValueError(f"{name}.stride={t.stride()}: the last dim must be contiguous")
-    launch_prepare_positions(prefill_positions, prefill_delta, idx_mapping, query_start_loc, prefill_lens,
-                             num_computed_tokens, num_dims, out)
+    # The kernel indexes the 1-D inputs with unit stride: strided views are copied, never misread.
+    vectors = [t.contiguous() for t in (prefill_delta, idx_mapping, query_start_loc, prefill_lens, num_computed_tokens)]
+    launch_prepare_positions(prefill_positions, vectors[0], vectors[1], vectors[2], vectors[3], vectors[4], num_dims, out)
 
 
 def launch_prepare_positions(prefill_positions, prefill_delta, idx_mapping, query_start_loc, prefill_lens,

@@ -193,7 +193,7 @@ def rotate_triton(spec: RopeSpec, positions, query, key, cos_sin_cache):
         raise ValueError(f"query.device={query.device}: Triton needs a GPU tensor here, or TRITON_INTERPRET=1")
     if cos_sin_cache.stride(1) != 1:
         cos_sin_cache = cos_sin_cache.contiguous()
-    if positions.dim() == 2 and positions.stride(1) != 1:
+    if positions.stride(-1) != 1:   # 1-D or row-strided positions: columns must be contiguous
         positions = positions.contiguous()
     return launch_rotary(spec, positions, _unit_last_stride(query), _unit_last_stride(key), cos_sin_cache)
 

@@ -1,0 +1,212 @@
+"""The known Triton-kernel bugs (SPEC §7, notes/vllm-rope.md §1.5 and §8) as mutants of OUR kernels.
+
+Each mutant is the source of ``rope/triton/rotary.py`` (or ``rope/triton/positions.py``) with one
+small textual substitution, executed as a fresh module under a unique name.  Every substitution
+must match the current source exactly once, or building the mutant raises: a mutant never
+silently stops applying when the kernel changes (test_mutants.py builds them all).
+
+The patched source is registered with ``linecache`` under a ``<mutant ...>`` file name, because
+Triton (interpreter and compiler alike) reads a kernel's source with ``inspect.getsourcelines``.
+
+A mutant is callable with the implementation's signature (the mutant module's ``rotate_triton`` or
+``prepare_positions_triton``), carries its bug's docstring, ``working_precision`` and ``supports``,
+so it also resolves through the registry: ``--rope-impl properties.mutants.kernel:neox_for_gptj``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import linecache
+import pathlib
+import sys
+import types
+
+import rope.triton.positions as _positions_module
+import rope.triton.rotary as _rotary_module
+
+
+class SubstitutionError(RuntimeError):
+    """A mutant's substitution no longer matches its kernel source exactly once."""
+
+
+class KernelMutant:
+    """A kernel module with substitutions applied; calling it calls the mutant's ``entry``."""
+
+    def __init__(self, name: str, module, entry: str, substitutions, doc: str):
+        self.name = name
+        self.module_name = module.__name__
+        self.path = pathlib.Path(module.__file__)
+        self.entry = entry
+        self.substitutions = tuple(substitutions)
+        self.__doc__ = doc
+        self.__name__ = name
+        self.__qualname__ = name
+        original = getattr(module, entry)
+        self.working_precision = getattr(original, "working_precision", "float32")
+        self.supports = getattr(original, "supports", None)
+
+    def source(self) -> str:
+        """The patched source; raises SubstitutionError unless every substitution matches once."""
+        text = self.path.read_text()
+        for old, new in self.substitutions:
+            count = text.count(old)
+            if count != 1:
+                raise SubstitutionError(f"mutant {self.name}: substitution must match {self.path.name} exactly "
+                                        f"once (matched {count} times): {old!r}")
+            text = text.replace(old, new)
+        return text
+
+    @functools.cached_property
+    def module(self) -> types.ModuleType:
+        unique = f"{self.module_name}__mutant_{self.name}"
+        filename = f"<mutant {self.name} of {self.path.name}>"
+        text = self.source()
+        linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
+        spec = importlib.util.spec_from_loader(unique, loader=None, origin=filename)
+        module = importlib.util.module_from_spec(spec)
+        module.__file__ = filename
+        sys.modules[unique] = module
+        exec(compile(text, filename, "exec"), module.__dict__)
+        return module
+
+    @property
+    def implementation(self):
+        return getattr(self.module, self.entry)
+
+    def __call__(self, *args, **kwargs):
+        return self.implementation(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<kernel mutant {self.name} of {self.path.name}>"
+
+
+def _rotary(*substitutions):
+    def make(fn) -> KernelMutant:
+        return KernelMutant(fn.__name__, _rotary_module, "rotate_triton", substitutions, fn.__doc__)
+    return make
+
+
+def _positions(*substitutions):
+    def make(fn) -> KernelMutant:
+        return KernelMutant(fn.__name__, _positions_module, "prepare_positions_triton", substitutions, fn.__doc__)
+    return make
+
+
+# --------------------------------------------------------------------------- rotary kernel
+@_rotary(("IS_NEOX=spec.is_neox_style,", "IS_NEOX=True,"))
+def neox_for_gptj():
+    """(a) GPT-J pairing ignored: always pairs (i, i + rotary_dim/2) (SPEC §7.1).
+
+    vLLM's Triton M-RoPE kernel ignored is_neox_style until vllm#49906 (issues vllm#42016 GLM-OCR,
+    vllm#49290; vllm-ascend#12765 the same in npu_mrope).  GLM-4.1V, GLM-OCR, Ernie-4.5-VL.
+    """
+
+
+@_rotary((
+    "    cos = tl.load(cache_row + freq, mask=freq_ok, other=0.0).to(tl.float32)\n"
+    "    sin = tl.load(cache_row + half + freq, mask=freq_ok, other=0.0).to(tl.float32)\n",
+    "    cos = tl.load(cache_row + freq).to(tl.float32)\n"
+    "    sin = tl.load(cache_row + half + freq).to(tl.float32)\n"))
+def cos_sin_unmasked():
+    """(b) cos/sin loads cover the padding lanes [rotary_dim/2, BLOCK_F) (SPEC §7.2).
+
+    sgl-project/sglang#30123; vLLM's interleaved t_mask = NOT(h|w) covered the padding lanes
+    until valid_mask (055e47c).  Here BLOCK_F = next_pow2(rotary_dim/2), so padding lanes exist
+    only when rotary_dim/2 is not a power of two (head 80, rotary 80: lanes 40..63).  Lane i >= rd/2
+    reads cos at row element i (inside the row: the sin half) and sin at rd/2 + i, past the row's
+    end.  The values never reach the output (q/k loads and stores stay masked): only the tracer in
+    properties/guards.py sees the sin reads, as reads of the cache's NaN row padding.
+    """
+
+
+@_rotary(
+    ("    cos = tl.load(cache_row + freq, mask=freq_ok, other=0.0).to(tl.float32)\n"
+     "    sin = tl.load(cache_row + half + freq, mask=freq_ok, other=0.0).to(tl.float32)\n",
+     "    cos = tl.load(cache_row + freq).to(tl.float32)\n"
+     "    sin = tl.load(cache_row + half + freq).to(tl.float32)\n"),
+    ("block_f = triton.next_power_of_2(spec.num_freqs)", "block_f = triton.next_power_of_2(spec.head_size) // 2"))
+def cos_sin_unmasked_head_padded():
+    """(b') The upstream shape of SPEC §7.2: lanes padded to next_pow2(head_size)/2 AND cos/sin
+    loads unmasked, as in vLLM's kernel before 055e47c (pad_hd) and sglang before #30123.
+
+    Qwen3.5 (head 256, rotary 64, [11,11,10]): lanes 32..127 read up to 3 rotary_dim past each
+    row start, and past the last cache row for positions at max_position - 1.  Two substitutions
+    (both asserted), because our kernel sizes its lanes from rotary_dim.  Output unaffected; only
+    the tracer sees it.
+    """
+
+
+@_rotary(("spec.head_size, spec.num_freqs, sec0", "spec.head_size, spec.head_size // 2, sec0"))
+def partial_rotary_head_half():
+    """(c) Partial rotary with head_size/2 where rotary_dim/2 belongs (SPEC §7.3).
+
+    vllm#22593 (GLM-4.1V: head 128, rotary 64): the first Triton M-RoPE kernel used hd//2 for the
+    cos/sin strides and the offset of the q/k second half.  Here ``half`` drives the sin offset,
+    the NeoX partner channel and the lane mask: sin is read from rotary_dim/2 + ... past the row
+    (NaN padding under guards), NeoX pairs (i, i + head_size/2).
+    """
+
+
+@_rotary(("axis = tl.where((freq % 3 == 1) & (freq < 3 * sec1), 1, axis)",
+          "axis = tl.where((freq % 3 == 1) & (freq // 3 <= sec1), 1, axis)"))
+def interleaved_h_bound_off_by_one():
+    """(d) Interleaved axis map off by one (SPEC §7.9): H lanes bounded by ``i // 3 <= s_h``.
+
+    vLLM's kernel wrote ``j <= 3*s_h`` (harmless: j = 3*s_h has j%3 == 0, the same set as ``<``);
+    counting groups instead (``i // 3 <= s_h``, i.e. i < 3*s_h + 3) gives frequency 3*s_h + 1 to
+    H instead of T whenever 3*s_h + 1 < rotary_dim/2: Qwen3-VL [24, 20, 20] moves frequency 61.
+    """
+
+
+@_rotary(("        axis = tl.where((freq % 3 == 1) & (freq < 3 * sec1), 1, axis)\n"
+          "        axis = tl.where((freq % 3 == 2) & (freq < 3 * sec2), 2, axis)\n",
+          "        axis = tl.where((freq % 3 == 1) & (freq < 3 * sec1), 2, axis)\n"
+          "        axis = tl.where((freq % 3 == 2) & (freq < 3 * sec2), 1, axis)\n"))
+def interleaved_thw_order_swapped():
+    """(d') Interleaved T/H/W order swapped: T W H T W H ... (SPEC §7.9).
+
+    The "THTHWHTHW" docstring confusion (transformers#42097; the right order is T H W T H W): the
+    lanes i % 3 == 1 take the W row and i % 3 == 2 the H row.
+    """
+
+
+@_rotary(("pos_ptr + d * pos_row_stride + token", "pos_ptr + d * tl.num_programs(0) + token"))
+def positions_rows_packed():
+    """(e) Position rows assumed packed: row d read at d * num_tokens (SPEC §7, notes §8.4).
+
+    vllm#22375 review: the h/w rows sit num_tokens apart only in a packed [3, T] tensor; vLLM's
+    runner slices positions from a persistent [3, max_num_tokens + 1] buffer, whose rows are
+    further apart.  Identical to the right kernel on contiguous positions; caught only with the
+    guarded (row-strided) positions, where row 1 starts reading row 0's sentinel padding.
+    """
+
+
+@_rotary(("pos_ptr + d * pos_row_stride + token", "pos_ptr + d + token"))
+def positions_rows_at_token_offsets():
+    """(e') h/w rows read at token offsets: positions[0, token + d] instead of positions[d, token]
+    (notes §8.4, the vllm#22375 row-offset review; sglang#15983 read [3, 1, T] with the wrong
+    stride).  The last token reads past row 0: the sentinel under guards.
+    """
+
+
+# --------------------------------------------------------------------------- positions kernel
+@_positions(("tl.store(out_ptr + d * out_row_stride + qs + i, pos, mask=valid)",
+             "tl.store(out_ptr + d * out_row_stride + qs + i, pos)"))
+def positions_store_unmasked():
+    """(f) Position preparation writes past the step's tokens: the query_len mask dropped from
+    the store, so every program writes a whole BLOCK of columns from query_start_loc[b] (SPEC §5;
+    vLLM Model Runner V2 prepare_mrope_positions writes with ``mask=block < query_len``).
+
+    Later requests overwrite the spill on the interpreter (programs run in order), so what remains
+    is the last request's spill past num_tokens: the output's sentinel columns and guard padding,
+    or memory past ``out`` (wild writes: suppressed and reported by the tracer).  On a GPU the
+    programs race, and the spill can also clobber other requests' columns.
+    """
+
+
+ROTARY_MUTANTS = {m.name: m for m in (
+    neox_for_gptj, cos_sin_unmasked, cos_sin_unmasked_head_padded, partial_rotary_head_half,
+    interleaved_h_bound_off_by_one, interleaved_thw_order_swapped, positions_rows_packed,
+    positions_rows_at_token_offsets)}
+POSITIONS_MUTANTS = {m.name: m for m in (positions_store_unmasked,)}
