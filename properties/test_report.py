@@ -1,0 +1,79 @@
+"""The run report merges every worker's records, survives a crashed worker, and plots."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from properties.mutants.broken_rotations import neox_for_gptj
+from properties.strategies import RotationCase, build_rotation_inputs
+from rope import report
+from rope.spec import RopeSpec
+
+
+@pytest.fixture
+def run_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROPE_REPORTS_DIR", str(tmp_path))
+    monkeypatch.delenv(report.DISABLE_ENV, raising=False)
+    previous = os.environ.get(report.RUN_ENV)
+    path = report.start_run()
+    yield path
+    if previous is None:
+        os.environ.pop(report.RUN_ENV, None)
+    else:
+        os.environ[report.RUN_ENV] = previous
+
+
+def _comparison(fn, case):
+    import reference
+    from rope.tolerance import compare_rotation
+    x = build_rotation_inputs(case)
+    out_q, out_k = fn(case.spec, x.positions, x.query.clone(), None if x.key is None else x.key.clone(), x.cache)
+    rq, rk = reference.rotate(case.spec, x.positions, x.query, x.key, x.cache)
+    return compare_rotation(case.spec, x.positions, x.query, x.key, x.cache, out_q, out_k, rq, rk, "float32")
+
+
+GLM = RopeSpec(128, 64, False, (8, 12, 12), max_position=512)
+
+
+def test_records_from_workers_merge_and_a_torn_line_is_dropped(run_dir, monkeypatch, tmp_path):
+    from rope.native import rotate_native
+    case = RotationCase(GLM, 5, 2, 1, "float32", "uniform", False, 3)
+    good, bad = _comparison(rotate_native, case), _comparison(neox_for_gptj, case)
+    for worker, comp in (("gw0", good), ("gw1", bad)):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        report.record_comparison(test="t", impl="x", device="cpu", dtype="float32", variant=GLM.variant(),
+                                 comparison=comp, case_file="reports/cases/abc.json" if not comp.ok else None)
+    report.record(kind="skip", test="t2", reason="unsupported: y does not run on xpu")
+    # A worker that died mid-write leaves a torn last line; everything before it counts.
+    (run_dir / "gw7-999.jsonl").write_text(json.dumps({"kind": "skip", "test": "t3", "reason": "r"}) + "\n{\"kind\": \"comp")
+    paths = report.write_summary(run_dir, tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["examples"] == 2 and summary["failures"] == 1
+    [cell] = summary["matrix"]
+    assert cell["impl"] == "x" and cell["examples"] == 2 and cell["failures"] == 1
+    assert cell["worst_ratio"] == "inf" or cell["worst_ratio"] > 1
+    assert {s["test"] for s in summary["skips"]} == {"t2", "t3"}
+    md = (tmp_path / "summary.md").read_text()
+    assert "| x | cpu | float32 | chunked3-gptj-partial | 2 |" in md and "rope-harness repro reports/cases/abc.json" in md
+    names = {p.name for p in paths}
+    assert {"summary.md", "summary.json", "error_bound.png", "failure_00_heatmap.png"} <= names
+    assert (tmp_path / "failure_00_heatmap.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_heat_map_points_at_the_wrong_channels(run_dir):
+    # NeoX pairing for a GPT-J spec: every rotated channel of every head is wrong, pass-through is not.
+    case = RotationCase(GLM, 4, 2, 0, "float32", "uniform", False, 5)
+    heat = report._heat_map(_comparison(neox_for_gptj, case))["query"]
+    grid = torch.tensor(heat)
+    assert grid.shape == (2, 128)
+    assert torch.all(grid[:, 64:] == 0) and (grid[:, :64] > 1).float().mean() > 0.9
+
+
+def test_disabled_recording_writes_nothing(run_dir, monkeypatch):
+    monkeypatch.setenv(report.DISABLE_ENV, "1")
+    report.record(kind="skip", test="t", reason="r")
+    assert not list(run_dir.glob("*.jsonl"))

@@ -1,0 +1,211 @@
+"""The run report: every comparison a test makes is recorded, and at the end of a run the
+records are merged into ``reports/summary.md`` + ``summary.json`` and PNG plots.
+
+Safe under ``pytest -n auto``: each process appends JSON lines to its own file in the run's
+record directory (one ``write`` per record, flushed, so a crashed worker loses nothing already
+written); only the controller merges, and every report file is written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+
+from rope.bench import atomic_write
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+RUN_ENV = "ROPE_REPORT_RUN"          # the record directory of the current run
+DISABLE_ENV = "ROPE_NO_REPORT"       # set to skip recording (e.g. nested runs of deliberate mutants)
+
+
+def reports_dir() -> Path:
+    return Path(os.environ.get("ROPE_REPORTS_DIR", PROJECT_ROOT / "reports"))
+
+
+def start_run() -> Path:
+    """Create a fresh record directory and publish it to worker processes via the environment."""
+    run_dir = reports_dir() / ".records" / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    os.environ[RUN_ENV] = str(run_dir)
+    return run_dir
+
+
+def _record_file() -> Path | None:
+    run = os.environ.get(RUN_ENV)
+    if not run or os.environ.get(DISABLE_ENV):
+        return None
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    return Path(run) / f"{worker}-{os.getpid()}.jsonl"
+
+
+def record(**fields) -> None:
+    """Append one record (a comparison, a skip, a failure) to this process's file."""
+    path = _record_file()
+    if path is None:
+        return
+    line = (json.dumps(fields, default=float) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def record_comparison(*, test: str, impl: str, device: str, dtype: str, variant: str, comparison,
+                      case_file: str | None = None) -> None:
+    heat = None
+    if not comparison.ok and comparison.bounds:
+        heat = _heat_map(comparison)
+    record(kind="comparison", test=test, impl=impl, device=device, dtype=dtype, variant=variant,
+           ok=comparison.ok, worst_ratio=_finite(comparison.worst_ratio), mismatched=comparison.num_mismatched,
+           elements=comparison.num_elements, problems=comparison.problems, case_file=case_file, heat=heat)
+
+
+def _finite(x: float):
+    return x if math.isfinite(x) else "inf"
+
+
+def _heat_map(comparison) -> dict:
+    """Max error/bound over tokens, per tensor: [heads][channels] (inf capped at 1e6 for plotting)."""
+    import torch
+    out = {}
+    head_size = comparison.spec.head_size
+    for name, err in comparison.errors.items():
+        bound = comparison.bounds[name]
+        ratio = torch.where(bound > 0, err / bound, torch.where(err == 0, 0.0, 1e6)).clamp(max=1e6)
+        if ratio.numel() == 0:
+            continue
+        out[name] = ratio.reshape(ratio.shape[0], -1, head_size).amax(0).tolist()
+    return out
+
+
+def load_records(run_dir: Path) -> list[dict]:
+    records = []
+    for path in sorted(Path(run_dir).glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue   # a torn last line of a crashed worker: keep everything before it
+    return records
+
+
+def summarize(records: list[dict]) -> dict:
+    """Matrix implementation x device x dtype x variant, plus skips with reasons."""
+    cells = defaultdict(lambda: {"examples": 0, "failures": 0, "worst_ratio": 0.0, "case_files": []})
+    skips = defaultdict(int)
+    for r in records:
+        if r.get("kind") == "skip":
+            skips[(r.get("test", ""), r.get("reason", ""))] += 1
+            continue
+        if r.get("kind") != "comparison":
+            continue
+        key = (r["impl"], r["device"], r["dtype"], r["variant"])
+        cell = cells[key]
+        cell["examples"] += 1
+        ratio = float("inf") if r["worst_ratio"] == "inf" else r["worst_ratio"]
+        cell["worst_ratio"] = max(cell["worst_ratio"], ratio)
+        if not r["ok"]:
+            cell["failures"] += 1
+            if r.get("case_file"):
+                cell["case_files"].append(r["case_file"])
+    matrix = [{"impl": k[0], "device": k[1], "dtype": k[2], "variant": k[3], **v,
+               "worst_ratio": _finite(v["worst_ratio"])} for k, v in sorted(cells.items())]
+    return {"matrix": matrix,
+            "skips": [{"test": t, "reason": why, "count": n} for (t, why), n in sorted(skips.items())],
+            "examples": sum(c["examples"] for c in cells.values()),
+            "failures": sum(c["failures"] for c in cells.values())}
+
+
+def markdown(summary: dict, plots: list[str]) -> str:
+    lines = ["# rope-harness run report", "",
+             f"{summary['examples']} comparisons against the float64 reference, {summary['failures']} failed.", "",
+             "| implementation | device | dtype | variant | examples | worst error/bound | failures |",
+             "|---|---|---|---|---:|---:|---:|"]
+    for c in summary["matrix"]:
+        wr = c["worst_ratio"]
+        wr = wr if isinstance(wr, str) else f"{wr:.3g}"
+        lines.append(f"| {c['impl']} | {c['device']} | {c['dtype']} | {c['variant']} | {c['examples']} | {wr} | "
+                     f"{c['failures']} |")
+    if summary["skips"]:
+        lines += ["", "## Skipped", "", "| test | reason | count |", "|---|---|---:|"]
+        lines += [f"| {s['test']} | {s['reason']} | {s['count']} |" for s in summary["skips"]]
+    failures = [f for c in summary["matrix"] for f in c["case_files"]]
+    if failures:
+        lines += ["", "## Case files", ""] + [f"- `{f}`: replay with `rope-harness repro {f}`" for f in sorted(set(failures))]
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def _png(fig) -> bytes:
+    import io
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    return buf.getvalue()
+
+
+def plots(records: list[dict], out_dir: Path) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    by_impl = defaultdict(list)
+    for r in records:
+        if r.get("kind") == "comparison":
+            ratio = 1e6 if r["worst_ratio"] == "inf" else r["worst_ratio"]
+            by_impl[f"{r['impl']} ({r['device']})"].append(max(ratio, 1e-6))
+    if by_impl:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        bins = [10 ** (e / 4) for e in range(-24, 25)]
+        for name, ratios in sorted(by_impl.items()):
+            ax.hist(ratios, bins=bins, histtype="step", label=f"{name}: {len(ratios)}")
+        ax.axvline(1.0, color="r", linestyle="--", label="bound")
+        ax.set_xscale("log")
+        ax.set_xlabel("worst error / bound per example")
+        ax.set_ylabel("examples")
+        ax.set_title("Error relative to the per-element bound")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out_dir / "error_bound.png"
+        atomic_write(path, _png(fig))
+        plt.close(fig)
+        written.append(path)
+    failures = [r for r in records if r.get("kind") == "comparison" and not r["ok"] and r.get("heat")]
+    for i, r in enumerate(failures[:12]):
+        tensors = list(r["heat"].items())
+        fig, axes = plt.subplots(1, len(tensors), figsize=(6 * len(tensors), 3.5), squeeze=False)
+        for ax, (name, grid) in zip(axes[0], tensors):
+            import numpy as np
+            data = np.log10(np.maximum(np.array(grid, dtype=float), 1e-3))
+            im = ax.imshow(data, aspect="auto", cmap="magma", vmin=-3, vmax=6, interpolation="nearest")
+            ax.set_xlabel("channel")
+            ax.set_ylabel("head")
+            ax.set_title(f"{name}: log10 max error/bound")
+            fig.colorbar(im, ax=ax)
+        fig.suptitle(f"{r['impl']} on {r['device']} {r['dtype']} {r['variant']}", fontsize=9)
+        fig.tight_layout()
+        path = out_dir / f"failure_{i:02d}_heatmap.png"
+        atomic_write(path, _png(fig))
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def write_summary(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
+    """Merge the run's records into summary.json, summary.md and plots; returns the paths."""
+    out_dir = Path(out_dir or reports_dir())
+    records = load_records(run_dir)
+    summary = summarize(records)
+    summary["run"] = Path(run_dir).name
+    plot_paths = plots(records, out_dir)
+    atomic_write(out_dir / "summary.json", json.dumps(summary, indent=1).encode())
+    atomic_write(out_dir / "summary.md", markdown(summary, [str(p) for p in plot_paths]).encode())
+    return [out_dir / "summary.md", out_dir / "summary.json", *plot_paths]
