@@ -54,10 +54,11 @@ def pytest_addoption(parser):
                     help="position-preparation implementation (name or package.module:callable); repeatable")
     group.addoption("--rope-repro", action="append", default=[], metavar="CASE",
                     help="replay a case file (reports/cases/<id>.json) or every *.json in a directory; repeatable; "
-                         "--rope-impl / --rope-device override the recorded implementation / device")
+                         "--rope-impl / --rope-device override the recorded implementation / device; "
+                         "for a file outside the project write --rope-repro=PATH")
 
 
-def pytest_collection_modifyitems(config, items):
+def _keep_only_replays(config, items):
     """With --rope-repro, run the replay only (properties/test_repro.py)."""
     if not config.getoption("--rope-repro"):
         return
@@ -117,6 +118,7 @@ def pytest_generate_tests(metafunc):
 
 
 def pytest_collection_modifyitems(config, items):
+    _keep_only_replays(config, items)
     if config.getoption("--rope-baseline"):
         return
     skip = pytest.mark.skip(reason="baseline suite: run with --rope-baseline (rope-harness mutants does)")

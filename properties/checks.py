@@ -3,12 +3,17 @@ to the float64 reference with the per-element bound (rope.tolerance)."""
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+
 import pytest
 import torch
 
 import reference
-from properties.strategies import DTYPES, RotationCase, build_rotation_inputs
+from properties.strategies import DTYPES, RotationCase, RotationInputs, build_rotation_inputs
+from rope import cases
 from rope.devices import synchronize
+from rope.diagnosis import Diagnosis, diagnose
 from rope.registry import unsupported_reason, working_precision
 from rope.tolerance import Comparison, compare_rotation
 
@@ -27,8 +32,26 @@ def run_rotation(fn, case: RotationCase, device: str):
     return inputs, q_out, k_out
 
 
+@dataclass
+class CaseRun:
+    """One run of an implementation on a case: what it received and returned, the reference
+    and the comparison (everything the diagnosis and the case file need)."""
+    inputs: RotationInputs          # on the device, as the implementation received them
+    ref_in: RotationInputs          # a fresh, untouched CPU copy (same strides)
+    q_out: torch.Tensor
+    k_out: torch.Tensor | None
+    ref_q: torch.Tensor
+    ref_k: torch.Tensor | None
+    comparison: Comparison
+
+
 def compare_case(impl_name: str, fn, case: RotationCase, device: str) -> Comparison:
     """Run ``fn`` on the case and compare with the reference computed from a fresh CPU copy."""
+    return evaluate_case(impl_name, fn, case, device).comparison
+
+
+def evaluate_case(impl_name: str, fn, case: RotationCase, device: str) -> CaseRun:
+    """:func:`compare_case`, keeping the tensors."""
     inputs, q_out, k_out = run_rotation(fn, case, device)
     ref_in = build_rotation_inputs(case, "cpu")        # untouched inputs, regenerated bit-identically
     ref_q, ref_k = reference.rotate(case.spec, ref_in.positions, ref_in.query, ref_in.key, ref_in.cache)
@@ -44,12 +67,98 @@ def compare_case(impl_name: str, fn, case: RotationCase, device: str) -> Compari
         width = (case.num_q_heads + case.num_kv_heads) * case.spec.head_size
         if not torch.equal(inputs.storage[:, width:].cpu(), ref_in.storage[:, width:]):
             result.problems.append("value slice of the packed qkv tensor was modified (write outside q/k)")
-    return result
+    return CaseRun(inputs, ref_in, q_out, k_out, ref_q, ref_k, result)
 
 
 def assert_matches_reference(impl_name: str, fn, case: RotationCase, device: str) -> Comparison:
-    result = compare_case(impl_name, fn, case, device)
-    if not result.ok:
-        header = f"{impl_name} on {device} does not match the reference\ncase: {case}"
-        raise AssertionError(result.message(header))
-    return result
+    """Hold ``fn`` to the reference on ``case``.  On a mismatch the AssertionError opens with the
+    implementation, device and case id, then the diagnosis, the worst elements and the command
+    replaying the case file written to reports/cases (rope.cases; ROPE_CASES_DIR=off skips it).
+    While Hypothesis is still searching or shrinking, only the plain report is built."""
+    run = evaluate_case(impl_name, fn, case, device)
+    if not run.comparison.ok:
+        raise AssertionError(mismatch_message(impl_name, fn, case, device, run))
+    return run.comparison
+
+
+def diagnose_run(fn, case: RotationCase, run: CaseRun) -> Diagnosis:
+    """The diagnosis of a run (rope.diagnosis), from the untouched CPU inputs and the outputs."""
+    x = run.ref_in
+    return diagnose(case.spec, x.positions, x.query, x.key, x.cache, run.q_out, run.k_out,
+                    precision=working_precision(fn), ref=(run.ref_q, run.ref_k), comparison=run.comparison)
+
+
+def input_layout(inputs: RotationInputs) -> dict:
+    """Shape, stride and storage offset of q and k as the implementation received them."""
+    def layout(t):
+        return None if t is None else {"shape": list(t.shape), "stride": list(t.stride()),
+                                       "storage_offset": t.storage_offset()}
+    return {"query": layout(inputs.query), "key": layout(inputs.key)}
+
+
+def input_digests(inputs: RotationInputs) -> dict:
+    """sha256 of the CPU inputs; for the cache, of the rows the positions select (what is read:
+    model caches hold up to a million rows)."""
+    rows = inputs.cache[torch.unique(inputs.positions.long())] if inputs.positions.numel() else inputs.cache[:0]
+    return {"positions": cases.tensor_digest(inputs.positions), "query": cases.tensor_digest(inputs.query),
+            "key": cases.tensor_digest(inputs.key), "cos_sin_cache_rows": cases.tensor_digest(rows)}
+
+
+def hypothesis_example() -> tuple[bool, dict | None]:
+    """(final, record) for the Hypothesis example running now.  ``final`` is False while
+    Hypothesis searches or shrinks (many failing examples, none reported) and True in its final
+    replay of the shrunk example, or outside Hypothesis.  ``record`` holds the version and the
+    ``@reproduce_failure`` blob of the example (None outside Hypothesis); the blob is encoded
+    from the example's choice sequence, which costs nothing (null if Hypothesis' internals moved)."""
+    try:
+        from hypothesis.control import current_build_context
+        context = current_build_context()
+    except Exception:
+        return True, None
+    import hypothesis
+    record = {"version": hypothesis.__version__, "reproduce_blob": None, "decorator": None}
+    try:
+        from hypothesis.core import encode_failure
+        choices = context.data.choices
+        if choices:
+            blob = encode_failure(choices)
+            record["reproduce_blob"] = blob.decode("ascii")
+            record["decorator"] = f"@reproduce_failure({hypothesis.__version__!r}, {blob!r})"
+    except Exception:
+        pass
+    return bool(context.is_final), record
+
+
+def mismatch_message(impl_name: str, fn, case: RotationCase, device: str, run: CaseRun) -> str:
+    """The AssertionError message; diagnoses and writes the case file on the way.  Nothing that
+    goes wrong here may hide the mismatch: failures become a line of the message."""
+    plain = f"{impl_name} on {device} does not match the reference\ncase: {case}"
+    final, hypothesis = hypothesis_example()
+    if not final:
+        return run.comparison.message(plain)
+    try:
+        try:
+            diagnosis = diagnose_run(fn, case, run)
+        except Exception as exc:
+            diagnosis = Diagnosis("unknown", f"diagnosis failed ({type(exc).__name__}: {exc})")
+        implementation = cases.implementation_path(impl_name, fn)
+        record = cases.case_record(
+            implementation=implementation, device=device, working_precision=working_precision(fn),
+            case=case.to_dict(), strides=input_layout(run.inputs), inputs_sha256=input_digests(run.ref_in),
+            comparison=run.comparison, diagnosis=diagnosis, hypothesis=hypothesis,
+            test=os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0] or None)
+        path, note = None, None
+        directory = cases.cases_dir()
+        if directory is None:
+            note = f"not written ({cases.CASES_DIR_ENV}={os.environ.get(cases.CASES_DIR_ENV)!r})"
+        else:
+            try:
+                path = cases.write_case(record, directory)
+            except Exception as exc:
+                note = f"not written to {directory} ({type(exc).__name__}: {exc})"
+        name = impl_name if implementation == impl_name else f"{impl_name} ({implementation})"
+        return cases.format_mismatch(
+            header=f"{name} on {device} does not match the reference (case {record['id']})",
+            diagnosis=diagnosis, comparison=run.comparison, case=case, case_path=path, note=note)
+    except Exception as exc:
+        return run.comparison.message(plain) + f"\n(mismatch report failed: {type(exc).__name__}: {exc})"

@@ -197,7 +197,9 @@ def build_rotation_inputs(case: RotationCase, device: str = "cpu") -> RotationIn
         query = torch.randn(case.num_tokens, q_width, generator=gen).to(dtype).to(dev)
         key = torch.randn(case.num_tokens, k_width, generator=gen).to(dtype).to(dev) if k_width else None
         storage = query
-    return RotationInputs(positions.to(dev), query, key, _cpu_cache(spec, dtype).to(dev), storage)
+    # A private copy: the memoized table must not be shared with (and writable by) the implementation.
+    cache = _cpu_cache(spec, dtype).to(dev, copy=True)
+    return RotationInputs(positions.to(dev), query, key, cache, storage)
 
 
 def case_id(impl: str, device: str, dtype: str, kind: str, neox: bool) -> str:

@@ -11,9 +11,22 @@ from properties.mutants.broken_rotations import BROKEN_ROTATIONS
 from properties.strategies import DTYPES, KINDS, rotation_cases
 
 
+# The bug each broken implementation has, as the diagnosis must name it in the shrunk failure.
+EXPECTED_DIAGNOSIS = {
+    "neox_for_gptj": "pairing_swapped",
+    "chunked_for_interleaved": "interleave_map_wrong",
+    "key_unrotated": "key_only",
+    "touches_pass_through": "pass_through_touched",
+    "first_pow2_heads": "head_subset",
+    "assumes_contiguous": "row_stride_ignored",
+    "bf16_claiming_fp32": "precision_loss",
+}
+
+
 @pytest.mark.parametrize("broken", list(BROKEN_ROTATIONS))
-def test_rotation_property_rejects_broken_implementation(broken):
+def test_rotation_property_rejects_broken_implementation(broken, monkeypatch, tmp_path):
     fn = BROKEN_ROTATIONS[broken]
+    monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))   # deliberate failures: keep reports/cases clean
 
     # The same property test_rotation_matches_reference runs, over all variants at once.
     @settings(max_examples=300, derandomize=True, database=None, deadline=None, print_blob=False)
@@ -22,8 +35,10 @@ def test_rotation_property_rejects_broken_implementation(broken):
     def rotation_matches_reference(case):
         assert_matches_reference(broken, fn, case, "cpu")
 
-    with pytest.raises(AssertionError, match="does not match the reference"):
+    with pytest.raises(AssertionError, match="does not match the reference") as failure:
         rotation_matches_reference()
+    # Rejected for its own bug: the shrunk counterexample is diagnosed as that bug.
+    assert f"diagnosis: {EXPECTED_DIAGNOSIS[broken]}" in str(failure.value), str(failure.value)[:2000]
 
 
 # ------------------------------------------------------------------ position preparation
@@ -65,3 +80,17 @@ def test_scheduler_machine_rejects_broken_positions(broken):
         run_state_machine_as_test(machine, settings=settings(max_examples=200, stateful_step_count=25,
                                                              derandomize=True, database=None, deadline=None,
                                                              print_blob=False))
+
+
+def test_rotation_check_rejects_an_implementation_that_writes_the_cache(monkeypatch, tmp_path):
+    from properties.known_cases import KNOWN_BUG_CASES
+    from rope.native import rotate_native
+    monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))
+
+    def scribbles_on_cache(spec, positions, query, key, cache):
+        out = rotate_native(spec, positions, query, key, cache)
+        cache[-1].zero_()           # e.g. a kernel that "refreshes" rows in place
+        return out
+    scribbles_on_cache.working_precision = "activation"
+    with pytest.raises(AssertionError, match="cos_sin_cache was modified"):
+        assert_matches_reference("scribbles", scribbles_on_cache, KNOWN_BUG_CASES["single-token-no-key"], "cpu")

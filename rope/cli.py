@@ -8,6 +8,8 @@
         reports/bench.json, bench.md and bench.png.
     rope-harness devices
         List the devices found and whether Triton runs on each.
+    rope-harness repro CASE [--device D] [--impl NAME]
+        Replay a mismatch case file (reports/cases/<id>.json): exit 0 once it matches, 1 while not.
 """
 
 from __future__ import annotations
@@ -89,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=cmd_bench)
     devices = sub.add_parser("devices", help="list the devices found")
     devices.set_defaults(func=cmd_devices)
+    from rope.repro import add_repro_parser
+    add_repro_parser(sub)
     return parser
 
 

@@ -1,0 +1,328 @@
+"""Case files (rope.cases), the mismatch report built around them (properties.checks) and their
+replay (rope.repro, ``rope-harness repro``, ``pytest --rope-repro``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, reproduce_failure, settings, strategies as st
+
+from properties import checks
+from properties.checks import assert_matches_reference
+from properties.mutants.broken_rotations import BROKEN_ROTATIONS, neox_for_gptj
+from properties.strategies import RotationCase, rotation_cases
+from rope import cases
+from rope.cli import main as cli_main
+from rope.devices import available_devices
+from rope.native import rotate_native
+from rope.spec import RopeSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+GLM_41V = RopeSpec(head_size=128, rotary_dim=64, is_neox_style=False, sections=(8, 12, 12),
+                   layout="chunked", base=10000.0, max_position=4096)
+CASE = RotationCase(GLM_41V, 5, 3, 2, "float32", "uniform", True, 1)    # packed qkv: strided q/k
+MUTANT = "properties.mutants.broken_rotations:neox_for_gptj"
+
+
+@pytest.fixture
+def case_dir(tmp_path, monkeypatch):
+    directory = tmp_path / "cases"
+    monkeypatch.setenv(cases.CASES_DIR_ENV, str(directory))
+    return directory
+
+
+def _fail(name="neox_for_gptj", fn=neox_for_gptj, case=CASE) -> str:
+    with pytest.raises(AssertionError) as info:
+        assert_matches_reference(name, fn, case, "cpu")
+    return str(info.value)
+
+
+def _written(case_dir) -> Path:
+    files = sorted(case_dir.glob("*.json"))
+    assert len(files) == 1, files
+    return files[0]
+
+
+# --------------------------------------------------------------------------- writing
+def test_mismatch_writes_a_case_file_that_loads_back(case_dir):
+    message = _fail()
+    path = _written(case_dir)
+    text = path.read_text()
+    json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    loaded = cases.load_case(path)
+    record = loaded.record
+    assert list(record) == list(cases.FIELDS)
+    assert loaded.case == CASE
+    assert (loaded.id, path.name) == (cases.case_id(MUTANT, "cpu", CASE.to_dict()), f"{loaded.id}.json")
+    assert (loaded.implementation, loaded.device, loaded.working_precision) == (MUTANT, "cpu", "activation")
+    assert record["schema_version"] == cases.SCHEMA_VERSION
+    # Strides as the implementation saw them: rows of the packed [T, (3 + 2*2) * 128] tensor.
+    assert record["strides"]["query"] == {"shape": [5, 384], "stride": [896, 1], "storage_offset": 0}
+    assert record["strides"]["key"] == {"shape": [5, 256], "stride": [896, 1], "storage_offset": 384}
+    result = record["result"]
+    assert result["num_mismatched"] > 0 and result["num_elements"] == 5 * 5 * 128
+    worst = result["worst"][0]
+    assert worst["error"] > worst["bound"] and worst["ratio"] == worst["error"] / worst["bound"]
+    assert {"freq", "member", "row"} <= set(worst) and worst["tensor"] in ("query", "key")
+    assert loaded.diagnosis.label == "pairing_swapped"
+    assert record["hypothesis"] is None              # not run under Hypothesis
+    assert record["test"] == os.environ["PYTEST_CURRENT_TEST"].rsplit(" (", 1)[0]
+    assert {"torch", "triton", "transformers", "hypothesis", "python"} <= set(record["versions"])
+    assert datetime.fromisoformat(record["created"]).tzinfo is not None
+    assert str(path.name) in message
+
+
+def test_message_anatomy(case_dir):
+    lines = _fail().splitlines()
+    cid = _written(case_dir).stem
+    assert lines[0] == f"neox_for_gptj ({MUTANT}) on cpu does not match the reference (case {cid})"
+    assert lines[1].startswith("diagnosis: pairing_swapped: ")
+    assert lines[2].startswith("  where: query: ")
+    first_worst = next(i for i, line in enumerate(lines) if "error/bound" in line and "[token" in line)
+    assert first_worst > lines.index(next(line for line in lines if line.startswith("Mismatched elements")))
+    assert lines[-2] == f"case file: {cases.display_path(case_dir / f'{cid}.json')}"
+    assert lines[-1] == f"replay: rope-harness repro {cases.display_path(case_dir / f'{cid}.json')}"
+
+
+def test_same_mismatch_same_file(case_dir):
+    _fail()
+    first = _written(case_dir)
+    _fail()
+    assert _written(case_dir) == first
+    other = RotationCase(**{**CASE.__dict__, "seed": 2})
+    ids = {cases.case_id(MUTANT, "cpu", CASE.to_dict()), cases.case_id(MUTANT, "cuda", CASE.to_dict()),
+           cases.case_id("native", "cpu", CASE.to_dict()), cases.case_id(MUTANT, "cpu", other.to_dict())}
+    assert len(ids) == 4
+    reordered = dict(reversed(list(CASE.to_dict().items())))
+    assert cases.case_id(MUTANT, "cpu", reordered) == first.stem
+
+
+def test_case_files_can_be_turned_off(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(cases.CASES_DIR_ENV, "off")
+    message = _fail()
+    assert "does not match the reference" in message and "case file: not written" in message
+    assert "replay:" not in message and not list(tmp_path.rglob("*.json"))
+
+
+def test_report_problems_never_mask_the_mismatch(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv(cases.CASES_DIR_ENV, str(blocker / "cases"))    # cannot be created
+    message = _fail()
+    assert "does not match the reference" in message and f"case file: not written to {blocker / 'cases'}" in message
+    assert "diagnosis: pairing_swapped" in message
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+    monkeypatch.setattr(checks, "diagnose", broken)
+    assert "diagnosis: unknown: diagnosis failed (RuntimeError: boom)" in _fail()
+    monkeypatch.setattr(cases, "case_record", broken)
+    message = _fail()
+    assert "does not match the reference" in message and "(mismatch report failed: RuntimeError: boom)" in message
+    assert "Worst error/bound" in message
+
+
+def test_write_is_atomic(tmp_path, monkeypatch):
+    calls = []
+    real_replace, real_fsync = os.replace, os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(("fsync", fd)), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda src, dst: (calls.append(("replace", Path(src), Path(dst))),
+                                                         real_replace(src, dst))[1])
+    path = cases.write_case({"id": "abc", "x": float("inf")}, tmp_path)
+    assert path == tmp_path / "abc.json" and json.loads(path.read_text()) == {"id": "abc", "x": "inf"}
+    replaces = [c for c in calls if c[0] == "replace"]
+    assert len(replaces) == 1 and replaces[0][1].parent == tmp_path and replaces[0][2] == path
+    assert calls.index(replaces[0]) > 0 and calls[0][0] == "fsync"        # data synced before the rename
+    # A record that cannot be serialized leaves neither a file nor a temporary behind.
+    with pytest.raises(TypeError):
+        cases.write_case({"id": "bad", "x": object()}, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["abc.json"]
+
+
+def test_concurrent_writers_never_expose_a_partial_file(tmp_path):
+    records = [{"id": "same", "writer": w, "payload": "x" * 20000} for w in range(4)]
+    cases.write_case(records[0], tmp_path)
+    stop, seen, errors = threading.Event(), set(), []
+
+    def read():
+        while not stop.is_set():
+            try:
+                seen.add(json.loads((tmp_path / "same.json").read_text())["writer"])
+            except Exception as exc:                  # a torn or empty file
+                errors.append(exc)
+
+    def write(record):
+        for _ in range(40):
+            cases.write_case(record, tmp_path)
+    reader = threading.Thread(target=read)
+    reader.start()
+    writers = [threading.Thread(target=write, args=(r,)) for r in records]
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join()
+    stop.set()
+    reader.join()
+    assert not errors and seen and [p.name for p in tmp_path.iterdir()] == ["same.json"]
+
+
+def test_implementation_path():
+    assert cases.implementation_path("native", rotate_native) == "native"
+    assert cases.implementation_path("rope.native:rotate_native", rotate_native) == "rope.native:rotate_native"
+    assert cases.implementation_path("broken", BROKEN_ROTATIONS["key_unrotated"]) == \
+        "properties.mutants.broken_rotations:key_unrotated"
+    local = lambda *a: None                            # noqa: E731  (not importable)
+    assert cases.implementation_path("mine", local) == "mine"
+
+
+# --------------------------------------------------------------------------- Hypothesis
+def test_hypothesis_writes_only_the_final_example_with_a_working_blob(case_dir):
+    seen = []
+
+    @settings(max_examples=100, derandomize=True, database=None, deadline=None, print_blob=False)
+    @given(case=rotation_cases(dtype="float32", kind="chunked3", is_neox_style=False, min_tokens=1))
+    def neox_for_gptj_matches_reference(case):
+        seen.append(case)
+        assert_matches_reference("neox_for_gptj", neox_for_gptj, case, "cpu")
+
+    with pytest.raises(AssertionError, match="does not match the reference"):
+        neox_for_gptj_matches_reference()
+    assert len(seen) > 2                             # found, shrunk, replayed: one file all the same
+    loaded = cases.load_case(_written(case_dir))
+    assert loaded.case == seen[-1]
+    blob = loaded.record["hypothesis"]["reproduce_blob"]
+    assert blob and loaded.record["hypothesis"]["version"] in loaded.record["hypothesis"]["decorator"]
+    seen.clear()
+    with pytest.raises(AssertionError, match="does not match the reference"):
+        reproduce_failure(loaded.record["hypothesis"]["version"], blob.encode())(neox_for_gptj_matches_reference)()
+    assert seen == [loaded.case]
+
+
+# --------------------------------------------------------------------------- loading
+def _mutated(path: Path, change) -> Path:
+    record = json.loads(path.read_text())
+    change(record)
+    out = path.parent.parent / "mutated.json"        # outside the case's directory
+    out.write_text(json.dumps(record))
+    return out
+
+
+@pytest.fixture(scope="module")
+def good_case(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("good") / "cases"
+    mp = pytest.MonkeyPatch()
+    mp.setenv(cases.CASES_DIR_ENV, str(directory))
+    try:
+        _fail()
+    finally:
+        mp.undo()
+    return _written(directory)
+
+
+@pytest.mark.parametrize("field", cases.FIELDS)
+def test_load_names_a_missing_field(good_case, field):
+    path = _mutated(good_case, lambda r: r.pop(field))
+    with pytest.raises(ValueError, match=f"case file {path}: missing field '{field}'"):
+        cases.load_case(path)
+
+
+@pytest.mark.parametrize("change, problem", [
+    (lambda r: r.__setitem__("schema_version", 2), r"schema_version=2: newer than this rope-harness understands \(1\)"),
+    (lambda r: r.__setitem__("schema_version", "1"), "schema_version='1': must be an int >= 1"),
+    (lambda r: r["case"].pop("seed"), "missing field 'case.seed'"),
+    (lambda r: r["diagnosis"].pop("label"), "missing field 'diagnosis.label'"),
+    (lambda r: r["case"].__setitem__("dtype", "float8"), "case.dtype='float8': must be one of"),
+    (lambda r: r["case"].__setitem__("seed", -1), "case.seed=-1: must be an int >= 0"),
+    (lambda r: r["case"].__setitem__("packed_qkv", 1), "case.packed_qkv=1: must be true or false"),
+    (lambda r: r["case"].__setitem__("extra", 1), r"case: unknown fields \['extra'\]"),
+    (lambda r: r["spec"].__setitem__("sections", [8, 12, 11]), r"spec: sections=\(8, 12, 11\): must sum"),
+    (lambda r: r.__setitem__("device", "tpu"), "device='tpu': must be one of"),
+    (lambda r: r.__setitem__("working_precision", "fp8"), "working_precision='fp8': must be one of"),
+    (lambda r: r.__setitem__("spec", None), "spec=null: must have a value"),
+    (lambda r: r.__setitem__("case", []), "case: must be a JSON object"),
+])
+def test_load_names_a_bad_value(good_case, change, problem):
+    path = _mutated(good_case, change)
+    with pytest.raises(ValueError, match=re.escape(f"case file {path}: ") + problem):
+        cases.load_case(path)
+
+
+def test_load_rejects_corrupt_files(good_case, tmp_path):
+    truncated = tmp_path / "truncated.json"
+    truncated.write_text(good_case.read_text()[:200])
+    with pytest.raises(ValueError, match=f"case file {truncated}: not valid JSON .* corrupt or truncated"):
+        cases.load_case(truncated)
+    listed = tmp_path / "list.json"
+    listed.write_text("[]")
+    with pytest.raises(ValueError, match=f"case file {listed}: must hold a JSON object"):
+        cases.load_case(listed)
+    with pytest.raises(ValueError, match="cannot read it"):
+        cases.load_case(tmp_path / "absent.json")
+
+
+def test_loaded_hypothesis_and_test_may_be_null(good_case):
+    path = _mutated(good_case, lambda r: r.update(hypothesis=None, test=None))
+    assert cases.load_case(path).case == CASE
+
+
+# --------------------------------------------------------------------------- replay
+def test_cli_repro_exits_1_while_mismatching_and_0_once_fixed(good_case, case_dir, capsys):
+    assert cli_main(["repro", str(good_case)]) == 1
+    out = capsys.readouterr().out
+    assert f"{MUTANT} on cpu still does not match the reference (case {good_case.stem})" in out
+    assert "diagnosis: pairing_swapped" in out and "error/bound" in out and "warning" not in out
+    assert cli_main(["repro", str(good_case), "--impl", "native"]) == 0
+    assert "native on cpu matches the reference: fixed" in capsys.readouterr().out
+    assert not case_dir.exists()                       # a replay writes no case file
+
+
+def test_cli_repro_bad_input_exits_2(good_case, tmp_path, capsys):
+    assert cli_main(["repro", str(tmp_path / "absent.json")]) == 2
+    assert "cannot read it" in capsys.readouterr().err
+    assert cli_main(["repro", str(good_case), "--impl", "no_such_impl"]) == 2
+    assert "impl='no_such_impl'" in capsys.readouterr().err
+    unknown = _mutated(good_case, lambda r: r.__setitem__("implementation", "gone"))
+    assert cli_main(["repro", str(unknown)]) == 2
+    assert "pass --impl NAME" in capsys.readouterr().err
+    missing = next((d for d in ("cuda", "xpu") if d not in available_devices()), None)
+    if missing:
+        assert cli_main(["repro", str(good_case), "--device", missing]) == 2
+        assert f"device={missing!r}: not available here" in capsys.readouterr().err
+
+
+def test_cli_repro_warns_when_inputs_do_not_regenerate(good_case, capsys):
+    path = _mutated(good_case, lambda r: r["case"].__setitem__("seed", 12345))
+    cli_main(["repro", str(path)])
+    assert "warning: regenerated inputs differ from the recorded ones (positions, query, key" in capsys.readouterr().out
+
+
+def _pytest(*args, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q", *args],
+                          cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=600)
+
+
+def test_pytest_rope_repro(good_case, tmp_path):
+    env = {cases.CASES_DIR_ENV: str(tmp_path / "replayed")}
+    failing = _pytest("properties/test_repro.py", "properties/test_spec.py", "--rope-repro", str(good_case), env=env)
+    assert failing.returncode == 1, failing.stdout + failing.stderr
+    assert "diagnosis: pairing_swapped" in failing.stdout and "deselected" in failing.stdout
+    assert "1 failed" in failing.stdout
+    fixed = _pytest("properties/test_repro.py", "--rope-repro", str(good_case.parent), "--rope-impl", "native", env=env)
+    assert fixed.returncode == 0 and "1 passed" in fixed.stdout, fixed.stdout + fixed.stderr
+    tampered = _mutated(good_case, lambda r: r["case"].__setitem__("seed", 12345))
+    regenerated = _pytest("properties/test_repro.py", "--rope-repro", str(tampered), "--rope-impl", "native", env=env)
+    assert regenerated.returncode == 1 and "regenerated inputs differ" in regenerated.stdout
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    usage = _pytest("properties/test_repro.py", "--rope-repro", str(bad), env=env)
+    assert usage.returncode == 2 and f"case file {bad}: not valid JSON" in usage.stdout, usage.stdout + usage.stderr

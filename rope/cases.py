@@ -1,0 +1,357 @@
+"""Case files: a rotation mismatch, recorded well enough to replay it on any machine.
+
+When the suite's check (``properties/checks.py``) finds a mismatch it writes
+``reports/cases/<id>.json`` (or ``$ROPE_CASES_DIR/<id>.json``); ``rope-harness repro FILE`` and
+``pytest --rope-repro FILE`` replay it.  Promoting a case to the regression corpus is copying
+the file into ``properties/regressions/``.
+
+Schema version 1 (every top-level key is required; ``hypothesis`` and ``test`` may be null)::
+
+    schema_version     1
+    id                 16 hex digits: sha256 of (implementation, device, case incl. spec)
+    implementation     registered name or "package.module:callable" (what --impl takes)
+    device             harness device name: cpu, cuda, rocm, xpu
+    working_precision  the implementation's declared working precision ("float32" | "activation")
+    spec               RopeSpec.to_dict()
+    case               the rest of the RotationCase: num_tokens, num_q_heads, num_kv_heads, dtype,
+                       positions_kind, packed_qkv, seed (tensors regenerate from these, bit for bit)
+    strides            {"query": {shape, stride, storage_offset}, "key": {...} | null}, as the
+                       implementation received them on the device
+    inputs_sha256      sha256 of the regenerated CPU inputs (positions, query, key, and the
+                       cos_sin_cache rows the positions select): a replay checks it regenerated
+                       the very same bits
+    hypothesis         {"version", "reproduce_blob", "decorator"} of the failing example, or null
+                       outside Hypothesis
+    test               the pytest node id that failed, or null
+    result             {"num_elements", "num_mismatched", "worst_ratio", "problems", "worst": [
+                        {tensor, token, head, channel, freq, member, row | pass_through, got,
+                         expected, error, bound, ratio}, ...]}
+    diagnosis          {"label", "sentence", "location"} (rope.diagnosis)
+    versions           python, torch, triton, transformers, hypothesis, rope-harness (null if absent),
+                       plus device_name and TRITON_INTERPRET
+    created            ISO 8601 UTC time of writing
+
+Non-finite floats (an infinite error/bound ratio, a NaN output) are written as the strings
+"inf", "-inf", "nan", so files are strict JSON.
+
+Writing is atomic (temporary file in the same directory, fsync, ``os.replace``): safe with
+pytest-xdist workers and concurrent runs; the same mismatch (same id) overwrites its own file.
+``ROPE_CASES_DIR`` picks the directory; ``ROPE_CASES_DIR=off`` (or ``0``, ``none``, empty) turns
+case files off.
+
+This module imports nothing from ``properties/`` at import time: turning the ``case`` record
+back into a ``RotationCase`` (which lives with the strategies that regenerate its tensors)
+imports ``properties.strategies`` inside :func:`load_case`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import platform
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+from rope.devices import DEVICE_NAMES
+from rope.diagnosis import Diagnosis, channel_location
+from rope.registry import WORKING_PRECISIONS, get_implementation
+from rope.spec import RopeSpec
+
+SCHEMA_VERSION = 1
+CASES_DIR_ENV = "ROPE_CASES_DIR"
+DEFAULT_CASES_DIR = Path(__file__).resolve().parent.parent / "reports" / "cases"
+_OFF = ("", "0", "off", "none", "false", "no")
+
+FIELDS = ("schema_version", "id", "implementation", "device", "working_precision", "spec", "case", "strides",
+          "inputs_sha256", "hypothesis", "test", "result", "diagnosis", "versions", "created")
+NULLABLE = ("hypothesis", "test")
+CASE_FIELDS = ("num_tokens", "num_q_heads", "num_kv_heads", "dtype", "positions_kind", "packed_qkv", "seed")
+RESULT_FIELDS = ("num_elements", "num_mismatched", "worst_ratio", "problems", "worst")
+DIAGNOSIS_FIELDS = ("label", "sentence", "location")
+
+
+# --------------------------------------------------------------------------- where and who
+def cases_dir() -> Path | None:
+    """Where case files go: $ROPE_CASES_DIR, else reports/cases; None when turned off."""
+    value = os.environ.get(CASES_DIR_ENV)
+    if value is None:
+        return DEFAULT_CASES_DIR
+    if value.strip().lower() in _OFF:
+        return None
+    return Path(value)
+
+
+def case_id(implementation: str, device: str, case: dict) -> str:
+    """Stable id of a mismatch: the same implementation, device and case give the same id."""
+    key = json.dumps({"implementation": implementation, "device": device, "case": case},
+                     sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def implementation_path(name: str, fn) -> str:
+    """A string ``get_implementation`` resolves to ``fn``: ``name`` when it does, else
+    ``module:qualname`` when that does, else ``name`` (a replay then needs ``--impl``)."""
+    candidates = [name]
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if module and qualname and module != "__main__" and "<locals>" not in qualname:
+        candidates.append(f"{module}:{qualname}")
+    for candidate in candidates:
+        try:
+            if get_implementation(candidate) is fn:
+                return candidate
+        except ValueError:
+            continue
+    return name
+
+
+def tensor_digest(t) -> str | None:
+    """sha256 of a tensor's values (dtype, shape and bytes in row-major order)."""
+    if t is None:
+        return None
+    import torch
+    h = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
+    h.update(t.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def versions(device: str) -> dict:
+    """Versions of what produced the numbers, and the device's name."""
+    out = {"python": platform.python_version()}
+    for dist in ("torch", "triton", "transformers", "hypothesis", "rope-harness"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    import torch
+    out["torch"] = torch.__version__
+    name = platform.processor() or platform.machine()
+    with contextlib.suppress(Exception):
+        if device in ("cuda", "rocm"):
+            name = torch.cuda.get_device_name()
+        elif device == "xpu":
+            name = torch.xpu.get_device_name()
+    out["device_name"] = name
+    out["triton_interpret"] = os.environ.get("TRITON_INTERPRET")
+    return out
+
+
+# --------------------------------------------------------------------------- record
+def _finite(value):
+    """Non-finite floats as strings, recursively (strict JSON)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if value != value else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def worst_record(spec: RopeSpec, comparison) -> list[dict]:
+    out = []
+    for m in comparison.worst:
+        d = m.to_dict()
+        d.update(channel_location(spec, m.channel))
+        d["ratio"] = m.ratio
+        out.append(d)
+    return out
+
+
+def case_record(*, implementation: str, device: str, working_precision: str, case: dict, strides: dict,
+                inputs_sha256: dict, comparison, diagnosis: Diagnosis, hypothesis: dict | None = None,
+                test: str | None = None) -> dict:
+    """The case file's contents.  ``case`` is ``RotationCase.to_dict()`` (spec included)."""
+    spec = RopeSpec.from_dict(case["spec"])
+    record = {
+        "schema_version": SCHEMA_VERSION,
+        "id": case_id(implementation, device, case),
+        "implementation": implementation,
+        "device": device,
+        "working_precision": working_precision,
+        "spec": case["spec"],
+        "case": {k: case[k] for k in CASE_FIELDS},
+        "strides": strides,
+        "inputs_sha256": inputs_sha256,
+        "hypothesis": hypothesis,
+        "test": test,
+        "result": {
+            "num_elements": comparison.num_elements,
+            "num_mismatched": comparison.num_mismatched,
+            "worst_ratio": comparison.worst_ratio,
+            "problems": list(comparison.problems),
+            "worst": worst_record(spec, comparison),
+        },
+        "diagnosis": diagnosis.to_dict(),
+        "versions": versions(device),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    return _finite(record)
+
+
+def write_case(record: dict, directory: Path | str | None = None) -> Path:
+    """Write ``record`` to ``<directory>/<id>.json`` atomically; returns the path.
+
+    The text goes to a temporary file in the same directory, is flushed and fsynced, then
+    ``os.replace``d over the target: a reader (or a concurrent writer of the same id) only ever
+    sees a complete file.
+    """
+    directory = Path(directory) if directory is not None else cases_dir()
+    if directory is None:
+        raise ValueError(f"{CASES_DIR_ENV}={os.environ.get(CASES_DIR_ENV)!r}: case files are turned off")
+    text = json.dumps(_finite(record), indent=2, allow_nan=False) + "\n"
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{record['id']}.json"
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), 0o644)
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):      # make the rename itself durable (POSIX)
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    return path
+
+
+# --------------------------------------------------------------------------- load
+@dataclass(frozen=True)
+class CaseFile:
+    """A loaded, validated case file.  ``case`` is a ``properties.strategies.RotationCase``."""
+    path: Path
+    record: dict
+    case: object
+
+    @property
+    def id(self) -> str:
+        return self.record["id"]
+
+    @property
+    def implementation(self) -> str:
+        return self.record["implementation"]
+
+    @property
+    def device(self) -> str:
+        return self.record["device"]
+
+    @property
+    def working_precision(self) -> str:
+        return self.record["working_precision"]
+
+    @property
+    def diagnosis(self) -> Diagnosis:
+        return Diagnosis.from_dict(self.record["diagnosis"])
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def load_case(path: Path | str) -> CaseFile:
+    """Read and validate a case file.  Any problem is a ``ValueError`` naming the file and the
+    field: unreadable or corrupt JSON, a missing field, a wrong type or value, a schema version
+    newer than this code understands."""
+    path = Path(path)
+
+    def bad(problem: str) -> ValueError:
+        return ValueError(f"case file {path}: {problem}")
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise bad(f"cannot read it ({exc})") from None
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise bad(f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
+                  f"the file is corrupt or truncated") from None
+    if not isinstance(record, dict):
+        raise bad(f"must hold a JSON object (got {type(record).__name__})")
+    if "schema_version" not in record:
+        raise bad("missing field 'schema_version'")
+    version = record["schema_version"]
+    if not _is_int(version) or version < 1:
+        raise bad(f"schema_version={version!r}: must be an int >= 1")
+    if version > SCHEMA_VERSION:
+        raise bad(f"schema_version={version}: newer than this rope-harness understands ({SCHEMA_VERSION}); "
+                  f"upgrade rope-harness to replay it")
+    for name in FIELDS:
+        if name not in record:
+            raise bad(f"missing field {name!r}")
+        if record[name] is None and name not in NULLABLE:
+            raise bad(f"{name}=null: must have a value")
+    for name in ("id", "implementation", "created"):
+        if not isinstance(record[name], str) or not record[name]:
+            raise bad(f"{name}={record[name]!r}: must be a non-empty string")
+    if record["device"] not in DEVICE_NAMES:
+        raise bad(f"device={record['device']!r}: must be one of {DEVICE_NAMES}")
+    if record["working_precision"] not in WORKING_PRECISIONS:
+        raise bad(f"working_precision={record['working_precision']!r}: must be one of {WORKING_PRECISIONS}")
+    for name, fields in (("case", CASE_FIELDS), ("result", RESULT_FIELDS), ("diagnosis", DIAGNOSIS_FIELDS)):
+        if not isinstance(record[name], dict):
+            raise bad(f"{name}: must be a JSON object (got {type(record[name]).__name__})")
+        for sub in fields:
+            if sub not in record[name]:
+                raise bad(f"missing field '{name}.{sub}'")
+    for name in ("spec", "strides", "inputs_sha256", "versions"):
+        if not isinstance(record[name], dict):
+            raise bad(f"{name}: must be a JSON object (got {type(record[name]).__name__})")
+    try:
+        spec = RopeSpec.from_dict(record["spec"])
+    except (ValueError, TypeError) as exc:
+        raise bad(f"spec: {exc}") from None
+
+    from properties.strategies import DTYPES, POSITION_KINDS, RotationCase   # lazily: rope/ stays independent
+
+    c = record["case"]
+    unknown = set(c) - set(CASE_FIELDS)
+    if unknown:
+        raise bad(f"case: unknown fields {sorted(unknown)}")
+    for name, ok, rule in (("num_tokens", _is_int(c["num_tokens"]) and c["num_tokens"] >= 0, "an int >= 0"),
+                           ("num_q_heads", _is_int(c["num_q_heads"]) and c["num_q_heads"] >= 1, "an int >= 1"),
+                           ("num_kv_heads", _is_int(c["num_kv_heads"]) and c["num_kv_heads"] >= 0, "an int >= 0"),
+                           ("dtype", c["dtype"] in DTYPES, f"one of {tuple(DTYPES)}"),
+                           ("positions_kind", c["positions_kind"] in POSITION_KINDS, f"one of {POSITION_KINDS}"),
+                           ("packed_qkv", isinstance(c["packed_qkv"], bool), "true or false"),
+                           ("seed", _is_int(c["seed"]) and c["seed"] >= 0, "an int >= 0")):
+        if not ok:
+            raise bad(f"case.{name}={c[name]!r}: must be {rule}")
+    case = RotationCase(spec=spec, **{k: c[k] for k in CASE_FIELDS})
+    return CaseFile(path, record, case)
+
+
+# --------------------------------------------------------------------------- message
+def display_path(path: Path | str) -> str:
+    """``path`` relative to the working directory when it lies below it, else absolute."""
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def format_mismatch(*, header: str, diagnosis: Diagnosis, comparison, case, case_path=None,
+                    note: str | None = None) -> str:
+    """The mismatch report: header (implementation, device, case id), diagnosis, counts and
+    worst elements, the case, then the case file and the command that replays it."""
+    lines = [header, *diagnosis.lines(), comparison.message(), f"case: {case}"]
+    if case_path is not None:
+        shown = display_path(case_path)
+        lines += [f"case file: {shown}", f"replay: rope-harness repro {shown}"]
+    elif note:
+        lines.append(f"case file: {note}")
+    return "\n".join(lines)

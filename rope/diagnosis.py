@@ -1,0 +1,444 @@
+"""Where a rotation mismatch lies, and what most likely caused it.
+
+:func:`diagnose` takes what the comparison saw (the spec, the untouched inputs, the
+implementation's outputs, the float64 reference and the :class:`~rope.tolerance.Comparison`)
+and returns a :class:`Diagnosis`: a label, one sentence, and the location of the mismatched
+elements per tensor over tokens, heads, frequencies, position rows, pair members and
+pass-through channels.
+
+The cause is found by elimination, most specific first:
+
+1. ``wrong_output`` / ``writes_outside``: a tensor came back with the wrong shape, dtype or device
+   (or None); positions, the cache or the value slice of a packed qkv tensor were written.
+2. ``nan``: NaN/inf where the reference is finite (an out-of-bounds read from a guard region).
+3. The output *is* the reference of a neighbouring configuration, to the declared precision:
+   each candidate is computed with ``reference.rotate`` and held to the same per-element bound.
+   ``pairing_swapped`` (the other of NeoX / GPT-J), ``interleave_map_wrong`` (the other layout),
+   ``section_boundary_shifted`` (one section boundary moved by one frequency),
+   ``position_rows_swapped`` (position rows permuted), ``row_stride_ignored`` (q/k rows read as
+   if packed back to back).
+4. ``pass_through_touched``: channels >= rotary_dim differ from the input, the rotary ones do not.
+5. ``precision_loss``: every error fits the bound of a lower working precision than declared
+   (LOWER_PRECISION_SLACK x), or the worst error/bound ratio is modest (<= MODEST_RATIO:
+   truncating stores, an extra rounding).
+6. Step 3 again, allowing the lower precision (a kernel with a structural bug *and* imprecise
+   arithmetic).
+7. From here only gross errors count (beyond bfloat16 rounding): ``key_only`` / ``query_only``
+   (one tensor is right), ``head_subset`` (e.g. only the first power-of-two heads are right),
+   ``token_subset`` (e.g. only tokens at the last cache row are wrong).
+8. ``pass_through_touched`` with the rotary channels wrong too; else ``unknown``: the location
+   is all there is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from reference.rotation import rotate, select_cos_sin
+from rope.spec import RopeSpec
+from rope.tolerance import Comparison, compare_rotation, rotation_bound, unit_roundoff, working_dtype
+
+LABELS = (
+    "match", "wrong_output", "writes_outside", "nan", "pairing_swapped", "interleave_map_wrong",
+    "section_boundary_shifted", "position_rows_swapped", "row_stride_ignored", "pass_through_touched",
+    "precision_loss", "key_only", "query_only", "head_subset", "token_subset", "unknown",
+)
+# An alternative configuration explains the output when it leaves at most this share of the
+# original mismatches (1%: a kernel may be wrong in one way and slightly imprecise as well).
+ALTERNATIVE_RESIDUE = 0.01
+# Inputs rounded to the lower precision add about two unit roundoffs per product to the bound
+# of computing in it (rope.tolerance); 4x covers that.
+LOWER_PRECISION_SLACK = 4.0
+# A worst error/bound ratio up to this is "modest": one extra rounding or a truncating store.
+MODEST_RATIO = 4.0
+LOWER_PRECISIONS = (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The likely cause of a mismatch: ``label`` (one of LABELS), one ``sentence``, and
+    ``location``: tensor name -> summary of where its mismatched elements are."""
+    label: str
+    sentence: str
+    location: dict = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        out = [f"diagnosis: {self.label}: {self.sentence}"]
+        for name, where in self.location.items():
+            out.append(f"  where: {name}: " + "; ".join(f"{k} {v}" for k, v in where.items()))
+        return out
+
+    def to_dict(self) -> dict:
+        return {"label": self.label, "sentence": self.sentence, "location": self.location}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Diagnosis":
+        return cls(d["label"], d["sentence"], dict(d.get("location") or {}))
+
+
+# --------------------------------------------------------------------------- locations
+def ranges(values) -> str:
+    """Compact sorted ranges: [0, 1, 2, 5, 7, 8] -> '0-2,5,7-8'; empty -> 'none'."""
+    vals = sorted(set(int(v) for v in values))
+    if not vals:
+        return "none"
+    out, start, prev = [], vals[0], vals[0]
+    for v in vals[1:] + [None]:
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if v is not None:
+            start = prev = v
+    return ",".join(out)
+
+
+def channel_location(spec: RopeSpec, channel: int) -> dict:
+    """Frequency, pair member ('a' rotates as x1, 'b' as x2) and position row of a channel."""
+    if channel >= spec.rotary_dim:
+        return {"pass_through": True}
+    half = spec.num_freqs
+    if spec.is_neox_style:
+        freq, member = channel % half, "a" if channel < half else "b"
+    else:
+        freq, member = channel // 2, "ab"[channel % 2]
+    return {"freq": freq, "member": member, "row": spec.axis_map()[freq]}
+
+
+@dataclass
+class _Where:
+    """Mismatched elements of one tensor, as index sets."""
+    count: int
+    total: int
+    num_tokens: int
+    num_heads: int
+    tokens: list
+    heads: list
+    freqs: list
+    rows: list
+    members: list
+    pass_through: list
+
+    def summary(self, spec: RopeSpec) -> dict:
+        return {
+            "elements": f"{self.count}/{self.total}",
+            "tokens": f"{ranges(self.tokens)} of {self.num_tokens}",
+            "heads": f"{ranges(self.heads)} of {self.num_heads}",
+            "freqs": f"{ranges(self.freqs)} of {spec.num_freqs}",
+            "rows": ranges(self.rows),
+            "members": ",".join(self.members) or "none",
+            "pass_through_channels": ranges(self.pass_through),
+        }
+
+
+def _where(spec: RopeSpec, bad: torch.Tensor) -> _Where:
+    """bad: bool [T, H * head_size] -> index sets of the mismatched elements."""
+    num_tokens = bad.shape[0]
+    heads = bad.reshape(num_tokens, -1, spec.head_size)
+    chans = heads.any(dim=0).any(dim=0).nonzero().flatten().tolist()
+    rot = [c for c in chans if c < spec.rotary_dim]
+    locs = [channel_location(spec, c) for c in rot]
+    return _Where(
+        count=int(bad.sum()), total=bad.numel(), num_tokens=num_tokens, num_heads=heads.shape[1],
+        tokens=heads.any(dim=2).any(dim=1).nonzero().flatten().tolist(),
+        heads=heads.any(dim=2).any(dim=0).nonzero().flatten().tolist(),
+        freqs=sorted({loc["freq"] for loc in locs}), rows=sorted({loc["row"] for loc in locs}),
+        members=sorted({loc["member"] for loc in locs}),
+        pass_through=[c for c in chans if c >= spec.rotary_dim])
+
+
+def _prev_power_of_2(n: int) -> int:
+    return 1 << (n.bit_length() - 1)
+
+
+# --------------------------------------------------------------------------- alternatives
+def _as_packed(x):
+    """x read as if its rows were packed back to back from its first element (ignoring the
+    row stride); x itself when it is contiguous or the reinterpretation leaves its storage."""
+    if x is None or x.is_contiguous():
+        return x
+    if x.storage_offset() + x.numel() > x.untyped_storage().nbytes() // x.element_size():
+        return x
+    return x.as_strided((x.numel(),), (1,), x.storage_offset()).view(x.shape)
+
+
+def _replace(spec: RopeSpec, **changes):
+    try:
+        return dataclasses.replace(spec, **changes)
+    except ValueError:
+        return None
+
+
+def _alternatives(spec: RopeSpec, positions, query, key):
+    """(label, sentence, spec, positions, query, key) of the neighbouring configurations a
+    broken kernel may effectively compute, most specific first."""
+    other = "GPT-J pairs (2i, 2i+1)" if spec.is_neox_style else "NeoX pairs (i, i + rotary_dim/2)"
+    asked = "NeoX" if spec.is_neox_style else "GPT-J"
+    yield ("pairing_swapped",
+           f"the output matches the reference computed with {other} although the spec asks for {asked} "
+           f"(is_neox_style={spec.is_neox_style}): the kernel ignores the pairing style",
+           _replace(spec, is_neox_style=not spec.is_neox_style), positions, query, key)
+    secs = spec.sections
+    if secs is None or len(secs) < 2:
+        pass
+    else:
+        if len(secs) == 3:
+            layout = "chunked" if spec.layout == "interleaved" else "interleaved"
+            yield ("interleave_map_wrong",
+                   f"the output matches the reference with layout={layout!r} instead of {spec.layout!r}: "
+                   f"the frequency-to-row map of sections={secs} is wrong",
+                   _replace(spec, layout=layout), positions, query, key)
+        axis = spec.axis_map()
+        for j in range(len(secs) - 1):
+            for step in (1, -1):
+                shifted = list(secs)
+                shifted[j] += step
+                shifted[j + 1] -= step
+                if min(shifted) < 1:
+                    continue
+                alt = _replace(spec, sections=tuple(shifted))
+                if alt is None or alt.axis_map() == axis:
+                    continue
+                yield ("section_boundary_shifted",
+                       f"the output matches the reference with sections={tuple(shifted)} instead of {secs}: "
+                       f"the boundary between position rows {j} and {j + 1} is off by one frequency "
+                       f"(e.g. <= where < belongs)", alt, positions, query, key)
+        identity = tuple(range(len(secs)))
+        for perm in itertools.permutations(identity):
+            if perm != identity:
+                yield ("position_rows_swapped",
+                       f"the output matches the reference with the position rows read in the order {perm} "
+                       f"instead of {identity}: rows swapped (e.g. T/H/W order, or a wrong row offset)",
+                       spec, positions[list(perm)], query, key)
+    packed_q, packed_k = _as_packed(query), _as_packed(key)
+    if packed_q is not query or packed_k is not key:
+        strides = ", ".join(f"{n} row stride {x.stride(0)} for width {x.shape[1]}"
+                            for n, x in (("query", query), ("key", key)) if x is not None)
+        yield ("row_stride_ignored",
+               f"the output matches the reference applied to q/k read as if their rows were packed back to "
+               f"back ({strides}): the kernel ignores the row stride (views into a packed qkv tensor)",
+               spec, positions, packed_q, packed_k)
+
+
+def _alternative_result(alt, cache, out_q, out_k, ref_q, ref_k, precision):
+    """(alt_spec, positions, query, key, alt reference, comparison against it), or None when the
+    alternative is invalid or indistinguishable from the reference on this input."""
+    spec, positions, query, key = alt
+    if spec is None:
+        return None
+    try:
+        alt_q, alt_k = rotate(spec, positions, query, key, cache)
+    except ValueError:
+        return None
+    if torch.equal(alt_q, ref_q) and (alt_k is None or torch.equal(alt_k, ref_k)):
+        return None
+    result = compare_rotation(spec, positions, query, key, cache, out_q, out_k, alt_q, alt_k, precision)
+    return spec, positions, query, key, (alt_q, alt_k), result
+
+
+# --------------------------------------------------------------------------- precision
+def loose_bound(spec: RopeSpec, cos, sin, x, exp, precision: torch.dtype, out_dtype: torch.dtype) -> torch.Tensor:
+    """The bound of computing everything (pass-through channels included) in ``precision``,
+    from inputs rounded to it: SLACK x rope.tolerance's bound, plus the store in out_dtype."""
+    bound = rotation_bound(spec, x, exp, cos, sin, precision, "activation")
+    bound = LOWER_PRECISION_SLACK * bound + unit_roundoff(out_dtype) * exp.abs()
+    heads = bound.view(bound.shape[0], -1, spec.head_size)
+    heads[..., spec.rotary_dim:] += unit_roundoff(precision) * exp.reshape(heads.shape)[..., spec.rotary_dim:].abs()
+    return bound
+
+
+def _fitting_precision(spec, positions, cache, tensors, errors, precision, out_dtype):
+    """The first precision lower than the declared one whose loose bound covers every error.
+    ``tensors``: [(name, input x, float64 expected)]; ``errors``: name -> |got - expected|."""
+    declared = working_dtype(precision, out_dtype)
+    cos, sin = select_cos_sin(spec, positions, cache)
+    for cand in LOWER_PRECISIONS:
+        if unit_roundoff(cand) <= unit_roundoff(declared):
+            continue
+        if all(bool((errors[name] <= loose_bound(spec, cos, sin, x, exp, cand, out_dtype)).all())
+               for name, x, exp in tensors):
+            return cand
+    return None
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+# --------------------------------------------------------------------------- diagnose
+def diagnose(spec: RopeSpec, positions, query, key, cos_sin_cache, out_q, out_k, *,
+             precision: str = "float32", ref=None, comparison: Comparison | None = None) -> Diagnosis:
+    """Locate the mismatch between (out_q, out_k) and the reference and name its likely cause.
+
+    ``positions``, ``query``, ``key`` and ``cos_sin_cache`` are the untouched inputs as CPU
+    tensors, with the strides the implementation saw (views into their storage, so that a
+    kernel ignoring the row stride can be recognised); ``out_q``/``out_k`` the implementation's
+    outputs (any device); ``precision`` its declared working precision.  ``ref`` (the float64
+    reference outputs) and ``comparison`` (compare_rotation's result, possibly with extra
+    problems appended by the caller) are recomputed when not given.
+    """
+    cpu = torch.device("cpu")
+    positions, cache = positions.to(cpu), cos_sin_cache.to(cpu)
+    cache_rows = cache.shape[0]
+    if ref is None:
+        ref = rotate(spec, positions, query, key, cache)
+    ref_q, ref_k = (None if r is None else r.to(cpu, torch.float64) for r in ref)
+    if comparison is None:
+        comparison = compare_rotation(spec, positions, query, key, cache, out_q, out_k, ref_q, ref_k, precision)
+    if comparison.ok:
+        return Diagnosis("match", "the outputs match the reference")
+
+    inputs = {"query": (query, out_q, ref_q), "key": (key, out_k, ref_k)}
+    where = {name: _where(spec, comparison.errors[name] > comparison.bounds[name]) for name in comparison.errors}
+    location = {name: w.summary(spec) for name, w in where.items() if w.count}
+
+    def found(label: str, sentence: str) -> Diagnosis:
+        return Diagnosis(label, sentence, location)
+
+    # 1. Not a numeric question.
+    if comparison.problems:
+        outside = [p for p in comparison.problems if "modified" in p]
+        if outside:
+            return found("writes_outside", "; ".join(outside) + ": the implementation writes memory it may only read")
+        return found("wrong_output", "; ".join(comparison.problems))
+
+    # 2. NaN / inf where the reference is finite.
+    nonfinite = {}
+    for name in comparison.errors:
+        _, out, exp = inputs[name]
+        nonfinite[name] = ~torch.isfinite(out.detach().to(cpu, torch.float64)) & torch.isfinite(exp)
+    hit = [name for name, m in nonfinite.items() if bool(m.any())]
+    if hit:
+        name, mask = hit[0], nonfinite[hit[0]]
+        token, col = divmod(int(mask.flatten().nonzero()[0]), mask.shape[1])
+        head, channel = divmod(col, spec.head_size)
+        counts = ", ".join(f"{int(nonfinite[n].sum())} {n}" for n in hit)
+        return found("nan", f"{counts} element(s) are NaN/inf where the reference is finite, first at "
+                            f"{name}[token {token}, head {head}, channel {channel}]: most likely an out-of-bounds "
+                            f"read (cos/sin or q/k loaded past the mask, from a guard region or padding lanes)")
+
+    # Every check below recomputes the reference; model caches hold up to a million rows, so keep
+    # only the rows the positions use (same values, positions renumbered): identical results.
+    used, renumbered = torch.unique(positions.long(), return_inverse=True)
+    positions, cache = renumbered.reshape(positions.shape), cache[used]
+    out_dtype = query.dtype
+    declared = _dtype_name(working_dtype(precision, out_dtype))
+
+    # 3. The output is the reference of a neighbouring configuration, to the declared precision.
+    alternatives = []
+    for label, sentence, *alt in _alternatives(spec, positions, query, key):
+        result = _alternative_result(alt, cache, out_q, out_k, ref_q, ref_k, precision)
+        if result is None:
+            continue
+        if not result[-1].problems and result[-1].num_mismatched <= ALTERNATIVE_RESIDUE * comparison.num_mismatched:
+            return found(label, sentence)
+        alternatives.append((label, sentence, result))
+
+    # 4. Pass-through channels must come back bit-exact (judged at 8 when the rotary channels are
+    #    wrong too: computing everything in a lower precision, or a subset of garbage tokens or
+    #    heads, touches both).
+    touched = {name: w for name, w in where.items() if w.pass_through}
+    rotary_wrong = any(w.freqs for w in where.values())
+
+    def pass_through_touched() -> Diagnosis:
+        parts = ", ".join(f"{name} channels {ranges(w.pass_through)}" for name, w in touched.items())
+        return found("pass_through_touched",
+                     f"pass-through channels (>= rotary_dim={spec.rotary_dim} of head_size={spec.head_size}) differ "
+                     f"from the input ({parts}){'; rotary channels are wrong too' if rotary_wrong else ''}: they must "
+                     f"be copied bit-exactly (a store covering head_size, or a round trip through another dtype)")
+    if touched and not rotary_wrong:
+        return pass_through_touched()
+
+    # 5. Small errors everywhere: a lower working precision than declared, or one rounding too many.
+    wrong = [name for name, w in where.items() if w.count]
+    tensors = [(name, inputs[name][0], inputs[name][2]) for name in comparison.errors]
+    spread = "; ".join(f"{name} {where[name].count}/{where[name].total} elements over "
+                       f"{len(where[name].tokens)}/{where[name].num_tokens} tokens and "
+                       f"{len(where[name].heads)}/{where[name].num_heads} heads" for name in wrong)
+    if comparison.worst_ratio <= MODEST_RATIO:
+        return found("precision_loss",
+                     f"small errors spread over {spread} with a modest worst error/bound {comparison.worst_ratio:.3g}: "
+                     f"rounding slightly worse than {declared} working precision allows (a truncating store, an extra "
+                     f"intermediate rounding, or a slightly lower working precision)")
+    lower = _fitting_precision(spec, positions, cache, tensors, comparison.errors, precision, out_dtype)
+    if lower is not None:
+        return found("precision_loss",
+                     f"small errors spread over {spread} (worst error/bound {comparison.worst_ratio:.3g}), all within "
+                     f"{LOWER_PRECISION_SLACK:g}x the bound of {_dtype_name(lower)} working precision: the "
+                     f"implementation computes in {_dtype_name(lower)} although it declares {declared}")
+
+    # 3'. A neighbouring configuration computed in a lower precision (two bugs at once).
+    for label, sentence, (alt_spec, alt_pos, alt_q, alt_k, (aq, ak), result) in alternatives:
+        if result.problems:
+            continue
+        alt_tensors = [("query", alt_q, aq)] + ([("key", alt_k, ak)] if "key" in result.errors else [])
+        lower = _fitting_precision(alt_spec, alt_pos, cache, alt_tensors, result.errors, precision, out_dtype)
+        if lower is not None:
+            return found(label, f"{sentence}; besides, the arithmetic fits {_dtype_name(lower)} working precision, "
+                                f"not the declared {declared}")
+
+    # From here on, judge only gross errors: beyond what the coarsest lower precision explains.
+    cos, sin = select_cos_sin(spec, positions, cache)
+    coarse = LOWER_PRECISIONS[-1]
+    gross = {name: _where(spec, comparison.errors[name] > torch.maximum(
+                 comparison.bounds[name], loose_bound(spec, cos, sin, x, exp, coarse, out_dtype)))
+             for name, x, exp in tensors}
+    grossly = [name for name in wrong if gross[name].count] or wrong
+    for name in grossly:
+        if gross[name].count and gross[name].count < where[name].count:   # report where the gross errors are
+            location[name] = {**gross[name].summary(spec), "elements": (
+                f"{gross[name].count}/{gross[name].total} beyond {_dtype_name(coarse)} rounding "
+                f"({where[name].count} mismatched)")}
+    where = {**where, **{name: gross[name] for name in grossly if gross[name].count}}
+    rounding_only = [name for name in wrong if name not in grossly]
+    rounding_note = (f" ({', '.join(rounding_only)} differs only by rounding, within {_dtype_name(coarse)} "
+                     f"working precision)") if rounding_only else ""
+
+    # 6. One of the two tensors is right.
+    for name, other in (("key", "query"), ("query", "key")):
+        if grossly == [name] and other in where:
+            x, out, _ = inputs[name]
+            unrotated = torch.equal(out.detach().to(cpu), x)
+            how = "it comes back exactly as it went in (never rotated)" if unrotated else f"the {other} is right"
+            return found(f"{name}_only",
+                         f"only the {name} is wrong, {how}{rounding_note}: the {name} path (pointer, row stride, "
+                         f"head count{' or the key-present switch' if name == 'key' else ''}) differs from the "
+                         f"{other}'s")
+
+    # 7. A subset of heads, or of tokens.
+    if all(len(where[n].heads) < where[n].num_heads for n in grossly):
+        parts = ", ".join(f"{n} heads {ranges(where[n].heads)} of {where[n].num_heads}" for n in grossly)
+        if all(where[n].heads == list(range(_prev_power_of_2(where[n].num_heads), where[n].num_heads))
+               for n in grossly):
+            return found("head_subset",
+                         f"only heads beyond the first power of two are wrong ({parts}){rounding_note}: a tile or "
+                         f"grid sized with a power of two (prev_power_of_2) does not cover every head")
+        return found("head_subset", f"only some heads are wrong ({parts}){rounding_note}: the head loop bound or "
+                                    f"the per-head offset")
+    tokens = sorted(set().union(*(where[n].tokens for n in grossly)))
+    num_tokens = where[grossly[0]].num_tokens
+    if len(tokens) < num_tokens:
+        rows = used[positions.reshape(spec.num_dims, -1)]
+        last = cache_rows - 1
+        at_last = (rows == last).any(dim=0).nonzero().flatten().tolist()
+        if tokens == at_last:
+            hint = (f"exactly the tokens with a position at the last cache row ({last}): an off-by-one bound on "
+                    f"the cache (the last row masked or read from the wrong place)")
+        elif tokens == list(range(1, num_tokens)):
+            hint = "every token but the first: a token (row) stride or offset is wrong"
+        else:
+            hint = "a per-token offset, the token loop bound, or the positions of these tokens"
+        return found("token_subset", f"only tokens {ranges(tokens)} of {num_tokens} are wrong{rounding_note}: {hint}")
+
+    # 8. Pass-through channels written along with wrong rotary channels everywhere, or nothing
+    #    more specific.
+    if touched:
+        return pass_through_touched()
+    summary = "; ".join(f"{n}: " + ", ".join(f"{k} {v}" for k, v in location[n].items()) for n in wrong)
+    return found("unknown", f"no single cause found (not a neighbouring pairing, layout, section split, row order "
+                            f"or stride; not a subset of heads or tokens; errors too large for lower precision): "
+                            f"{summary}")
