@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 import rope  # noqa: F401  (switches Triton to the interpreter when there is no GPU, before any kernel)
+from rope import report
 from rope.devices import DEVICE_NAMES, available_devices
 from rope.registry import (
     get_implementation,
@@ -125,3 +126,39 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "baseline" in item.keywords:
             item.add_marker(skip)
+
+
+# ------------------------------------------------------------------ the run report (rope.report)
+def _is_controller(config) -> bool:
+    return not hasattr(config, "workerinput")
+
+
+def pytest_configure(config):
+    if _is_controller(config) and not os.environ.get(report.DISABLE_ENV) and not config.getoption("--rope-repro"):
+        config._rope_run_dir = report.start_run()
+
+
+def pytest_runtest_logreport(report):  # noqa: F811 - pytest's hook name
+    if report.skipped and isinstance(report.longrepr, tuple) and not hasattr(report, "wasxfail"):
+        _report_module().record(kind="skip", test=report.nodeid.split("[")[0], reason=str(report.longrepr[2]))
+
+
+def _report_module():
+    from rope import report as rope_report
+    return rope_report
+
+
+def pytest_sessionfinish(session, exitstatus):
+    run_dir = getattr(session.config, "_rope_run_dir", None)
+    if run_dir is None or not _is_controller(session.config):
+        return
+    try:
+        session.config._rope_report_paths = _report_module().write_summary(run_dir)
+    except Exception as exc:   # noqa: BLE001 - a broken report must not change the test outcome
+        session.config._rope_report_paths = [f"(report failed: {type(exc).__name__}: {exc})"]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    paths = getattr(config, "_rope_report_paths", None)
+    if paths:
+        terminalreporter.write_line(f"rope-harness report: {paths[0]}")

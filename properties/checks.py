@@ -11,7 +11,7 @@ import torch
 
 import reference
 from properties.strategies import DTYPES, RotationCase, RotationInputs, build_rotation_inputs
-from rope import cases
+from rope import cases, report
 from rope.devices import synchronize
 from rope.diagnosis import Diagnosis, diagnose
 from rope.registry import unsupported_reason, working_precision
@@ -43,6 +43,7 @@ class CaseRun:
     ref_q: torch.Tensor
     ref_k: torch.Tensor | None
     comparison: Comparison
+    case_file: str | None = None    # set when a mismatch was written to reports/cases
 
 
 def compare_case(impl_name: str, fn, case: RotationCase, device: str) -> Comparison:
@@ -77,8 +78,22 @@ def assert_matches_reference(impl_name: str, fn, case: RotationCase, device: str
     While Hypothesis is still searching or shrinking, only the plain report is built."""
     run = evaluate_case(impl_name, fn, case, device)
     if not run.comparison.ok:
-        raise AssertionError(mismatch_message(impl_name, fn, case, device, run))
+        message = mismatch_message(impl_name, fn, case, device, run)
+        if hypothesis_example()[0]:      # the final (shrunk) failure, or no Hypothesis at all
+            _record(impl_name, case, device, run)
+        raise AssertionError(message)
+    _record(impl_name, case, device, run)
     return run.comparison
+
+
+def _record(impl_name: str, case: RotationCase, device: str, run: CaseRun) -> None:
+    """One line of the run report (rope.report): never lets reporting break a check."""
+    try:
+        report.record_comparison(test=os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0],
+                                 impl=impl_name, device=device, dtype=case.dtype, variant=case.spec.variant(),
+                                 comparison=run.comparison, case_file=run.case_file)
+    except Exception:   # noqa: BLE001 - the report is best effort, the assertion is not
+        pass
 
 
 def diagnose_run(fn, case: RotationCase, run: CaseRun) -> Diagnosis:
@@ -154,6 +169,7 @@ def mismatch_message(impl_name: str, fn, case: RotationCase, device: str, run: C
         else:
             try:
                 path = cases.write_case(record, directory)
+                run.case_file = str(path)
             except Exception as exc:
                 note = f"not written to {directory} ({type(exc).__name__}: {exc})"
         name = impl_name if implementation == impl_name else f"{impl_name} ({implementation})"

@@ -22,12 +22,19 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
+# The equivalence suite: every implementation against the float64 reference (rotations, model
+# rows, known-bug triggers, positions, the scheduler machine, platform dispatch).
+EQUIVALENCE_SUITE = ("test_rotation.py", "test_model_rotation.py", "test_runner_positions.py",
+                     "test_scheduler_positions.py", "test_dispatch.py")
+
+
 def _pytest_args(args) -> list[str]:
     tests = PROJECT_ROOT / "properties"
     if not tests.is_dir():
         raise SystemExit(f"rope-harness: no properties/ next to {PROJECT_ROOT / 'rope'} (install with pip install -e .)")
-    out = [str(tests), "-q", "-p", "no:cacheprovider", f"--hypothesis-profile={args.profile}",
-           "--rootdir", str(PROJECT_ROOT)]
+    files = [str(tests / name) for name in EQUIVALENCE_SUITE] if not args.all else [str(tests)]
+    out = files + ["-qq", "-p", "no:cacheprovider", f"--hypothesis-profile={args.profile}",
+                   "--rootdir", str(PROJECT_ROOT)]
     if args.workers != "0":
         out += ["-n", args.workers]
     for d in args.device:
@@ -37,6 +44,40 @@ def _pytest_args(args) -> list[str]:
     return out + list(args.pytest_args)
 
 
+class _ProgressBar:
+    """A pytest plugin drawing a rich progress bar over the tests (xdist-aware: the controller
+    sees every worker's reports)."""
+
+    def __init__(self):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        self.progress = Progress(TextColumn("[bold]checking"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(), transient=False)
+        self.task = None
+
+    def pytest_collection_finish(self, session):
+        if self.task is None:
+            self.progress.start()
+            self.task = self.progress.add_task("check", total=len(session.items), failed=0)
+
+    def pytest_runtest_logreport(self, report):
+        if self.task is None:
+            return
+        if report.failed:
+            failed = self.progress.tasks[0].fields["failed"] + 1
+            self.progress.update(self.task, failed=failed)
+        if report.when == "teardown":
+            self.progress.advance(self.task)
+
+    def pytest_xdist_node_collection_finished(self, node, ids):
+        if self.task is None:
+            self.progress.start()
+            self.task = self.progress.add_task("check", total=len(ids), failed=0)
+
+    def pytest_sessionfinish(self, session):
+        if self.task is not None:
+            self.progress.stop()
+
+
 def cmd_check(args) -> int:
     import pytest
 
@@ -44,7 +85,13 @@ def cmd_check(args) -> int:
     devices = args.device or available_devices()
     print(f"rope-harness check: devices {', '.join(devices)}; implementations "
           f"{', '.join(args.impl) if args.impl else 'all built-in'}; profile {args.profile}", flush=True)
-    return int(pytest.main(_pytest_args(args)))
+    code = int(pytest.main(_pytest_args(args), plugins=[_ProgressBar()]))
+    summary = Path(os.environ.get("ROPE_REPORTS_DIR", PROJECT_ROOT / "reports")) / "summary.md"
+    if summary.exists():
+        print(f"report: {summary} (plots and case files beside it)")
+    print("rope-harness check: " + ("all implementations match the reference" if code == 0 else
+                                    f"FAILED (pytest exit code {code}); see the case files and the report"))
+    return code
 
 
 def cmd_bench(args) -> int:
@@ -78,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--impl", action="append", default=[], help="implementation name or module:callable (repeatable)")
     check.add_argument("--profile", default="dev", choices=["dev", "ci", "deep"], help="Hypothesis profile")
     check.add_argument("--workers", default="auto", help="pytest-xdist workers ('0' for none)")
+    check.add_argument("--all", action="store_true", help="run the whole property suite, not only the equivalence suite")
     check.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     check.set_defaults(func=cmd_check)
     bench = sub.add_parser("bench", help="time the kernels against the memory floor")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import time
 import uuid
 from collections import defaultdict
@@ -27,11 +28,18 @@ def reports_dir() -> Path:
     return Path(os.environ.get("ROPE_REPORTS_DIR", PROJECT_ROOT / "reports"))
 
 
+KEEP_RUNS = 5
+
+
 def start_run() -> Path:
-    """Create a fresh record directory and publish it to worker processes via the environment."""
-    run_dir = reports_dir() / ".records" / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
+    """Create a fresh record directory and publish it to worker processes via the environment
+    (xdist workers start after this and inherit it).  Only the newest KEEP_RUNS are kept."""
+    root = reports_dir() / ".records"
+    run_dir = root / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
     run_dir.mkdir(parents=True, exist_ok=True)
     os.environ[RUN_ENV] = str(run_dir)
+    for old in sorted(p for p in root.iterdir() if p.is_dir())[:-KEEP_RUNS]:
+        shutil.rmtree(old, ignore_errors=True)
     return run_dir
 
 
