@@ -1,0 +1,46 @@
+"""The regression corpus: every case in properties/regressions/*.json, replayed on every run
+against every implementation under test (built-ins or --rope-impl) on every device.
+
+Each file is a case file (rope.cases) that once exposed a real bug; its recorded implementation
+is the broken one, the inputs are what matter.  Promoting a new mismatch is copying its file
+from reports/cases/ into properties/regressions/.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from properties.checks import assert_matches_reference, skip_if_unsupported
+from rope.cases import load_case
+from rope.registry import get_implementation
+
+CORPUS = Path(__file__).parent / "regressions"
+FILES = sorted(CORPUS.glob("*.json"))
+
+
+def test_corpus_is_not_empty_and_loads():
+    assert len(FILES) >= 10
+    for path in FILES:
+        load_case(path)         # a corrupt or newer-schema file is a ValueError naming it
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+def test_regression_case_matches_reference(impl_name, device, path, monkeypatch, tmp_path):
+    case = load_case(path).case
+    impl = get_implementation(impl_name)
+    skip_if_unsupported(impl_name, impl, case.spec, case.dtype, device)
+    assert_matches_reference(impl_name, impl, case, device)
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+def test_regression_case_still_catches_its_bug(device, path, monkeypatch, tmp_path):
+    # The corpus entry still exposes the implementation it was recorded against.
+    monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))
+    monkeypatch.setenv("ROPE_NO_REPORT", "1")
+    loaded = load_case(path)
+    broken = get_implementation(loaded.implementation)
+    skip_if_unsupported(loaded.implementation, broken, loaded.case.spec, loaded.case.dtype, device)
+    with pytest.raises(AssertionError, match="does not match the reference"):
+        assert_matches_reference(loaded.implementation, broken, loaded.case, device)
