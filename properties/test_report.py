@@ -77,3 +77,21 @@ def test_disabled_recording_writes_nothing(run_dir, monkeypatch):
     monkeypatch.setenv(report.DISABLE_ENV, "1")
     report.record(kind="skip", test="t", reason="r")
     assert not list(run_dir.glob("*.jsonl"))
+
+
+def test_a_new_run_never_removes_a_run_in_progress(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROPE_REPORTS_DIR", str(tmp_path))
+    previous = os.environ.get(report.RUN_ENV)
+    try:
+        first = report.start_run()
+        runs = [report.start_run() for _ in range(8)]     # e.g. nested pytest runs of a mutation sweep
+        assert first.exists() and all(r.exists() for r in runs)
+        os.environ[report.RUN_ENV] = str(first)
+        import shutil
+        shutil.rmtree(first)                               # even if it vanished, recording never raises
+        report.record(kind="skip", test="t", reason="r")
+    finally:
+        if previous is None:
+            os.environ.pop(report.RUN_ENV, None)
+        else:
+            os.environ[report.RUN_ENV] = previous

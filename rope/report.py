@@ -28,18 +28,24 @@ def reports_dir() -> Path:
     return Path(os.environ.get("ROPE_REPORTS_DIR", PROJECT_ROOT / "reports"))
 
 
-KEEP_RUNS = 5
+STALE_AFTER_S = 24 * 3600   # record directories of runs older than this are removed
 
 
 def start_run() -> Path:
     """Create a fresh record directory and publish it to worker processes via the environment
-    (xdist workers start after this and inherit it).  Only the newest KEEP_RUNS are kept."""
+    (xdist workers start after this and inherit it).  Directories of runs older than a day are
+    removed; never younger ones, which may belong to a run still going on beside this one."""
     root = reports_dir() / ".records"
     run_dir = root / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
     run_dir.mkdir(parents=True, exist_ok=True)
     os.environ[RUN_ENV] = str(run_dir)
-    for old in sorted(p for p in root.iterdir() if p.is_dir())[:-KEEP_RUNS]:
-        shutil.rmtree(old, ignore_errors=True)
+    now = time.time()
+    for old in root.iterdir():
+        try:
+            if old.is_dir() and old != run_dir and now - old.stat().st_mtime > STALE_AFTER_S:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError:
+            continue
     return run_dir
 
 
@@ -57,11 +63,15 @@ def record(**fields) -> None:
     if path is None:
         return
     line = (json.dumps(fields, default=float) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+    except OSError:   # the report is best effort: it never fails a test run
+        pass
 
 
 def record_comparison(*, test: str, impl: str, device: str, dtype: str, variant: str, comparison,
