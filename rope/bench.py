@@ -168,6 +168,9 @@ def implementations_to_time(extra: list[str], only=BUILTIN_IMPLS) -> dict:
     if "native" in only:
         impls["native"] = rotate_native
     if "native-compile" in only:
+        # One specialization per shape (dynamic=False), so allow one per model x size.
+        import torch._dynamo
+        torch._dynamo.config.recompile_limit = 256
         compiled = torch.compile(rotate_native.unchecked, dynamic=False)
         compiled.working_precision = "activation"
         impls["native-compile"] = compiled
