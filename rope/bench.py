@@ -126,6 +126,9 @@ def empty_launch_ms(device: str) -> float:
     def _empty_kernel(x_ptr):
         pass
 
+    from rope.devices import triton_runs_on
+    if not triton_runs_on(device):      # e.g. the CPU of a GPU box (no interpreter there)
+        return float("nan")
     x = torch.empty(1, device=torch_device(device))
     ms, _ = _timer(device)(lambda: _empty_kernel[(1,)](x), tokens=1)
     return ms
