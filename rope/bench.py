@@ -338,11 +338,13 @@ def plot(data: dict) -> bytes:
 
     rot = [r for r in data["results"] if r["kind"] == "rotation"]
     models = sorted({r["model"] for r in rot})
+    impls = sorted({r["impl"] for r in rot})
+    colors = {impl: f"C{i}" for i, impl in enumerate(impls)}      # one colour per implementation
     fig, axes = plt.subplots(1, max(1, len(models)), figsize=(5 * max(1, len(models)), 4), squeeze=False)
     for ax, model in zip(axes[0], models):
         for impl in sorted({r["impl"] for r in rot if r["model"] == model}):
             pts = sorted((r["tokens"], r["gbps"]) for r in rot if r["model"] == model and r["impl"] == impl)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl, color=colors[impl])
         ax.axhline(data["copy_gbps"], color="k", linestyle="--", label="measured copy bandwidth")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -350,7 +352,7 @@ def plot(data: dict) -> bytes:
         ax.set_ylabel("achieved GB/s (bytes of the floor / time)")
         ax.set_title(model)
         ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].legend(fontsize=8)
+        ax.legend(fontsize=8)
     fig.suptitle(f"Rotary kernels vs the memory floor on {data['device_name']}")
     fig.tight_layout()
     buf = io.BytesIO()
