@@ -8,6 +8,9 @@
         reports/bench.json, bench.md and bench.png.
     rope-harness devices
         List the devices found and whether Triton runs on each.
+    rope-harness mutants [--only NAME] [--no-baseline] [--jobs N] [--profile ci|dev]
+        Run the property suite (and the serving-engine-style baseline) against every known-bug
+        mutant; report caught or not, suite seconds to the first failure and the counterexample.
     rope-harness repro CASE [--device D] [--impl NAME]
         Replay a mismatch case file (reports/cases/<id>.json): exit 0 once it matches, 1 while not.
 """
@@ -141,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     devices.set_defaults(func=cmd_devices)
     from rope.repro import add_repro_parser
     add_repro_parser(sub)
+    from rope.mutation import add_mutants_parser
+    add_mutants_parser(sub)
     return parser
 
 

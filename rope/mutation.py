@@ -10,14 +10,19 @@ Entry points (rope/cli.py wires the sub-command with either):
 * ``run(...) -> MutationReport``: the programmatic API (no printing, no files).
 
     rope-harness mutants [--profile ci|dev] [--only NAME ...] [--no-baseline] [--jobs N] [--out DIR]
-                         [--budget S] [--limit S] [--no-confirm] [--list]
+                         [--budget S] [--limit S] [--no-confirm] [--logs] [--list]
+
+Writes OUT/mutants.json and OUT/mutants.md (OUT defaults to reports/), atomically, and prints a
+table: mutant, kind, caught by the harness? seconds, caught by the baseline? seconds, the shrunk
+counterexample.
 
 Exit status: 0 when the harness catches every mutant; 1 when any survives it (or its run ends in
 a timeout, a crash or a pytest error); 2 on bad options.  A catch slower than ``--limit``
 (60 s of suite time) is flagged in the table and the reports but does not change the status.
 
 How each kind of mutant is run (one pytest subprocess per suite run, ``-x``, ``-v``,
-``--hypothesis-profile``; ``ROPE_CASES_DIR=off``, so deliberate failures write no case files):
+``--hypothesis-profile``; ``ROPE_CASES_DIR=off`` and ``ROPE_NO_REPORT=1``, so deliberate failures
+write no case files and no run report):
 
 =================  ============================================================================
 rotation           BROKEN_ROTATIONS (wrappers of rope.native): properties/test_rotation.py with
@@ -123,7 +128,8 @@ class Mutant:
 
 
 def _first_line(doc: str | None) -> str:
-    return (doc or "").strip().split("\n", 1)[0].strip()
+    """The docstring's first paragraph, on one line."""
+    return " ".join((doc or "").strip().split("\n\n", 1)[0].split())
 
 
 def discover_mutants() -> list[Mutant]:
@@ -179,7 +185,7 @@ class Stage:
     impl_option: str | None = None
 
 
-def test_functions(path: str) -> list[str]:
+def functions_in(path: str) -> list[str]:
     """Top-level ``test_*`` functions of a test file, in source order (read with ast, not imported)."""
     tree = ast.parse((PROJECT_ROOT / path).read_text())
     return [node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]
@@ -191,7 +197,7 @@ def harness_stages(m: Mutant) -> list[Stage]:
         opts = ("--rope-impl", m.target)
         if not m.memory_safety:
             return [Stage("rotation suite", (ROTATION_SUITE,), opts, "fail", "--rope-impl")]
-        names = test_functions(ROTATION_SUITE)
+        names = functions_in(ROTATION_SUITE)
         order = [GUARDED_FIRST] + [n for n in names if n != GUARDED_FIRST]
         return [Stage("rotation suite, guarded known-bug tests first",
                       tuple(f"{ROTATION_SUITE}::{n}" for n in order), opts, "fail", "--rope-impl"),
@@ -346,19 +352,30 @@ def parse_pytest_output(text: str) -> PytestOutput:
     return out
 
 
-def excerpt(assertion: list[str], falsifying: list[str], width: int = 200) -> str:
-    """One or two lines for the table: the assertion's first line, then the case (or the first
-    line of Hypothesis' example that says more than the test's name)."""
+_FIXTURE_ARGS = ("impl_name=", "positions_impl_name=", "device=", "data=data(")
+
+
+def _says_more(line: str) -> bool:
+    """A line of Hypothesis' example that is more than the test's name, brackets or fixtures."""
+    return bool(line) and not line.endswith("(") and line != ")" and not line.startswith(_FIXTURE_ARGS)
+
+
+def excerpt(assertion: list[str], falsifying: list[str], width: int = 160) -> str:
+    """One or two lines for the table, each cut to ``width``: the assertion's first line, then the
+    case (or the first line of Hypothesis' example that says more than the test's name)."""
     if not assertion and not falsifying:
         return ""
     first = assertion[0].strip() if assertion else ""
     first = first[len("AssertionError: "):] if first.startswith("AssertionError: ") else first
-    detail = next((line.strip() for line in assertion[1:] if line.strip().startswith("case:")), None)
+    detail = next((line.strip() for line in assertion[1:] if line.strip().startswith(("case:", "batch:"))), None)
+    if detail is None and falsifying and "<state machine>" in falsifying[0]:
+        # A state machine's last step with arguments: the one that failed (invariants take none).
+        detail = next((line.strip() for line in reversed(falsifying)
+                       if line.startswith("state.") and not line.rstrip().endswith("()")), None)
     if detail is None:
-        detail = next((line.strip() for line in falsifying[1:]
-                       if line.strip() and not line.strip().endswith("(") and line.strip() != ")"), None)
-    text = first if not detail else f"{first}\n{detail}"
-    return text if len(text) <= width else text[: width - 3] + "..."
+        detail = next((line.strip() for line in falsifying[1:] if _says_more(line.strip())), None)
+    lines = [line if len(line) <= width else line[: width - 3] + "..." for line in (first, detail) if line]
+    return "\n".join(lines)
 
 
 # =========================================================================== running pytest
@@ -396,7 +413,7 @@ def execute_pytest(args: list[str], timeout_s: float, env: dict) -> RawRun:
     return RawRun(proc.returncode, text, wall, timed_out)
 
 
-def pytest_args(stage: Stage, tests, profile: str, options=None) -> list[str]:
+def build_pytest_args(stage: Stage, tests, profile: str, options=None) -> list[str]:
     args = [*tests, *(stage.options if options is None else options), "-x", "-v", "--tb=short",
             "-p", "no:cacheprovider", f"--hypothesis-profile={profile}", "--rootdir", str(PROJECT_ROOT)]
     if stage.caught_when == "pass":
@@ -551,12 +568,14 @@ class MutationRunner:
         self.execute = execute
         self.log_dir = log_dir
         self._controls = _Controls()
+        from rope import report
         env = dict(os.environ)
         threads = str(max(1, (os.cpu_count() or 1) // jobs))
-        env.update({"ROPE_CASES_DIR": "off", "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
-                    "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"})
-        env.pop("PYTEST_ADDOPTS", None)
-        env.pop("PYTEST_XDIST_WORKER_COUNT", None)
+        # Deliberate failures leave no trace: no case files (rope.cases), no run report (rope.report).
+        env.update({"ROPE_CASES_DIR": "off", report.DISABLE_ENV: "1", "OMP_NUM_THREADS": threads,
+                    "MKL_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"})
+        for name in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_WORKER", report.RUN_ENV):
+            env.pop(name, None)
         self.env = env
 
     # ------------------------------------------------------------------ one suite
@@ -615,7 +634,7 @@ class MutationRunner:
         tests = list(stage.tests)
         collected = None
         while True:
-            args = pytest_args(stage, tests, self.profile)
+            args = build_pytest_args(stage, tests, self.profile)
             raw = self.execute(args, remaining, self.env)
             parsed = parse_pytest_output(raw.output)
             self._account(result, raw, parsed)
@@ -711,7 +730,7 @@ class MutationRunner:
             options[options.index(stage.impl_option) + 1] = m.parent
 
         def compute() -> Control:
-            args = pytest_args(stage, [parent_node], self.profile, options)
+            args = build_pytest_args(stage, [parent_node], self.profile, options)
             raw = self.execute(args, max(self.budget_s, 60.0), self.env)
             parsed = parse_pytest_output(raw.output)
             if raw.returncode == 1 and parent_node in parsed.failed:
@@ -830,22 +849,27 @@ NOTE_CONTROL = ("a failure counts only if the same test passes on the mutant's u
 
 def print_table(report: MutationReport, console=None) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    console = console or Console(width=max(160, Console().width))
+    console = console or Console(width=max(180, Console().width))
     table = Table(title=f"rope-harness mutants (profile {report.profile})", show_lines=True,
                   caption="\n".join([NOTE_SECONDS, NOTE_DISPATCH] + ([NOTE_CONTROL] if report.confirm else [])),
                   caption_justify="left")
-    for name, kw in (("mutant", {"no_wrap": True}), ("kind", {}), ("harness caught?", {}), ("s (wall / pytest)", {}),
-                     ("baseline caught?", {}), ("s (wall / pytest)", {}), ("counterexample", {"overflow": "fold"})):
+    columns = (("mutant", {"no_wrap": True}), ("kind", {"max_width": 16}),
+               ("harness caught?", {"max_width": 14}), ("s (wall / pytest)", {"max_width": 11}),
+               ("baseline caught?", {"max_width": 14}), ("s (wall / pytest)", {"max_width": 11}),
+               ("counterexample", {"overflow": "fold", "min_width": 40}))
+    for name, kw in columns:
         table.add_column(name, **kw)
     for r in report.results:
         hc, hs = _cell(r.harness, markup=True)
         bc, bs = _cell(r.baseline, markup=True)
-        table.add_row(r.mutant.name, _kind(r.mutant), hc, hs, bc, bs, r.harness.excerpt or "; ".join(r.harness.notes[:2]))
+        table.add_row(escape(r.mutant.name), escape(_kind(r.mutant)), hc, hs, bc, bs,
+                      escape(r.harness.excerpt or "; ".join(r.harness.notes[:2])))
     console.print(table)
     for line in _summary_lines(report):
-        console.print(line, highlight=False)
+        console.print(line, highlight=False, markup=False)
 
 
 def _md(text: str) -> str:
@@ -911,7 +935,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=_positive(float), default=DEFAULT_BUDGET_S,
                    help=f"wall seconds one mutant's suite may use (default {DEFAULT_BUDGET_S:.0f})")
     p.add_argument("--limit", type=_positive(float), default=DEFAULT_LIMIT_S,
-                   help=f"a catch slower than this many seconds of suite time is flagged (default {DEFAULT_LIMIT_S:.0f})")
+                   help=f"a catch slower than this many seconds of suite time is flagged "
+                        f"(default {DEFAULT_LIMIT_S:.0f})")
     p.add_argument("--no-confirm", action="store_true",
                    help="count every failure naming the mutant as a catch, without rerunning it on the parent")
     p.add_argument("--logs", action="store_true", help="keep every pytest output under OUT/mutants-logs/")
@@ -921,20 +946,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def cmd_mutants(args) -> int:
     """The ``mutants`` sub-command (``args`` from :func:`add_arguments`); returns the exit status."""
     from rich.console import Console
-    console = Console(width=max(160, Console().width))
-    err = Console(stderr=True, highlight=False)
+    console = Console(width=max(180, Console().width))
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
         mutants = select_mutants(discover_mutants(), args.only)
     except ValueError as exc:
-        err.print(f"rope-harness mutants: {exc}")
+        err.print(f"rope-harness mutants: {exc}", markup=False)
         return 2
     if args.list:
         for m in mutants:
-            console.print(f"{m.name}  [{_kind(m)}]  {m.doc}", highlight=False)
+            console.print(f"{m.name}  [{_kind(m)}]  {m.doc}", highlight=False, markup=False)
             for stage in harness_stages(m) + baseline_stages(m):
-                console.print(f"    {stage.label}: {' '.join(stage.tests[:2])}{' ...' if len(stage.tests) > 2 else ''} "
-                              f"{' '.join(stage.options)} (caught when the test{'s' if stage.caught_when == 'fail' else ''}"
-                              f" {'fail' if stage.caught_when == 'fail' else 'passes'})", highlight=False)
+                tests = " ".join(stage.tests[:2]) + (" ..." if len(stage.tests) > 2 else "")
+                when = "a test fails" if stage.caught_when == "fail" else "the test passes"
+                console.print(f"    {stage.label}: {tests} {' '.join(stage.options)} (caught when {when})",
+                              highlight=False, markup=False)
         return 0
     out = Path(args.out)
     err.print(f"rope-harness mutants: {len(mutants)} mutants, profile {args.profile}, {args.jobs} jobs, baseline "
@@ -942,10 +968,11 @@ def cmd_mutants(args) -> int:
               f"{DISPATCH_TESTS}")
     report = run([m.name for m in mutants], profile=args.profile, baseline=not args.no_baseline, jobs=args.jobs,
                  budget_s=args.budget, limit_s=args.limit, confirm=not args.no_confirm,
-                 log_dir=out / "mutants-logs" if args.logs else None, progress=err.print)
+                 log_dir=out / "mutants-logs" if args.logs else None,
+                 progress=lambda line: err.print(line, markup=False))
     print_table(report, console)
     for path in write_reports(report, out):
-        console.print(f"wrote {path}", highlight=False)
+        console.print(f"wrote {path}", highlight=False, markup=False)
     return exit_code(report)
 
 
