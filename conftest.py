@@ -79,24 +79,23 @@ def selected_devices(config) -> list[str]:
     return list(dict.fromkeys(wanted))
 
 
-def selected_implementations(config) -> dict:
-    names = config.getoption("--rope-impl")
+def _selected(config, option: str, builtins, resolve) -> dict:
+    """The implementations named by a repeatable option (names or module:callable), else all built-ins."""
+    names = config.getoption(option)
     if not names:
-        return implementations()
+        return builtins()
     try:
-        return {name: get_implementation(name) for name in names}
+        return {name: resolve(name) for name in names}
     except ValueError as exc:
-        raise pytest.UsageError(f"--rope-impl: {exc}") from None
+        raise pytest.UsageError(f"{option}: {exc}") from None
+
+
+def selected_implementations(config) -> dict:
+    return _selected(config, "--rope-impl", implementations, get_implementation)
 
 
 def selected_positions_implementations(config) -> dict:
-    names = config.getoption("--rope-positions-impl")
-    if not names:
-        return positions_implementations()
-    try:
-        return {name: get_positions_implementation(name) for name in names}
-    except ValueError as exc:
-        raise pytest.UsageError(f"--rope-positions-impl: {exc}") from None
+    return _selected(config, "--rope-positions-impl", positions_implementations, get_positions_implementation)
 
 
 def pytest_generate_tests(metafunc):
