@@ -49,6 +49,11 @@ ERROR_INPUTS = {
     "key-dtype": (_with(key=lambda a: a["key"].half()), r"key.dtype=torch.float16: must equal query.dtype"),
     "cache-width": (_with(cos_sin_cache=lambda a: torch.cat([a["cos_sin_cache"]] * 2, 1)), r"cos_sin_cache.shape=\(64, 128\): must be \[>= 1, rotary_dim=64\]"),
     "spec-not-a-spec": (_with(spec=lambda a: MROPE.to_dict()), r"spec=.*must be a RopeSpec"),
+    "positions-not-a-tensor": (_with(positions=lambda a: a["positions"].tolist()), r"positions=list: must be a torch.Tensor"),
+    "key-not-a-tensor": (_with(key=lambda a: a["key"].tolist()), r"key=list: must be a torch.Tensor or None"),
+    "key-not-head-multiple": (_with(key=lambda a: a["key"][:, :100]), r"key.shape=\(5, 100\): last dim must be a positive multiple"),
+    "cache-int": (_with(cos_sin_cache=lambda a: a["cos_sin_cache"].long()), r"cos_sin_cache.dtype=torch.int64: must be floating point"),
+    "cache-empty": (_with(cos_sin_cache=lambda a: a["cos_sin_cache"][:0]), r"cos_sin_cache.shape=\(0, 64\)"),
 }
 
 

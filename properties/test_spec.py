@@ -31,6 +31,12 @@ BAD_SPECS = [
     (dict(head_size=128, rotary_dim=128, ntk_alpha=-1.0), r"ntk_alpha=-1.0"),
     (dict(head_size=128, rotary_dim=128, is_neox_style=1), r"is_neox_style=1: must be a bool"),
     (dict(head_size=128, rotary_dim=128, sections=(64.0,)), r"sections=.*positive int"),
+    (dict(head_size=128, rotary_dim=128, sections=64), r"sections=64: must be a sequence of ints or None"),
+    (dict(head_size=128, rotary_dim=64.0), r"rotary_dim=64.0: must be a positive int"),
+    (dict(head_size=True, rotary_dim=2), r"head_size=True: must be a positive int"),
+    (dict(head_size=2, rotary_dim=2, ntk_alpha=1000.0), r"ntk_alpha=1000.0: needs rotary_dim > 2"),
+    (dict(head_size=128, rotary_dim=128, ntk_alpha=float("inf")), r"ntk_alpha=inf"),
+    (dict(head_size=128, rotary_dim=128, max_position=True), r"max_position=True: must be a positive int"),
 ]
 
 

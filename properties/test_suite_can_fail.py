@@ -94,3 +94,23 @@ def test_rotation_check_rejects_an_implementation_that_writes_the_cache(monkeypa
     scribbles_on_cache.working_precision = "activation"
     with pytest.raises(AssertionError, match="cos_sin_cache was modified"):
         assert_matches_reference("scribbles", scribbles_on_cache, KNOWN_BUG_CASES["single-token-no-key"], "cpu")
+
+
+def test_spec_without_section_sum_rule_is_caught(monkeypatch):
+    # SPEC §7.8 as a mutant of our spec: the section-sum rule dropped (vLLM's XDRotaryEmbedding
+    # never checked it; a wrong sum gave a shape error or a silent mismatch).  The bad-spec
+    # table must then fail on its XD-RoPE row.
+    from properties.test_spec import BAD_SPECS, test_bad_spec_raises_value_error_naming_field
+    from rope.spec import RopeSpec
+    original = RopeSpec._validate
+
+    def without_sum_rule(self):
+        try:
+            original(self)
+        except ValueError as exc:
+            if "must sum to rotary_dim/2" not in str(exc):
+                raise
+    monkeypatch.setattr(RopeSpec, "_validate", without_sum_rule)
+    kwargs, pattern = next(row for row in BAD_SPECS if row[0].get("sections") == (16, 16, 16, 15))
+    with pytest.raises(pytest.fail.Exception, match="DID NOT RAISE"):
+        test_bad_spec_raises_value_error_naming_field(kwargs, pattern)
