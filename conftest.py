@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 import rope  # noqa: F401  (switches Triton to the interpreter when there is no GPU, before any kernel)
-from rope import report
+from rope import report as rope_report
 from rope.devices import DEVICE_NAMES, available_devices
 from rope.registry import (
     get_implementation,
@@ -133,18 +133,13 @@ def _is_controller(config) -> bool:
 
 
 def pytest_configure(config):
-    if _is_controller(config) and not os.environ.get(report.DISABLE_ENV) and not config.getoption("--rope-repro"):
-        config._rope_run_dir = report.start_run()
+    if _is_controller(config) and not os.environ.get(rope_report.DISABLE_ENV) and not config.getoption("--rope-repro"):
+        config._rope_run_dir = rope_report.start_run()
 
 
-def pytest_runtest_logreport(report):  # noqa: F811 - pytest's hook name
+def pytest_runtest_logreport(report):
     if report.skipped and isinstance(report.longrepr, tuple) and not hasattr(report, "wasxfail"):
-        _report_module().record(kind="skip", test=report.nodeid.split("[")[0], reason=str(report.longrepr[2]))
-
-
-def _report_module():
-    from rope import report as rope_report
-    return rope_report
+        rope_report.record(kind="skip", test=report.nodeid.split("[")[0], reason=str(report.longrepr[2]))
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -152,7 +147,7 @@ def pytest_sessionfinish(session, exitstatus):
     if run_dir is None or not _is_controller(session.config):
         return
     try:
-        session.config._rope_report_paths = _report_module().write_summary(run_dir)
+        session.config._rope_report_paths = rope_report.write_summary(run_dir)
     except Exception as exc:   # noqa: BLE001 - a broken report must not change the test outcome
         session.config._rope_report_paths = [f"(report failed: {type(exc).__name__}: {exc})"]
 

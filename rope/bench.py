@@ -19,7 +19,6 @@ import math
 import os
 import platform
 import statistics
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from pathlib import Path
 import torch
 
 import reference
+from rope.atomic import atomic_write
 from rope.cache import cos_sin_cache
 from rope.devices import synchronize, torch_device
 from rope.models import load_models
@@ -55,22 +55,6 @@ class Result:
     speedup_vs_native: float | None = None
     checked: str = ""            # "ok (worst error/bound 0.61)" or the failure
     timing: str = ""             # "cudagraph" | "do_bench" | "wall"
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file in the same directory and os.replace."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 # ------------------------------------------------------------------------------------ bytes

@@ -52,12 +52,12 @@ import json
 import math
 import os
 import platform
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
+from rope.atomic import atomic_write
 from rope.devices import DEVICE_NAMES
 from rope.diagnosis import Diagnosis, channel_location
 from rope.registry import WORKING_PRECISIONS, get_implementation
@@ -205,27 +205,7 @@ def write_case(record: dict, directory: Path | str | None = None) -> Path:
     if directory is None:
         raise ValueError(f"{CASES_DIR_ENV}={os.environ.get(CASES_DIR_ENV)!r}: case files are turned off")
     text = json.dumps(_finite(record), indent=2, allow_nan=False) + "\n"
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{record['id']}.json"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(f.fileno(), 0o644)
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):      # make the rename itself durable (POSIX)
-        dir_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    return path
+    return atomic_write(directory / f"{record['id']}.json", text.encode("utf-8"))
 
 
 # --------------------------------------------------------------------------- load

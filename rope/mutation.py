@@ -620,7 +620,7 @@ class MutationRunner:
     def _log(self, m: Mutant, suite: str, index: int, raw: RawRun, args: list[str]) -> None:
         if self.log_dir is None:
             return
-        from rope.bench import atomic_write
+        from rope.atomic import atomic_write
         name = re.sub(r"[^\w.-]+", "_", f"{m.name}.{suite}.{index}") + ".log"
         atomic_write(Path(self.log_dir) / name, (f"$ pytest {' '.join(args)}\n" + raw.output).encode())
 
@@ -906,7 +906,7 @@ def markdown(report: MutationReport) -> str:
 
 def write_reports(report: MutationReport, out_dir: Path) -> list[Path]:
     """``mutants.json`` and ``mutants.md`` in ``out_dir``, each written atomically."""
-    from rope.bench import atomic_write
+    from rope.atomic import atomic_write
     out_dir = Path(out_dir)
     paths = [out_dir / "mutants.json", out_dir / "mutants.md"]
     atomic_write(paths[0], (json.dumps(report.to_dict(), indent=1) + "\n").encode())

@@ -17,7 +17,7 @@ import uuid
 from collections import defaultdict
 from pathlib import Path
 
-from rope.bench import atomic_write
+from rope.atomic import atomic_write
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 RUN_ENV = "ROPE_REPORT_RUN"          # the record directory of the current run
