@@ -13,6 +13,7 @@ import reference
 from properties.strategies import DTYPES, RotationCase, RotationInputs, build_rotation_inputs
 from rope import cases, report
 from rope.devices import synchronize
+from rope.placement import device_label
 from rope.diagnosis import Diagnosis, diagnose
 from rope.registry import unsupported_reason, working_precision
 from rope.tolerance import Comparison, compare_rotation
@@ -90,7 +91,7 @@ def _record(impl_name: str, case: RotationCase, device: str, run: CaseRun) -> No
     """One line of the run report (rope.report): never lets reporting break a check."""
     try:
         report.record_comparison(test=os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0],
-                                 impl=impl_name, device=device, dtype=case.dtype, variant=case.spec.variant(),
+                                 impl=impl_name, device=device_label(device), dtype=case.dtype, variant=case.spec.variant(),
                                  comparison=run.comparison, case_file=run.case_file)
     except Exception:   # noqa: BLE001 - the report is best effort, the assertion is not
         pass

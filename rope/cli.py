@@ -13,11 +13,18 @@
         mutant; report caught or not, suite seconds to the first failure and the counterexample.
     rope-harness repro CASE [--device D] [--impl NAME]
         Replay a mismatch case file (reports/cases/<id>.json): exit 0 once it matches, 1 while not.
+    rope-harness campaign --minutes N [--gpus all|0,1] [--workers auto] [--max-examples 2000]
+        A time-boxed hunt across every GPU: rounds of ever deeper Hypothesis runs through
+        pytest-xdist, one shared example database, stopped cleanly at the deadline; writes
+        reports/campaign/ (campaign.md/json with examples per GPU and per second, the merged report).
+    rope-harness merge OUT DIR [DIR ...]
+        One report from the reports/ directories of several runners or hosts (pytest --rope-shard I/N).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -111,6 +118,19 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_merge(args) -> int:
+    from rope import report
+    try:
+        paths = report.merge([Path(p) for p in args.inputs], Path(args.out))
+    except ValueError as exc:
+        print(f"rope-harness merge: {exc}", file=sys.stderr)
+        return 2
+    summary = json.loads(paths[1].read_text())
+    print(f"merged {len(args.inputs)} reports: {summary['examples']} comparisons, {summary['failures']} failed")
+    print(f"report: {paths[0]}")
+    return 1 if summary["failures"] else 0
+
+
 def cmd_devices(args) -> int:
     from rope.devices import available_devices, is_interpreter, triton_runs_on
     for d in available_devices():
@@ -146,6 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_repro_parser(sub)
     from rope.mutation import add_mutants_parser
     add_mutants_parser(sub)
+    from rope.campaign import add_campaign_parser
+    add_campaign_parser(sub)
+    merge = sub.add_parser("merge", help="merge the reports of several runners or hosts")
+    merge.add_argument("out", help="directory for the merged report")
+    merge.add_argument("inputs", nargs="+", help="reports/ directories (each with records.jsonl, cases/)")
+    merge.set_defaults(func=cmd_merge)
     return parser
 
 

@@ -62,6 +62,7 @@ def record(**fields) -> None:
     path = _record_file()
     if path is None:
         return
+    fields.setdefault("worker", os.environ.get("PYTEST_XDIST_WORKER", "main"))
     line = (json.dumps(fields, default=float) + "\n").encode()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -105,12 +106,18 @@ def _heat_map(comparison) -> dict:
 def load_records(run_dir: Path) -> list[dict]:
     records = []
     for path in sorted(Path(run_dir).glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue   # a torn last line of a crashed worker: keep everything before it
+        records += load_records_file(path)
+    return records
+
+
+def load_records_file(path: Path) -> list[dict]:
+    records = []
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue   # a torn last line of a crashed worker: keep everything before it
     return records
 
 
@@ -118,6 +125,7 @@ def summarize(records: list[dict]) -> dict:
     """Matrix implementation x device x dtype x variant, plus skips with reasons."""
     cells = defaultdict(lambda: {"examples": 0, "failures": 0, "worst_ratio": 0.0, "case_files": []})
     skips = defaultdict(int)
+    placed = defaultdict(lambda: {"examples": 0, "workers": set()})
     for r in records:
         if r.get("kind") == "skip":
             skips[(r.get("test", ""), r.get("reason", ""))] += 1
@@ -125,6 +133,8 @@ def summarize(records: list[dict]) -> dict:
         if r.get("kind") != "comparison":
             continue
         key = (r["impl"], r["device"], r["dtype"], r["variant"])
+        placed[r["device"]]["examples"] += 1
+        placed[r["device"]]["workers"].add(r.get("worker", "main"))
         cell = cells[key]
         cell["examples"] += 1
         ratio = float("inf") if r["worst_ratio"] == "inf" else r["worst_ratio"]
@@ -137,8 +147,14 @@ def summarize(records: list[dict]) -> dict:
                "worst_ratio": _finite(v["worst_ratio"])} for k, v in sorted(cells.items())]
     return {"matrix": matrix,
             "skips": [{"test": t, "reason": why, "count": n} for (t, why), n in sorted(skips.items())],
+            "placement": [{"device": d, "examples": p["examples"], "workers": sorted(p["workers"], key=_worker_order)}
+                          for d, p in sorted(placed.items())],
             "examples": sum(c["examples"] for c in cells.values()),
             "failures": sum(c["failures"] for c in cells.values())}
+
+
+def _worker_order(name: str):
+    return (0, int(name[2:])) if name.startswith("gw") and name[2:].isdigit() else (1, name)
 
 
 def markdown(summary: dict, plots: list[str]) -> str:
@@ -151,6 +167,9 @@ def markdown(summary: dict, plots: list[str]) -> str:
         wr = wr if isinstance(wr, str) else f"{wr:.3g}"
         lines.append(f"| {c['impl']} | {c['device']} | {c['dtype']} | {c['variant']} | {c['examples']} | {wr} | "
                      f"{c['failures']} |")
+    if summary.get("placement"):
+        lines += ["", "## Where it ran", "", "| device | examples | workers |", "|---|---:|---|"]
+        lines += [f"| {p['device']} | {p['examples']} | {_worker_ranges(p['workers'])} |" for p in summary["placement"]]
     if summary["skips"]:
         lines += ["", "## Skipped", "", "| test | reason | count |", "|---|---|---:|"]
         lines += [f"| {s['test']} | {s['reason']} | {s['count']} |" for s in summary["skips"]]
@@ -160,6 +179,22 @@ def markdown(summary: dict, plots: list[str]) -> str:
     if plots:
         lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
     return "\n".join(lines) + "\n"
+
+
+def _worker_ranges(workers: list[str]) -> str:
+    """``gw0, gw1, gw2, gw5`` -> ``gw0-gw2, gw5`` (a 128-worker run stays one line)."""
+    out, run = [], []
+    for w in workers + [None]:
+        n = int(w[2:]) if w and w.startswith("gw") and w[2:].isdigit() else None
+        if n is not None and run and n == run[-1] + 1:
+            run.append(n)
+            continue
+        if run:
+            out.append(f"gw{run[0]}" if len(run) == 1 else f"gw{run[0]}-gw{run[-1]}")
+        run = [n] if n is not None else []
+        if w is not None and n is None:
+            out.append(w)
+    return ", ".join(out)
 
 
 def _png(fig) -> bytes:
@@ -218,12 +253,54 @@ def plots(records: list[dict], out_dir: Path) -> list[Path]:
 
 
 def write_summary(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
-    """Merge the run's records into summary.json, summary.md and plots; returns the paths."""
+    """Merge the run's records into summary.json, summary.md, records.jsonl and plots; returns
+    the paths (summary.md first)."""
+    return write_report(load_records(run_dir), out_dir, run=Path(run_dir).name)
+
+
+def write_report(records: list[dict], out_dir: Path | None = None, *, run: str | list[str] = "") -> list[Path]:
     out_dir = Path(out_dir or reports_dir())
-    records = load_records(run_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(records)
-    summary["run"] = Path(run_dir).name
+    summary["run"] = run
     plot_paths = plots(records, out_dir)
+    # The raw records travel with the report, so reports of several runners can be merged.
+    atomic_write(out_dir / RECORDS_FILE, "".join(json.dumps(r) + "\n" for r in records).encode())
     atomic_write(out_dir / "summary.json", json.dumps(summary, indent=1).encode())
     atomic_write(out_dir / "summary.md", markdown(summary, [str(p) for p in plot_paths]).encode())
-    return [out_dir / "summary.md", out_dir / "summary.json", *plot_paths]
+    return [out_dir / "summary.md", out_dir / "summary.json", out_dir / RECORDS_FILE, *plot_paths]
+
+
+RECORDS_FILE = "records.jsonl"
+
+
+def merge(inputs: list[Path], out_dir: Path) -> list[Path]:
+    """One report from the reports of several runners or hosts (``pytest --rope-shard I/N`` on
+    each, then ``rope-harness merge OUT DIR...``): the records are concatenated, the case files
+    copied (the same id is the same mismatch), and the summary and plots rebuilt."""
+    import shutil
+    out_dir = Path(out_dir)
+    records, runs = [], []
+    for directory in map(Path, inputs):
+        source = directory / RECORDS_FILE
+        if not source.is_file():
+            raise ValueError(f"input={str(directory)!r}: no {RECORDS_FILE} (a reports/ directory of a finished run)")
+        for r in load_records_file(source):
+            if r.get("case_file"):   # point into the merged cases/ directory
+                r["case_file"] = str(out_dir / "cases" / Path(r["case_file"]).name)
+            records.append(r)
+        previous = directory / "summary.json"
+        if previous.is_file():
+            try:
+                run = json.loads(previous.read_text()).get("run")
+                runs += run if isinstance(run, list) else [run]
+            except json.JSONDecodeError:
+                pass
+        cases = directory / "cases"
+        if cases.is_dir():
+            (out_dir / "cases").mkdir(parents=True, exist_ok=True)
+            for case in sorted(cases.glob("*.json")):
+                target = out_dir / "cases" / case.name
+                if not target.exists():
+                    atomic_write(target, case.read_bytes())
+    return write_report(records, out_dir, run=runs)

@@ -1,0 +1,300 @@
+"""``rope-harness campaign``: a time-boxed hunt for mismatches across every GPU.
+
+The campaign is pytest-xdist doing what it does best, in rounds:
+
+* every round is one ``pytest -n W`` run of the equivalence properties with the ``campaign``
+  Hypothesis profile, a fresh ``--hypothesis-seed`` and more examples than the last
+  (20, 80, 320, ... up to ``--max-examples``, the ``deep`` profile's 2000 by default), so a short
+  budget still covers every test and a long one digs deep;
+* the workers spread over the GPUs (rope.placement: each GPU test is assigned a GPU, each worker
+  has its own default GPU);
+* all workers and rounds share one Hypothesis example database (``<out>/hypothesis-db``): a
+  failure one worker finds is saved there, and every later run of that test - on any worker, GPU
+  or implementation, in the next round - replays it first;
+* every comparison is appended to one record directory (rope.report) as it happens, so when the
+  deadline comes the running round is interrupted (SIGINT, as Ctrl-C: pytest stops cleanly) and
+  nothing already checked is lost; the merged report, the case files and ``campaign.json``
+  (examples per GPU and per second) are written at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rope import report
+from rope.atomic import atomic_write
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+CAMPAIGN_ENV = "ROPE_CAMPAIGN"                 # set in the rounds: conftest records, the campaign merges
+EXAMPLES_ENV = "ROPE_CAMPAIGN_EXAMPLES"        # examples per test of the round (the campaign profile)
+DATABASE_ENV = "ROPE_HYPOTHESIS_DB"            # the shared example database directory
+DEFAULT_TESTS = ("test_rotation.py", "test_model_rotation.py", "test_runner_positions.py")
+GRACE_S = 30.0                                 # after SIGINT, how long a round may take to wind down
+
+
+def campaign_profile(env) -> dict:
+    """Settings of the ``campaign`` Hypothesis profile (registered by conftest) for a round's
+    environment: its examples per test, and the example database every worker and round shares."""
+    from hypothesis.database import DirectoryBasedExampleDatabase
+    out = {"max_examples": int(env.get(EXAMPLES_ENV, "200")), "deadline": None, "print_blob": True}
+    if env.get(DATABASE_ENV):
+        out["database"] = DirectoryBasedExampleDatabase(env[DATABASE_ENV])
+    return out
+
+
+def examples_schedule(max_examples: int, start: int = 20, factor: int = 4):
+    """Examples per test for round 0, 1, 2, ...: start, start*factor, ... capped at max_examples."""
+    n = min(start, max_examples)
+    while True:
+        yield n
+        n = min(n * factor, max_examples)
+
+
+@dataclass
+class Round:
+    seed: int
+    examples_per_test: int
+    exit_code: int | None = None
+    wall_s: float = 0.0
+    interrupted: bool = False
+    log: str = ""
+
+
+@dataclass
+class Campaign:
+    minutes: float
+    devices: list[str]
+    workers: str
+    tests: list[str]
+    out: str
+    rounds: list[Round] = field(default_factory=list)
+    wall_s: float = 0.0
+    examples: int = 0
+    failures: int = 0
+    test_failures: bool = False
+    per_device: dict = field(default_factory=dict)
+    case_files: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _pytest_command(c: Campaign, r: Round, extra: list[str]) -> list[str]:
+    cmd = [sys.executable, "-m", "pytest", *c.tests, "-q", "-p", "no:cacheprovider", "--rootdir", str(PROJECT_ROOT),
+           "--hypothesis-profile=campaign", f"--hypothesis-seed={r.seed}"]
+    if c.workers != "0":
+        cmd += ["-n", c.workers]
+    for d in c.devices:
+        cmd += ["--rope-device", d]
+    return cmd + extra
+
+
+class _RecordCounter:
+    """Counts comparison records as they are appended (reads only the new bytes of each file)."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir, self.offsets, self.examples, self.failures = run_dir, {}, 0, 0
+
+    def poll(self) -> None:
+        for path in self.run_dir.glob("*.jsonl"):
+            start = self.offsets.get(path, 0)
+            try:
+                with open(path, "rb") as f:
+                    f.seek(start)
+                    chunk = f.read()
+            except OSError:
+                continue
+            end = chunk.rfind(b"\n") + 1       # a line still being written is read next time
+            self.offsets[path] = start + end
+            for line in chunk[:end].splitlines():
+                if b'"kind": "comparison"' in line:
+                    self.examples += 1
+                    self.failures += b'"ok": false' in line
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Ctrl-C for the round's whole process group; harder signals if it does not wind down."""
+    for sig, wait in ((signal.SIGINT, GRACE_S), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_campaign(minutes: float, *, devices: list[str] | None = None, workers: str = "auto",
+                 tests: list[str] | None = None, out: Path | None = None, max_examples: int = 2000,
+                 seed: int | None = None, pytest_args: list[str] | None = None, show_progress: bool = True) -> Campaign:
+    if not minutes > 0:
+        raise ValueError(f"minutes={minutes!r}: must be positive")
+    if max_examples < 1:
+        raise ValueError(f"max_examples={max_examples!r}: must be at least 1")
+    from rope.devices import available_devices
+    found = available_devices()
+    if not devices:
+        devices = [d for d in found if d != "cpu"] or ["cpu"]   # every GPU; the CPU where there is none
+    out = Path(out or report.reports_dir() / "campaign")
+    out.mkdir(parents=True, exist_ok=True)
+    tests = [str(PROJECT_ROOT / "properties" / t) if (PROJECT_ROOT / "properties" / t).is_file() else t
+             for t in (tests or DEFAULT_TESTS)]
+    c = Campaign(minutes=minutes, devices=list(devices), workers=str(workers), tests=tests, out=str(out))
+    run_dir = report.reports_dir() / ".records" / f"campaign-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, CAMPAIGN_ENV: "1", report.RUN_ENV: str(run_dir), DATABASE_ENV: str(out / "hypothesis-db"),
+           "PYTHONUNBUFFERED": "1"}
+    env.pop(report.DISABLE_ENV, None)
+    rng = random.Random(seed)
+    counter = _RecordCounter(run_dir)
+    start = time.monotonic()
+    deadline = start + minutes * 60.0
+    progress = _Progress(minutes * 60.0, devices) if show_progress else None
+    try:
+        for n, examples in enumerate(examples_schedule(max_examples)):
+            if time.monotonic() >= deadline - 1.0:
+                break
+            r = Round(seed=rng.randrange(2**32), examples_per_test=examples, log=str(out / f"round-{n:02d}.log"))
+            c.rounds.append(r)
+            began = time.monotonic()
+            with open(r.log, "wb") as log:
+                proc = subprocess.Popen(_pytest_command(c, r, list(pytest_args or [])), cwd=PROJECT_ROOT,
+                                        env={**env, EXAMPLES_ENV: str(examples)}, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+                while proc.poll() is None:
+                    if time.monotonic() >= deadline:
+                        r.interrupted = True
+                        _stop(proc)
+                        break
+                    time.sleep(0.5)
+                    counter.poll()
+                    if progress:
+                        progress.update(time.monotonic() - start, n, examples, counter)
+            r.exit_code, r.wall_s = proc.returncode, time.monotonic() - began
+            # pytest: 0 passed, 1 some test failed; an interrupted round exits 2 and is not a failure.
+            c.test_failures |= r.exit_code == 1 or (r.exit_code not in (0, 1, 2, 5) and not r.interrupted)
+    finally:
+        c.wall_s = time.monotonic() - start
+        counter.poll()
+        if progress:
+            progress.update(c.wall_s, len(c.rounds) - 1, c.rounds[-1].examples_per_test if c.rounds else 0, counter)
+            progress.stop()
+        _finish(c, run_dir, out)
+    return c
+
+
+def _finish(c: Campaign, run_dir: Path, out: Path) -> None:
+    """The merged report, and campaign.json: examples per device and per second."""
+    records = report.load_records(run_dir)
+    report.write_report(records, out, run=run_dir.name)
+    summary = json.loads((out / "summary.json").read_text())
+    c.examples, c.failures = summary["examples"], summary["failures"]
+    wall = max(c.wall_s, 1e-9)
+    c.per_device = {p["device"]: {"examples": p["examples"], "examples_per_s": round(p["examples"] / wall, 2),
+                                  "workers": p["workers"]} for p in summary["placement"]}
+    c.case_files = sorted({f for cell in summary["matrix"] for f in cell["case_files"]})
+    data = c.to_dict()
+    data["examples_per_s"] = round(c.examples / wall, 2)
+    atomic_write(out / "campaign.json", (json.dumps(data, indent=1) + "\n").encode())
+    atomic_write(out / "campaign.md", markdown(data).encode())
+
+
+def markdown(data: dict) -> str:
+    lines = ["# rope-harness campaign", "",
+             f"{data['minutes']} minutes on {', '.join(data['devices'])} with `-n {data['workers']}`: "
+             f"{len(data['rounds'])} rounds, {data['examples']} comparisons against the float64 reference "
+             f"({data['examples_per_s']}/s), {data['failures']} failed"
+             + ("; some tests failed (see the round logs)" if data["test_failures"] else "") + ".", "",
+             "| device | examples | examples/s | workers |", "|---|---:|---:|---|"]
+    for device, p in data["per_device"].items():
+        lines.append(f"| {device} | {p['examples']} | {p['examples_per_s']} | {report._worker_ranges(p['workers'])} |")
+    lines += ["", "| round | seed | examples per test | wall s | exit | interrupted |", "|---:|---:|---:|---:|---:|---|"]
+    for i, r in enumerate(data["rounds"]):
+        lines.append(f"| {i} | {r['seed']} | {r['examples_per_test']} | {r['wall_s']:.1f} | {r['exit_code']} | "
+                     f"{'yes' if r['interrupted'] else ''} |")
+    if data["case_files"]:
+        lines += ["", "## Case files", ""] + [f"- `{f}`: replay with `rope-harness repro {f}`" for f in data["case_files"]]
+    lines += ["", "Matrix and plots: summary.md beside this file."]
+    return "\n".join(lines) + "\n"
+
+
+class _Progress:
+    """Live line: time used of the budget, round, comparisons so far, failures, rate."""
+
+    def __init__(self, budget_s: float, devices: list[str]):
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        self.progress = Progress(TextColumn(f"[bold]campaign on {', '.join(devices)}"), BarColumn(),
+                                 TextColumn("round {task.fields[round]} ({task.fields[per_test]}/test)"),
+                                 TextColumn("{task.fields[examples]} examples, {task.fields[rate]}/s"),
+                                 TextColumn("[red]{task.fields[failures]} failed"), TimeElapsedColumn())
+        self.progress.start()
+        self.task = self.progress.add_task("campaign", total=budget_s, round=0, per_test=0, examples=0, rate="0",
+                                           failures=0)
+
+    def update(self, elapsed: float, round_no: int, per_test: int, counter: _RecordCounter) -> None:
+        self.progress.update(self.task, completed=elapsed, round=round_no, per_test=per_test,
+                             examples=counter.examples, failures=counter.failures,
+                             rate=f"{counter.examples / max(elapsed, 1e-9):.1f}")
+
+    def stop(self) -> None:
+        self.progress.stop()
+
+
+def add_campaign_parser(sub) -> None:
+    p = sub.add_parser("campaign", help="a time-boxed hunt for mismatches across every GPU")
+    p.add_argument("--minutes", type=float, required=True, help="the budget; the running round stops at the deadline")
+    p.add_argument("--gpus", default="all", help="'all' (default) or comma-separated GPU indices, e.g. 0,1")
+    p.add_argument("--device", action="append", default=[], help="device kinds or labels instead of --gpus (repeatable)")
+    p.add_argument("--workers", default="auto", help="pytest-xdist workers (default auto: one per GPU plus CPU workers)")
+    p.add_argument("--max-examples", type=int, default=2000, help="examples per test in the deepest round")
+    p.add_argument("--seed", type=int, default=None, help="seed of the round seeds (default: random)")
+    p.add_argument("--out", default=None, help="directory for the report (default reports/campaign)")
+    p.add_argument("--tests", action="append", default=[], help="test files (default: the rotation and position properties)")
+    p.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
+    p.set_defaults(func=cmd_campaign)
+
+
+def _devices_for(gpus: str) -> list[str]:
+    from rope.devices import gpu_backend
+    from rope.placement import gpu_count
+    kind = gpu_backend()
+    if gpus == "all":
+        return [kind] if kind else ["cpu"]
+    if kind is None:
+        raise ValueError(f"gpus={gpus!r}: no GPU here")
+    try:
+        indices = [int(g) for g in gpus.split(",")]
+    except ValueError:
+        raise ValueError(f"gpus={gpus!r}: must be 'all' or comma-separated GPU indices") from None
+    bad = [i for i in indices if not 0 <= i < gpu_count(kind)]
+    if bad:
+        raise ValueError(f"gpus={gpus!r}: {bad} not among the {gpu_count(kind)} visible {kind} GPUs")
+    return [f"{kind}:{i}" for i in indices]
+
+
+def cmd_campaign(args) -> int:
+    try:
+        devices = args.device or _devices_for(args.gpus)
+        c = run_campaign(args.minutes, devices=devices, workers=args.workers, tests=args.tests or None,
+                         out=Path(args.out) if args.out else None, max_examples=args.max_examples, seed=args.seed,
+                         pytest_args=args.pytest_args)
+    except ValueError as exc:
+        print(f"rope-harness campaign: {exc}", file=sys.stderr)
+        return 2
+    wall = max(c.wall_s, 1e-9)
+    print(f"campaign: {c.examples} examples in {c.wall_s:.0f} s ({c.examples / wall:.1f}/s), {c.failures} failed, "
+          f"{len(c.rounds)} rounds")
+    for device, p in c.per_device.items():
+        print(f"  {device}: {p['examples']} examples, {p['examples_per_s']}/s")
+    print(f"report: {Path(c.out) / 'campaign.md'} (summary.md, plots and case files beside it)")
+    return 1 if c.failures or c.test_failures else 0
