@@ -60,6 +60,7 @@ import torch
 import reference
 from properties.strategies import OUT_SENTINEL, RaggedBatch, RotationCase, build_rotation_inputs
 from rope.devices import is_interpreter, synchronize, torch_device
+from rope.diagnosis import Diagnosis, diagnose
 from rope.tolerance import Comparison, compare_rotation
 from rope.registry import working_precision
 
@@ -417,6 +418,19 @@ def run_guarded(fn, case: RotationCase, device: str = "cpu") -> GuardedRun:
 def compare_case_guarded(impl_name: str, fn, case: RotationCase, device: str = "cpu") -> Comparison:
     """Like properties.checks.compare_case, on guarded inputs: the reference comparison plus every
     guard violation as a problem."""
+    return _compare_guarded(fn, case, device)[0]
+
+
+def diagnose_guarded(fn, case: RotationCase, device: str = "cpu") -> Diagnosis:
+    """rope.diagnosis of ``fn`` on guarded inputs, guard violations included (NaN from a guard
+    region, out-of-bounds reads and writes); "match" when it passes under guards."""
+    result, run, ref_in = _compare_guarded(fn, case, device)
+    q_out, k_out = run.outputs
+    return diagnose(case.spec, ref_in.positions, ref_in.query, ref_in.key, ref_in.cache, q_out, k_out,
+                    precision=working_precision(fn), comparison=result)
+
+
+def _compare_guarded(fn, case: RotationCase, device: str):
     run = run_guarded(fn, case, device)
     ref_in = build_rotation_inputs(case, "cpu")
     # The reference reads only the rows the positions index: give it those (same values, and no
@@ -427,7 +441,7 @@ def compare_case_guarded(impl_name: str, fn, case: RotationCase, device: str = "
     result = compare_rotation(case.spec, ref_in.positions, ref_in.query, ref_in.key, cache,
                               q_out, k_out, ref_q, ref_k, working_precision(fn), device=run.inputs.query.device)
     result.problems += [f"guard violation: {v}" for v in run.violations]
-    return result
+    return result, run, ref_in
 
 
 def assert_matches_reference_guarded(impl_name: str, fn, case: RotationCase, device: str = "cpu") -> Comparison:

@@ -1,5 +1,6 @@
 """rope.diagnosis names the cause of a mismatch: every broken implementation in
-properties/mutants on a fixed case where it fails, and synthetic outputs with one known defect."""
+properties/mutants on a fixed case where it fails (MUTANT_LABELS: every mutant rope.mutation finds
+has an entry), and synthetic outputs with one known defect."""
 
 from __future__ import annotations
 
@@ -9,10 +10,17 @@ import pytest
 import torch
 
 import reference
+from properties import known_cases
 from properties.checks import diagnose_run, evaluate_case
+from properties.guards import diagnose_guarded
+from properties.mutants.broken_positions import BROKEN_POSITIONS
 from properties.mutants.broken_rotations import BROKEN_ROTATIONS
-from properties.strategies import RotationCase, build_rotation_inputs
+from properties.mutants.dispatch import BROKEN_OPS
+from properties.mutants.kernel import ROTARY_MUTANTS
+from properties.strategies import DTYPES, RotationCase, build_rotation_inputs
+from rope.devices import is_interpreter
 from rope.diagnosis import LABELS, Diagnosis, diagnose, ranges
+from rope.mutation import discover_mutants
 from rope.native import rotate_native
 from rope.spec import RopeSpec
 
@@ -224,6 +232,125 @@ def test_garbage_everywhere_names_pass_through():
     gen = torch.Generator().manual_seed(0)
     d = _diagnosis_of(FP32_CASE, torch.randn(x.query.shape, generator=gen), torch.randn(x.key.shape, generator=gen), x=x)
     assert (d.label, "rotary channels are wrong too" in d.sentence) == ("pass_through_touched", True), d.lines()
+
+
+# --------------------------------------------------------------------------- every mutant
+# Every mutant rope.mutation.discover_mutants finds in properties/mutants -> how the diagnosis of
+# its output is checked, on a case where it fails:
+#   ("plain", case, label, phrase)    the implementation on plain inputs (test_rotation.py's check)
+#   ("guarded", case, label, phrase)  on guarded inputs (properties/guards.py): guard-only bugs
+#   ("op", case, label, phrase)       a broken op class, called twice (test_dispatch.py's check)
+#   ("batch_dim", case, label, phrase) a broken op called with positions [D, 1, T]
+#   ("raises", case, platform, phrase) an op that crashes before any output: nothing to diagnose
+#   NO_ROTATION                       a positions mutant: it produces no rotation output
+NO_ROTATION = ("no rotation output",)
+PADDING_LANES = dataclasses.replace(known_cases.PADDING_LANES, max_position=4096)      # head 80: lanes 40..63
+QWEN35 = dataclasses.replace(known_cases.QWEN35, max_position=4096)                    # head 256, rotary 64
+SMALL_INTERLEAVED = known_cases.SMALL_INTERLEAVED                                      # [8, 12, 12] of 32
+GLM_41V_NEOX = dataclasses.replace(GLM_41V, is_neox_style=True)                        # partial, NeoX
+MROPE_CHUNKED = RopeSpec(32, 16, False, (2, 3, 3), max_position=64)                    # test_dispatch's
+XDROPE4 = RopeSpec(32, 32, True, (4, 4, 4, 4), max_position=64, ntk_alpha=1000.0)
+
+MUTANT_LABELS = {
+    **{f"broken_rotations:{name}": ("plain", case, label, phrase)
+       for name, (case, label, phrase) in MUTANT_CASES.items()},
+    "kernel:neox_for_gptj": ("plain", RotationCase(GLM_41V, 5, 3, 2, "bfloat16", "uniform", False, 1),
+                             "pairing_swapped", "NeoX pairs"),
+    "kernel:cos_sin_unmasked": ("guarded", RotationCase(PADDING_LANES, 3, 2, 1, "bfloat16", "last_row", False, 10),
+                                "out_of_bounds_read", "cos_sin_cache: "),
+    "kernel:cos_sin_unmasked_head_padded": (
+        "guarded", RotationCase(QWEN35, 3, 2, 1, "bfloat16", "last_row", False, 3), "out_of_bounds_read",
+        "cos_sin_cache: "),
+    "kernel:partial_rotary_head_half": ("plain", RotationCase(GLM_41V, 5, 4, 2, "float32", "uniform", True, 4),
+                                        "partial_rotary_stride", "head_size/2 = 64 where rotary_dim/2 = 32"),
+    "kernel:interleaved_h_bound_off_by_one": (
+        "plain", RotationCase(QWEN3_VL, 5, 2, 2, "float32", "uniform", False, 5), "section_boundary_shifted",
+        "frequency 61 takes row 1 instead of row 0"),
+    "kernel:interleaved_thw_order_swapped": (
+        "plain", RotationCase(SMALL_INTERLEAVED, 5, 4, 1, "float32", "uniform", False, 6), "position_rows_swapped",
+        "(0, 2, 1)"),
+    # Identical to the right kernel on contiguous positions: the guarded, row-strided ones read guards.
+    "kernel:positions_rows_packed": ("guarded", RotationCase(QWEN3_VL, 9, 2, 1, "float16", "uniform", True, 8),
+                                     "nan", "positions: "),
+    "kernel:positions_rows_at_token_offsets": (
+        "plain", RotationCase(QWEN3_VL, 9, 2, 1, "float16", "uniform", True, 8), "position_rows_misread",
+        "positions[0, t + d]"),
+    "kernel:positions_store_unmasked": NO_ROTATION,
+    **{f"broken_positions:{name}": NO_ROTATION for name in BROKEN_POSITIONS},
+    "dispatch:mrope_without_xpu_cpu_overrides": (
+        "raises", RotationCase(MROPE_CHUNKED, 4, 2, 1, "float32", "uniform", False, 41), "cpu",
+        "must have the same batch_size and seq_len"),
+    "dispatch:xdrope_without_xpu_override": (
+        "raises", RotationCase(XDROPE4, 4, 2, 1, "float32", "uniform", False, 42), "xpu",
+        "must have the same batch_size and seq_len"),
+    "dispatch:mrope_cached_cos_sin": ("op", RotationCase(GLM_41V, 5, 3, 2, "bfloat16", "uniform", False, 43),
+                                      "wrong_positions", "other positions than given"),
+    # Its outputs are right; its bug is accepting [3, 1, T] (test_dispatch.py rejects it for that).
+    "dispatch:mrope_accepts_batch_dim": ("batch_dim", RotationCase(GLM_41V, 5, 3, 2, "float32", "uniform", False, 44),
+                                         "match", "match the reference"),
+}
+
+
+def test_every_mutant_has_an_expected_label():
+    names = [m.name for m in discover_mutants()]
+    assert sorted(MUTANT_LABELS) == sorted(names), "a mutant without an expected diagnosis (or a stale entry)"
+    kinds = {m.name: m.kind for m in discover_mutants()}
+    for name, entry in MUTANT_LABELS.items():
+        assert (entry is NO_ROTATION) == kinds[name].startswith("positions"), name
+        if entry[0] in ("plain", "guarded", "op", "batch_dim"):
+            assert entry[2] in LABELS, (name, entry[2])
+
+
+def _op_label(how, case, broken_cls):
+    x = build_rotation_inputs(case)
+    op = broken_cls(case.spec, DTYPES[case.dtype], platform="cpu", custom_ops=False)
+    if how == "op":                       # a first call with other positions, then the case
+        first = build_rotation_inputs(dataclasses.replace(case, seed=case.seed + 1))
+        op(first.positions, first.query, first.key)
+        positions = x.positions
+    else:
+        positions = x.positions.unsqueeze(-2)
+    q, k = op(positions, x.query.clone(), x.key.clone())
+    return diagnose(case.spec, x.positions, x.query, x.key, x.cache, q, k,
+                    precision=rotate_native.working_precision)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, e in MUTANT_LABELS.items() if e is not NO_ROTATION))
+def test_diagnosis_names_every_mutant(name):
+    how, case, expected, phrase = MUTANT_LABELS[name]
+    module, attr = name.split(":")
+    if module == "kernel" and not is_interpreter():
+        pytest.skip("kernel mutants run here under Triton's interpreter (TRITON_INTERPRET=1) on the CPU")
+    if how == "raises":
+        _, broken_cls = BROKEN_OPS[attr]
+        x = build_rotation_inputs(case)
+        op = broken_cls(case.spec, DTYPES[case.dtype], platform=expected, custom_ops=True)
+        with pytest.raises(RuntimeError, match=phrase):
+            op(x.positions, x.query, x.key)
+        return
+    if module == "dispatch":
+        d = _op_label(how, case, BROKEN_OPS[attr][1])
+    else:
+        fn = ROTARY_MUTANTS[attr] if module == "kernel" else BROKEN_ROTATIONS[attr]
+        d = _diagnose(name, fn, case) if how == "plain" else diagnose_guarded(fn, case)
+    assert (d.label, phrase in d.sentence) == (expected, True), d.lines()
+
+
+def test_partial_rotary_stride_with_neox_pairs():
+    # NeoX partial rotary: the partner channel i + head_size/2 is a pass-through channel.
+    case = RotationCase(GLM_41V_NEOX, 5, 3, 2, "float32", "uniform", False, 45)
+    if not is_interpreter():
+        pytest.skip("needs Triton's interpreter")
+    d = _diagnose("partial_rotary_head_half", ROTARY_MUTANTS["partial_rotary_head_half"], case)
+    assert (d.label, "pairs channels (i, i + 64)" in d.sentence) == ("partial_rotary_stride", True), d.lines()
+
+
+def test_rows_read_as_row_zero_is_misread():
+    case = RotationCase(HUNYUAN_OCR, 6, 2, 1, "float32", "uniform", False, 46)
+    x = _inputs(case)
+    q, k = rotate_native(case.spec, x.positions[[0, 0, 0, 0]], x.query, x.key, x.cache)
+    d = _diagnosis_of(case, q, k, x=x)
+    assert (d.label, "every row read as row 0" in d.sentence) == ("position_rows_misread", True), d.lines()
 
 
 def test_labels_and_round_trip():

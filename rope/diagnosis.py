@@ -9,14 +9,19 @@ pass-through channels.
 The cause is found by elimination, most specific first:
 
 1. ``wrong_output`` / ``writes_outside``: a tensor came back with the wrong shape, dtype or device
-   (or None); positions, the cache or the value slice of a packed qkv tensor were written.
-2. ``nan``: NaN/inf where the reference is finite (an out-of-bounds read from a guard region).
+   (or None); positions, the cache, a guard or the value slice of a packed qkv tensor were written.
+2. ``nan``: NaN/inf where the reference is finite (an out-of-bounds read from a guard region);
+   ``out_of_bounds_read``: the values are right but the guards' tracer saw reads outside the
+   inputs (properties/guards.py reports them as problems).
 3. The output *is* the reference of a neighbouring configuration, to the declared precision:
-   each candidate is computed with ``reference.rotate`` and held to the same per-element bound.
-   ``pairing_swapped`` (the other of NeoX / GPT-J), ``interleave_map_wrong`` (the other layout),
-   ``section_boundary_shifted`` (one section boundary moved by one frequency),
-   ``position_rows_swapped`` (position rows permuted), ``row_stride_ignored`` (q/k rows read as
-   if packed back to back).
+   each candidate rotates the inputs by its own cos/sin and pairs and is held to the same
+   per-element bound.  ``pairing_swapped`` (the other of NeoX / GPT-J), ``interleave_map_wrong``
+   (the other layout), ``section_boundary_shifted`` (one section boundary, or one interleaved
+   bound 3*s, moved by one), ``position_rows_swapped`` (position rows permuted),
+   ``position_rows_misread`` (row d read at a wrong row stride: positions[0, t + d], or row 0
+   for every frequency), ``row_stride_ignored`` (q/k rows read as if packed back to back),
+   ``partial_rotary_stride`` (head_size/2 where rotary_dim/2 belongs: sin read past its row, or
+   the NeoX partner at i + head_size/2).
 4. ``pass_through_touched``: channels >= rotary_dim differ from the input, the rotary ones do not.
 5. ``precision_loss``: every error fits the bound of a lower working precision than declared
    (LOWER_PRECISION_SLACK x), or the worst error/bound ratio is modest (<= MODEST_RATIO:
@@ -26,7 +31,10 @@ The cause is found by elimination, most specific first:
 7. From here only gross errors count (beyond bfloat16 rounding): ``key_only`` / ``query_only``
    (one tensor is right), ``head_subset`` (e.g. only the first power-of-two heads are right),
    ``token_subset`` (e.g. only tokens at the last cache row are wrong).
-8. ``pass_through_touched`` with the rotary channels wrong too; else ``unknown``: the location
+8. ``wrong_positions``: the output is an exact rotation by other positions than given (recovered
+   per token and position row from the angles of the output's pairs, matched to cache rows):
+   stale cos/sin, another chunk's positions, a wrong positions pointer.
+9. ``pass_through_touched`` with the rotary channels wrong too; else ``unknown``: the location
    is all there is.
 """
 
@@ -38,13 +46,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from reference.rotation import rotate, select_cos_sin
+from reference.rotation import pair_indices, rotate, rotate_heads, select_cos_sin
 from rope.spec import RopeSpec
 from rope.tolerance import Comparison, compare_rotation, rotation_bound, unit_roundoff, working_dtype
 
 LABELS = (
-    "match", "wrong_output", "writes_outside", "nan", "pairing_swapped", "interleave_map_wrong",
-    "section_boundary_shifted", "position_rows_swapped", "row_stride_ignored", "pass_through_touched",
+    "match", "wrong_output", "writes_outside", "nan", "out_of_bounds_read", "pairing_swapped",
+    "interleave_map_wrong", "section_boundary_shifted", "position_rows_swapped", "position_rows_misread",
+    "row_stride_ignored", "partial_rotary_stride", "wrong_positions", "pass_through_touched",
     "precision_loss", "key_only", "query_only", "head_subset", "token_subset", "unknown",
 )
 # An alternative configuration explains the output when it leaves at most this share of the
@@ -173,25 +182,65 @@ def _replace(spec: RopeSpec, **changes):
         return None
 
 
-def _alternatives(spec: RopeSpec, positions, query, key):
-    """(label, sentence, spec, positions, query, key) of the neighbouring configurations a
-    broken kernel may effectively compute, most specific first."""
+@dataclass
+class _Alt:
+    """A neighbouring computation a broken kernel may effectively do: rotate ``query``/``key``
+    (as read) by ``cos``/``sin`` (float64 [T, spec.num_freqs]; NaN: unknowable, e.g. read past
+    the cache) with the pairs of ``spec`` (a pseudo spec where the pairing itself is wrong)."""
+    label: str
+    sentence: str
+    spec: RopeSpec
+    cos: torch.Tensor
+    sin: torch.Tensor
+    query: torch.Tensor
+    key: torch.Tensor | None
+
+
+@dataclass
+class _AltResult:
+    alt: _Alt
+    outputs: tuple
+    errors: dict
+    num_mismatched: int
+    num_unknown: int
+    num_elements: int
+
+
+def _moved(spec: RopeSpec, alt: RopeSpec) -> str:
+    """'frequency 61 takes row 1 instead of row 0': the frequencies whose row differs."""
+    old, new = spec.axis_map(), alt.axis_map()
+    moved = [i for i in range(spec.num_freqs) if old[i] != new[i]]
+    shown = ", ".join(f"frequency {i} takes row {new[i]} instead of row {old[i]}" for i in moved[:3])
+    return shown + (f" (and {len(moved) - 3} more)" if len(moved) > 3 else "")
+
+
+def _positions_alt(label, sentence, spec, positions, query, key, cache):
+    cos, sin = select_cos_sin(spec, positions, cache)
+    return _Alt(label, sentence, spec, cos, sin, query, key)
+
+
+def _structural_alternatives(spec: RopeSpec, positions, query, key, cache):
+    """The neighbouring configurations a broken kernel may effectively compute, most specific
+    first (positions renumbered to the rows of ``cache`` they use)."""
     other = "GPT-J pairs (2i, 2i+1)" if spec.is_neox_style else "NeoX pairs (i, i + rotary_dim/2)"
     asked = "NeoX" if spec.is_neox_style else "GPT-J"
-    yield ("pairing_swapped",
-           f"the output matches the reference computed with {other} although the spec asks for {asked} "
-           f"(is_neox_style={spec.is_neox_style}): the kernel ignores the pairing style",
-           _replace(spec, is_neox_style=not spec.is_neox_style), positions, query, key)
+    swapped = _replace(spec, is_neox_style=not spec.is_neox_style)
+    if swapped is not None:
+        yield _positions_alt(
+            "pairing_swapped",
+            f"the output matches the reference computed with {other} although the spec asks for {asked} "
+            f"(is_neox_style={spec.is_neox_style}): the kernel ignores the pairing style",
+            swapped, positions, query, key, cache)
     secs = spec.sections
-    if secs is None or len(secs) < 2:
-        pass
-    else:
+    if secs is not None and len(secs) >= 2:
         if len(secs) == 3:
             layout = "chunked" if spec.layout == "interleaved" else "interleaved"
-            yield ("interleave_map_wrong",
-                   f"the output matches the reference with layout={layout!r} instead of {spec.layout!r}: "
-                   f"the frequency-to-row map of sections={secs} is wrong",
-                   _replace(spec, layout=layout), positions, query, key)
+            alt = _replace(spec, layout=layout)
+            if alt is not None:
+                yield _positions_alt(
+                    "interleave_map_wrong",
+                    f"the output matches the reference with layout={layout!r} instead of {spec.layout!r}: "
+                    f"the frequency-to-row map of sections={secs} is wrong (SPEC §2)", alt, positions, query, key, cache)
         axis = spec.axis_map()
         for j in range(len(secs) - 1):
             for step in (1, -1):
@@ -203,41 +252,177 @@ def _alternatives(spec: RopeSpec, positions, query, key):
                 alt = _replace(spec, sections=tuple(shifted))
                 if alt is None or alt.axis_map() == axis:
                     continue
-                yield ("section_boundary_shifted",
-                       f"the output matches the reference with sections={tuple(shifted)} instead of {secs}: "
-                       f"the boundary between position rows {j} and {j + 1} is off by one frequency "
-                       f"(e.g. <= where < belongs)", alt, positions, query, key)
+                if spec.layout == "interleaved":
+                    # Only the H and W bounds (i < 3*s_h, i < 3*s_w) exist in the interleaved map.
+                    bounds = " and ".join(f"i < 3*s_{'hw'[r - 1]} = {3 * secs[r]} acts as i < {3 * shifted[r]}"
+                                          for r in (1, 2) if shifted[r] != secs[r])
+                    how = (f"an interleaved bound is off by one group ({bounds}): {_moved(spec, alt)} (e.g. "
+                           f"i // 3 <= s where i < 3*s belongs; SPEC §7.9)")
+                else:
+                    how = (f"the boundary between position rows {j} and {j + 1} is off by one frequency: "
+                           f"{_moved(spec, alt)} (e.g. <= where < belongs)")
+                yield _positions_alt(
+                    "section_boundary_shifted",
+                    f"the output matches the reference with sections={tuple(shifted)} instead of {secs}: {how}",
+                    alt, positions, query, key, cache)
         identity = tuple(range(len(secs)))
         for perm in itertools.permutations(identity):
             if perm != identity:
-                yield ("position_rows_swapped",
-                       f"the output matches the reference with the position rows read in the order {perm} "
-                       f"instead of {identity}: rows swapped (e.g. T/H/W order, or a wrong row offset)",
-                       spec, positions[list(perm)], query, key)
+                yield _positions_alt(
+                    "position_rows_swapped",
+                    f"the output matches the reference with the position rows read in the order {perm} "
+                    f"instead of {identity}: rows swapped (e.g. the T/H/W order of the interleaved lanes, or a "
+                    f"wrong row offset)", spec, positions[list(perm)], query, key, cache)
+        # Row d read at a wrong row stride s: positions.flatten()[d * s + t].
+        flat = positions.reshape(-1)
+        num_dims, num_tokens = positions.shape
+        for stride, how in (
+                (1, "row d read at positions[0, t + d] (row stride 1 instead of the row stride: the last "
+                    "tokens of a row read into the next row)"),
+                (0, "every row read as row 0 (row stride 0, or positions treated as 1-D)")):
+            misread = flat.as_strided((num_dims, num_tokens), (stride, 1))
+            if not torch.equal(misread, positions):
+                yield _positions_alt(
+                    "position_rows_misread",
+                    f"the output matches the reference with the position rows misread, {how}: the kernel "
+                    f"indexes positions[d, t] wrongly", spec, misread.clone(), query, key, cache)
     packed_q, packed_k = _as_packed(query), _as_packed(key)
     if packed_q is not query or packed_k is not key:
         strides = ", ".join(f"{n} row stride {x.stride(0)} for width {x.shape[1]}"
                             for n, x in (("query", query), ("key", key)) if x is not None)
-        yield ("row_stride_ignored",
-               f"the output matches the reference applied to q/k read as if their rows were packed back to "
-               f"back ({strides}): the kernel ignores the row stride (views into a packed qkv tensor)",
-               spec, positions, packed_q, packed_k)
+        yield _positions_alt(
+            "row_stride_ignored",
+            f"the output matches the reference applied to q/k read as if their rows were packed back to "
+            f"back ({strides}): the kernel ignores the row stride (views into a packed qkv tensor)",
+            spec, positions, packed_q, packed_k, cache)
 
 
-def _alternative_result(alt, cache, out_q, out_k, ref_q, ref_k, precision):
-    """(alt_spec, positions, query, key, alt reference, comparison against it), or None when the
-    alternative is invalid or indistinguishable from the reference on this input."""
-    spec, positions, query, key = alt
-    if spec is None:
+def _partial_rotary_alternatives(spec: RopeSpec, rows, query, key, cache):
+    """head_size/2 used where rotary_dim/2 belongs (partial rotary, SPEC §7.3): the sin offset into
+    a cache row and/or the NeoX partner channel.  ``rows``: [num_dims, T] positions into ``cache``
+    (the full cache: a sin read past its row's end lands in the next row)."""
+    hs, rd, half = spec.head_size, spec.rotary_dim, spec.num_freqs
+    if rd >= hs or hs % 2:
+        return
+    cos, sin = select_cos_sin(spec, rows, cache)
+    flat = cache.reshape(-1)
+    pos = torch.stack([rows[a] for a in spec.axis_map()], dim=1).long()         # [T, F]
+    index = pos * rd + hs // 2 + torch.arange(half)
+    far_sin = torch.full_like(sin, float("nan"))
+    inside = index < flat.numel()
+    far_sin[inside] = flat[index[inside]].to(torch.float64)
+    wide = _replace(spec, rotary_dim=hs, sections=None, layout="chunked", ntk_alpha=None)
+    variants = [(True, False)] + ([(True, True), (False, True)] if spec.is_neox_style and wide is not None else [])
+    for sin_far, partner_far in variants:
+        s = far_sin if sin_far else sin
+        parts = []
+        if sin_far:
+            parts.append(f"sin read at offset head_size/2 + i of the cache row instead of rotary_dim/2 + i "
+                         f"({hs // 2 - half} elements too far: past the row's end, into the next row)")
+        if partner_far:
+            parts.append(f"frequency i pairs channels (i, i + {hs // 2}) instead of (i, i + {half}) (a "
+                         f"pass-through channel rotated, a rotary one left alone)")
+        sentence = (f"the output matches the reference computed with head_size/2 = {hs // 2} where rotary_dim/2 = "
+                    f"{half} belongs (partial rotary: rotary_dim={rd} < head_size={hs}): {'; '.join(parts)} "
+                    f"(SPEC §7.3)")
+        if partner_far:
+            ones = torch.ones(cos.shape[0], hs // 2 - half, dtype=torch.float64)
+            zeros = torch.zeros_like(ones)
+            yield _Alt("partial_rotary_stride", sentence, wide, torch.cat([cos, ones], 1), torch.cat([s, zeros], 1),
+                       query, key)
+        else:
+            yield _Alt("partial_rotary_stride", sentence, spec, cos, s, query, key)
+
+
+# Largest cache searched for the positions a wrong output was rotated by (rows x frequencies).
+RECOVERY_MAX_ELEMENTS = 1 << 28
+RECOVERY_CHUNK_ROWS = 1 << 15
+
+
+def recover_positions(spec: RopeSpec, rows, query, key, out_q, out_k, cache):
+    """The positions an output was rotated by, [num_dims, T]: per token, the angle of each pair
+    (least squares over every head of q and k) matched to the nearest cache row, per position
+    row; None when the outputs are no rotation of the inputs or the cache is too large to search."""
+    if cache.numel() > RECOVERY_MAX_ELEMENTS or rows.shape[1] == 0:
         return None
-    try:
-        alt_q, alt_k = rotate(spec, positions, query, key, cache)
-    except ValueError:
+    a_idx, b_idx = pair_indices(spec)
+    num_tokens = rows.shape[1]
+    acc_c = torch.zeros(num_tokens, spec.num_freqs, dtype=torch.float64)
+    acc_s, norm = torch.zeros_like(acc_c), torch.zeros_like(acc_c)
+    for x, out in ((query, out_q), (key, out_k)):
+        if x is None or out is None or tuple(out.shape) != tuple(x.shape):
+            continue
+        h = x.to(torch.float64).reshape(num_tokens, -1, spec.head_size)
+        o = out.detach().to("cpu", torch.float64).reshape(h.shape)
+        a, b, a2, b2 = h[..., a_idx], h[..., b_idx], o[..., a_idx], o[..., b_idx]
+        ok = torch.isfinite(a2) & torch.isfinite(b2)
+        acc_c += torch.where(ok, a * a2 + b * b2, 0.0).sum(1)
+        acc_s += torch.where(ok, a * b2 - b * a2, 0.0).sum(1)
+        norm += torch.where(ok, a * a + b * b, 0.0).sum(1)
+    if not bool((norm > 0).all()):
         return None
-    if torch.equal(alt_q, ref_q) and (alt_k is None or torch.equal(alt_k, ref_k)):
+    cos_e, sin_e = acc_c / norm, acc_s / norm
+    axis = torch.tensor(spec.axis_map())
+    found = rows.clone().long()
+    for d in range(rows.shape[0]):
+        freqs = (axis == d).nonzero().flatten()
+        if not len(freqs):
+            continue
+        target = torch.cat([cos_e[:, freqs], sin_e[:, freqs]], 1)
+        cols = torch.cat([freqs, freqs + spec.num_freqs])
+        best = torch.full((num_tokens,), float("inf"), dtype=torch.float64)
+        for start in range(0, cache.shape[0], RECOVERY_CHUNK_ROWS):
+            block = cache[start:start + RECOVERY_CHUNK_ROWS][:, cols].to(torch.float64)
+            dist, idx = torch.cdist(target, block).min(dim=1)
+            better = dist < best
+            best = torch.where(better, dist, best)
+            found[d] = torch.where(better, idx + start, found[d])
+    return found
+
+
+def _wrong_positions_alternative(spec, rows, query, key, out_q, out_k, cache):
+    """The reference for the positions the output was actually rotated by, when they differ."""
+    found = recover_positions(spec, rows, query, key, out_q, out_k, cache)
+    if found is None or torch.equal(found, rows.long()):
+        return
+    diff = (found != rows).nonzero().tolist()
+    examples = "; ".join(f"row {d} token {t}: {int(rows[d, t])} -> {int(found[d, t])}" for d, t in diff[:4])
+    sentence = (f"the output is the reference for other positions than given ({len(diff)} of {rows.numel()} position "
+                f"entries differ, given -> used: {examples}{'; ...' if len(diff) > 4 else ''}): stale cos/sin (cached "
+                f"from an earlier call), positions of another chunk or request, or a wrong positions pointer")
+    yield _positions_alt("wrong_positions", sentence, spec, found, query, key, cache)
+
+
+def _alternative_result(alt: _Alt, out_q, out_k, ref_q, ref_k, precision) -> _AltResult | None:
+    """The alternative's outputs and how the implementation's outputs compare with them (the
+    bound of rope.tolerance for the alternative's pairs and cos/sin; NaN in the alternative:
+    unknown, not counted), or None when it equals the reference on this input."""
+    outs, errors = [], {}
+    mismatched = unknown = total = 0
+    for name, x, out, ref in (("query", alt.query, out_q, ref_q), ("key", alt.key, out_k, ref_k)):
+        if x is None or out is None:
+            outs.append(None)
+            continue
+        exp = rotate_heads(alt.spec, x, alt.cos, alt.sin)
+        outs.append(exp)
+        got = out.detach().to("cpu", torch.float64)
+        bound = rotation_bound(alt.spec, x, torch.nan_to_num(exp), torch.nan_to_num(alt.cos),
+                               torch.nan_to_num(alt.sin), x.dtype, precision)
+        err = (got - exp).abs()
+        err = torch.where(torch.isnan(got) & ~torch.isnan(exp), torch.full_like(err, float("inf")), err)
+        errors[name] = err
+        mismatched += int((err > bound).sum())
+        unknown += int(torch.isnan(exp).sum())
+        total += err.numel()
+    if all(o is None or torch.equal(o, r) for o, r in zip(outs, (ref_q, ref_k))):
         return None
-    result = compare_rotation(spec, positions, query, key, cache, out_q, out_k, alt_q, alt_k, precision)
-    return spec, positions, query, key, (alt_q, alt_k), result
+    return _AltResult(alt, tuple(outs), errors, mismatched, unknown, total)
+
+
+def _explains(result: _AltResult, comparison: Comparison) -> bool:
+    """At most ALTERNATIVE_RESIDUE of the original mismatches left, and at most half unknowable."""
+    return (result.num_mismatched <= ALTERNATIVE_RESIDUE * comparison.num_mismatched
+            and result.num_unknown <= result.num_elements // 2)
 
 
 # --------------------------------------------------------------------------- precision
@@ -251,11 +436,11 @@ def loose_bound(spec: RopeSpec, cos, sin, x, exp, precision: torch.dtype, out_dt
     return bound
 
 
-def _fitting_precision(spec, positions, cache, tensors, errors, precision, out_dtype):
+def _fitting_precision(spec, cos, sin, tensors, errors, precision, out_dtype):
     """The first precision lower than the declared one whose loose bound covers every error.
-    ``tensors``: [(name, input x, float64 expected)]; ``errors``: name -> |got - expected|."""
+    ``tensors``: [(name, input x, float64 expected)]; ``errors``: name -> |got - expected|;
+    ``cos``/``sin``: float64 [T, spec.num_freqs], what the expected values were rotated by."""
     declared = working_dtype(precision, out_dtype)
-    cos, sin = select_cos_sin(spec, positions, cache)
     for cand in LOWER_PRECISIONS:
         if unit_roundoff(cand) <= unit_roundoff(declared):
             continue
@@ -263,6 +448,16 @@ def _fitting_precision(spec, positions, cache, tensors, errors, precision, out_d
                for name, x, exp in tensors):
             return cand
     return None
+
+
+def _is_write_problem(problem: str) -> bool:
+    """A write outside q/k: inputs or guards modified, traced out-of-bounds / wild / read-only writes."""
+    return "modified" in problem or "write(s)" in problem
+
+
+def _is_read_problem(problem: str) -> bool:
+    """A traced read outside an input: guard elements, wild or misaligned reads."""
+    return "read(s)" in problem or "misaligned-read" in problem
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -299,12 +494,16 @@ def diagnose(spec: RopeSpec, positions, query, key, cos_sin_cache, out_q, out_k,
     def found(label: str, sentence: str) -> Diagnosis:
         return Diagnosis(label, sentence, location)
 
-    # 1. Not a numeric question.
-    if comparison.problems:
-        outside = [p for p in comparison.problems if "modified" in p]
-        if outside:
-            return found("writes_outside", "; ".join(outside) + ": the implementation writes memory it may only read")
-        return found("wrong_output", "; ".join(comparison.problems))
+    # 1. Not a numeric question.  Problems the guards of properties/guards.py report: writes
+    #    outside q/k, NaN in the output (judged at 2 with the values), out-of-bounds reads (named
+    #    at 2, or alone when the values are right).
+    outside = [p for p in comparison.problems if _is_write_problem(p)]
+    if outside:
+        return found("writes_outside", "; ".join(outside) + ": the implementation writes memory it may only read")
+    reads = [p for p in comparison.problems if _is_read_problem(p)]
+    other = [p for p in comparison.problems if p not in reads and "NaN in output" not in p]
+    if other:
+        return found("wrong_output", "; ".join(other))
 
     # 2. NaN / inf where the reference is finite.
     nonfinite = {}
@@ -317,12 +516,24 @@ def diagnose(spec: RopeSpec, positions, query, key, cos_sin_cache, out_q, out_k,
         token, col = divmod(int(mask.flatten().nonzero()[0]), mask.shape[1])
         head, channel = divmod(col, spec.head_size)
         counts = ", ".join(f"{int(nonfinite[n].sum())} {n}" for n in hit)
+        w = _where(spec, mask)
+        spread = (f"tokens {ranges(w.tokens)} of {w.num_tokens}, frequencies {ranges(w.freqs)} of {spec.num_freqs} "
+                  f"(position rows {ranges(w.rows)})" + (f", pass-through channels {ranges(w.pass_through)}"
+                                                         if w.pass_through else ""))
+        traced = f"; the tracer saw {'; '.join(reads)}" if reads else ""
         return found("nan", f"{counts} element(s) are NaN/inf where the reference is finite, first at "
-                            f"{name}[token {token}, head {head}, channel {channel}]: most likely an out-of-bounds "
-                            f"read (cos/sin or q/k loaded past the mask, from a guard region or padding lanes)")
+                            f"{name}[token {token}, head {head}, channel {channel}], over {name} {spread}: most "
+                            f"likely an out-of-bounds read (cos/sin, positions or q/k loaded past the mask or "
+                            f"the row, from a guard region or padding lanes){traced}")
+    if comparison.num_mismatched == 0:       # only out-of-bounds reads: the values are right
+        return found("out_of_bounds_read",
+                     f"the outputs match the reference, but the implementation reads outside its inputs: "
+                     f"{'; '.join(reads)}: a load mask that covers padding lanes or a stride past the row "
+                     f"(memory safety: the values read never reach the output here)")
 
     # Every check below recomputes the reference; model caches hold up to a million rows, so keep
     # only the rows the positions use (same values, positions renumbered): identical results.
+    full_cache, rows = cache, positions.long().reshape(spec.num_dims, -1)
     used, renumbered = torch.unique(positions.long(), return_inverse=True)
     positions, cache = renumbered.reshape(positions.shape), cache[used]
     out_dtype = query.dtype
@@ -330,13 +541,16 @@ def diagnose(spec: RopeSpec, positions, query, key, cos_sin_cache, out_q, out_k,
 
     # 3. The output is the reference of a neighbouring configuration, to the declared precision.
     alternatives = []
-    for label, sentence, *alt in _alternatives(spec, positions, query, key):
-        result = _alternative_result(alt, cache, out_q, out_k, ref_q, ref_k, precision)
+    candidates = itertools.chain(
+        _structural_alternatives(spec, positions, query, key, cache),
+        _partial_rotary_alternatives(spec, rows, query, key, full_cache))
+    for alt in candidates:
+        result = _alternative_result(alt, out_q, out_k, ref_q, ref_k, precision)
         if result is None:
             continue
-        if not result[-1].problems and result[-1].num_mismatched <= ALTERNATIVE_RESIDUE * comparison.num_mismatched:
-            return found(label, sentence)
-        alternatives.append((label, sentence, result))
+        if _explains(result, comparison):
+            return found(alt.label, alt.sentence)
+        alternatives.append(result)
 
     # 4. Pass-through channels must come back bit-exact (judged at 8 when the rotary channels are
     #    wrong too: computing everything in a lower precision, or a subset of garbage tokens or
@@ -364,7 +578,8 @@ def diagnose(spec: RopeSpec, positions, query, key, cos_sin_cache, out_q, out_k,
                      f"small errors spread over {spread} with a modest worst error/bound {comparison.worst_ratio:.3g}: "
                      f"rounding slightly worse than {declared} working precision allows (a truncating store, an extra "
                      f"intermediate rounding, or a slightly lower working precision)")
-    lower = _fitting_precision(spec, positions, cache, tensors, comparison.errors, precision, out_dtype)
+    cos, sin = select_cos_sin(spec, positions, cache)
+    lower = _fitting_precision(spec, cos, sin, tensors, comparison.errors, precision, out_dtype)
     if lower is not None:
         return found("precision_loss",
                      f"small errors spread over {spread} (worst error/bound {comparison.worst_ratio:.3g}), all within "
@@ -372,17 +587,18 @@ def diagnose(spec: RopeSpec, positions, query, key, cos_sin_cache, out_q, out_k,
                      f"implementation computes in {_dtype_name(lower)} although it declares {declared}")
 
     # 3'. A neighbouring configuration computed in a lower precision (two bugs at once).
-    for label, sentence, (alt_spec, alt_pos, alt_q, alt_k, (aq, ak), result) in alternatives:
-        if result.problems:
+    for result in alternatives:
+        alt = result.alt
+        if result.num_unknown:
             continue
-        alt_tensors = [("query", alt_q, aq)] + ([("key", alt_k, ak)] if "key" in result.errors else [])
-        lower = _fitting_precision(alt_spec, alt_pos, cache, alt_tensors, result.errors, precision, out_dtype)
+        alt_tensors = [("query", alt.query, result.outputs[0])] + (
+            [("key", alt.key, result.outputs[1])] if "key" in result.errors else [])
+        lower = _fitting_precision(alt.spec, alt.cos, alt.sin, alt_tensors, result.errors, precision, out_dtype)
         if lower is not None:
-            return found(label, f"{sentence}; besides, the arithmetic fits {_dtype_name(lower)} working precision, "
-                                f"not the declared {declared}")
+            return found(alt.label, f"{alt.sentence}; besides, the arithmetic fits {_dtype_name(lower)} working "
+                                    f"precision, not the declared {declared}")
 
     # From here on, judge only gross errors: beyond what the coarsest lower precision explains.
-    cos, sin = select_cos_sin(spec, positions, cache)
     coarse = LOWER_PRECISIONS[-1]
     gross = {name: _where(spec, comparison.errors[name] > torch.maximum(
                  comparison.bounds[name], loose_bound(spec, cos, sin, x, exp, coarse, out_dtype)))
@@ -434,7 +650,14 @@ def diagnose(spec: RopeSpec, positions, query, key, cos_sin_cache, out_q, out_k,
             hint = "a per-token offset, the token loop bound, or the positions of these tokens"
         return found("token_subset", f"only tokens {ranges(tokens)} of {num_tokens} are wrong{rounding_note}: {hint}")
 
-    # 8. Pass-through channels written along with wrong rotary channels everywhere, or nothing
+    # 8. The reference for the positions the output was actually rotated by (recovered from the
+    #    angles of its pairs), to the declared precision.
+    for alt in _wrong_positions_alternative(spec, rows, query, key, out_q, out_k, full_cache):
+        result = _alternative_result(alt, out_q, out_k, ref_q, ref_k, precision)
+        if result is not None and _explains(result, comparison):
+            return found(alt.label, alt.sentence)
+
+    # 9. Pass-through channels written along with wrong rotary channels everywhere, or nothing
     #    more specific.
     if touched:
         return pass_through_touched()
