@@ -8,8 +8,12 @@ It may carry two attributes:
 * ``supports(spec, dtype, device) -> bool``: combinations it cannot run are skipped, with the
   reason in the test id and the report, never silently passed.
 
-Names resolve to built-ins (``native``, ``triton``) or to an import path ``package.module:callable``,
-so any external kernel can be checked without touching the project.
+Names resolve to built-ins (``native``, ``triton``), to the adapters of external implementations
+(``liger``, ``transformers``, ``vllm-native``, ``vllm-cuda``, ``vllm-xd``, ``sglang``, ``flashinfer``:
+``rope.backends``; a missing package is a ValueError naming it and how to install it) or to an import
+path ``package.module:callable``, so any external kernel can be checked without touching the project.
+An implementation may also carry ``unsupported_reason(spec, dtype, device) -> str | None``, the text of
+the skip (the adapters do).
 """
 
 from __future__ import annotations
@@ -17,12 +21,17 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
+from rope.backends import BACKENDS
+
 WORKING_PRECISIONS = ("float32", "activation")
 
 _ROTATIONS = {
     "native": "rope.native:rotate_native",
     "triton": "rope.triton.rotary:rotate_triton",
+    # External implementations (optional packages): by name only, never in implementations().
+    **{name: path for name, (path, _, _) in BACKENDS.items()},
 }
+BUILTIN_ROTATIONS = ("native", "triton")
 _POSITIONS = {
     "native": "rope.positions:prepare_positions_native",
     "triton": "rope.triton.positions:prepare_positions_triton",
@@ -62,8 +71,8 @@ def get_implementation(name: str) -> Callable:
 
 
 def implementations() -> dict[str, Callable]:
-    """Every built-in rotation implementation, by name."""
-    return {name: get_implementation(name) for name in _ROTATIONS}
+    """Every built-in rotation implementation, by name (not the optional external adapters)."""
+    return {name: get_implementation(name) for name in BUILTIN_ROTATIONS}
 
 
 def get_positions_implementation(name: str) -> Callable:
@@ -89,6 +98,11 @@ def working_precision(fn: Callable) -> str:
 
 def unsupported_reason(name: str, fn: Callable, spec, dtype, device: str) -> str | None:
     """None when ``fn`` claims to support the combination, else the reason to skip it."""
+    explain = getattr(fn, "unsupported_reason", None)
+    if explain is not None:
+        why = explain(spec, dtype, device)
+        return None if why is None else (f"unsupported: {name} does not run {spec.variant()} "
+                                          f"{str(dtype).replace('torch.', '')} on {device}: {why}")
     supports = getattr(fn, "supports", None)
     if supports is None or supports(spec, dtype, device):
         return None

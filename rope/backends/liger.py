@@ -1,0 +1,70 @@
+"""Liger-Kernel's M-RoPE: ``liger_kernel.transformers.qwen2vl_mrope.liger_multimodal_rotary_pos_emb``.
+
+Liger's API is transformers-shaped (checked on liger-kernel 0.8.5):
+
+* q ``[B, n_q_heads, L, head_dim]``, k ``[B, n_kv_heads, L, head_dim]``, each the ``transpose(1, 2)`` of
+  ``[B, L, heads, head_dim]`` storage (the kernel transposes back and calls ``.contiguous()``; with the
+  harness's contiguous q/k that is a view, so it rotates them in place);
+* cos, sin ``[3, B, L, head_dim]``: one row per position row (t, h, w), laid out ``cat(f, f)`` (only the
+  first half is read);
+* ``mrope_section`` ``[s_t, s_h, s_w]``: chunked, NeoX pairs, the whole head rotates.
+
+One Triton program per token computes in the cos dtype (the activation dtype: working precision
+"activation").  Not covered by the kernel, so reported unsupported: 1-D RoPE (Liger's separate
+``liger_rotary_pos_emb``), interleaved sections (Liger patches Qwen3-VL with the 1-D kernel), 4 rows,
+GPT-J pairs, partial rotary.  The harness's 1-D B = 1 batch is one sequence of T tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rope.backends import declare, heads, require, triton_reason
+from rope.spec import RopeSpec, check_rotation_inputs
+
+_mrope = require("liger_kernel.transformers.qwen2vl_mrope", distribution="liger-kernel",
+                 install="pip install '.[backends]'  (liger-kernel>=0.6)")
+
+
+def to_liger(x: torch.Tensor, head_size: int) -> torch.Tensor:
+    """[T, heads * head_size] -> [1, heads, T, head_size] (a view of [1, T, heads, head_size])."""
+    return x.unflatten(1, (-1, head_size)).unsqueeze(0).transpose(1, 2)
+
+
+def from_liger(x: torch.Tensor) -> torch.Tensor:
+    """[1, heads, T, head_size] -> [T, heads * head_size]."""
+    return x.transpose(1, 2).flatten(2).squeeze(0)
+
+
+def liger_cos_sin(cache: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [3, 1, T, rotary_dim] = cat(f, f) per position row, read from the harness cache."""
+    cos, sin = cache[positions.long()].chunk(2, dim=-1)          # [3, T, rd/2] each
+    return torch.cat((cos, cos), -1).unsqueeze(1), torch.cat((sin, sin), -1).unsqueeze(1)
+
+
+def rotate_liger(spec: RopeSpec, positions, query, key, cos_sin_cache):
+    check_rotation_inputs(spec, positions, query, key, cos_sin_cache)
+    hs = spec.head_size
+    # Liger always rotates a key; without one it gets a one-head scratch key that is thrown away.
+    k_in = key if key is not None else query.new_zeros(query.shape[0], hs)
+    cos, sin = liger_cos_sin(cos_sin_cache, positions)
+    q_out, k_out = _mrope.liger_multimodal_rotary_pos_emb(
+        to_liger(query, hs), to_liger(k_in, hs), cos, sin, list(spec.sections))
+    return from_liger(q_out), (from_liger(k_out) if key is not None else None)
+
+
+def _reason(spec: RopeSpec, dtype, device: str) -> str | None:
+    if spec.sections is None:
+        return "liger_multimodal_rotary_pos_emb is M-RoPE only (1-D RoPE is liger_rotary_pos_emb, not this kernel)"
+    if spec.num_dims != 3:
+        return f"liger_multimodal_rotary_pos_emb reads exactly 3 position rows (spec has {spec.num_dims})"
+    if spec.layout != "chunked":
+        return "liger_multimodal_rotary_pos_emb has chunked sections only (no Qwen3-VL interleaved map)"
+    if not spec.is_neox_style:
+        return "liger_multimodal_rotary_pos_emb pairs NeoX-style only (no GPT-J)"
+    if spec.rotary_dim != spec.head_size:
+        return "liger_multimodal_rotary_pos_emb rotates the whole head (no partial rotary)"
+    return triton_reason(device, dtype, bf16_arithmetic=True)
+
+
+rotate_liger = declare(rotate_liger, working_precision="activation", reason=_reason)

@@ -1,0 +1,85 @@
+"""SGLang's ``MRotaryEmbedding`` (``sglang.srt.layers.rotary_embedding.mrope``; read on sglang 0.5.23).
+
+Its interface is the harness's own: positions ``[T]`` or ``[3, T]``, q/k ``[T, heads * head_size]``,
+``cos_sin_cache`` ``[L, rotary_dim]`` (cos | sin) held as a buffer of the module.  The adapter builds one
+module per spec and dtype (``max_position_embeddings`` = the spec's cache length) and points its public
+``cos_sin_cache`` buffer at the harness's cache, the one attribute every forward reads.  Two entries:
+
+* ``sglang`` -> ``forward_native``: gather, section map (chunked or Qwen3-VL interleaved), rotation in
+  the activation dtype, out of place;
+* ``sglang-triton`` -> ``forward_triton``: the fused Triton kernel ``triton_mrope_fused`` (chunked,
+  interleaved, GLM round-robin axis map, NeoX or GPT-J, partial rotary), in place, computing in the
+  cache dtype.
+
+SGLang's M-RoPE has exactly 3 rows: 4-row XD-RoPE is not in it.  The GLM round-robin map
+(``mrope_interleaved_glm``) has no RopeSpec layout, so it is not driven from the suite.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from rope.backends import declare, require, triton_reason
+from rope.spec import RopeSpec, check_rotation_inputs
+
+# SGLang's own switch for a GPU-less host: without it the module reaches for vLLM's CUDA ops.
+if not torch.cuda.is_available():
+    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+_mrope = require("sglang.srt.layers.rotary_embedding.mrope", distribution="sglang",
+                 install="tools/sglang_cpu_site.sh (CPU, PYTHONPATH=/tmp/sglang-site) or pip install sglang")
+
+
+@functools.lru_cache(maxsize=32)
+def _module(spec: RopeSpec, dtype: torch.dtype):
+    return _mrope.MRotaryEmbedding(
+        spec.head_size, spec.rotary_dim, spec.max_position, spec.base, spec.is_neox_style, dtype,
+        mrope_section=list(spec.sections) if spec.sections else None,
+        mrope_interleaved=spec.layout == "interleaved")
+
+
+def _call(method: str, spec: RopeSpec, positions, query, key, cos_sin_cache):
+    check_rotation_inputs(spec, positions, query, key, cos_sin_cache)
+    if spec.ntk_alpha is not None:
+        raise ValueError(f"ntk_alpha={spec.ntk_alpha}: SGLang's MRotaryEmbedding has no NTK-alpha base")
+    op = _module(spec, query.dtype)
+    op.cos_sin_cache = cos_sin_cache
+    k_in = key if key is not None else query.new_zeros(query.shape[0], spec.head_size)
+    q_out, k_out = getattr(op, method)(positions, query, k_in)
+    return q_out, (k_out if key is not None else None)
+
+
+def rotate_sglang(spec: RopeSpec, positions, query, key, cos_sin_cache):
+    return _call("forward_native", spec, positions, query, key, cos_sin_cache)
+
+
+def rotate_sglang_triton(spec: RopeSpec, positions, query, key, cos_sin_cache):
+    if spec.sections is None:
+        raise ValueError("sections=None: forward_triton is the M-RoPE kernel (1-D goes through forward_native)")
+    return _call("forward_triton", spec, positions, query, key, cos_sin_cache)
+
+
+def _spec_reason(spec: RopeSpec) -> str | None:
+    if spec.num_dims not in (1, 3):
+        return f"SGLang's MRotaryEmbedding has exactly 3 position rows (spec has {spec.num_dims})"
+    if spec.ntk_alpha is not None:
+        return "SGLang's MRotaryEmbedding has no NTK-alpha (XD-RoPE) base"
+    if spec.num_dims == 1 and spec.sections is not None:
+        return "one-row sections are not an SGLang configuration (1-D RoPE has mrope_section=None)"
+    return None
+
+
+def _native_reason(spec: RopeSpec, dtype, device: str) -> str | None:
+    return _spec_reason(spec)
+
+
+def _triton_reason(spec: RopeSpec, dtype, device: str) -> str | None:
+    if spec.sections is None:
+        return "forward_triton is the M-RoPE kernel; 1-D positions go through forward_native"
+    return _spec_reason(spec) or triton_reason(device, dtype, bf16_arithmetic=True)
+
+
+rotate_sglang = declare(rotate_sglang, working_precision="activation", reason=_native_reason)
+rotate_sglang_triton = declare(rotate_sglang_triton, working_precision="activation", reason=_triton_reason)

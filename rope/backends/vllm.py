@@ -1,0 +1,123 @@
+"""vLLM's rotary embedding ops (``vllm.model_executor.layers.rotary_embedding``; read on vllm 0.33.0).
+
+``MRotaryEmbedding`` takes the harness's layout as is: positions ``[T]`` or ``[3, T]``, q/k
+``[T, heads * head_size]``, a cos|sin cache ``[L, rotary_dim]`` held in the public ``cos_sin_cache``
+buffer.  The adapter builds one op per spec and dtype and points that buffer at the harness's cache
+(cast to q's dtype, as ``_match_cos_sin_cache_dtype`` does; it then has nothing to change).  Entries:
+
+* ``vllm-native`` -> ``forward_native``: gather, section map, rotation in the activation dtype;
+* ``vllm-cuda`` -> ``forward_cuda``: the Triton kernel ``triton_mrope`` for ``[3, T]`` positions
+  (computes in the cos dtype), ``ApplyRotaryEmb`` for ``[T]``;
+* ``vllm-xd`` -> ``XDRotaryEmbedding.forward_native`` (XD-RoPE, 3 or 4 rows, NTK alpha) where the
+  installed vLLM has it (0.33.0 does not: it is then unsupported, with that reason).
+
+vLLM asserts a key; without one the op gets a one-head scratch key that is thrown away.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from rope.backends import declare, require, triton_reason
+from rope.spec import RopeSpec, check_rotation_inputs
+
+# Without a GPU vLLM swaps Triton for a placeholder (no active driver), so the Triton M-RoPE kernel
+# could not run under the interpreter.  vLLM keeps real Triton when CUDA_VISIBLE_DEVICES is empty (its
+# "distributed environment" rule); on a GPU-less host that is a true statement, so say it.
+if not torch.cuda.is_available():
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+_INSTALL = "tools/vllm_cpu_env.sh (CPU, its own venv) or pip install vllm (CUDA)"
+_rotary = require("vllm.model_executor.layers.rotary_embedding", distribution="vllm", install=_INSTALL)
+_mrope = require("vllm.model_executor.layers.rotary_embedding.mrope", distribution="vllm", install=_INSTALL)
+_config = require("vllm.config", distribution="vllm", install=_INSTALL)
+XDRotaryEmbedding = getattr(_rotary, "XDRotaryEmbedding", None)
+
+
+def _construct(cls, *args, **kwargs):
+    """A CustomOp is built inside a vLLM config context (what vLLM's own op tests do, with defaults)."""
+    device = None if torch.cuda.is_available() else _config.DeviceConfig(device="cpu")
+    config = _config.VllmConfig(device_config=device) if device else _config.VllmConfig()
+    with _config.set_current_vllm_config(config):
+        return cls(*args, **kwargs)
+
+
+def _version() -> str:
+    import vllm
+    return getattr(vllm, "__version__", "?")
+
+
+@functools.lru_cache(maxsize=32)
+def _mrope_op(spec: RopeSpec, dtype: torch.dtype):
+    # positions_factor=1: the cache is replaced by the harness's one anyway (no 4x table to build).
+    return _construct(
+        _mrope.MRotaryEmbedding, spec.head_size, spec.rotary_dim, spec.max_position, spec.base, spec.is_neox_style, dtype,
+        mrope_section=list(spec.sections) if spec.sections else None,
+        mrope_interleaved=spec.layout == "interleaved", positions_factor=1)
+
+
+@functools.lru_cache(maxsize=32)
+def _xd_op(spec: RopeSpec, dtype: torch.dtype):
+    return _construct(XDRotaryEmbedding, spec.head_size, spec.rotary_dim, spec.max_position, spec.base, spec.is_neox_style,
+                             spec.ntk_alpha if spec.ntk_alpha is not None else 1.0, dtype, list(spec.sections))
+
+
+def _call(op, method: str, spec: RopeSpec, positions, query, key, cos_sin_cache):
+    op.cos_sin_cache = cos_sin_cache
+    k_in = key if key is not None else query.new_zeros(query.shape[0], spec.head_size)
+    with torch.no_grad():
+        q_out, k_out = getattr(op, method)(positions, query, k_in)
+    return q_out, (k_out if key is not None else None)
+
+
+def rotate_vllm_native(spec: RopeSpec, positions, query, key, cos_sin_cache):
+    check_rotation_inputs(spec, positions, query, key, cos_sin_cache)
+    return _call(_mrope_op(spec, query.dtype), "forward_native", spec, positions, query, key, cos_sin_cache)
+
+
+def rotate_vllm_cuda(spec: RopeSpec, positions, query, key, cos_sin_cache):
+    check_rotation_inputs(spec, positions, query, key, cos_sin_cache)
+    return _call(_mrope_op(spec, query.dtype), "forward_cuda", spec, positions, query, key, cos_sin_cache)
+
+
+def rotate_vllm_xd(spec: RopeSpec, positions, query, key, cos_sin_cache):
+    check_rotation_inputs(spec, positions, query, key, cos_sin_cache)
+    if XDRotaryEmbedding is None:
+        raise ValueError(f"vllm {_version()} has no XDRotaryEmbedding")
+    return _call(_xd_op(spec, query.dtype), "forward_native", spec, positions, query, key, cos_sin_cache)
+
+
+def _mrope_reason(spec: RopeSpec) -> str | None:
+    if spec.num_dims not in (1, 3):
+        return f"MRotaryEmbedding takes [T] or [3, T] positions (spec has {spec.num_dims} rows; XD-RoPE is vllm-xd)"
+    if spec.num_dims == 1 and spec.sections is not None:
+        return "one-row sections are not a vLLM configuration (1-D RoPE has mrope_section=None)"
+    if spec.ntk_alpha is not None:
+        return "MRotaryEmbedding has no NTK-alpha base (that is XDRotaryEmbedding)"
+    return None
+
+
+def _native_reason(spec: RopeSpec, dtype, device: str) -> str | None:
+    return _mrope_reason(spec)
+
+
+def _cuda_reason(spec: RopeSpec, dtype, device: str) -> str | None:
+    why = _mrope_reason(spec)
+    if why or spec.sections is None:
+        return why
+    return triton_reason(device, dtype, bf16_arithmetic=True)
+
+
+def _xd_reason(spec: RopeSpec, dtype, device: str) -> str | None:
+    if XDRotaryEmbedding is None:
+        return f"vllm {_version()} has no XDRotaryEmbedding"
+    if spec.sections is None or spec.num_dims not in (3, 4) or spec.layout != "chunked":
+        return "XDRotaryEmbedding is chunked XD-RoPE with 3 or 4 position rows"
+    return None
+
+
+rotate_vllm_native = declare(rotate_vllm_native, working_precision="activation", reason=_native_reason)
+rotate_vllm_cuda = declare(rotate_vllm_cuda, working_precision="activation", reason=_cuda_reason)
+rotate_vllm_xd = declare(rotate_vllm_xd, working_precision="activation", reason=_xd_reason)
