@@ -198,7 +198,7 @@ def hf_rotate(family: HFFamily, spec: RopeSpec, position_ids: torch.Tensor, quer
 def to_hf_heads(x: torch.Tensor, batch: int, head_size: int) -> torch.Tensor:
     """[B*L, heads*head_size] (token t = b*L + l) -> [B, heads, L, head_size]."""
     tokens = x.shape[0]
-    return x.reshape(batch, tokens // batch, -1, head_size).transpose(1, 2)
+    return x.reshape(batch, tokens // batch, x.shape[1] // head_size, head_size).transpose(1, 2)
 
 
 def from_hf_heads(x: torch.Tensor) -> torch.Tensor:

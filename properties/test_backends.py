@@ -1,0 +1,153 @@
+"""External implementations (rope/backends) against the reference, each one that imports here.
+
+``pytest --rope-impl liger`` runs the whole suite against one adapter; this module is the bounded CI
+slice of that for every installed backend at once: the rotation property per (dtype, kind, pairing),
+drawing only cases the backend supports (``assume``: a skip inside ``@given`` would end the test at the
+first unsupported draw), the known-bug triggers, and adapter-level checks that the layout conversions
+are what the external code expects (they can fail: a wrong transpose or cos layout is caught).
+A backend whose package is missing is skipped with the import error and the install command.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
+
+import reference
+from properties.checks import assert_matches_reference
+from properties.known_cases import KNOWN_BUG_CASES
+from properties.strategies import DTYPE_SHORT, DTYPES, KINDS, rotation_cases
+from rope.backends import BACKENDS
+from rope.registry import get_implementation, unsupported_reason
+from rope.cases import load_case
+from rope.spec import RopeSpec
+
+KNOWN_MISMATCH = (
+    "known mismatch: transformers HunYuanVL (5.13+) splits the head into blocks of 2*s_i, so the two "
+    "channels of a NeoX pair take different position rows for image tokens (SPEC §2; "
+    "properties/regressions/transformers/hunyuan_vl-block-layout.json)")
+
+NAMES = sorted(BACKENDS)
+REGRESSIONS = Path(__file__).parent / "regressions" / "backends"
+CASE_FILES = sorted(REGRESSIONS.glob("*/*.json"))
+
+# Known mismatches of a backend: backend -> the specs it diverges on (KNOWN_MISMATCH).  The property
+# then draws text tokens only there (all rows equal: where the layouts agree); the pinned case files
+# replay as strict xfail.  transformers runs XD-RoPE (4 rows, or an NTK alpha) through HunYuanVL.
+KNOWN_MISMATCHES = {
+    "transformers": lambda spec: spec.num_dims == 4 or spec.ntk_alpha is not None,
+}
+KNOWN_BUG_XFAIL = {("transformers", "xdrope-4rows-hunyuanocr"): KNOWN_MISMATCH}
+
+
+def backend_or_skip(name: str):
+    try:
+        return get_implementation(name)
+    except ValueError as exc:
+        pytest.skip(f"{name} not installed here: {exc}")
+
+
+def _probe(kind: str, neox: bool) -> RopeSpec:
+    """The plainest spec of a kind (head 64, whole head rotates): a backend that cannot run it cannot run the kind."""
+    sections = {"1d": None, "chunked1": (32,), "chunked3": (16, 8, 8), "chunked4": (8, 8, 8, 8),
+                "interleaved": (12, 10, 10)}[kind]
+    return RopeSpec(64, 64, neox, sections, "interleaved" if kind == "interleaved" else "chunked")
+
+
+@pytest.mark.parametrize("is_neox_style", [pytest.param(True, id="neox"), pytest.param(False, id="gptj")])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=[DTYPE_SHORT[d] for d in DTYPES])
+@pytest.mark.parametrize("backend", NAMES)
+@settings(suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+@given(data=st.data())
+def test_backend_rotation_matches_reference(backend, device, dtype, kind, is_neox_style, data):
+    impl = backend_or_skip(backend)
+    why = unsupported_reason(backend, impl, _probe(kind, is_neox_style), DTYPES[dtype], device)
+    if why:
+        pytest.skip(why)
+    case = data.draw(rotation_cases(dtype=dtype, kind=kind, is_neox_style=is_neox_style), label="case")
+    if KNOWN_MISMATCHES.get(backend, lambda spec: False)(case.spec):
+        assume(case.positions_kind == "text")
+    assume(unsupported_reason(backend, impl, case.spec, DTYPES[dtype], device) is None)
+    assert_matches_reference(backend, impl, case, device)
+
+
+@pytest.mark.parametrize("bug", list(KNOWN_BUG_CASES))
+@pytest.mark.parametrize("backend", NAMES)
+def test_backend_known_bug_triggers(backend, device, bug):
+    impl = backend_or_skip(backend)
+    case = KNOWN_BUG_CASES[bug]
+    why = unsupported_reason(backend, impl, case.spec, DTYPES[case.dtype], device)
+    if why:
+        pytest.skip(why)
+    if (backend, bug) in KNOWN_BUG_XFAIL:
+        with pytest.raises(AssertionError, match="does not match the reference"):
+            assert_matches_reference(backend, impl, case, device)
+        pytest.xfail(KNOWN_BUG_XFAIL[(backend, bug)])
+    assert_matches_reference(backend, impl, case, device)
+
+
+@pytest.mark.parametrize("path", CASE_FILES, ids=[f"{p.parent.name}-{p.stem}" for p in CASE_FILES])
+def test_backend_regression_still_mismatches(device, path, monkeypatch, tmp_path):
+    # A pinned mismatch of an external implementation (properties/regressions/backends/<backend>/):
+    # strict, so an upstream fix fails here and the pin is revisited.
+    monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))
+    backend = path.parent.name
+    impl = backend_or_skip(backend)
+    loaded = load_case(path)
+    why = unsupported_reason(backend, impl, loaded.case.spec, DTYPES[loaded.case.dtype], device)
+    if why:
+        pytest.skip(why)
+    with pytest.raises(AssertionError, match="does not match the reference"):
+        assert_matches_reference(backend, impl, loaded.case, device)
+
+
+# ------------------------------------------------------------------------ layout conversions
+def test_liger_layout_round_trip():
+    liger = pytest.importorskip("rope.backends.liger", reason="liger-kernel not installed (pip install '.[backends]')")
+    x = torch.arange(5 * 3 * 8, dtype=torch.float32).reshape(5, 24)       # 5 tokens, 3 heads of 8
+    heads = liger.to_liger(x, 8)
+    assert heads.shape == (1, 3, 5, 8)
+    assert torch.equal(heads[0, 2, 4], x[4, 16:24])                           # head 2 of token 4
+    assert heads.transpose(1, 2).is_contiguous()                              # what the kernel indexes
+    assert torch.equal(liger.from_liger(heads), x)
+
+
+def test_liger_cos_sin_are_per_row_cat_halves():
+    liger = pytest.importorskip("rope.backends.liger", reason="liger-kernel not installed (pip install '.[backends]')")
+    cache = torch.arange(10 * 4, dtype=torch.float32).reshape(10, 4)          # rows p: cos p | sin p
+    positions = torch.tensor([[1, 2], [3, 4], [5, 6]])
+    cos, sin = liger.liger_cos_sin(cache, positions)
+    assert cos.shape == sin.shape == (3, 1, 2, 4)
+    assert cos[1, 0, 1].tolist() == [16.0, 17.0, 16.0, 17.0]                  # row h, token 1: position 4
+    assert sin[2, 0, 0].tolist() == [22.0, 23.0, 22.0, 23.0]                  # row w, token 0: position 5
+
+
+def test_a_wrong_layout_conversion_is_caught():
+    # The adapter with the tokens and heads of the [B, heads, L, D] view swapped: the property must fail.
+    liger = pytest.importorskip("rope.backends.liger", reason="liger-kernel not installed (pip install '.[backends]')")
+    spec = RopeSpec(16, 16, True, (4, 2, 2), "chunked", max_position=64)
+    g = torch.Generator().manual_seed(0)
+    positions = torch.randint(0, 64, (3, 4), generator=g)
+    q, k = torch.randn(4, 2 * 16, generator=g), torch.randn(4, 16, generator=g)
+    from rope.cache import cos_sin_cache
+    cache = cos_sin_cache(spec, torch.float32)
+    ref_q, _ = reference.rotate(spec, positions, q, k, cache)
+    cos, sin = liger.liger_cos_sin(cache, positions)
+    wrong = q.clone().reshape(1, 2, 4, 16)                                    # heads-major, not token-major
+    out, _ = liger._mrope.liger_multimodal_rotary_pos_emb(wrong, liger.to_liger(k.clone(), 16), cos, sin, [4, 2, 2])
+    assert not torch.allclose(out.reshape(4, 32).double(), ref_q)
+    good_q, _ = liger.rotate_liger(spec, positions, q.clone(), k.clone(), cache)
+    assert torch.allclose(good_q.double(), ref_q, atol=1e-5)
+
+
+def test_missing_backend_names_its_package():
+    # The registry's message for an absent package names it and the install command.
+    for name in ("flashinfer", "sglang", "vllm-native"):
+        try:
+            get_implementation(name)
+        except ValueError as exc:
+            assert "install it with" in str(exc) and name.split("-")[0].split("_")[0] in str(exc).lower()
