@@ -171,7 +171,7 @@ def interleaved_thw_order_swapped():
     """
 
 
-@_rotary(("pos_ptr + d * pos_row_stride + token", "pos_ptr + d * tl.num_programs(0) + token"))
+@_rotary(("pos_ptr + d * pos_row_stride + token", "pos_ptr + d * num_tokens + token"))
 def positions_rows_packed():
     """(e) Position rows assumed packed: row d read at d * num_tokens (SPEC §7, notes §8.4).
 

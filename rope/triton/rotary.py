@@ -20,7 +20,7 @@ from rope.devices import device_name, is_interpreter, triton_runs_on
 from rope.spec import RopeSpec, check_rotation_inputs
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-MAX_TILE = 4096            # heads x frequencies handled by one program at large batch sizes
+MAX_TILE = 1024            # tokens x heads x frequencies handled by one program at large batch sizes
 SMALL_BATCH_TOKENS = 128   # below this, split heads over more programs (decode latency)
 
 
@@ -39,62 +39,100 @@ def _round_for_store(x, OUT_BF16: tl.constexpr):
 
 
 @triton.jit
-def _rotate_tile(row_ptr, heads, num_heads, head_size, freq, freq_ok, half, cos, sin,
-                 IS_NEOX: tl.constexpr, OUT_BF16: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr):
-    """Rotate every pair of the given heads of one token row, in place.
+def _load_tile(row_ptrs, token_ok, heads, num_heads, head_size, freq, half,
+               IS_NEOX: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr):
+    """Load the pairs (x1, x2) of the given heads of BLOCK_T token rows: [BLOCK_T, BLOCK_H, BLOCK_F]
+    each, in the storage dtype.  ``row_ptrs`` [BLOCK_T] point at each token's row.
 
     NeoX pairs (i, i + half): two contiguous half-rows per head.  GPT-J pairs (2i, 2i + 1): one
     contiguous run of 2 * BLOCK_F channels per head, split into even/odd lanes in registers
     (strided 2-byte loads and stores would not coalesce)."""
-    c = cos[None, :]
-    s = sin[None, :]
-    out_ty = row_ptr.dtype.element_ty
-    head_base = heads[:, None] * head_size
+    head_base = row_ptrs[:, None, None] + heads[None, :, None] * head_size          # [T, H, 1]
+    row_ok = token_ok[:, None, None] & (heads[None, :, None] < num_heads)
     if IS_NEOX:
-        mask = (heads[:, None] < num_heads) & freq_ok[None, :]
-        a_ptr = row_ptr + head_base + freq[None, :]
-        b_ptr = a_ptr + half
-        x1 = tl.load(a_ptr, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(b_ptr, mask=mask, other=0.0).to(tl.float32)
-        o1 = x1 * c - x2 * s
-        o2 = x2 * c + x1 * s
-        tl.store(a_ptr, _round_for_store(o1, OUT_BF16).to(out_ty), mask=mask)
-        tl.store(b_ptr, _round_for_store(o2, OUT_BF16).to(out_ty), mask=mask)
+        mask = row_ok & (freq < half)[None, None, :]
+        a_ptr = head_base + freq[None, None, :]
+        x1 = tl.load(a_ptr, mask=mask, other=0.0)
+        x2 = tl.load(a_ptr + half, mask=mask, other=0.0)
     else:
         chan = tl.arange(0, 2 * BLOCK_F)
-        mask = (heads[:, None] < num_heads) & (chan < 2 * half)[None, :]
-        ptr = row_ptr + head_base + chan[None, :]
-        x = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
-        x1, x2 = tl.split(tl.reshape(x, (BLOCK_H, BLOCK_F, 2)))
-        o1 = x1 * c - x2 * s
-        o2 = x2 * c + x1 * s
-        o = tl.reshape(tl.join(o1, o2), (BLOCK_H, 2 * BLOCK_F))
-        tl.store(ptr, _round_for_store(o, OUT_BF16).to(out_ty), mask=mask)
+        mask = row_ok & (chan < 2 * half)[None, None, :]
+        x = tl.load(head_base + chan[None, None, :], mask=mask, other=0.0)
+        x1, x2 = tl.split(tl.reshape(x, (BLOCK_T, BLOCK_H, BLOCK_F, 2)))
+    return x1, x2
 
 
-# Head counts, sections and the positions row stride vary per model but do not affect memory
-# alignment: do not let Triton specialize (and recompile) on them.
-@triton.jit(do_not_specialize=["pos_row_stride", "num_q_heads", "num_kv_heads", "sec0", "sec1", "sec2"])
+@triton.jit
+def _rotate_store_tile(row_ptrs, token_ok, heads, num_heads, head_size, freq, half, x1, x2, cos, sin,
+                       IS_NEOX: tl.constexpr, OUT_BF16: tl.constexpr,
+                       BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr):
+    """Rotate the loaded pairs in fp32 (cos/sin: [BLOCK_T, BLOCK_F]) and store them in place,
+    under the same masks as :func:`_load_tile`."""
+    c = cos[:, None, :]
+    s = sin[:, None, :]
+    x1 = x1.to(tl.float32)
+    x2 = x2.to(tl.float32)
+    o1 = x1 * c - x2 * s
+    o2 = x2 * c + x1 * s
+    out_ty = row_ptrs.dtype.element_ty
+    head_base = row_ptrs[:, None, None] + heads[None, :, None] * head_size
+    row_ok = token_ok[:, None, None] & (heads[None, :, None] < num_heads)
+    if IS_NEOX:
+        mask = row_ok & (freq < half)[None, None, :]
+        a_ptr = head_base + freq[None, None, :]
+        tl.store(a_ptr, _round_for_store(o1, OUT_BF16).to(out_ty), mask=mask)
+        tl.store(a_ptr + half, _round_for_store(o2, OUT_BF16).to(out_ty), mask=mask)
+    else:
+        chan = tl.arange(0, 2 * BLOCK_F)
+        mask = row_ok & (chan < 2 * half)[None, None, :]
+        o = tl.reshape(tl.join(o1, o2), (BLOCK_T, BLOCK_H, 2 * BLOCK_F))
+        tl.store(head_base + chan[None, None, :], _round_for_store(o, OUT_BF16).to(out_ty), mask=mask)
+
+
+# Head counts, sections, the token count and the positions row stride vary per call but do not
+# affect memory alignment: do not let Triton specialize (and recompile) on them.
+@triton.jit(do_not_specialize=["pos_row_stride", "num_tokens", "num_q_heads", "num_kv_heads", "sec0", "sec1", "sec2"])
 def _rotary_kernel(
     q_ptr, k_ptr, cache_ptr, pos_ptr,
     q_row_stride, k_row_stride, cache_row_stride, pos_row_stride,
-    num_q_heads, num_kv_heads, head_size, half, sec0, sec1, sec2,
+    num_tokens, num_q_heads, num_kv_heads, head_size, half, sec0, sec1, sec2,
     NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, IS_NEOX: tl.constexpr, HAS_KEY: tl.constexpr, OUT_BF16: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr,
+    SPLIT_QK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr,
 ):
-    # Program (token, head_block) rotates heads [head_block*BLOCK_H, +BLOCK_H) of q and of k.
+    # Program (token_block, head_block) rotates a tile of BLOCK_T tokens x BLOCK_H heads x all
+    # frequencies.  SPLIT_QK: head blocks [0, cdiv(num_q_heads, BLOCK_H)) are q's and the rest
+    # k's, one tensor per program; else each program does its heads of q, then of k.
     # Sizes are runtime ints (fewer recompiles; Triton still specializes multiples of 16);
     # only the variant switches and the power-of-two tile sizes are constexpr.
     # half = rotary_dim / 2; sec0..sec2 are the first three sections (row 3 takes the rest).
-    token = tl.program_id(0).to(tl.int64)
+    token = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    token_ok = token < num_tokens
     head_block = tl.program_id(1)
-
-    # (1) Frequency lanes; lanes >= half are padding (BLOCK_F is a power of two) and are
-    #     masked off every load and store, cos/sin included.
     freq = tl.arange(0, BLOCK_F)
+
+    # (1) Issue the q (or k) loads first: they depend on nothing, so their memory latency
+    #     overlaps the dependent chain positions -> cache row -> cos/sin below.
+    if SPLIT_QK:
+        q_blocks = tl.cdiv(num_q_heads, BLOCK_H)
+        is_k = head_block >= q_blocks
+        x_ptr = tl.where(is_k, k_ptr, q_ptr)
+        x_stride = tl.where(is_k, k_row_stride, q_row_stride).to(tl.int64)
+        x_heads = tl.where(is_k, num_kv_heads, num_q_heads)
+        heads = (head_block - tl.where(is_k, q_blocks, 0)) * BLOCK_H + tl.arange(0, BLOCK_H)
+        x_rows = x_ptr + token * x_stride
+        x1, x2 = _load_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half,
+                            IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F)
+    else:
+        heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
+        q_rows = q_ptr + token * q_row_stride
+        x1, x2 = _load_tile(q_rows, token_ok, heads, num_q_heads, head_size, freq, half,
+                            IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F)
+
+    # (2) Frequency lanes; lanes >= half are padding (BLOCK_F is a power of two) and are
+    #     masked off every load and store, cos/sin included.
     freq_ok = freq < half
 
-    # (2) The position row that drives each frequency (SPEC §2).
+    # (3) The position row that drives each frequency (SPEC §2).
     axis = tl.zeros([BLOCK_F], dtype=tl.int32)
     if INTERLEAVED:
         # Qwen3-VL: H at i%3==1 below 3*s_h, W at i%3==2 below 3*s_w, T elsewhere.
@@ -109,24 +147,31 @@ def _rotary_kernel(
         if NUM_DIMS >= 4:
             axis += (freq >= sec0 + sec1 + sec2).to(tl.int32)
 
-    # (3) Per-lane position: positions[axis(i), token]; row d starts at d * pos_row_stride.
-    pos = tl.load(pos_ptr + token).to(tl.int64) + tl.zeros([BLOCK_F], dtype=tl.int64)
+    # (4) Per-lane position: positions[axis(i), token]; row d starts at d * pos_row_stride.
+    #     Tokens past num_tokens read position 0 (a valid row) and store nothing.
+    pos = tl.load(pos_ptr + token, mask=token_ok, other=0).to(tl.int64)[:, None] + tl.zeros([BLOCK_T, BLOCK_F], dtype=tl.int64)
     for d in tl.static_range(1, NUM_DIMS):
-        pos_d = tl.load(pos_ptr + d * pos_row_stride + token).to(tl.int64)
-        pos = tl.where(axis == d, pos_d, pos)
+        pos_d = tl.load(pos_ptr + d * pos_row_stride + token, mask=token_ok, other=0).to(tl.int64)
+        pos = tl.where(axis[None, :] == d, pos_d[:, None], pos)
 
-    # (4) Gather cos = cache[pos, i], sin = cache[pos, half + i] (one row per lane).
+    # (5) Gather cos = cache[pos, i], sin = cache[pos, half + i] (one row per token and lane).
     cache_row = cache_ptr + pos * cache_row_stride
     cos = tl.load(cache_row + freq, mask=freq_ok, other=0.0).to(tl.float32)
     sin = tl.load(cache_row + half + freq, mask=freq_ok, other=0.0).to(tl.float32)
 
-    # (5) Rotate: NeoX pairs (i, i + half), GPT-J pairs (2i, 2i + 1).
-    heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
-    _rotate_tile(q_ptr + token * q_row_stride, heads, num_q_heads, head_size, freq, freq_ok, half,
-                 cos, sin, IS_NEOX, OUT_BF16, BLOCK_H, BLOCK_F)
-    if HAS_KEY:
-        _rotate_tile(k_ptr + token * k_row_stride, heads, num_kv_heads, head_size, freq, freq_ok, half,
-                     cos, sin, IS_NEOX, OUT_BF16, BLOCK_H, BLOCK_F)
+    # (6) Rotate and store: NeoX pairs (i, i + half), GPT-J pairs (2i, 2i + 1).
+    if SPLIT_QK:
+        _rotate_store_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half, x1, x2, cos, sin,
+                           IS_NEOX, OUT_BF16, BLOCK_T, BLOCK_H, BLOCK_F)
+    else:
+        _rotate_store_tile(q_rows, token_ok, heads, num_q_heads, head_size, freq, half, x1, x2, cos, sin,
+                           IS_NEOX, OUT_BF16, BLOCK_T, BLOCK_H, BLOCK_F)
+        if HAS_KEY:
+            k_rows = k_ptr + token * k_row_stride
+            y1, y2 = _load_tile(k_rows, token_ok, heads, num_kv_heads, head_size, freq, half,
+                                IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F)
+            _rotate_store_tile(k_rows, token_ok, heads, num_kv_heads, head_size, freq, half, y1, y2, cos, sin,
+                               IS_NEOX, OUT_BF16, BLOCK_T, BLOCK_H, BLOCK_F)
 
 
 def _sections_constexprs(spec: RopeSpec) -> tuple[int, int, int]:
@@ -135,12 +180,13 @@ def _sections_constexprs(spec: RopeSpec) -> tuple[int, int, int]:
 
 
 def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block_h: int | None = None,
-                  num_warps: int | None = None):
+                  num_warps: int | None = None, block_t: int | None = None, split_qk: bool | None = None):
     """Launch the kernel without validation (the caller has checked); returns (query, key).
 
     query/key must have unit stride in the last dim; they are rotated in place.  Tile sizes come
     from the H200 sweep in docs/perf-notes.md: few tokens -> small head blocks and more programs
-    (latency); many tokens -> heads x frequencies tiles of up to MAX_TILE elements (bandwidth).
+    (latency); many tokens -> tokens x heads x frequencies tiles of MAX_TILE elements
+    (bandwidth); q and k in separate programs (``split_qk``) unless told otherwise.
     """
     num_tokens = positions.shape[-1]
     if num_tokens == 0:
@@ -150,21 +196,41 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
     block_f = triton.next_power_of_2(spec.num_freqs)
     max_heads = triton.next_power_of_2(max(num_q, num_k))
     small = num_tokens < SMALL_BATCH_TOKENS
+    # Defaults from the H200 sweep (docs/perf-notes.md §4).  Few tokens: one token and 4 heads per
+    # program, q and k in separate programs (more, shorter programs: latency).  Many tokens: two
+    # tokens per program; q and k in separate programs of MAX_TILE elements when k fills its head
+    # blocks (Qwen2.5-VL-72B: 8 kv heads in blocks of 8), else both in one program with twice the
+    # tile (GLM-4.1V: 2 kv heads would leave a k program's lanes mostly masked).
+    if block_t is None:
+        block_t = 1 if small else 2
+    if small:
+        tile_heads = 4
+        split_default = True
+    else:
+        tile_heads = max(1, MAX_TILE // (block_f * block_t))
+        split_default = num_k > 0 and num_k % min(max_heads, tile_heads) == 0
+        if not split_default:
+            tile_heads *= 2
+    if split_qk is None:
+        split_qk = split_default
+    split_qk = bool(split_qk and key is not None)
     if block_h is None:
-        block_h = min(max_heads, 4 if small else max(1, MAX_TILE // block_f))
+        block_h = min(max_heads, tile_heads)
     if num_warps is None:
-        num_warps = 8 if small else 4
-    grid = (num_tokens, triton.cdiv(max(num_q, num_k), block_h))
+        num_warps = 4
+    head_blocks = (triton.cdiv(num_q, block_h) + triton.cdiv(num_k, block_h) if split_qk
+                   else triton.cdiv(max(num_q, num_k), block_h))
+    grid = (triton.cdiv(num_tokens, block_t), head_blocks)
     sec0, sec1, sec2 = _sections_constexprs(spec)
     pos_row_stride = positions.stride(0) if positions.dim() == 2 else 0
     extra = {} if is_interpreter() else {"enable_fp_fusion": False, "num_warps": num_warps}
     _rotary_kernel[grid](
         query, key if key is not None else query, cos_sin_cache, positions,
         query.stride(0), key.stride(0) if key is not None else 0, cos_sin_cache.stride(0), pos_row_stride,
-        num_q, num_k, spec.head_size, spec.num_freqs, sec0, sec1, sec2,
+        num_tokens, num_q, num_k, spec.head_size, spec.num_freqs, sec0, sec1, sec2,
         NUM_DIMS=spec.num_dims, INTERLEAVED=spec.layout == "interleaved", IS_NEOX=spec.is_neox_style, HAS_KEY=key is not None,
         OUT_BF16=query.dtype == torch.bfloat16,
-        BLOCK_H=block_h, BLOCK_F=block_f, **extra,
+        SPLIT_QK=split_qk, BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_F=block_f, **extra,
     )
     return query, key
 
