@@ -38,7 +38,8 @@ from rope.registry import (
     positions_implementations,
 )
 
-_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
+# filter_too_much: draws an implementation does not support are rejected (properties.checks).
+_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 settings.register_profile("dev", max_examples=20, deadline=None, suppress_health_check=_SLOW_OK)
 settings.register_profile("ci", derandomize=True, deadline=None, database=None, print_blob=True,
                           max_examples=20, suppress_health_check=_SLOW_OK)
@@ -222,6 +223,26 @@ def _rope_on_assigned_gpu(request):
     with placement.on_gpu(*marker.args):
         yield
 
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """A Hypothesis test whose every draw the implementation does not support is skipped with
+    the reasons; one where only some were rejected records them in the run report."""
+    from hypothesis.errors import Unsatisfiable
+
+    from properties import checks
+    checks.REJECTED_UNSUPPORTED.clear()
+    try:
+        result = yield
+    except Unsatisfiable:
+        if checks.REJECTED_UNSUPPORTED:
+            pytest.skip("; ".join(sorted(checks.REJECTED_UNSUPPORTED)))
+        raise
+    for reason, count in sorted(checks.REJECTED_UNSUPPORTED.items()):
+        rope_report.record(kind="skip", test=pyfuncitem.nodeid.split("[")[0],
+                           reason=f"{reason} ({count} Hypothesis draws rejected)")
+    return result
 
 
 def pytest_collection_modifyitems(config, items):
