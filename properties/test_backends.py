@@ -151,6 +151,8 @@ def test_liger_cos_sin_are_per_row_cat_halves():
 def test_a_wrong_layout_conversion_is_caught():
     # The adapter with the tokens and heads of the [B, heads, L, D] view swapped: the property must fail.
     liger = pytest.importorskip("rope.backends.liger", reason="liger-kernel not installed (pip install '.[backends]')")
+    from rope.devices import gpu_backend, torch_device
+    dev = torch_device(gpu_backend() or "cpu")     # Liger is Triton: the GPU, or the interpreter on the CPU
     spec = RopeSpec(16, 16, True, (4, 2, 2), "chunked", max_position=64)
     g = torch.Generator().manual_seed(0)
     positions = torch.randint(0, 64, (3, 4), generator=g)
@@ -158,12 +160,13 @@ def test_a_wrong_layout_conversion_is_caught():
     from rope.cache import cos_sin_cache
     cache = cos_sin_cache(spec, torch.float32)
     ref_q, _ = reference.rotate(spec, positions, q, k, cache)
-    cos, sin = liger.liger_cos_sin(cache, positions)
-    wrong = q.clone().reshape(1, 2, 4, 16)                                    # heads-major, not token-major
-    out, _ = liger._mrope.liger_multimodal_rotary_pos_emb(wrong, liger.to_liger(k.clone(), 16), cos, sin, [4, 2, 2])
-    assert not torch.allclose(out.reshape(4, 32).double(), ref_q)
-    good_q, _ = liger.rotate_liger(spec, positions, q.clone(), k.clone(), cache)
-    assert torch.allclose(good_q.double(), ref_q, atol=1e-5)
+    cos, sin = liger.liger_cos_sin(cache.to(dev), positions.to(dev))
+    wrong = q.clone().to(dev).reshape(1, 2, 4, 16)                            # heads-major, not token-major
+    out, _ = liger._mrope.liger_multimodal_rotary_pos_emb(wrong, liger.to_liger(k.clone().to(dev), 16), cos, sin,
+                                                          [4, 2, 2])
+    assert not torch.allclose(out.reshape(4, 32).double().cpu(), ref_q)
+    good_q, _ = liger.rotate_liger(spec, positions.to(dev), q.clone().to(dev), k.clone().to(dev), cache.to(dev))
+    assert torch.allclose(good_q.double().cpu(), ref_q, atol=1e-5)
 
 
 def test_missing_backend_names_its_package():
