@@ -52,6 +52,7 @@ cudaMalloc rather than a slice of the caching allocator's segment.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -257,6 +258,38 @@ class MemoryTracer:
         return out
 
 
+def _masking_wrapper(orig, access: str, active_lanes):
+    """Wrap the interpreter's ``create_masked_load``/``create_masked_store``: the same call, with the
+    mask narrowed to the lanes that are not wild.  The signatures differ between Triton releases
+    (3.6-3.8: ``load(ptrs, mask, other, cache_modifier, eviction_policy, is_volatile)``,
+    ``store(ptrs, value, mask, cache_modifier, eviction_policy)``; 3.9: one ``cache_policy`` in place
+    of the two), and the interpreter passes the trailing ones by position or by name, so the wrapper
+    forwards ``*args, **kwargs`` and finds ``ptrs`` and ``mask`` by their names in the signature of
+    the method it wraps."""
+    params = list(inspect.signature(orig).parameters)[1:]          # without self
+    if "mask" not in params:
+        raise RuntimeError(f"trace_memory: Triton {triton_version()}'s interpreter {orig.__qualname__}{params} "
+                           f"has no 'mask' parameter; the tracer does not know this signature")
+    ptrs_name = "ptrs" if "ptrs" in params else params[0]
+    at_ptrs, at_mask = params.index(ptrs_name), params.index("mask")
+
+    def wrapper(self, *args, **kwargs):
+        ptrs = args[at_ptrs] if len(args) > at_ptrs else kwargs[ptrs_name]
+        if len(args) > at_mask:
+            args = args[:at_mask] + (active_lanes(ptrs, args[at_mask], access),) + args[at_mask + 1:]
+        else:
+            kwargs["mask"] = active_lanes(ptrs, kwargs.get("mask"), access)
+        return orig(self, *args, **kwargs)
+
+    wrapper.__wrapped__ = orig
+    return wrapper
+
+
+def triton_version() -> str:
+    import triton
+    return getattr(triton, "__version__", "?")
+
+
 @contextlib.contextmanager
 def trace_memory(guards=()):
     """Trace every load and store of Triton kernels launched inside the block (interpreter only).
@@ -270,6 +303,7 @@ def trace_memory(guards=()):
     if not tracer.active:
         yield tracer
         return
+    import triton.language as tl
     from triton.runtime import interpreter as interp
 
     builder_cls, executor_cls = interp.InterpreterBuilder, interp.GridExecutor
@@ -282,19 +316,17 @@ def trace_memory(guards=()):
 
     def active_lanes(ptrs, mask, access):
         addresses = np.asarray(ptrs.data)
-        on = np.broadcast_to(np.asarray(mask.data, dtype=bool), addresses.shape)
+        on = np.ones(addresses.shape, dtype=bool) if mask is None else \
+            np.broadcast_to(np.asarray(mask.data, dtype=bool), addresses.shape)
         wild = tracer.check(access, addresses[on], itemsize_of(ptrs), launch_regions)
         if not wild.any():
             return mask
         keep = on.copy()
         keep[on] = ~wild
-        return interp.TensorHandle(keep, mask.dtype)
+        return interp.TensorHandle(keep, tl.int1 if mask is None else mask.dtype)
 
-    def load(self, ptrs, mask, other, cache_policy, is_volatile):
-        return orig_load(self, ptrs, active_lanes(ptrs, mask, "read"), other, cache_policy, is_volatile)
-
-    def store(self, ptrs, value, mask, cache_policy):
-        return orig_store(self, ptrs, value, active_lanes(ptrs, mask, "write"), cache_policy)
+    load = _masking_wrapper(orig_load, "read", active_lanes)
+    store = _masking_wrapper(orig_store, "write", active_lanes)
 
     def call(self, *args, **kwargs):
         tracer.launches += 1
