@@ -38,16 +38,34 @@ def assert_positions_match(name: str, fn, batch: RaggedBatch, device: str) -> No
     assert torch.all(out[:, n:] == OUT_SENTINEL), f"{name} on {device} wrote columns past the step's {n} tokens"
 
 
+def positions_impl_or_skip(name: str, device: str):
+    """The implementation, or a skip with its reason when it does not run on ``device``."""
+    fn = get_positions_implementation(name)
+    reason = positions_unsupported_reason(name, fn, device)
+    if reason:
+        pytest.skip(reason)
+    return fn
+
+
 @given(batch=ragged_batches())
 @example(batch=CHUNK_1)
 @example(batch=CHUNK_2)
 @example(batch=DECODE)
 def test_prepared_positions_match_reference(positions_impl_name, device, batch):
-    fn = get_positions_implementation(positions_impl_name)
-    reason = positions_unsupported_reason(positions_impl_name, fn, device)
-    if reason:
-        pytest.skip(reason)
+    fn = positions_impl_or_skip(positions_impl_name, device)
     assert_positions_match(positions_impl_name, fn, batch, device)
+
+
+@given(batch=ragged_batches())
+@example(batch=CHUNK_1)
+@example(batch=DECODE)
+def test_prepared_positions_pass_under_guards(positions_impl_name, device, batch):
+    # Every input a view into a sentinel-guarded allocation (properties/guards.py): a stray write
+    # changes a guard, a stray read reaches `out` as garbage; under the interpreter every load and
+    # store is traced (an out-of-bounds read is reported even when its value is never used).
+    from properties.guards import assert_positions_match_guarded
+    fn = positions_impl_or_skip(positions_impl_name, device)
+    assert_positions_match_guarded(positions_impl_name, fn, batch, device)
 
 
 def test_chunked_prefill_concatenates_to_prompt_then_decodes_with_delta():
@@ -83,10 +101,7 @@ def test_reference_rejects_bad_position_input(error):
 
 @pytest.mark.parametrize("error", list(ERRORS) + ["out-too-short"], ids=list(ERRORS) + ["out-too-short"])
 def test_implementation_rejects_bad_position_input(positions_impl_name, device, error):
-    fn = get_positions_implementation(positions_impl_name)
-    reason = positions_unsupported_reason(positions_impl_name, fn, device)
-    if reason:
-        pytest.skip(reason)
+    fn = positions_impl_or_skip(positions_impl_name, device)
     args = {k: v.to(torch_device(device)) if isinstance(v, torch.Tensor) else v for k, v in _good().items()}
     out = torch.zeros(3, 40, dtype=torch.int64, device=torch_device(device))
     if error == "out-too-short":
@@ -100,13 +115,23 @@ def test_implementation_rejects_bad_position_input(positions_impl_name, device, 
 
 def test_strided_vector_inputs_are_read_by_value(positions_impl_name, device):
     # query_start_loc as a stride-2 view once made the kernel read ql = 99 and write past out.
-    fn = get_positions_implementation(positions_impl_name)
-    reason = positions_unsupported_reason(positions_impl_name, fn, device)
-    if reason:
-        pytest.skip(reason)
+    fn = positions_impl_or_skip(positions_impl_name, device)
     args = {k: v.to(torch_device(device)) if isinstance(v, torch.Tensor) else v for k, v in CHUNK_2.tensors().items()}
     args["query_start_loc"] = torch.tensor([0, 99, 8, 77], dtype=torch.int32, device=torch_device(device))[::2]
     out = torch.full((3, 8 + 4), OUT_SENTINEL, dtype=torch.int64, device=torch_device(device))
     fn(**args, out=out)
     expected = reference.prepare_positions(**CHUNK_2.tensors())
     assert torch.equal(out[:, :8].cpu(), expected) and torch.all(out[:, 8:].cpu() == OUT_SENTINEL)
+
+
+def test_vllm_positions_adapter_is_optional():
+    # "vllm" (Model Runner V2's kernel, rope/backends/vllm_positions.py) is resolvable by name, never
+    # one of the built-ins that run by default; without vLLM the name is a ValueError with the install hint.
+    from rope.registry import positions_implementations
+    assert "vllm" not in positions_implementations()
+    try:
+        fn = get_positions_implementation("vllm")
+    except ValueError as exc:
+        assert "vllm" in str(exc) and "install it with" in str(exc), exc
+    else:
+        assert callable(fn) and callable(fn.supports)

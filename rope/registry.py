@@ -12,6 +12,8 @@ Names resolve to built-ins (``native``, ``triton``), to the adapters of external
 (``liger``, ``transformers``, ``vllm-native``, ``vllm-cuda``, ``vllm-xd``, ``sglang``, ``flashinfer``:
 ``rope.backends``; a missing package is a ValueError naming it and how to install it) or to an import
 path ``package.module:callable``, so any external kernel can be checked without touching the project.
+Position preparation has the built-ins ``native`` and ``triton`` and the adapter ``vllm`` (vLLM's Model
+Runner V2 kernel: ``rope.backends.vllm_positions``).
 An implementation may also carry ``unsupported_reason(spec, dtype, device) -> str | None``, the text of
 the skip (the adapters do).
 """
@@ -35,7 +37,10 @@ BUILTIN_ROTATIONS = ("native", "triton")
 _POSITIONS = {
     "native": "rope.positions:prepare_positions_native",
     "triton": "rope.triton.positions:prepare_positions_triton",
+    # vLLM's Model Runner V2 kernel (optional package): by name only, never in positions_implementations().
+    "vllm": "rope.backends.vllm_positions:prepare_positions_vllm",
 }
+BUILTIN_POSITIONS = ("native", "triton")
 
 
 def resolve(target: str, *, kind: str, builtins: dict[str, str]) -> Callable:
@@ -81,8 +86,8 @@ def get_positions_implementation(name: str) -> Callable:
 
 
 def positions_implementations() -> dict[str, Callable]:
-    """Every built-in position-preparation implementation, by name."""
-    return {name: get_positions_implementation(name) for name in _POSITIONS}
+    """Every built-in position-preparation implementation, by name (not the optional vLLM adapter)."""
+    return {name: get_positions_implementation(name) for name in BUILTIN_POSITIONS}
 
 
 def positions_unsupported_reason(name: str, fn: Callable, device: str) -> str | None:
