@@ -58,7 +58,15 @@ def rotate_sglang(spec: RopeSpec, positions, query, key, cos_sin_cache):
 def rotate_sglang_triton(spec: RopeSpec, positions, query, key, cos_sin_cache):
     if spec.sections is None:
         raise ValueError("sections=None: forward_triton is the M-RoPE kernel (1-D goes through forward_native)")
-    return _call("forward_triton", spec, positions, query, key, cos_sin_cache)
+    # The kernel addresses cache row p as ``cos_sin_cache_ptr + p * rotary_dim`` (no stride argument):
+    # it takes a contiguous [L, rotary_dim] cache, which is what SGLang always holds (a buffer built by
+    # torch.cat, or a .to() copy of it).  A row-strided view (the guard regions' padded rows) would be
+    # misread, so it goes in as a contiguous copy (a no-op for a contiguous cache).  Positions and q/k
+    # take their row strides (positions.stride(0), q/k.stride(0)) but assume unit last stride: positions
+    # get a copy where that does not hold (q/k are rotated in place; every harness layout has it).
+    if positions.stride(-1) != 1:
+        positions = positions.contiguous()
+    return _call("forward_triton", spec, positions, query, key, cos_sin_cache.contiguous())
 
 
 def _spec_reason(spec: RopeSpec) -> str | None:
