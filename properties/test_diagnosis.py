@@ -364,3 +364,51 @@ def test_ranges():
     assert ranges([5, 0, 1, 2, 7, 8, 2]) == "0-2,5,7-8"
     assert ranges([]) == "none"
     assert ranges([3]) == "3"
+
+
+def _block_layout_rotation(case, x):
+    """Each rotary channel c takes the position row of its block of 2*s_i channels (sections laid
+    over the whole head, as transformers' HunYuanVL does), written channel by channel."""
+    spec = case.spec
+    half, hs = spec.num_freqs, spec.head_size
+    block_of = [d for d, s in enumerate(spec.sections) for _ in range(2 * s)]
+    cache = x.cache.to(torch.float64)
+
+    def rotate(t):
+        if t is None:
+            return None
+        heads = t.to(torch.float64).reshape(t.shape[0], -1, hs)
+        out = heads.clone()
+        for c in range(spec.rotary_dim):
+            i, partner = c % half, (c + half) % spec.rotary_dim
+            pos = x.positions[block_of[c]].long()
+            cos, sin = cache[pos, i][:, None], cache[pos, half + i][:, None]
+            sign = -1.0 if c < half else 1.0
+            out[..., c] = heads[..., c] * cos + sign * heads[..., partner] * sin
+        return out.reshape(t.shape).to(t.dtype)
+    return rotate(x.query), rotate(x.key)
+
+
+def test_pair_members_on_different_rows_is_pair_rows_split():
+    case = RotationCase(HUNYUAN_OCR, 6, 2, 1, "float32", "uniform", False, 47)
+    x = _inputs(case)
+    q, k = _block_layout_rotation(case, x)
+    d = _diagnosis_of(case, q, k, x=x)
+    assert (d.label, "blocks of 2*s_i" in d.sentence) == ("pair_rows_split", True), d.lines()
+
+
+def test_transformers_hunyuan_vl_divergence_is_pair_rows_split():
+    # The real thing: transformers' HunYuanVL rotation (properties/regressions/backends/transformers).
+    from rope.registry import get_implementation, unsupported_reason
+    try:
+        fn = get_implementation("transformers")
+    except ValueError as exc:
+        pytest.skip(f"transformers adapter unavailable: {exc}")
+    case = RotationCase(HUNYUAN_OCR, 6, 2, 1, "float32", "uniform", False, 48)
+    reason = unsupported_reason("transformers", fn, case.spec, torch.float32, "cpu")
+    if reason:
+        pytest.skip(reason)
+    x = _inputs(case)
+    q, k = fn(case.spec, x.positions, x.query.clone(), x.key.clone(), x.cache)
+    d = _diagnosis_of(case, q, k, x=x, precision="activation")
+    assert d.label == "pair_rows_split", d.lines()

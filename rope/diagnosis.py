@@ -21,7 +21,9 @@ The cause is found by elimination, most specific first:
    ``position_rows_misread`` (row d read at a wrong row stride: positions[0, t + d], or row 0
    for every frequency), ``row_stride_ignored`` (q/k rows read as if packed back to back),
    ``partial_rotary_stride`` (head_size/2 where rotary_dim/2 belongs: sin read past its row, or
-   the NeoX partner at i + head_size/2).
+   the NeoX partner at i + head_size/2), ``pair_rows_split`` (the sections laid over the whole
+   rotary head in blocks of 2*s_i, so the two members of a NeoX pair take different position rows:
+   transformers' HunYuanVL, SPEC §2).
 4. ``pass_through_touched``: channels >= rotary_dim differ from the input, the rotary ones do not.
 5. ``precision_loss``: every error fits the bound of a lower working precision than declared
    (LOWER_PRECISION_SLACK x), or the worst error/bound ratio is modest (<= MODEST_RATIO:
@@ -53,7 +55,7 @@ from rope.tolerance import Comparison, compare_rotation, rotation_bound, unit_ro
 LABELS = (
     "match", "wrong_output", "writes_outside", "nan", "out_of_bounds_read", "pairing_swapped",
     "interleave_map_wrong", "section_boundary_shifted", "position_rows_swapped", "position_rows_misread",
-    "row_stride_ignored", "partial_rotary_stride", "wrong_positions", "pass_through_touched",
+    "row_stride_ignored", "partial_rotary_stride", "pair_rows_split", "wrong_positions", "pass_through_touched",
     "precision_loss", "key_only", "query_only", "head_subset", "token_subset", "unknown",
 )
 # An alternative configuration explains the output when it leaves at most this share of the
@@ -194,6 +196,9 @@ class _Alt:
     sin: torch.Tensor
     query: torch.Tensor
     key: torch.Tensor | None
+    # Member b of each pair rotated by its own cos/sin (None: the same as member a's).
+    cos_b: torch.Tensor | None = None
+    sin_b: torch.Tensor | None = None
 
 
 @dataclass
@@ -295,6 +300,54 @@ def _structural_alternatives(spec: RopeSpec, positions, query, key, cache):
             f"the output matches the reference applied to q/k read as if their rows were packed back to "
             f"back ({strides}): the kernel ignores the row stride (views into a packed qkv tensor)",
             spec, positions, packed_q, packed_k, cache)
+
+
+def _rotate_members(spec: RopeSpec, x, cos_a, sin_a, cos_b, sin_b):
+    """:func:`reference.rotation.rotate_heads` with member b of each pair rotated by its own
+    cos/sin: out_a = a*cos_a - b*sin_a, out_b = b*cos_b + a*sin_b (float64)."""
+    num_tokens = x.shape[0]
+    heads = x.to(torch.float64).reshape(num_tokens, x.shape[1] // spec.head_size, spec.head_size)
+    out = heads.clone()
+    a_idx, b_idx = pair_indices(spec)
+    a, b = heads[..., a_idx], heads[..., b_idx]
+    out[..., a_idx] = a * cos_a[:, None, :] - b * sin_a[:, None, :]
+    out[..., b_idx] = b * cos_b[:, None, :] + a * sin_b[:, None, :]
+    return out.reshape(x.shape)
+
+
+def _rows_cos_sin(spec: RopeSpec, rows, cache, axis):
+    """cos, sin [T, num_freqs] with frequency i taken from position row ``axis[i]``."""
+    half = spec.num_freqs
+    rows = rows.long()
+    cos = torch.empty(rows.shape[1], half, dtype=torch.float64)
+    sin = torch.empty_like(cos)
+    for i, d in enumerate(axis):
+        cos[:, i] = cache[rows[d], i].to(torch.float64)
+        sin[:, i] = cache[rows[d], half + i].to(torch.float64)
+    return cos, sin
+
+
+def _pair_rows_split_alternatives(spec: RopeSpec, rows, query, key, cache):
+    """Chunked sections laid over the whole rotary head in blocks of 2*s_i (channel c takes the
+    row of its block) instead of over each half: the members (i, i + rotary_dim/2) of a NeoX pair
+    take different rows (transformers' HunYuanVL from 5.13; SPEC §2)."""
+    secs = spec.sections
+    if secs is None or len(secs) < 2 or spec.layout != "chunked" or not spec.is_neox_style:
+        return
+    half = spec.num_freqs
+    block_of = [d for d, s in enumerate(secs) for _ in range(2 * s)]          # channel -> row
+    axis_a, axis_b = block_of[:half], block_of[half:]
+    if axis_a == axis_b:
+        return
+    cos_a, sin_a = _rows_cos_sin(spec, rows, cache, axis_a)
+    cos_b, sin_b = _rows_cos_sin(spec, rows, cache, axis_b)
+    split = [i for i in range(half) if axis_a[i] != axis_b[i]]
+    sentence = (f"the output matches a rotation whose two pair members take different position rows: the "
+                f"sections {secs} laid over the whole rotary head in blocks of 2*s_i (channel c takes the row of "
+                f"its block) instead of over each half, so {len(split)} of {half} pairs (i, i + {half}) read row "
+                f"{axis_a[split[0]]} for member a and row {axis_b[split[0]]} for member b (e.g. frequency {split[0]}); "
+                f"text tokens (all rows equal) are unaffected (transformers' HunYuanVL layout; SPEC §2)")
+    yield _Alt("pair_rows_split", sentence, spec, cos_a, sin_a, query, key, cos_b, sin_b)
 
 
 def _partial_rotary_alternatives(spec: RopeSpec, rows, query, key, cache):
@@ -403,11 +456,16 @@ def _alternative_result(alt: _Alt, out_q, out_k, ref_q, ref_k, precision) -> _Al
         if x is None or out is None:
             outs.append(None)
             continue
-        exp = rotate_heads(alt.spec, x, alt.cos, alt.sin)
+        if alt.cos_b is None:
+            exp = rotate_heads(alt.spec, x, alt.cos, alt.sin)
+            cos_mag, sin_mag = alt.cos, alt.sin
+        else:
+            exp = _rotate_members(alt.spec, x, alt.cos, alt.sin, alt.cos_b, alt.sin_b)
+            cos_mag, sin_mag = torch.maximum(alt.cos.abs(), alt.cos_b.abs()), torch.maximum(alt.sin.abs(), alt.sin_b.abs())
         outs.append(exp)
         got = out.detach().to("cpu", torch.float64)
-        bound = rotation_bound(alt.spec, x, torch.nan_to_num(exp), torch.nan_to_num(alt.cos),
-                               torch.nan_to_num(alt.sin), x.dtype, precision)
+        bound = rotation_bound(alt.spec, x, torch.nan_to_num(exp), torch.nan_to_num(cos_mag),
+                               torch.nan_to_num(sin_mag), x.dtype, precision)
         err = (got - exp).abs()
         err = torch.where(torch.isnan(got) & ~torch.isnan(exp), torch.full_like(err, float("inf")), err)
         errors[name] = err
@@ -543,7 +601,8 @@ def diagnose(spec: RopeSpec, positions, query, key, cos_sin_cache, out_q, out_k,
     alternatives = []
     candidates = itertools.chain(
         _structural_alternatives(spec, positions, query, key, cache),
-        _partial_rotary_alternatives(spec, rows, query, key, full_cache))
+        _partial_rotary_alternatives(spec, rows, query, key, full_cache),
+        _pair_rows_split_alternatives(spec, rows, query, key, full_cache))
     for alt in candidates:
         result = _alternative_result(alt, out_q, out_k, ref_q, ref_k, precision)
         if result is None:
