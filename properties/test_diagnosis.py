@@ -412,3 +412,19 @@ def test_transformers_hunyuan_vl_divergence_is_pair_rows_split():
     q, k = fn(case.spec, x.positions, x.query.clone(), x.key.clone(), x.cache)
     d = _diagnosis_of(case, q, k, x=x, precision="activation")
     assert d.label == "pair_rows_split", d.lines()
+
+
+def test_chunked_boundary_that_empties_a_row_is_section_boundary_shifted():
+    # The kernel's first chunked boundary tested with > instead of >=: with sections (1, 1, 30)
+    # frequency 1 takes row 0 and row 1 none (a split no RopeSpec can express).
+    if not is_interpreter():
+        pytest.skip("needs Triton's interpreter")
+    from properties.mutants.kernel import KernelMutant, _rotary_module
+    broken = KernelMutant("chunked_boundary_gt", _rotary_module, "rotate_triton",
+                          [("axis += (freq >= sec0).to(tl.int32)", "axis += (freq > sec0).to(tl.int32)")],
+                          "chunked boundary tested with >")
+    spec = RopeSpec(64, 64, False, (1, 1, 30), "chunked", max_position=4096)
+    case = RotationCase(spec, 3, 2, 1, "float32", "uniform", False, 49)
+    d = _diagnose("chunked_boundary_gt", broken, case)
+    assert (d.label, "frequency 1 takes row 0 instead of row 1" in d.sentence) == \
+        ("section_boundary_shifted", True), d.lines()

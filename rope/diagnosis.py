@@ -224,6 +224,20 @@ def _positions_alt(label, sentence, spec, positions, query, key, cache):
     return _Alt(label, sentence, spec, cos, sin, query, key)
 
 
+def _empty_section_alt(spec: RopeSpec, secs, shifted, j, positions, query, key, cache):
+    """A chunked boundary moved by one where it empties a section (sections (1, 1, 30) with the
+    first boundary tested with > instead of >=: frequency 1 takes row 0, row 1 takes none)."""
+    axis = spec.axis_map()
+    new = [d for d, n in enumerate(shifted) for _ in range(n)]
+    moved = [i for i in range(spec.num_freqs) if axis[i] != new[i]]
+    how = ", ".join(f"frequency {i} takes row {new[i]} instead of row {axis[i]}" for i in moved[:3])
+    cos, sin = _rows_cos_sin(spec, positions, cache, new)
+    return _Alt("section_boundary_shifted",
+                f"the output matches the reference with sections={shifted} instead of {secs}: the boundary between "
+                f"position rows {j} and {j + 1} is off by one frequency: {how} (e.g. > where >= belongs; row "
+                f"{shifted.index(0)} is left with no frequency)", spec, cos, sin, query, key)
+
+
 def _structural_alternatives(spec: RopeSpec, positions, query, key, cache):
     """The neighbouring configurations a broken kernel may effectively compute, most specific
     first (positions renumbered to the rows of ``cache`` they use)."""
@@ -252,7 +266,11 @@ def _structural_alternatives(spec: RopeSpec, positions, query, key, cache):
                 shifted = list(secs)
                 shifted[j] += step
                 shifted[j + 1] -= step
-                if min(shifted) < 1:
+                if min(shifted) < 0:
+                    continue
+                if min(shifted) == 0:
+                    if spec.layout == "chunked":     # a row loses its only frequency: no RopeSpec has that
+                        yield _empty_section_alt(spec, secs, tuple(shifted), j, positions, query, key, cache)
                     continue
                 alt = _replace(spec, sections=tuple(shifted))
                 if alt is None or alt.axis_map() == axis:
