@@ -208,9 +208,11 @@ def harness_stages(m: Mutant) -> list[Stage]:
         stages = [Stage("position suites", POSITION_SUITES, ("--rope-positions-impl", m.target), "fail",
                         "--rope-positions-impl")]
         if m.kind == "positions-kernel":
-            stages.append(Stage("guarded search (test_mutants.py, dedicated)",
-                                (f"{MUTANTS_TESTS}::test_position_property_catches_kernel_mutant[{m.attribute}]",),
-                                (), "pass"))
+            # Guarded first: unguarded, a kernel writing past its output corrupts the test process's
+            # own memory, which may crash it at once or hang it until the budget is spent.
+            stages.insert(0, Stage("guarded search (test_mutants.py, dedicated)",
+                                   (f"{MUTANTS_TESTS}::test_position_property_catches_kernel_mutant[{m.attribute}]",),
+                                   (), "pass"))
         return stages
     if m.kind == "dispatch":
         return [Stage("dedicated test (test_dispatch.py)",
