@@ -167,7 +167,7 @@ def test_report_shows_which_workers_ran_on_which_gpu():
     assert placed["cuda:1"]["workers"] == ["gw1", "gw3", "gw5"] and placed["cpu"]["examples"] == 1
     md = report.markdown(summary, [])
     assert "## Where it ran" in md and "| cuda:1 | 3 | gw1, gw3, gw5 |" in md
-    assert report._worker_ranges(["gw0", "gw1", "gw2", "gw5", "main"]) == "gw0-gw2, gw5, main"
+    assert report.worker_ranges(["gw0", "gw1", "gw2", "gw5", "main"]) == "gw0-gw2, gw5, main"
 
 
 def test_reports_of_several_runners_merge(tmp_path):

@@ -20,13 +20,14 @@ def pair_indices(spec: RopeSpec) -> tuple[torch.Tensor, torch.Tensor]:
     return 2 * i, 2 * i + 1
 
 
-def select_cos_sin(spec: RopeSpec, positions: torch.Tensor, cos_sin_cache: torch.Tensor):
-    """cos, sin as float64 [num_tokens, rotary_dim/2]: cos[t, i] = cache[positions[axis(i), t], i]."""
+def select_cos_sin(spec: RopeSpec, positions: torch.Tensor, cos_sin_cache: torch.Tensor, axis_map=None):
+    """cos, sin as float64 [num_tokens, rotary_dim/2]: cos[t, i] = cache[positions[axis(i), t], i].
+    ``axis_map`` (default ``spec.axis_map()``): the position row of each frequency."""
     rows = positions.long().reshape(spec.num_dims, -1)          # [num_dims, T]
     half = spec.num_freqs
     cos = torch.empty(rows.shape[1], half, dtype=torch.float64, device=cos_sin_cache.device)
     sin = torch.empty_like(cos)
-    for i, axis in enumerate(spec.axis_map()):
+    for i, axis in enumerate(spec.axis_map() if axis_map is None else axis_map):
         pos = rows[axis]                                          # [T]
         cos[:, i] = cos_sin_cache[pos, i].to(torch.float64)      # gather, then upcast (exact)
         sin[:, i] = cos_sin_cache[pos, half + i].to(torch.float64)

@@ -217,7 +217,7 @@ def markdown(data: dict) -> str:
              + ("; some tests failed (see the round logs)" if data["test_failures"] else "") + ".", "",
              "| device | examples | examples/s | workers |", "|---|---:|---:|---|"]
     for device, p in data["per_device"].items():
-        lines.append(f"| {device} | {p['examples']} | {p['examples_per_s']} | {report._worker_ranges(p['workers'])} |")
+        lines.append(f"| {device} | {p['examples']} | {p['examples_per_s']} | {report.worker_ranges(p['workers'])} |")
     lines += ["", "| round | seed | examples per test | wall s | exit | interrupted |", "|---:|---:|---:|---:|---:|---|"]
     for i, r in enumerate(data["rounds"]):
         lines.append(f"| {i} | {r['seed']} | {r['examples_per_test']} | {r['wall_s']:.1f} | {r['exit_code']} | "

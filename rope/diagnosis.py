@@ -231,7 +231,7 @@ def _empty_section_alt(spec: RopeSpec, secs, shifted, j, positions, query, key, 
     new = [d for d, n in enumerate(shifted) for _ in range(n)]
     moved = [i for i in range(spec.num_freqs) if axis[i] != new[i]]
     how = ", ".join(f"frequency {i} takes row {new[i]} instead of row {axis[i]}" for i in moved[:3])
-    cos, sin = _rows_cos_sin(spec, positions, cache, new)
+    cos, sin = select_cos_sin(spec, positions, cache, new)
     return _Alt("section_boundary_shifted",
                 f"the output matches the reference with sections={shifted} instead of {secs}: the boundary between "
                 f"position rows {j} and {j + 1} is off by one frequency: {how} (e.g. > where >= belongs; row "
@@ -322,27 +322,13 @@ def _structural_alternatives(spec: RopeSpec, positions, query, key, cache):
 
 def _rotate_members(spec: RopeSpec, x, cos_a, sin_a, cos_b, sin_b):
     """:func:`reference.rotation.rotate_heads` with member b of each pair rotated by its own
-    cos/sin: out_a = a*cos_a - b*sin_a, out_b = b*cos_b + a*sin_b (float64)."""
-    num_tokens = x.shape[0]
-    heads = x.to(torch.float64).reshape(num_tokens, x.shape[1] // spec.head_size, spec.head_size)
-    out = heads.clone()
-    a_idx, b_idx = pair_indices(spec)
-    a, b = heads[..., a_idx], heads[..., b_idx]
-    out[..., a_idx] = a * cos_a[:, None, :] - b * sin_a[:, None, :]
-    out[..., b_idx] = b * cos_b[:, None, :] + a * sin_b[:, None, :]
-    return out.reshape(x.shape)
-
-
-def _rows_cos_sin(spec: RopeSpec, rows, cache, axis):
-    """cos, sin [T, num_freqs] with frequency i taken from position row ``axis[i]``."""
-    half = spec.num_freqs
-    rows = rows.long()
-    cos = torch.empty(rows.shape[1], half, dtype=torch.float64)
-    sin = torch.empty_like(cos)
-    for i, d in enumerate(axis):
-        cos[:, i] = cache[rows[d], i].to(torch.float64)
-        sin[:, i] = cache[rows[d], half + i].to(torch.float64)
-    return cos, sin
+    cos/sin: member a's channels from the rotation by (cos_a, sin_a), b's from (cos_b, sin_b)."""
+    out = rotate_heads(spec, x, cos_a, sin_a)
+    other = rotate_heads(spec, x, cos_b, sin_b)
+    _, b_idx = pair_indices(spec)
+    shape = (x.shape[0], -1, spec.head_size)
+    out.view(shape)[..., b_idx] = other.view(shape)[..., b_idx]
+    return out
 
 
 def _pair_rows_split_alternatives(spec: RopeSpec, rows, query, key, cache):
@@ -357,8 +343,8 @@ def _pair_rows_split_alternatives(spec: RopeSpec, rows, query, key, cache):
     axis_a, axis_b = block_of[:half], block_of[half:]
     if axis_a == axis_b:
         return
-    cos_a, sin_a = _rows_cos_sin(spec, rows, cache, axis_a)
-    cos_b, sin_b = _rows_cos_sin(spec, rows, cache, axis_b)
+    cos_a, sin_a = select_cos_sin(spec, rows, cache, axis_a)
+    cos_b, sin_b = select_cos_sin(spec, rows, cache, axis_b)
     split = [i for i in range(half) if axis_a[i] != axis_b[i]]
     sentence = (f"the output matches a rotation whose two pair members take different position rows: the "
                 f"sections {secs} laid over the whole rotary head in blocks of 2*s_i (channel c takes the row of "

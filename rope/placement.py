@@ -28,7 +28,6 @@ import torch
 from rope.devices import DEVICE_NAMES, gpu_backend
 
 GPU_KINDS = ("cuda", "rocm", "xpu")
-VISIBILITY_ENV = {"cuda": "CUDA_VISIBLE_DEVICES", "rocm": "HIP_VISIBLE_DEVICES", "xpu": "ZE_AFFINITY_MASK"}
 _LABEL = re.compile(r"^(cpu|cuda|rocm|xpu)(?::(\d+))?$")
 
 

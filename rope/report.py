@@ -169,7 +169,7 @@ def markdown(summary: dict, plots: list[str]) -> str:
                      f"{c['failures']} |")
     if summary.get("placement"):
         lines += ["", "## Where it ran", "", "| device | examples | workers |", "|---|---:|---|"]
-        lines += [f"| {p['device']} | {p['examples']} | {_worker_ranges(p['workers'])} |" for p in summary["placement"]]
+        lines += [f"| {p['device']} | {p['examples']} | {worker_ranges(p['workers'])} |" for p in summary["placement"]]
     if summary["skips"]:
         lines += ["", "## Skipped", "", "| test | reason | count |", "|---|---|---:|"]
         lines += [f"| {s['test']} | {s['reason']} | {s['count']} |" for s in summary["skips"]]
@@ -181,7 +181,7 @@ def markdown(summary: dict, plots: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _worker_ranges(workers: list[str]) -> str:
+def worker_ranges(workers: list[str]) -> str:
     """``gw0, gw1, gw2, gw5`` -> ``gw0-gw2, gw5`` (a 128-worker run stays one line)."""
     out, run = [], []
     for w in workers + [None]:
