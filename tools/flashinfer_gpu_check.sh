@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# On the GPU box (no network), from the repo root, with .fi carried (tools/flashinfer_carry.sh here):
+#
+#   tools/flashinfer_gpu_check.sh [PYTEST_ARGS...]
+#
+# (a) imports flashinfer.rope from .fi/site, (b) JIT-builds the rope module for sm_90a only and runs
+# apply_rope_with_cos_sin_cache on small CUDA inputs against a float32 torch rotation (timing the build),
+# (c) runs the property tests against it:
+#   pytest -q -p no:cacheprovider --rope-impl flashinfer --rope-device cuda
+#          properties/test_rotation.py properties/test_backends.py
+# The build goes to $FLASHINFER_WORKSPACE_BASE (default /tmp/fi-ws)/.cache/flashinfer/0.7.4/90a/.
+# Sourced (`. tools/flashinfer_gpu_check.sh`), it only defines fi_env, which sets that environment.
+set -euo pipefail
+
+# The environment for flashinfer's JIT: PYTHONPATH, writable workspace, sm_90a only, the CUDA
+# toolkit behind nvcc, and a link that finds -lcudart / -lcuda.
+fi_env() {
+    local root=$1 ld=${2:-/tmp/fi-ws/ld}
+    export PYTHONPATH=$root/.fi/site:$root${PYTHONPATH:+:$PYTHONPATH}
+    export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi-ws}   # default is $HOME
+    export FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0}           # -> compute_90a/sm_90a
+    export TVM_FFI_CACHE_DIR=${TVM_FFI_CACHE_DIR:-$FLASHINFER_WORKSPACE_BASE/tvm-ffi}
+    # flashinfer takes CUDA_HOME, else dirname(dirname(which nvcc)); an nvcc wrapper script in
+    # /usr/local/bin would give /usr/local.  Ask nvcc where it really is.
+    if [ -z "${CUDA_HOME:-}" ]; then
+        local here
+        here=$(nvcc -dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ _HERE_=//p' | head -1) || true
+        export CUDA_HOME=$(cd "${here:-$(dirname "$(command -v nvcc)")}/.." && pwd -P)
+    fi
+    # flashinfer links rope.so with: c++ ... -L$CUDA_HOME/lib64 -L$CUDA_HOME/lib64/stubs -lcudart -lcuda.
+    # A pip-style toolkit has lib/ and libcudart.so.13 only, a container often libcuda.so.1 only:
+    # then point -L at a folder of links (libcuda: the driver's, else the toolkit stub, else an
+    # empty stub with the driver's soname; rope.so takes no symbol from it).
+    local probe="-L$CUDA_HOME/lib64 -L$CUDA_HOME/lib64/stubs"
+    mkdir -p "$ld"
+    echo 'void fi_probe(void){}' > "$ld/probe.c"
+    if ! cc -shared -fPIC -o "$ld/probe.so" "$ld/probe.c" $probe -lcudart -lcuda 2>/dev/null; then
+        local f
+        for f in "$CUDA_HOME"/lib64/libcudart.so "$CUDA_HOME"/lib/libcudart.so* \
+                 "$CUDA_HOME"/targets/x86_64-linux/lib/libcudart.so*; do
+            [ -e "$f" ] && { ln -sf "$f" "$ld/libcudart.so"; break; }
+        done
+        f=$( (ldconfig -p 2>/dev/null | sed -n 's/.*libcuda\.so\.1 (libc6,x86-64) => //p';
+              ls /usr/local/nvidia/lib64/libcuda.so.1 /usr/lib/x86_64-linux-gnu/libcuda.so.1 \
+                 "$CUDA_HOME"/targets/x86_64-linux/lib/stubs/libcuda.so 2>/dev/null) | head -1) || true
+        if [ -n "$f" ]; then ln -sf "$f" "$ld/libcuda.so"
+        else echo 'void fi_libcuda_stub(void){}' > "$ld/stub.c" &&
+             cc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$ld/libcuda.so" "$ld/stub.c"; fi
+        export FLASHINFER_EXTRA_LDFLAGS="-L$ld${FLASHINFER_EXTRA_LDFLAGS:+ $FLASHINFER_EXTRA_LDFLAGS}"
+        cc -shared -fPIC -o "$ld/probe.so" "$ld/probe.c" $probe -L"$ld" -lcudart -lcuda ||
+            { echo "cannot link -lcudart -lcuda (CUDA_HOME=$CUDA_HOME, links in $ld)" >&2; return 1; }
+    fi
+}
+
+main() {
+    cd "$(dirname "$0")/.."
+    [ -d .fi/site/flashinfer ] || { echo ".fi/site missing: run tools/flashinfer_carry.sh and carry .fi" >&2; exit 2; }
+    fi_env "$PWD"
+    echo "nvcc: $(command -v nvcc) ($(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')), CUDA_HOME=$CUDA_HOME," \
+         "c++: $(c++ -dumpfullversion 2>/dev/null || c++ -dumpversion), ninja $(ninja --version)," \
+         "FLASHINFER_EXTRA_LDFLAGS=${FLASHINFER_EXTRA_LDFLAGS:-}"
+    PYTHONUNBUFFERED=1 python3 - <<'PY'
+import importlib.util, os, sys, time
+t = time.perf_counter()
+import flashinfer.rope, flashinfer.jit.env, tvm_ffi, torch
+print(f'(a) import flashinfer.rope: {time.perf_counter() - t:.1f} s; flashinfer {flashinfer.__version__} from '
+      f'{os.path.dirname(flashinfer.__file__)}, tvm_ffi {tvm_ffi.__version__}, torch {torch.__version__}, '
+      f'python {sys.version.split()[0]}')
+for mod in ('cutlass', 'cuda.tile', 'cudnn'):      # optional stacks the trimmed tree assumes absent
+    try:
+        if importlib.util.find_spec(mod):
+            print(f'    note: {mod} is importable here; flashinfer may import modules .fi left out')
+    except ModuleNotFoundError:
+        pass
+
+def rotate(positions, x, head_size, cache, neox):   # float32 reference, channels past rotary_dim pass
+    x = x.float().view(x.shape[0], -1, head_size)
+    rd = cache.shape[1]
+    cos, sin = (c[:, None, :] for c in cache[positions].chunk(2, dim=-1))
+    rot = x[..., :rd]
+    if neox:
+        x1, x2 = rot.chunk(2, dim=-1)
+        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    else:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    return torch.cat((out, x[..., rd:]), dim=-1).flatten(1)
+
+g = torch.Generator(device='cuda').manual_seed(0)
+T, head, rd, L = 37, 128, 64, 4096
+pos = torch.randint(0, L, (T,), device='cuda', generator=g)
+q = torch.randn(T, 4 * head, device='cuda', dtype=torch.bfloat16, generator=g)
+k = torch.randn(T, 2 * head, device='cuda', dtype=torch.bfloat16, generator=g)
+inv = 1.0 / 10000 ** (torch.arange(0, rd, 2, device='cuda', dtype=torch.float32) / rd)
+ang = torch.arange(L, device='cuda', dtype=torch.float32)[:, None] * inv
+cache = torch.cat((ang.cos(), ang.sin()), dim=-1)
+for i, neox in enumerate((True, False)):
+    torch.cuda.synchronize(); t = time.perf_counter()
+    qo, ko = flashinfer.rope.apply_rope_with_cos_sin_cache(pos, q, k, head, cache, is_neox=neox)
+    torch.cuda.synchronize(); dt = time.perf_counter() - t
+    if i == 0:
+        print(f'(b) first call (JIT build of rope for sm_90a + load + run): {dt:.1f} s -> '
+              f'{flashinfer.jit.env.FLASHINFER_JIT_DIR}/rope/rope.so')
+    err = max((qo.float() - rotate(pos, q, head, cache, neox)).abs().max().item(),
+              (ko.float() - rotate(pos, k, head, cache, neox)).abs().max().item())
+    print(f'    is_neox={neox}: max |flashinfer - float32 torch| = {err:.3g} (bf16 output)')
+    assert err < 3e-2, err
+torch.cuda.synchronize(); t = time.perf_counter()
+flashinfer.rope.apply_rope_with_cos_sin_cache(pos, q, k, head, cache); torch.cuda.synchronize()
+print(f'    a later call: {1e3 * (time.perf_counter() - t):.2f} ms')
+PY
+    echo "(c) pytest --rope-impl flashinfer --rope-device cuda"
+    python3 -m pytest -q -p no:cacheprovider --rope-impl flashinfer --rope-device cuda \
+        properties/test_rotation.py properties/test_backends.py "$@"
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then main "$@"; fi
