@@ -6,14 +6,19 @@ rotated channels of q and k read and written, one cos and one sin value per freq
 token, and the positions.  Each result is reported as time, achieved GB/s over those bytes,
 the fraction of the device's measured copy bandwidth, and the speedup over native eager.
 
-Timing on CUDA: warm-up, then ``triton.testing.do_bench`` medians, which clear the L2 cache
-before every timed call (so large sizes are not flattered), and CUDA graphs for small sizes
-(``do_bench_cudagraph``: no Python launch overhead).  Every implementation's output is checked
-against the float64 reference (on a sample of tokens) before it is timed.
+Timing on CUDA: CUDA graphs for small sizes (``do_bench_cudagraph``: no Python launch
+overhead); above, input rotation: the call cycles through enough copies of its inputs to span
+four L2 caches, back to back (one round captured in a CUDA graph), timed with device events,
+median of 7.  Each call so finds its inputs in DRAM, as inside a model, and is not charged for
+writing back a flush buffer: ``do_bench``'s L2 clearing (a 256 MB memset before every call)
+leaves the L2 full of dirty lines that the next timed call must write back: at 4096 tokens on
+the H200 that added 8% (Qwen2.5-VL-72B) to 65% (Qwen3-VL-8B) to the time (docs/perf-notes.md §6).  Every implementation's output is checked against the float64
+reference (on a sample of tokens) before it is timed.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -54,7 +59,7 @@ class Result:
     frac_copy: float
     speedup_vs_native: float | None = None
     checked: str = ""            # "ok (worst error/bound 0.61)" or the failure
-    timing: str = ""             # "cudagraph" | "do_bench" | "wall"
+    timing: str = ""             # "cudagraph" | "rotating+graph" | "rotating" | "wall"
 
 
 # ------------------------------------------------------------------------------------ bytes
@@ -66,22 +71,82 @@ def rotation_bytes(spec: RopeSpec, tokens: int, num_q: int, num_kv: int, elsize:
 
 
 # ------------------------------------------------------------------------------------ timing
-def _timer(device: str):
+ROTATE_L2_MULTIPLE = 4          # rotated input sets span at least this many L2 caches
+MAX_INPUT_SETS = 128
+
+
+def input_sets(device: str, nbytes: int) -> int:
+    """How many copies of the inputs to rotate through so that one pass over them spans
+    ROTATE_L2_MULTIPLE times the L2 cache: each call then finds its inputs in DRAM, as a call
+    inside a model would, without the timer writing a flush buffer between calls."""
+    if device not in ("cuda", "rocm"):
+        return 1
+    l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0) or (64 << 20)
+    return max(1, min(MAX_INPUT_SETS, math.ceil(ROTATE_L2_MULTIPLE * l2 / max(1, nbytes))))
+
+
+def _time_rotating(fns, target_ms: float = 100.0, repeats: int = 7, graph: bool = True) -> tuple[float, str]:
+    """Median time per call of back-to-back calls cycling through ``fns`` (one per input set),
+    timed with device events over rounds.  One round is captured in a CUDA graph when it can be
+    and ``graph`` (no host launch gaps between calls); else the calls are launched from Python."""
+    round_fn = lambda: [f() for f in fns]   # noqa: E731
+    how = "rotating"
+    try:
+        if not graph:
+            raise RuntimeError("graph capture not wanted")
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            round_fn()                          # warm-up on the side stream, as capture requires
+        torch.cuda.current_stream().wait_stream(stream)
+        with torch.cuda.graph(graph):
+            round_fn()
+        round_fn = graph.replay
+        how = "rotating+graph"
+    except Exception:                           # capture not possible (e.g. torch.compile guards)
+        torch.cuda.synchronize()
+    round_fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    round_fn()
+    end.record()
+    end.synchronize()
+    rounds = max(1, min(1000, int(target_ms / max(start.elapsed_time(end), 1e-3))))
+    times = []
+    for _ in range(repeats):
+        start.record()
+        for _ in range(rounds):
+            round_fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / (rounds * len(fns)))
+    return statistics.median(times), how
+
+
+def _timer(device: str, target_ms: float = 50.0):
+    """``time_fn(fns, tokens) -> (ms, how)``: ``fns`` are the same call on different input sets
+    (see :func:`input_sets`).  CUDA: CUDA graphs at <= GRAPH_MAX_TOKENS (the first set: decode
+    sizes live in the L2 anyway, and a launch is what they measure), else back-to-back calls
+    rotating through the sets.  Elsewhere: the wall clock."""
     if device in ("cuda", "rocm"):
         import triton.testing as tt
 
-        def time_fn(fn, tokens):
-            fn()
+        def time_fn(fns, tokens):
+            fns[0]()
             synchronize(device)
             if tokens <= GRAPH_MAX_TOKENS:
                 try:
-                    return tt.do_bench_cudagraph(fn, rep=50, return_mode="median"), "cudagraph"
+                    return tt.do_bench_cudagraph(fns[0], rep=50, return_mode="median"), "cudagraph"
                 except Exception:   # graph capture not possible (e.g. torch.compile guards): fall back
                     pass
-            return tt.do_bench(fn, warmup=25, rep=100, return_mode="median"), "do_bench"
+            return _time_rotating(fns, target_ms)
         return time_fn
 
-    def wall(fn, tokens):
+    def wall(fns, tokens):
+        fn = fns[0]
         fn()
         times = []
         for _ in range(3):
@@ -93,11 +158,17 @@ def _timer(device: str):
 
 
 def copy_bandwidth(device: str) -> float:
-    """Device-to-device copy bandwidth in GB/s (bytes read + written), 1 GiB on GPUs."""
+    """Device-to-device copy bandwidth in GB/s (bytes read + written), 1 GiB on GPUs, launched
+    from Python: captured in a CUDA graph, the copy becomes a memcpy node that ran at 2.7 TB/s on
+    the H200 against 4.2 TB/s for the same copy launched as a kernel (perf-notes §6)."""
     n = (1 << 30) if device in ("cuda", "rocm") else (1 << 24)
     src = torch.empty(n, dtype=torch.uint8, device=torch_device(device))
     dst = torch.empty_like(src)
-    ms, _ = _timer(device)(lambda: dst.copy_(src), tokens=1 << 30)
+    if device in ("cuda", "rocm"):
+        dst.copy_(src)
+        ms, _ = _time_rotating([lambda: dst.copy_(src)], graph=False)
+        return 2 * n / (ms * 1e-3) / 1e9
+    ms, _ = _timer(device)([lambda: dst.copy_(src)], tokens=1 << 30)
     return 2 * n / (ms * 1e-3) / 1e9
 
 
@@ -114,7 +185,7 @@ def empty_launch_ms(device: str) -> float:
     if not triton_runs_on(device):      # e.g. the CPU of a GPU box (no interpreter there)
         return float("nan")
     x = torch.empty(1, device=torch_device(device))
-    ms, _ = _timer(device)(lambda: _empty_kernel[(1,)](x), tokens=1)
+    ms, _ = _timer(device)([lambda: _empty_kernel[(1,)](x)], tokens=1)
     return ms
 
 
@@ -223,9 +294,11 @@ def run(models=DEFAULT_MODELS, tokens=TOKENS, dtypes=("bfloat16",), device="cuda
                         continue
                     try:
                         checked = check_sample(spec, fn, positions_t, q, k, cache)
-                        qq, kk = q.clone(), k.clone()
                         hot = getattr(fn, "unchecked", fn)   # validated once above; time the hot path
-                        ms, how = time_fn(lambda: hot(spec, positions_t, qq, kk, cache), t)
+                        sets = [(positions_t.clone(), q.clone(), k.clone())
+                                for _ in range(input_sets(device, nbytes))]
+                        ms, how = time_fn([functools.partial(hot, spec, *s, cache) for s in sets], t)
+                        del sets
                     except Exception as exc:       # recorded, the run goes on
                         progress(f"  {key} {t:>6} {name}: error {type(exc).__name__}: {exc}")
                         continue
@@ -273,7 +346,8 @@ def bench_positions(device, time_fn, ceiling, progress) -> list[Result]:
             checked = "ok" if expected is None or torch.equal(o.cpu(), expected) else "MISMATCH"
             if expected is None:
                 checked = "ok (same as native)" if name == "native" or torch.equal(o.cpu(), row["native"][1]) else "MISMATCH"
-            ms, how = time_fn(lambda: fn(*args, dims, o), tokens)
+            sets = [([a.clone() for a in args], o.clone()) for _ in range(input_sets(device, nbytes))]
+            ms, how = time_fn([functools.partial(fn, *a, dims, out) for a, out in sets], tokens)
             gbps = nbytes / (ms * 1e-3) / 1e9
             row[name] = (Result("positions", name, f"{num_reqs}x{chunk}", tokens, "int64", ms, nbytes, gbps,
                                 gbps / ceiling, checked=checked, timing=how), o.cpu())

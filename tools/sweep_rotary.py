@@ -1,13 +1,14 @@
-"""Tile sweep of the Triton rotation kernel on a GPU (notes: docs/perf-notes.md).
+"""Variant and tile sweep of the Triton rotation kernel on a GPU (notes: docs/perf-notes.md).
 
-For each shape, every (tokens per program, head block, warps, q/k split) is checked bit-identical
-to the default launch, then timed: do_bench_cudagraph for <= 256 tokens, do_bench (L2 cleared per
-call) above.  Also times the dependent-load chain alone (positions -> cache row -> one store),
-the floor a 1-token launch cannot go under.
+For each shape, every launch configuration (tile sizes, warps, q/k split, cos/sin gathered in
+the tile's 3-D layout or 2-D and broadcast ``gather_3d``) is checked bit-identical to the default
+launch, then timed with the benchmark's timer (rope.bench: CUDA graphs for <= 256 tokens, input
+rotation above), best of 3.  The default launch is also timed with triton's do_bench (L2 flushed
+by a memset before each call) to show what that timing does to these sizes.  Also times the dependent-load chain alone (positions -> cache row -> one store), the
+floor a 1-token launch cannot go under.
 
     PYTHONPATH=. python3 tools/sweep_rotary.py [--quick]
 """
-import itertools
 import json
 import os
 import sys
@@ -24,8 +25,17 @@ from rope.triton.rotary import launch_rotary
 
 dev = "cuda"
 ceiling = bench.copy_bandwidth(dev)
+_src = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
+_dst = torch.empty_like(_src)
+_graph_ms, _ = bench._time_rotating([lambda: _dst.copy_(_src)])
+print(f"copy 1 GiB launched from Python {ceiling:.0f} GB/s; the same copy as a CUDA-graph memcpy node "
+      f"{2 * (1 << 30) / (_graph_ms * 1e-3) / 1e9:.0f} GB/s; do_bench "
+      f"{2 * (1 << 30) / (tt.do_bench(lambda: _dst.copy_(_src), return_mode='median') * 1e-3) / 1e9:.0f} GB/s",
+      flush=True)
+del _src, _dst
 empty = bench.empty_launch_ms(dev)
-print(f"copy {ceiling:.0f} GB/s, empty launch {empty * 1e3:.2f} us", flush=True)
+sms = torch.cuda.get_device_properties(0).multi_processor_count
+print(f"copy {ceiling:.0f} GB/s, empty launch {empty * 1e3:.2f} us, {sms} SMs", flush=True)
 
 
 @triton.jit
@@ -36,31 +46,34 @@ def _chain_kernel(pos_ptr, cache_ptr, out_ptr):
     tl.store(out_ptr + tl.arange(0, 64), c)
 
 
-def time_ms(fn, tokens, repeats=3):
-    """Best of ``repeats`` medians: one median still moves by 10-40% between runs at 4096 tokens."""
-    fn()
-    torch.cuda.synchronize()
-    if tokens <= 256:
-        return min(tt.do_bench_cudagraph(fn, rep=30, return_mode="median") for _ in range(repeats))
-    return min(tt.do_bench(fn, warmup=10, rep=40, return_mode="median") for _ in range(repeats))
+timer = bench._timer(dev, target_ms=30.0)
+
+
+def time_ms(fns, tokens, repeats=2):
+    return min(timer(fns, tokens)[0] for _ in range(repeats))
 
 
 pos1 = torch.zeros(1, dtype=torch.int64, device=dev)
 cache1 = torch.randn(4096, 128, device=dev, dtype=torch.bfloat16)
 out1 = torch.empty(64, device=dev, dtype=torch.bfloat16)
-chain = time_ms(lambda: _chain_kernel[(1,)](pos1, cache1, out1), 1)
+chain = time_ms([lambda: _chain_kernel[(1,)](pos1, cache1, out1)], 1)
 print(f"dependent chain alone (pos -> cache -> store): {chain * 1e3:.2f} us = {chain / empty:.2f}x empty launch",
       flush=True)
 
-SMALL = [(1, bh, nw, split) for bh in (1, 2, 4, 8) for nw in (1, 2, 4, 8) for split in (False, True)]
-LARGE = ([(bt, bh, nw, True) for bt, bh in ((1, 16), (2, 8), (2, 16), (4, 4), (4, 8), (4, 16), (8, 4), (8, 8))
-          for nw in (2, 4, 8)]
-         + [(bt, bh, 4, False) for bt, bh in ((1, 64), (1, 32), (2, 32), (2, 16), (4, 8), (4, 16))])
-shapes = [("qwen2.5-vl-72b", (1, 16, 4096, 65536)), ("glm-4.1v-9b", (4096, 65536))]
+
+def cfg(bt, bh, nw=4, split=True, g3=None):
+    return dict(block_t=bt, block_h=bh, num_warps=nw, split_qk=split, gather_3d=g3)
+
+
+SMALL = [cfg(1, bh, nw, True, g3) for bh in (2, 4, 8) for nw in (2, 4) for g3 in (True, False)]
+LARGE = [cfg(bt, bh, 4, True, g3) for g3 in (True, False)
+         for bt, bh in ((1, 8), (2, 8), (4, 8), (1, 16), (2, 4), (4, 4), (8, 4))]
+shapes = [("qwen2.5-vl-72b", (1, 16, 4096, 65536), LARGE), ("glm-4.1v-9b", (4096, 65536), LARGE),
+          ("qwen3-vl-8b", (4096, 65536), LARGE)]
 if "--quick" in sys.argv:
-    shapes = [("qwen2.5-vl-72b", (1, 4096))]
+    shapes = [("qwen2.5-vl-72b", (1, 4096), LARGE)]
 results = []
-for key, tokens in shapes:
+for key, tokens, large in shapes:
     m = get_model(key)
     spec = m.spec
     nq, nk = m.sharded(1)
@@ -71,27 +84,44 @@ for key, tokens in shapes:
         q0, k0 = q_in.clone(), k_in.clone()
         launch_rotary(spec, pos, q0, k0, cache)
         nbytes = bench.rotation_bytes(spec, t, nq, nk, 2)
+        sets = [(pos.clone(), q.clone(), k.clone()) for _ in range(bench.input_sets(dev, nbytes))]
         rows = []
-        for bt, bh, nw, split in (SMALL if t <= 256 else LARGE):
+        for c in (SMALL if t <= 256 else large):
             q1, k1 = q_in.clone(), k_in.clone()
-            launch_rotary(spec, pos, q1, k1, cache, block_h=bh, num_warps=nw, block_t=bt, split_qk=split)
-            if not (torch.equal(q1, q0) and torch.equal(k1, k0)):
-                print(f"MISMATCH {key} T={t} {bt, bh, nw, split}", flush=True)
+            try:
+                launch_rotary(spec, pos, q1, k1, cache, **c)
+            except Exception as e:  # a configuration that does not compile is reported, not fatal
+                print(f"FAILED {key} T={t} {c}: {type(e).__name__}: {str(e)[:200]}", flush=True)
                 continue
-            ms = time_ms(lambda: launch_rotary(spec, pos, q, k, cache, block_h=bh, num_warps=nw, block_t=bt,
-                                               split_qk=split), t)
+            if not (torch.equal(q1, q0) and torch.equal(k1, k0)):
+                print(f"MISMATCH {key} T={t} {c}", flush=True)
+                continue
+            ms = time_ms([lambda s=s, c=c: launch_rotary(spec, *s, cache, **c) for s in sets], t)
             frac = nbytes / (ms * 1e-3) / 1e9 / ceiling
-            rows.append((ms, bt, bh, nw, split, frac))
-            results.append({"model": key, "tokens": t, "block_t": bt, "block_h": bh, "warps": nw, "split_qk": split,
-                            "us": ms * 1e3, "frac_copy": frac, "x_empty": ms / empty})
-        default_ms = time_ms(lambda: launch_rotary(spec, pos, q, k, cache), t)
-        rows.sort()
+            rows.append((ms, c, frac))
+            results.append({"model": key, "tokens": t, **c, "us": ms * 1e3, "frac_copy": frac, "x_empty": ms / empty})
+        default_ms = time_ms([lambda s=s: launch_rotary(spec, *s, cache) for s in sets], t)
+        if t > 256:
+            flushed = [tt.do_bench(lambda: launch_rotary(spec, pos, q, k, cache), warmup=10, rep=40,
+                                   return_mode="median") for _ in range(3)]
+            print(f"{key} T={t}: default under do_bench (L2 flushed by a memset per call), 3 runs: "
+                  + ", ".join(f"{1e3 * ms:.2f} us" for ms in flushed)
+                  + f"; rotating {len(sets)} input sets: {default_ms * 1e3:.2f} us", flush=True)
+            results.append({"model": key, "tokens": t, "default_do_bench_us": [1e3 * ms for ms in flushed],
+                            "default_rotating_us": default_ms * 1e3, "input_sets": len(sets)})
+        rows.sort(key=lambda r: r[0])
         print(f"{key} T={t}: default {default_ms * 1e3:.2f} us ({100 * nbytes / (default_ms * 1e-3) / 1e9 / ceiling:.1f}%, "
               f"{default_ms / empty:.2f}x empty); best:", flush=True)
-        for ms, bt, bh, nw, split, frac in rows[:5]:
-            print(f"   block_t={bt} block_h={bh} warps={nw} split_qk={split}: {ms * 1e3:.2f} us "
-                  f"{100 * frac:.1f}% of copy, {ms / empty:.2f}x empty", flush=True)
+        for ms, c, frac in rows[:6]:
+            print(f"   {c}: {ms * 1e3:.2f} us {100 * frac:.1f}% of copy, {ms / empty:.2f}x empty", flush=True)
+        by_mode = {}
+        for ms, c, frac in rows:
+            key_mode = str(c["gather_3d"])
+            by_mode.setdefault(key_mode, (ms, c, frac))
+        print("   best per gather_3d: " + "; ".join(
+            f"{k}: {v[0] * 1e3:.2f} us {100 * v[2]:.1f}%" for k, v in sorted(by_mode.items())), flush=True)
 out = os.environ.get("OUT")
 if out:
     with open(os.path.join(out, "sweep.json"), "w") as f:
-        json.dump({"copy_gbps": ceiling, "empty_us": empty * 1e3, "chain_us": chain * 1e3, "results": results}, f)
+        json.dump({"copy_gbps": ceiling, "empty_us": empty * 1e3, "chain_us": chain * 1e3, "sms": sms,
+                   "results": results}, f)

@@ -20,7 +20,7 @@ from rope.devices import device_name, is_interpreter, triton_runs_on
 from rope.spec import RopeSpec, check_rotation_inputs
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-MAX_TILE = 1024            # tokens x heads x frequencies handled by one program at large batch sizes
+MAX_TILE = 1024            # tokens x heads x frequency pairs handled by one program at large batch sizes
 SMALL_BATCH_TOKENS = 128   # below this, split heads over more programs (decode latency)
 
 
@@ -66,10 +66,10 @@ def _load_tile(row_ptrs, token_ok, heads, num_heads, head_size, freq, half,
 def _rotate_store_tile(row_ptrs, token_ok, heads, num_heads, head_size, freq, half, x1, x2, cos, sin,
                        IS_NEOX: tl.constexpr, OUT_BF16: tl.constexpr,
                        BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr):
-    """Rotate the loaded pairs in fp32 (cos/sin: [BLOCK_T, BLOCK_F]) and store them in place,
+    """Rotate the loaded pairs in fp32 (cos/sin: [BLOCK_T, 1 or BLOCK_H, BLOCK_F]) and store them in place,
     under the same masks as :func:`_load_tile`."""
-    c = cos[:, None, :]
-    s = sin[:, None, :]
+    c = cos     # [BLOCK_T, 1 or BLOCK_H, BLOCK_F]
+    s = sin
     x1 = x1.to(tl.float32)
     x2 = x2.to(tl.float32)
     o1 = x1 * c - x2 * s
@@ -89,51 +89,10 @@ def _rotate_store_tile(row_ptrs, token_ok, heads, num_heads, head_size, freq, ha
         tl.store(head_base + chan[None, None, :], _round_for_store(o, OUT_BF16).to(out_ty), mask=mask)
 
 
-# Head counts, sections, the token count and the positions row stride vary per call but do not
-# affect memory alignment: do not let Triton specialize (and recompile) on them.
-@triton.jit(do_not_specialize=["pos_row_stride", "num_tokens", "num_q_heads", "num_kv_heads", "sec0", "sec1", "sec2"])
-def _rotary_kernel(
-    q_ptr, k_ptr, cache_ptr, pos_ptr,
-    q_row_stride, k_row_stride, cache_row_stride, pos_row_stride,
-    num_tokens, num_q_heads, num_kv_heads, head_size, half, sec0, sec1, sec2,
-    NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, IS_NEOX: tl.constexpr, HAS_KEY: tl.constexpr, OUT_BF16: tl.constexpr,
-    SPLIT_QK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr,
-):
-    # Program (token_block, head_block) rotates a tile of BLOCK_T tokens x BLOCK_H heads x all
-    # frequencies.  SPLIT_QK: head blocks [0, cdiv(num_q_heads, BLOCK_H)) are q's and the rest
-    # k's, one tensor per program; else each program does its heads of q, then of k.
-    # Sizes are runtime ints (fewer recompiles; Triton still specializes multiples of 16);
-    # only the variant switches and the power-of-two tile sizes are constexpr.
-    # half = rotary_dim / 2; sec0..sec2 are the first three sections (row 3 takes the rest).
-    token = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    token_ok = token < num_tokens
-    head_block = tl.program_id(1)
-    freq = tl.arange(0, BLOCK_F)
-
-    # (1) Issue the q (or k) loads first: they depend on nothing, so their memory latency
-    #     overlaps the dependent chain positions -> cache row -> cos/sin below.
-    if SPLIT_QK:
-        q_blocks = tl.cdiv(num_q_heads, BLOCK_H)
-        is_k = head_block >= q_blocks
-        x_ptr = tl.where(is_k, k_ptr, q_ptr)
-        x_stride = tl.where(is_k, k_row_stride, q_row_stride).to(tl.int64)
-        x_heads = tl.where(is_k, num_kv_heads, num_q_heads)
-        heads = (head_block - tl.where(is_k, q_blocks, 0)) * BLOCK_H + tl.arange(0, BLOCK_H)
-        x_rows = x_ptr + token * x_stride
-        x1, x2 = _load_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half,
-                            IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F)
-    else:
-        heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
-        q_rows = q_ptr + token * q_row_stride
-        x1, x2 = _load_tile(q_rows, token_ok, heads, num_q_heads, head_size, freq, half,
-                            IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F)
-
-    # (2) Frequency lanes; lanes >= half are padding (BLOCK_F is a power of two) and are
-    #     masked off every load and store, cos/sin included.
-    freq_ok = freq < half
-
-    # (3) The position row that drives each frequency (SPEC §2).
-    axis = tl.zeros([BLOCK_F], dtype=tl.int32)
+@triton.jit
+def _lane_axes(freq, sec0, sec1, sec2, NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """The position row that drives each frequency lane (SPEC §2)."""
+    axis = tl.zeros(freq.shape, dtype=tl.int32)
     if INTERLEAVED:
         # Qwen3-VL: H at i%3==1 below 3*s_h, W at i%3==2 below 3*s_w, T elsewhere.
         axis = tl.where((freq % 3 == 1) & (freq < 3 * sec1), 1, axis)
@@ -146,32 +105,116 @@ def _rotary_kernel(
             axis += (freq >= sec0 + sec1).to(tl.int32)
         if NUM_DIMS >= 4:
             axis += (freq >= sec0 + sec1 + sec2).to(tl.int32)
+    return axis
 
-    # (4) Per-lane position: positions[axis(i), token]; row d starts at d * pos_row_stride.
-    #     Tokens past num_tokens read position 0 (a valid row) and store nothing.
+
+@triton.jit
+def _gather_cos_sin(cache_ptr, cache_row_stride, pos_ptr, pos_row_stride, token, num_tokens, freq, half,
+                    sec0, sec1, sec2, NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_T: tl.constexpr,
+                    BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr, POS_RUN: tl.constexpr, GATHER_3D: tl.constexpr):
+    """cos = cache[positions[axis(i), t], i], sin = cache[..., half + i] for the tile's tokens, as
+    [BLOCK_T, BLOCK_H, BLOCK_F] fp32 in the layout of the q/k tile.
+
+    GATHER_3D: gathered straight into the tile's 3-D layout (each head lane loads its copy; the
+    copies hit L1).  Runs of POS_RUN lanes share one position row and start aligned (see
+    _position_run), so the offsets are declared contiguous in runs of POS_RUN and the loads
+    vectorize.  Else one gather per (token, lane) into [BLOCK_T, BLOCK_F], broadcast over heads:
+    Triton converts that layout through shared memory with three barriers, which serialized the
+    cos and sin loads behind each other (docs/perf-notes.md §6), but it issues one load per lane
+    where the 3-D gather issues one per lane and head lane (interleaved sections: POS_RUN 1).
+    Tokens past num_tokens read position 0 (a valid row) and store nothing; lanes >= half are
+    padding and masked."""
+    freq_ok = freq < half
+    token_ok = token < num_tokens
+    axis = _lane_axes(freq, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED)
     pos = tl.load(pos_ptr + token, mask=token_ok, other=0).to(tl.int64)[:, None] + tl.zeros([BLOCK_T, BLOCK_F], dtype=tl.int64)
     for d in tl.static_range(1, NUM_DIMS):
         pos_d = tl.load(pos_ptr + d * pos_row_stride + token, mask=token_ok, other=0).to(tl.int64)
         pos = tl.where(axis[None, :] == d, pos_d[:, None], pos)
+    offs = pos * cache_row_stride + freq[None, :]
+    lane_ok = freq_ok[None, :]
+    if GATHER_3D:
+        if POS_RUN > 1:
+            offs = tl.max_contiguous(tl.multiple_of(offs, [1, POS_RUN]), [1, POS_RUN])
+        offs = tl.broadcast_to(offs[:, None, :], [BLOCK_T, BLOCK_H, BLOCK_F])
+        lane_ok = tl.broadcast_to(freq_ok[None, None, :], [BLOCK_T, BLOCK_H, BLOCK_F])
+    cos = tl.load(cache_ptr + offs, mask=lane_ok, other=0.0).to(tl.float32)
+    sin = tl.load(cache_ptr + half + offs, mask=lane_ok, other=0.0).to(tl.float32)
+    if not GATHER_3D:
+        cos = cos[:, None, :]
+        sin = sin[:, None, :]
+    return cos, sin
 
-    # (5) Gather cos = cache[pos, i], sin = cache[pos, half + i] (one row per token and lane).
-    cache_row = cache_ptr + pos * cache_row_stride
-    cos = tl.load(cache_row + freq, mask=freq_ok, other=0.0).to(tl.float32)
-    sin = tl.load(cache_row + half + freq, mask=freq_ok, other=0.0).to(tl.float32)
 
-    # (6) Rotate and store: NeoX pairs (i, i + half), GPT-J pairs (2i, 2i + 1).
+# Head counts, sections, the token count and the positions row stride vary per call but do not
+# affect memory alignment: do not let Triton specialize (and recompile) on them.
+@triton.jit(do_not_specialize=["pos_row_stride", "num_tokens", "num_q_heads", "num_kv_heads", "sec0", "sec1", "sec2"])
+def _rotary_kernel(
+    q_ptr, k_ptr, cache_ptr, pos_ptr,
+    q_row_stride, k_row_stride, cache_row_stride, pos_row_stride,
+    num_tokens, num_q_heads, num_kv_heads, head_size, half, sec0, sec1, sec2,
+    NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, IS_NEOX: tl.constexpr, HAS_KEY: tl.constexpr, OUT_BF16: tl.constexpr,
+    SPLIT_QK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr,
+    POS_RUN: tl.constexpr, GATHER_3D: tl.constexpr,
+):
+    # Program (token_block, head_block) rotates a tile of BLOCK_T tokens x BLOCK_H heads x all
+    # frequencies.  SPLIT_QK: head blocks [0, cdiv(num_q_heads, BLOCK_H)) are q's and the rest
+    # k's, one tensor per program; else each program does its heads of q, then of k.
+    # Sizes are runtime ints (fewer recompiles; Triton still specializes multiples of 16);
+    # only the variant switches and the power-of-two tile sizes are constexpr.
+    # half = rotary_dim / 2; sec0..sec2 are the first three sections (row 3 takes the rest).
+    head_block = tl.program_id(1)
+    freq = tl.arange(0, BLOCK_F)
+
+    # The tensor and heads this program rotates.
     if SPLIT_QK:
-        _rotate_store_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half, x1, x2, cos, sin,
-                           IS_NEOX, OUT_BF16, BLOCK_T, BLOCK_H, BLOCK_F)
+        q_blocks = tl.cdiv(num_q_heads, BLOCK_H)
+        is_k = head_block >= q_blocks
+        x_ptr = tl.where(is_k, k_ptr, q_ptr)
+        x_stride = tl.where(is_k, k_row_stride, q_row_stride).to(tl.int64)
+        x_heads = tl.where(is_k, num_kv_heads, num_q_heads)
+        heads = (head_block - tl.where(is_k, q_blocks, 0)) * BLOCK_H + tl.arange(0, BLOCK_H)
     else:
-        _rotate_store_tile(q_rows, token_ok, heads, num_q_heads, head_size, freq, half, x1, x2, cos, sin,
+        x_ptr = q_ptr
+        x_stride = q_row_stride
+        x_heads = num_q_heads
+        heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
+
+    token = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    token_ok = token < num_tokens
+    # The q (or k) loads depend on nothing and are written first; ptxas still issues them after
+    # the position loads (pinning them first with a barrier measured slower: perf-notes §6).
+    x_rows = x_ptr + token * x_stride
+    x1, x2 = _load_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half,
+                        IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F)
+    cos, sin = _gather_cos_sin(cache_ptr, cache_row_stride, pos_ptr, pos_row_stride, token, num_tokens,
+                               freq, half, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN, GATHER_3D)
+    # Rotate and store: NeoX pairs (i, i + half), GPT-J pairs (2i, 2i + 1).
+    _rotate_store_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half, x1, x2, cos, sin,
+                       IS_NEOX, OUT_BF16, BLOCK_T, BLOCK_H, BLOCK_F)
+    if not SPLIT_QK and HAS_KEY:
+        k_rows = k_ptr + token * k_row_stride
+        y1, y2 = _load_tile(k_rows, token_ok, heads, num_kv_heads, head_size, freq, half,
+                            IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F)
+        _rotate_store_tile(k_rows, token_ok, heads, num_kv_heads, head_size, freq, half, y1, y2, cos, sin,
                            IS_NEOX, OUT_BF16, BLOCK_T, BLOCK_H, BLOCK_F)
-        if HAS_KEY:
-            k_rows = k_ptr + token * k_row_stride
-            y1, y2 = _load_tile(k_rows, token_ok, heads, num_kv_heads, head_size, freq, half,
-                                IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F)
-            _rotate_store_tile(k_rows, token_ok, heads, num_kv_heads, head_size, freq, half, y1, y2, cos, sin,
-                               IS_NEOX, OUT_BF16, BLOCK_T, BLOCK_H, BLOCK_F)
+
+
+def _position_run(spec: RopeSpec, cache_row_stride: int) -> int:
+    """The longest aligned run of frequency lanes (a power of two, at most 8) that always share one
+    position row and whose cache offsets are aligned to it: the vector width of the cos/sin gather."""
+    if spec.num_dims > 1 and spec.layout == "interleaved":
+        return 1
+    bounds = [spec.num_freqs, cache_row_stride]
+    if spec.num_dims > 1:
+        acc = 0
+        for sec in spec.sections[:-1]:
+            acc += sec
+            bounds.append(acc)
+    run = 8
+    while run > 1 and any(b % run for b in bounds):
+        run //= 2
+    return run
 
 
 def _sections_constexprs(spec: RopeSpec) -> tuple[int, int, int]:
@@ -180,13 +223,14 @@ def _sections_constexprs(spec: RopeSpec) -> tuple[int, int, int]:
 
 
 def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block_h: int | None = None,
-                  num_warps: int | None = None, block_t: int | None = None, split_qk: bool | None = None):
+                  num_warps: int | None = None, block_t: int | None = None, split_qk: bool | None = None,
+                  gather_3d: bool | None = None):
     """Launch the kernel without validation (the caller has checked); returns (query, key).
 
     query/key must have unit stride in the last dim; they are rotated in place.  Tile sizes come
-    from the H200 sweep in docs/perf-notes.md: few tokens -> small head blocks and more programs
-    (latency); many tokens -> tokens x heads x frequencies tiles of MAX_TILE elements
-    (bandwidth); q and k in separate programs (``split_qk``) unless told otherwise.
+    from the H200 sweeps in docs/perf-notes.md: few tokens -> small head blocks and more programs
+    (latency); many tokens -> tokens x heads x frequencies tiles of MAX_TILE pairs (bandwidth);
+    q and k in separate programs (``split_qk``) unless told otherwise.
     """
     num_tokens = positions.shape[-1]
     if num_tokens == 0:
@@ -196,28 +240,22 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
     block_f = triton.next_power_of_2(spec.num_freqs)
     max_heads = triton.next_power_of_2(max(num_q, num_k))
     small = num_tokens < SMALL_BATCH_TOKENS
-    # Defaults from the H200 sweep (docs/perf-notes.md §4).  Few tokens: one token and 4 heads per
-    # program, q and k in separate programs (more, shorter programs: latency).  Many tokens: two
-    # tokens per program; q and k in separate programs of MAX_TILE elements when k fills its head
-    # blocks (Qwen2.5-VL-72B: 8 kv heads in blocks of 8), else both in one program with twice the
-    # tile (GLM-4.1V: 2 kv heads would leave a k program's lanes mostly masked).
-    if block_t is None:
-        block_t = 1 if small else 2
-    if small:
-        tile_heads = 4
-        split_default = True
-    else:
-        tile_heads = max(1, MAX_TILE // (block_f * block_t))
-        split_default = num_k > 0 and num_k % min(max_heads, tile_heads) == 0
-        if not split_default:
-            tile_heads *= 2
+    # Defaults from the H200 sweeps (docs/perf-notes.md §4, §6).  q and k always in separate
+    # programs (one tensor per program).  Few tokens: one token and 4 heads per program (more,
+    # shorter programs: latency).  Many tokens: blocks of 8 heads and as many tokens as fill
+    # MAX_TILE pairs (Qwen2.5-VL-72B, head 128: 2 tokens; GLM-4.1V, 64 rotary channels: 4).
     if split_qk is None:
-        split_qk = split_default
+        split_qk = True
     split_qk = bool(split_qk and key is not None)
     if block_h is None:
-        block_h = min(max_heads, tile_heads)
+        block_h = min(max_heads, 4 if small else 8)
+    if block_t is None:
+        block_t = 1 if small else max(1, min(8, MAX_TILE // (block_f * block_h)))
     if num_warps is None:
         num_warps = 4
+    pos_run = _position_run(spec, cos_sin_cache.stride(0))
+    if gather_3d is None:
+        gather_3d = pos_run > 1
     head_blocks = (triton.cdiv(num_q, block_h) + triton.cdiv(num_k, block_h) if split_qk
                    else triton.cdiv(max(num_q, num_k), block_h))
     grid = (triton.cdiv(num_tokens, block_t), head_blocks)
@@ -230,7 +268,8 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
         num_tokens, num_q, num_k, spec.head_size, spec.num_freqs, sec0, sec1, sec2,
         NUM_DIMS=spec.num_dims, INTERLEAVED=spec.layout == "interleaved", IS_NEOX=spec.is_neox_style, HAS_KEY=key is not None,
         OUT_BF16=query.dtype == torch.bfloat16,
-        SPLIT_QK=split_qk, BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_F=block_f, **extra,
+        SPLIT_QK=split_qk, BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_F=block_f,
+        POS_RUN=pos_run, GATHER_3D=gather_3d, **extra,
     )
     return query, key
 
