@@ -4,7 +4,8 @@ Its interface is the serving engines' (notes/peers.md §4): positions ``[T]`` (i
 query ``[T, heads * head_size]``, key ``[T, kv_heads * head_size]``, ``head_size``, the cos|sin cache
 ``[L, rotary_dim]`` (float32 only: the adapter upcasts the harness's rounded cache, which is exact) and
 ``is_neox``; channels past rotary_dim pass through.  It computes in float32 and returns new tensors.
-No M-RoPE: positions are 1-D only, so every multi-row spec is unsupported.
+No M-RoPE: positions are 1-D only, so every multi-row spec is unsupported; q/k in float16 or
+bfloat16 only (float32 raises "failed to dispatch data type").
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ def _reason(spec: RopeSpec, dtype, device: str) -> str | None:
         return "apply_rope_with_cos_sin_cache takes 1-D positions only (no M-RoPE / XD-RoPE)"
     if device != "cuda":
         return f"FlashInfer's kernels are CUDA only (device {device})"
+    if dtype not in (torch.float16, torch.bfloat16):
+        # 0.7.4 on the H200: "apply_rope_pos_ids_cos_sin_cache ... failed to dispatch data type"
+        return f"FlashInfer's rope kernels dispatch float16/bfloat16 q/k only (dtype {dtype})"
     return None
 
 
