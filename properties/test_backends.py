@@ -53,23 +53,6 @@ EMPTY_BATCH_RAISES = {
 KNOWN_BUG_XFAIL = {("transformers", "xdrope-4rows-hunyuanocr"): KNOWN_MISMATCH}
 
 
-def _flashinfer_fault(spec: RopeSpec) -> bool:
-    """FlashInfer 0.7.4 apply_rope_with_cos_sin_cache on the H200 (tools/flashinfer_probe.py,
-    docs/upstream-flashinfer-rope-shapes.md): a CUDA misaligned-address fault, which poisons the
-    process's CUDA context, when rotary_dim is not a multiple of 16 (NeoX) or 8 (GPT-J); silently
-    wrong values for whole-head NeoX at head 16, 80 and 112 and GPT-J at head 8."""
-    if spec.rotary_dim % (16 if spec.is_neox_style else 8):
-        return True
-    if spec.is_neox_style:
-        return spec.rotary_dim == spec.head_size and spec.head_size in (16, 80, 112)
-    return spec.head_size == 8
-
-
-# Known faults of a backend: backend -> the specs it crashes or is known wrong on.  The property draws
-# around them (a kernel fault poisons the CUDA context and would fail every later test of the worker);
-# tools/flashinfer_probe.py reproduces them in fresh processes.
-KNOWN_FAULTS = {"flashinfer": _flashinfer_fault}
-
 
 def backend_or_skip(name: str):
     try:
@@ -101,7 +84,6 @@ def test_backend_rotation_matches_reference(backend, device, dtype, kind, is_neo
         assume(case.num_tokens > 0)
     if KNOWN_MISMATCHES.get(backend, lambda spec: False)(case.spec):
         assume(case.positions_kind == "text")
-    assume(not KNOWN_FAULTS.get(backend, lambda spec: False)(case.spec))
     assume(unsupported_reason(backend, impl, case.spec, DTYPES[dtype], device) is None)
     assert_matches_reference(backend, impl, case, device)
 
@@ -114,9 +96,6 @@ def test_backend_known_bug_triggers(backend, device, bug):
     why = unsupported_reason(backend, impl, case.spec, DTYPES[case.dtype], device)
     if why:
         pytest.skip(why)
-    if KNOWN_FAULTS.get(backend, lambda spec: False)(case.spec):
-        pytest.xfail(f"known fault of {backend} on this shape, not run (it would poison the CUDA context): "
-                     f"{KNOWN_FAULTS[backend].__doc__.split(':')[0]}; reproduce with tools/flashinfer_probe.py")
     if (backend, bug) in KNOWN_BUG_XFAIL:
         with pytest.raises(AssertionError, match="does not match the reference"):
             assert_matches_reference(backend, impl, case, device)
@@ -232,7 +211,30 @@ def test_missing_backend_names_its_package():
     (128, True, False), (64, True, False), (48, True, False), (40, True, True), (24, True, True),
     (8, True, True), (24, False, False), (8, False, False), (20, False, True), (2, False, True)])
 def test_flashinfer_fault_region_matches_the_probe(rotary_dim, is_neox, faults):
-    # The region the property draws around is the one measured (docs/runs/flashinfer-probe-*.log,
+    # The region the properties draw around is the one measured (docs/runs/flashinfer-probe-*.log,
     # head 128): a predicate that grew or shrank would hide working shapes or crash the worker.
-    assert _flashinfer_fault(RopeSpec(128, rotary_dim, is_neox, None)) is faults
-    assert _flashinfer_fault(RopeSpec(80, 80, True, None)) and not _flashinfer_fault(RopeSpec(96, 96, True, None))
+    from rope.backends.known_faults import flashinfer_fault
+    assert (flashinfer_fault(RopeSpec(128, rotary_dim, is_neox, None), torch.bfloat16, "cuda") is not None) is faults
+    assert flashinfer_fault(RopeSpec(80, 80, True, None), torch.bfloat16, "cuda") is not None
+    assert flashinfer_fault(RopeSpec(96, 96, True, None), torch.bfloat16, "cuda") is None
+
+
+def test_known_fault_is_drawn_around_and_reported():
+    # A declared fault makes the registry answer like an unsupported combination, marked "known
+    # fault", so skip_if_unsupported rejects the draw (and the report lists it) instead of running it.
+    from rope.backends import declare
+    calls = []
+
+    def fake(spec, positions, query, key, cache):
+        calls.append(spec)
+        raise AssertionError("a faulting shape was run")
+
+    fake = declare(fake, working_precision="float32", reason=lambda spec, dtype, device: None,
+                   fault=lambda spec, dtype, device: "faults" if spec.rotary_dim == 40 else None)
+    why = unsupported_reason("fake", fake, RopeSpec(128, 40, True, None), torch.bfloat16, "cuda")
+    assert why is not None and why.startswith("known fault: fake on ") and why.endswith(": faults")
+    assert unsupported_reason("fake", fake, RopeSpec(128, 64, True, None), torch.bfloat16, "cuda") is None
+    from properties.checks import skip_if_unsupported
+    with pytest.raises(pytest.skip.Exception, match="known fault"):
+        skip_if_unsupported("fake", fake, RopeSpec(128, 40, True, None), "bfloat16", "cuda")
+    assert not calls

@@ -102,7 +102,12 @@ def working_precision(fn: Callable) -> str:
 
 
 def unsupported_reason(name: str, fn: Callable, spec, dtype, device: str) -> str | None:
-    """None when ``fn`` claims to support the combination, else the reason to skip it."""
+    """None when ``fn`` claims to support the combination, else the reason to skip it: unsupported,
+    or a known fault of that code (declared by the adapter: running it would crash the process)."""
+    fault = getattr(fn, "known_fault", None)
+    why = fault(spec, dtype, device) if fault is not None else None
+    if why is not None:
+        return (f"known fault: {name} on {spec.variant()} {str(dtype).replace('torch.', '')} on {device}: {why}")
     explain = getattr(fn, "unsupported_reason", None)
     if explain is not None:
         why = explain(spec, dtype, device)

@@ -46,11 +46,14 @@ def require(module: str, *, distribution: str, install: str):
                           f"install it with: {install}") from exc
 
 
-def declare(fn: Callable, *, working_precision: str, reason: Callable) -> Callable:
+def declare(fn: Callable, *, working_precision: str, reason: Callable, fault: Callable | None = None) -> Callable:
     """Attach the registry attributes: ``reason(spec, dtype, device)`` returns why a combination is not
-    supported (None when it is); ``supports`` is its negation."""
+    supported (None when it is); ``supports`` is its negation.  ``fault(spec, dtype, device)``: why the
+    external code is known to crash on a combination it claims (rope/backends/known_faults.py)."""
     fn.working_precision = working_precision
     fn.unsupported_reason = reason
+    if fault is not None:
+        fn.known_fault = fault
     fn.supports = lambda spec, dtype, device: reason(spec, dtype, device) is None
     return fn
 

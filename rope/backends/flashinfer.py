@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from rope.backends import declare, require
+from rope.backends.known_faults import flashinfer_fault
 from rope.spec import RopeSpec, check_rotation_inputs
 
 _rope = require("flashinfer.rope", distribution="flashinfer-python",
@@ -38,4 +39,4 @@ def _reason(spec: RopeSpec, dtype, device: str) -> str | None:
     return None
 
 
-rotate_flashinfer = declare(rotate_flashinfer, working_precision="float32", reason=_reason)
+rotate_flashinfer = declare(rotate_flashinfer, working_precision="float32", reason=_reason, fault=flashinfer_fault)
