@@ -378,6 +378,10 @@ def markdown(data: dict) -> str:
     lines = [f"# Benchmark on {data['device_name']} ({data['device']})", "",
              f"Copy bandwidth (measured): {data['copy_gbps']:.0f} GB/s; empty Triton launch: "
              f"{data['empty_launch_ms'] * 1e3:.1f} us; torch {data['torch']}.", "",
+             "Timing: `cudagraph` = triton's do_bench_cudagraph on one input set (<= 256 tokens); "
+             "`rotating+graph` = back-to-back calls cycling through copies of the inputs that span four "
+             "L2 caches, one round captured in a CUDA graph (`rotating`: launched from Python where "
+             "capture failed), device events, median of 7; `wall` = host clock (CPU).", "",
              "| model | tokens | impl | time (us) | GB/s | % of copy | vs native | timing | check |",
              "|---|---:|---|---:|---:|---:|---:|---|---|"]
     for r in data["results"]:
