@@ -5,7 +5,8 @@ The rotation kernel updates q and k in place (the serving engines' contract).  T
 moved in place: torch's ``mul_`` and a plain Triton in-place scale over a buffer the size of
 Qwen2.5-VL-72B's q+k at 4096 and 65536 tokens, timed like the benchmark (input rotation,
 rope.bench._timer) and, for comparison, with do_bench (L2 flushed by a memset before each call).
-Notes: docs/perf-notes.md sections 5 and 6.
+Also the partial-rotary pattern (GLM-4.1V: the first 64 of each 128-channel head), the ceiling
+for a kernel that must skip the pass-through channels.  Notes: docs/perf-notes.md sections 5 and 6.
 
     PYTHONPATH=. python3 tools/inplace_ceiling.py
 """
@@ -23,6 +24,34 @@ def _scale_inplace(x_ptr, n, BLOCK: tl.constexpr):
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
     tl.store(x_ptr + offs, (x * 1.0000001).to(x_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _scale_row_prefix_inplace(x_ptr, rows, ROW: tl.constexpr, PREFIX: tl.constexpr, BLOCK_ROWS: tl.constexpr):
+    # The partial-rotary pattern: the first PREFIX of every ROW elements (GLM-4.1V: 64 of each
+    # 128-channel head), BLOCK_ROWS head rows per program.
+    r = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    offs = r[:, None] * ROW + tl.arange(0, PREFIX)[None, :]
+    mask = (r < rows)[:, None]
+    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+    tl.store(x_ptr + offs, (x * 1.0000001).to(x_ptr.dtype.element_ty), mask=mask)
+
+
+def partial_rows(copy, timer):
+    """GLM-4.1V-9B's bytes: the first 64 channels of each 128-channel head of q (32 heads) and
+    k (2 heads), in place: what a partial-rotary kernel can reach (its floor counts only these)."""
+    for tokens in (4096, 65536):
+        rows = tokens * (32 + 2)
+        nbytes = 2 * rows * 64 * 2
+        xs = [torch.randn(rows * 128, device="cuda", dtype=torch.bfloat16)
+              for _ in range(bench.input_sets("cuda", nbytes))]
+        for block_rows, warps in ((16, 4), (32, 4), (64, 8)):
+            fns = [lambda x=x: _scale_row_prefix_inplace[(triton.cdiv(rows, block_rows),)](
+                x, rows, ROW=128, PREFIX=64, BLOCK_ROWS=block_rows, num_warps=warps) for x in xs]
+            ms, _ = timer(fns, tokens)
+            print(f"{tokens} tokens, GLM-4.1V partial rows (64 of 128 channels) in place, {block_rows} rows x "
+                  f"{warps} warps: {ms * 1e3:.1f} us = {100 * nbytes / ms / 1e6 / copy:.1f}% of copy "
+                  f"(rotating {len(fns)} buffers)")
 
 
 def main():
@@ -50,3 +79,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    partial_rows(bench.copy_bandwidth("cuda"), bench._timer("cuda"))
