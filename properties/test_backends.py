@@ -243,22 +243,68 @@ def test_backend_known_wrong_shapes_still_mismatch(shape, device):
     pytest.xfail(f"known mismatch: FlashInfer 0.7.4 returns wrong values for {shape} (docs/upstream-flashinfer-rope-shapes.md)")
 
 
-def test_known_fault_is_drawn_around_and_reported():
-    # A declared fault makes the registry answer like an unsupported combination, marked "known
-    # fault", so skip_if_unsupported rejects the draw (and the report lists it) instead of running it.
+def _fake_backend(calls: list):
     from rope.backends import declare
-    calls = []
 
     def fake(spec, positions, query, key, cache):
-        calls.append(spec)
-        raise AssertionError("a faulting shape was run")
+        calls.append(spec.rotary_dim)
+        return query, key
 
-    fake = declare(fake, working_precision="float32", reason=lambda spec, dtype, device: None,
+    return declare(fake, working_precision="float32",
+                   reason=lambda spec, dtype, device: "1-D only" if spec.num_dims != 1 else None,
                    fault=lambda spec, dtype, device: "faults" if spec.rotary_dim == 40 else None)
+
+
+def test_known_fault_is_drawn_around_and_reported():
+    # A declared fault makes the registry answer like an unsupported combination, marked "known
+    # fault" (asked only of what the code claims to support), so a property rejects the draw, counts
+    # it for the run report, and never runs it; ``supports`` says no as well (the benchmark's filter).
+    from hypothesis import given, settings
+    from properties import checks
+    calls: list = []
+    fake = _fake_backend(calls)
     why = unsupported_reason("fake", fake, RopeSpec(128, 40, True, None), torch.bfloat16, "cuda")
     assert why is not None and why.startswith("known fault: fake on ") and why.endswith(": faults")
+    unsupported = unsupported_reason("fake", fake, RopeSpec(128, 40, True, (4, 8, 8)), torch.bfloat16, "cuda")
+    assert unsupported.startswith("unsupported: fake does not run") and unsupported.endswith("1-D only")
     assert unsupported_reason("fake", fake, RopeSpec(128, 64, True, None), torch.bfloat16, "cuda") is None
-    from properties.checks import skip_if_unsupported
-    with pytest.raises(pytest.skip.Exception, match="known fault"):
-        skip_if_unsupported("fake", fake, RopeSpec(128, 40, True, None), "bfloat16", "cuda")
-    assert not calls
+    assert not fake.supports(RopeSpec(128, 40, True, None), torch.bfloat16, "cuda")
+    assert fake.supports(RopeSpec(128, 64, True, None), torch.bfloat16, "cuda")
+
+    @settings(max_examples=40, database=None, derandomize=True)
+    @given(rotary_dim=st.sampled_from([40, 64]))
+    def prop(rotary_dim):
+        spec = RopeSpec(128, rotary_dim, True, None)
+        checks.skip_if_unsupported("fake", fake, spec, "bfloat16", "cuda")
+        fake(spec, None, None, None, None)
+
+    checks.REJECTED_UNSUPPORTED.clear()
+    prop()
+    assert calls and set(calls) == {64}, calls                         # 40 never ran, 64 did
+    assert any(reason.startswith("known fault: fake") for reason in checks.REJECTED_UNSUPPORTED)
+    checks.REJECTED_UNSUPPORTED.clear()
+
+
+def test_flashinfer_adapter_declares_its_faults(monkeypatch):
+    # The adapter is wired to the measured predicate (no GPU needed: the external module is stubbed).
+    import importlib
+    import sys
+    import types
+    from rope.backends.known_faults import flashinfer_fault
+    stub = types.ModuleType("flashinfer")
+    stub.rope = types.ModuleType("flashinfer.rope")
+    monkeypatch.setitem(sys.modules, "flashinfer", stub)
+    monkeypatch.setitem(sys.modules, "flashinfer.rope", stub.rope)
+    monkeypatch.delitem(sys.modules, "rope.backends.flashinfer", raising=False)
+    adapter = importlib.import_module("rope.backends.flashinfer")
+    try:
+        assert adapter.rotate_flashinfer.known_fault is flashinfer_fault
+        why = unsupported_reason("flashinfer", adapter.rotate_flashinfer, RopeSpec(128, 40, True, None),
+                                 torch.bfloat16, "cuda")
+        assert why.startswith("known fault: flashinfer")
+        # What it does not support is said so, not blamed on a fault.
+        why = unsupported_reason("flashinfer", adapter.rotate_flashinfer, RopeSpec(128, 40, True, None),
+                                 torch.float32, "cuda")
+        assert why.startswith("unsupported: flashinfer") and "float16/bfloat16" in why
+    finally:
+        sys.modules.pop("rope.backends.flashinfer", None)

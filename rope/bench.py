@@ -7,8 +7,9 @@ token, and the positions.  Each result is reported as time, achieved GB/s over t
 the fraction of the device's measured copy bandwidth, and the speedup over native eager.
 
 Timing on CUDA: CUDA graphs for small sizes (``do_bench_cudagraph``: no Python launch
-overhead); above, input rotation: the call cycles through enough copies of its inputs to span
-four L2 caches, back to back (one round captured in a CUDA graph), timed with device events,
+overhead); above, input rotation: the call cycles through enough copies of its inputs that one
+pass moves four L2 caches of bytes (about two held), back to back (one round captured in a CUDA
+graph), timed with device events,
 median of 7.  Each call so finds its inputs in DRAM, as inside a model, and is not charged for
 writing back a flush buffer: ``do_bench``'s L2 clearing (a 256 MB memset before every call)
 leaves the L2 full of dirty lines that the next timed call must write back: at 4096 tokens on
@@ -71,14 +72,15 @@ def rotation_bytes(spec: RopeSpec, tokens: int, num_q: int, num_kv: int, elsize:
 
 
 # ------------------------------------------------------------------------------------ timing
-ROTATE_L2_MULTIPLE = 4          # rotated input sets span at least this many L2 caches
+ROTATE_L2_MULTIPLE = 4          # one pass over the rotated input sets moves this many L2 caches of bytes
 MAX_INPUT_SETS = 128
 
 
 def input_sets(device: str, nbytes: int) -> int:
-    """How many copies of the inputs to rotate through so that one pass over them spans
-    ROTATE_L2_MULTIPLE times the L2 cache: each call then finds its inputs in DRAM, as a call
-    inside a model would, without the timer writing a flush buffer between calls."""
+    """How many copies of the inputs to rotate through so that one pass over them moves
+    ROTATE_L2_MULTIPLE times the L2 cache in bytes (``nbytes``: read + written per call, so the
+    copies hold about half that: two L2s, in place): each call then finds its inputs in DRAM, as a
+    call inside a model would, without the timer writing a flush buffer between calls."""
     if device not in ("cuda", "rocm"):
         return 1
     l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0) or (64 << 20)
@@ -95,15 +97,15 @@ def _time_rotating(fns, target_ms: float = 100.0, repeats: int = 7, graph: bool 
         if not graph:
             raise RuntimeError("graph capture not wanted")
         torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
+        cuda_graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             round_fn()                          # warm-up on the side stream, as capture requires
         torch.cuda.current_stream().wait_stream(stream)
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(cuda_graph):
             round_fn()
-        round_fn = graph.replay
+        round_fn = cuda_graph.replay
         how = "rotating+graph"
     except Exception:                           # capture not possible (e.g. torch.compile guards)
         torch.cuda.synchronize()
@@ -379,8 +381,8 @@ def markdown(data: dict) -> str:
              f"Copy bandwidth (measured): {data['copy_gbps']:.0f} GB/s; empty Triton launch: "
              f"{data['empty_launch_ms'] * 1e3:.1f} us; torch {data['torch']}.", "",
              "Timing: `cudagraph` = triton's do_bench_cudagraph on one input set (<= 256 tokens); "
-             "`rotating+graph` = back-to-back calls cycling through copies of the inputs that span four "
-             "L2 caches, one round captured in a CUDA graph (`rotating`: launched from Python where "
+             "`rotating+graph` = back-to-back calls cycling through copies of the inputs (one pass moves "
+             "four L2 caches of bytes), one round captured in a CUDA graph (`rotating`: launched from Python where "
              "capture failed), device events, median of 7; `wall` = host clock (CPU).", "",
              "| model | tokens | impl | time (us) | GB/s | % of copy | vs native | timing | check |",
              "|---|---:|---|---:|---:|---:|---:|---|---|"]

@@ -104,17 +104,16 @@ def working_precision(fn: Callable) -> str:
 def unsupported_reason(name: str, fn: Callable, spec, dtype, device: str) -> str | None:
     """None when ``fn`` claims to support the combination, else the reason to skip it: unsupported,
     or a known fault of that code (declared by the adapter: running it would crash the process)."""
-    fault = getattr(fn, "known_fault", None)
-    why = fault(spec, dtype, device) if fault is not None else None
-    if why is not None:
-        return (f"known fault: {name} on {spec.variant()} {str(dtype).replace('torch.', '')} on {device}: {why}")
+    what = f"{spec.variant()} {str(dtype).replace('torch.', '')} on {device}"
     explain = getattr(fn, "unsupported_reason", None)
     if explain is not None:
         why = explain(spec, dtype, device)
-        return None if why is None else (f"unsupported: {name} does not run {spec.variant()} "
-                                          f"{str(dtype).replace('torch.', '')} on {device}: {why}")
-    supports = getattr(fn, "supports", None)
-    if supports is None or supports(spec, dtype, device):
-        return None
-    return (f"unsupported: {name} does not run {spec.variant()} "
-            f"{str(dtype).replace('torch.', '')} on {device}")
+        if why is not None:
+            return f"unsupported: {name} does not run {what}: {why}"
+    else:
+        supports = getattr(fn, "supports", None)
+        if supports is not None and not supports(spec, dtype, device):
+            return f"unsupported: {name} does not run {what}"
+    fault = getattr(fn, "known_fault", None)          # asked only of what the code claims to support
+    why = fault(spec, dtype, device) if fault is not None else None
+    return None if why is None else f"known fault: {name} on {what}: {why}"

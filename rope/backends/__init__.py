@@ -48,13 +48,15 @@ def require(module: str, *, distribution: str, install: str):
 
 def declare(fn: Callable, *, working_precision: str, reason: Callable, fault: Callable | None = None) -> Callable:
     """Attach the registry attributes: ``reason(spec, dtype, device)`` returns why a combination is not
-    supported (None when it is); ``supports`` is its negation.  ``fault(spec, dtype, device)``: why the
-    external code is known to crash on a combination it claims (rope/backends/known_faults.py)."""
+    supported (None when it is).  ``fault(spec, dtype, device)``: why the external code is known to
+    crash on a combination it claims (rope/backends/known_faults.py).  ``supports`` is true when
+    neither answers (the benchmark, say, must not run a faulting shape either)."""
     fn.working_precision = working_precision
     fn.unsupported_reason = reason
     if fault is not None:
         fn.known_fault = fault
-    fn.supports = lambda spec, dtype, device: reason(spec, dtype, device) is None
+    fn.supports = lambda spec, dtype, device: (reason(spec, dtype, device) is None
+                                               and (fault is None or fault(spec, dtype, device) is None))
     return fn
 
 

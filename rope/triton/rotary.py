@@ -255,7 +255,10 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
         num_warps = 4
     pos_run = _position_run(spec, cos_sin_cache.stride(0))
     if gather_3d is None:
-        gather_3d = pos_run > 1
+        # The 3-D gather pays off only as vector loads: runs of lanes (POS_RUN > 1) and a lane mask
+        # Triton can prove constant over them, i.e. half = num_freqs specialized as a multiple of 16
+        # (else it issues one scalar load per lane and head lane: the slower variant of §6).
+        gather_3d = pos_run > 1 and spec.num_freqs % 16 == 0
     head_blocks = (triton.cdiv(num_q, block_h) + triton.cdiv(num_k, block_h) if split_qk
                    else triton.cdiv(max(num_q, num_k), block_h))
     grid = (triton.cdiv(num_tokens, block_t), head_blocks)
