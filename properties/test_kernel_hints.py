@@ -2,37 +2,42 @@
 (``tl.multiple_of`` / ``tl.max_contiguous`` are no-ops there): a wrong promise gives wrong loads
 only on a GPU.  So the promise itself is a property: ``_position_run`` may declare runs of R lanes
 only if every aligned run of R frequency lanes, padding lanes up to BLOCK_F included, takes one
-position row (the spec's axis map) and the cache offsets of a run start stay multiples of R."""
+position row (as the kernel's own ``_lane_axes`` computes it, checked against the spec's axis map)
+and the cache offsets of a run start stay multiples of R."""
 
 from __future__ import annotations
 
+import torch
 import triton
-from hypothesis import example, given, strategies as st
+import triton.language as tl
+from hypothesis import example, given, settings, strategies as st
 
 from properties.strategies import KINDS, rope_specs
 from rope.models import load_models
 from rope.spec import RopeSpec
-from rope.triton.rotary import _position_run
+from rope.triton.rotary import _lane_axes, _position_run, _sections_constexprs
 
 
-def _lane_axis(spec: RopeSpec, lane: int) -> int:
-    """The row the kernel's lane takes: the axis map inside rotary_dim/2; padding lanes (masked)
-    take what the kernel's map gives them (chunked: the last row; interleaved: by lane % 3)."""
-    axes = spec.axis_map()
-    if lane < len(axes):
-        return axes[lane]
-    if spec.num_dims == 1:
-        return 0
-    if spec.layout == "interleaved":
-        secs = spec.sections
-        if lane % 3 == 1 and lane < 3 * secs[1]:
-            return 1
-        if lane % 3 == 2 and lane < 3 * secs[2]:
-            return 2
-        return 0
-    return spec.num_dims - 1
+@triton.jit
+def _lane_axes_kernel(out_ptr, sec0, sec1, sec2, NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr,
+                      BLOCK_F: tl.constexpr):
+    freq = tl.arange(0, BLOCK_F)
+    tl.store(out_ptr + freq, _lane_axes(freq, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED))
 
 
+def kernel_lane_axes(spec: RopeSpec) -> list[int]:
+    """The position row of every lane, padding lanes included, as the kernel's own ``_lane_axes``
+    computes it (under the interpreter here, compiled on a GPU box)."""
+    block_f = triton.next_power_of_2(spec.num_freqs)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    out = torch.full((block_f,), -1, dtype=torch.int32, device=device)
+    sec0, sec1, sec2 = _sections_constexprs(spec)
+    _lane_axes_kernel[(1,)](out, sec0, sec1, sec2, NUM_DIMS=spec.num_dims,
+                            INTERLEAVED=spec.layout == "interleaved", BLOCK_F=block_f)
+    return out.cpu().tolist()
+
+
+@settings(deadline=None)
 @given(spec=st.sampled_from(KINDS).flatmap(lambda kind: rope_specs(kind=kind)),
        stride_extra=st.sampled_from([0, 1, 2, 4, 8, 16]))
 @example(spec=load_models()["qwen2.5-vl-72b"].spec, stride_extra=0)
@@ -44,9 +49,10 @@ def test_position_run_is_a_true_promise(spec, stride_extra):
     run = _position_run(spec, stride)
     assert run in (1, 2, 4, 8)
     assert stride % run == 0 and spec.num_freqs % run == 0
-    block_f = triton.next_power_of_2(spec.num_freqs)
-    for start in range(0, block_f, run):
-        rows = {_lane_axis(spec, lane) for lane in range(start, start + run)}
+    axes = kernel_lane_axes(spec)
+    assert axes[:spec.num_freqs] == list(spec.axis_map())     # the kernel's map is the spec's
+    for start in range(0, len(axes), run):
+        rows = set(axes[start:start + run])
         assert len(rows) == 1, f"lanes {start}..{start + run - 1} take rows {sorted(rows)} (run {run})"
 
 
