@@ -2,8 +2,9 @@
 harness), to pin what the property suite reports on the GPU box.
 
 1. An empty batch, float32 q/k, one token (one process, errors printed).
-2. ``--sweep``: every even rotary_dim of a head of 128 (and whole-head rotary for the harness's
-   other head sizes), NeoX and GPT-J, bf16, each call in a fresh process with
+2. ``--sweep [--all] [--dtype float16]``: even rotary dims of a head of 128 (every one with
+   ``--all``) and whole-head rotary for the harness's other head sizes, NeoX and GPT-J, bf16 unless
+   told otherwise, each call in a fresh process with
    CUDA_LAUNCH_BLOCKING=1 (a kernel fault poisons the CUDA context), compared with a float32
    torch rotation: ok / mismatch / the error.
 
@@ -61,14 +62,14 @@ def edge_cases():
         print(f"tokens={tokens} {dtype}: {one(64, 64, True, tokens=tokens, dtype_name=dtype)[3]}", flush=True)
 
 
-def sweep():
+def sweep(dtype_name: str = "bfloat16"):
     dims = range(2, 129, 2) if "--all" in sys.argv else (2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 64, 96, 128)
     configs = [(128, rd, neox) for rd in dims for neox in (True, False)]
     configs += [(h, h, neox) for h in (8, 16, 32, 80, 96, 112, 160, 192, 256) for neox in (True, False)]
     results = []
     with cf.ProcessPoolExecutor(max_workers=16, max_tasks_per_child=1,
                                 mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(one, *c): c for c in configs}
+        futures = {pool.submit(one, *c, dtype_name=dtype_name): c for c in configs}
         for fut in cf.as_completed(futures):
             try:
                 results.append(fut.result())
@@ -76,7 +77,7 @@ def sweep():
                 results.append((*futures[fut], f"worker died: {type(exc).__name__}"))
     results.sort()
     bad = [r for r in results if r[3] != "ok"]
-    print(f"{len(results)} configurations, {len(results) - len(bad)} ok; not ok:", flush=True)
+    print(f"{dtype_name}: {len(results)} configurations, {len(results) - len(bad)} ok; not ok:", flush=True)
     for head, rd, neox, what in bad:
         print(f"  head {head} rotary_dim {rd} {'neox' if neox else 'gptj'}: {what}", flush=True)
 
@@ -85,4 +86,4 @@ if __name__ == "__main__":
     one(128, 128, True)                       # builds / loads the module once in this process
     edge_cases()
     if "--sweep" in sys.argv:
-        sweep()
+        sweep(sys.argv[sys.argv.index("--dtype") + 1] if "--dtype" in sys.argv else "bfloat16")
