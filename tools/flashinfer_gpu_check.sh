@@ -4,7 +4,8 @@
 #   tools/flashinfer_gpu_check.sh [PYTEST_ARGS...]
 #
 # (a) imports flashinfer.rope from .fi/site, (b) JIT-builds the rope module for sm_90a only and runs
-# apply_rope_with_cos_sin_cache on small CUDA inputs against a float32 torch rotation (timing the build),
+# apply_rope_with_cos_sin_cache on small CUDA inputs against the float64 reference (timing the build;
+# tools/flashinfer_probe.py --check),
 # (c) runs the property tests against it:
 #   pytest -q -p no:cacheprovider --rope-impl flashinfer --rope-device cuda
 #          properties/test_rotation.py properties/test_backends.py
@@ -59,56 +60,7 @@ main() {
     echo "nvcc: $(command -v nvcc) ($(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')), CUDA_HOME=$CUDA_HOME," \
          "c++: $(c++ -dumpfullversion 2>/dev/null || c++ -dumpversion), ninja $(ninja --version)," \
          "FLASHINFER_EXTRA_LDFLAGS=${FLASHINFER_EXTRA_LDFLAGS:-}"
-    PYTHONUNBUFFERED=1 python3 - <<'PY'
-import importlib.util, os, sys, time
-t = time.perf_counter()
-import flashinfer.rope, flashinfer.jit.env, tvm_ffi, torch
-print(f'(a) import flashinfer.rope: {time.perf_counter() - t:.1f} s; flashinfer {flashinfer.__version__} from '
-      f'{os.path.dirname(flashinfer.__file__)}, tvm_ffi {tvm_ffi.__version__}, torch {torch.__version__}, '
-      f'python {sys.version.split()[0]}')
-for mod in ('cutlass', 'cuda.tile', 'cudnn'):      # optional stacks the trimmed tree assumes absent
-    try:
-        if importlib.util.find_spec(mod):
-            print(f'    note: {mod} is importable here; flashinfer may import modules .fi left out')
-    except ModuleNotFoundError:
-        pass
-
-def rotate(positions, x, head_size, cache, neox):   # float32 reference, channels past rotary_dim pass
-    x = x.float().view(x.shape[0], -1, head_size)
-    rd = cache.shape[1]
-    cos, sin = (c[:, None, :] for c in cache[positions].chunk(2, dim=-1))
-    rot = x[..., :rd]
-    if neox:
-        x1, x2 = rot.chunk(2, dim=-1)
-        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    else:
-        x1, x2 = rot[..., 0::2], rot[..., 1::2]
-        out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
-    return torch.cat((out, x[..., rd:]), dim=-1).flatten(1)
-
-g = torch.Generator(device='cuda').manual_seed(0)
-T, head, rd, L = 37, 128, 64, 4096
-pos = torch.randint(0, L, (T,), device='cuda', generator=g)
-q = torch.randn(T, 4 * head, device='cuda', dtype=torch.bfloat16, generator=g)
-k = torch.randn(T, 2 * head, device='cuda', dtype=torch.bfloat16, generator=g)
-inv = 1.0 / 10000 ** (torch.arange(0, rd, 2, device='cuda', dtype=torch.float32) / rd)
-ang = torch.arange(L, device='cuda', dtype=torch.float32)[:, None] * inv
-cache = torch.cat((ang.cos(), ang.sin()), dim=-1)
-for i, neox in enumerate((True, False)):
-    torch.cuda.synchronize(); t = time.perf_counter()
-    qo, ko = flashinfer.rope.apply_rope_with_cos_sin_cache(pos, q, k, head, cache, is_neox=neox)
-    torch.cuda.synchronize(); dt = time.perf_counter() - t
-    if i == 0:
-        print(f'(b) first call (JIT build of rope for sm_90a + load + run): {dt:.1f} s -> '
-              f'{flashinfer.jit.env.FLASHINFER_JIT_DIR}/rope/rope.so')
-    err = max((qo.float() - rotate(pos, q, head, cache, neox)).abs().max().item(),
-              (ko.float() - rotate(pos, k, head, cache, neox)).abs().max().item())
-    print(f'    is_neox={neox}: max |flashinfer - float32 torch| = {err:.3g} (bf16 output)')
-    assert err < 3e-2, err
-torch.cuda.synchronize(); t = time.perf_counter()
-flashinfer.rope.apply_rope_with_cos_sin_cache(pos, q, k, head, cache); torch.cuda.synchronize()
-print(f'    a later call: {1e3 * (time.perf_counter() - t):.2f} ms')
-PY
+    PYTHONUNBUFFERED=1 python3 tools/flashinfer_probe.py --check
     echo "(c) pytest --rope-impl flashinfer --rope-device cuda"
     python3 -m pytest -q -p no:cacheprovider --rope-impl flashinfer --rope-device cuda \
         properties/test_rotation.py properties/test_backends.py "$@"
