@@ -40,3 +40,21 @@ def test_bench_smoke_writes_reports(tmp_path):
     assert all(r["checked"].startswith("ok") for r in loaded["results"])
     assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| glm-4.1v-9b | 1 | native |" in paths[1].read_text()
+
+
+def test_input_sets_span_the_l2_and_stay_bounded(monkeypatch):
+    # The rotation timer's copies: one pass over them must move ROTATE_L2_MULTIPLE L2 caches of bytes
+    # (else the L2 flatters large sizes), never more than MAX_INPUT_SETS copies, and one set where a
+    # CUDA graph times a single set (decode sizes) or off the GPU.  The L2 size is faked: no GPU here.
+    import types
+    import torch
+    from rope import bench
+    l2 = 60 << 20
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(L2_cache_size=l2))
+    n = bench.input_sets("cuda", 150_000_000, 4096)
+    assert n * 150_000_000 >= bench.ROTATE_L2_MULTIPLE * l2 > (n - 1) * 150_000_000
+    assert bench.input_sets("cuda", 10, 4096) == bench.MAX_INPUT_SETS
+    assert bench.input_sets("cuda", 10, bench.GRAPH_MAX_TOKENS) == 1
+    assert bench.input_sets("cpu", 10, 4096) == 1
+    assert bench.input_sets("cuda", 10 << 30, 65536) == 1

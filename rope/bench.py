@@ -9,12 +9,12 @@ the fraction of the device's measured copy bandwidth, and the speedup over nativ
 Timing on CUDA: CUDA graphs for small sizes (``do_bench_cudagraph``: no Python launch
 overhead); above, input rotation: the call cycles through enough copies of its inputs that one
 pass moves four L2 caches of bytes (about two held), back to back (one round captured in a CUDA
-graph), timed with device events,
-median of 7.  Each call so finds its inputs in DRAM, as inside a model, and is not charged for
-writing back a flush buffer: ``do_bench``'s L2 clearing (a 256 MB memset before every call)
-leaves the L2 full of dirty lines that the next timed call must write back: at 4096 tokens on
-the H200 that added 8% (Qwen2.5-VL-72B) to 65% (Qwen3-VL-8B) to the time (docs/perf-notes.md §6).  Every implementation's output is checked against the float64
-reference (on a sample of tokens) before it is timed.
+graph), timed with device events, median of 7.  Each call so finds its inputs in DRAM, as inside
+a model, and is not charged for writing back a flush buffer: ``do_bench``'s L2 clearing (a 256 MB
+memset before every call) leaves the L2 full of dirty lines that the next timed call must write
+back; at 4096 tokens on the H200 that added 8% (Qwen2.5-VL-72B) to 65% (Qwen3-VL-8B) to the time
+(docs/perf-notes.md §6).  Every implementation's output is checked against the float64 reference
+(on a sample of tokens) before it is timed.
 """
 
 from __future__ import annotations
@@ -76,12 +76,13 @@ ROTATE_L2_MULTIPLE = 4          # one pass over the rotated input sets moves thi
 MAX_INPUT_SETS = 128
 
 
-def input_sets(device: str, nbytes: int) -> int:
+def input_sets(device: str, nbytes: int, tokens: int) -> int:
     """How many copies of the inputs to rotate through so that one pass over them moves
     ROTATE_L2_MULTIPLE times the L2 cache in bytes (``nbytes``: read + written per call, so the
     copies hold about half that: two L2s, in place): each call then finds its inputs in DRAM, as a
-    call inside a model would, without the timer writing a flush buffer between calls."""
-    if device not in ("cuda", "rocm"):
+    call inside a model would, without the timer writing a flush buffer between calls.  One set
+    off the GPU and at <= GRAPH_MAX_TOKENS tokens (timed under a CUDA graph on one set)."""
+    if device not in ("cuda", "rocm") or tokens <= GRAPH_MAX_TOKENS:
         return 1
     l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0) or (64 << 20)
     return max(1, min(MAX_INPUT_SETS, math.ceil(ROTATE_L2_MULTIPLE * l2 / max(1, nbytes))))
@@ -166,11 +167,12 @@ def copy_bandwidth(device: str) -> float:
     n = (1 << 30) if device in ("cuda", "rocm") else (1 << 24)
     src = torch.empty(n, dtype=torch.uint8, device=torch_device(device))
     dst = torch.empty_like(src)
+    copy = [lambda: dst.copy_(src)]
     if device in ("cuda", "rocm"):
-        dst.copy_(src)
-        ms, _ = _time_rotating([lambda: dst.copy_(src)], graph=False)
-        return 2 * n / (ms * 1e-3) / 1e9
-    ms, _ = _timer(device)([lambda: dst.copy_(src)], tokens=1 << 30)
+        copy[0]()
+        ms, _ = _time_rotating(copy, graph=False)
+    else:
+        ms, _ = _timer(device)(copy, tokens=1 << 30)
     return 2 * n / (ms * 1e-3) / 1e9
 
 
@@ -298,7 +300,7 @@ def run(models=DEFAULT_MODELS, tokens=TOKENS, dtypes=("bfloat16",), device="cuda
                         checked = check_sample(spec, fn, positions_t, q, k, cache)
                         hot = getattr(fn, "unchecked", fn)   # validated once above; time the hot path
                         sets = [(positions_t.clone(), q.clone(), k.clone())
-                                for _ in range(input_sets(device, nbytes) if t > GRAPH_MAX_TOKENS else 1)]
+                                for _ in range(input_sets(device, nbytes, t))]
                         ms, how = time_fn([functools.partial(hot, spec, *s, cache) for s in sets], t)
                         del sets
                     except Exception as exc:       # recorded, the run goes on
@@ -348,8 +350,7 @@ def bench_positions(device, time_fn, ceiling, progress) -> list[Result]:
             checked = "ok" if expected is None or torch.equal(o.cpu(), expected) else "MISMATCH"
             if expected is None:
                 checked = "ok (same as native)" if name == "native" or torch.equal(o.cpu(), row["native"][1]) else "MISMATCH"
-            copies = input_sets(device, nbytes) if tokens > GRAPH_MAX_TOKENS else 1   # graphs below: one set
-            sets = [([a.clone() for a in args], o.clone()) for _ in range(copies)]
+            sets = [([a.clone() for a in args], o.clone()) for _ in range(input_sets(device, nbytes, tokens))]
             ms, how = time_fn([functools.partial(fn, *a, dims, out) for a, out in sets], tokens)
             gbps = nbytes / (ms * 1e-3) / 1e9
             row[name] = (Result("positions", name, f"{num_reqs}x{chunk}", tokens, "int64", ms, nbytes, gbps,

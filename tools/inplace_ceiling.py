@@ -44,7 +44,7 @@ def partial_rows(copy, timer):
         rows = tokens * (32 + 2)
         nbytes = 2 * rows * 64 * 2
         xs = [torch.randn(rows * 128, device="cuda", dtype=torch.bfloat16)
-              for _ in range(bench.input_sets("cuda", nbytes))]
+              for _ in range(bench.input_sets("cuda", nbytes, tokens))]
         for block_rows, warps in ((16, 4), (32, 4), (64, 8)):
             fns = [lambda x=x: _scale_row_prefix_inplace[(triton.cdiv(rows, block_rows),)](
                 x, rows, ROW=128, PREFIX=64, BLOCK_ROWS=block_rows, num_warps=warps) for x in xs]
@@ -62,7 +62,7 @@ def main():
     for tokens in (4096, 65536):
         n = tokens * (64 + 8) * 128                      # Qwen2.5-VL-72B q + k elements
         nbytes = 2 * n * 2                               # read + write
-        xs = [torch.randn(n, device=dev, dtype=torch.bfloat16) for _ in range(bench.input_sets(dev, nbytes))]
+        xs = [torch.randn(n, device=dev, dtype=torch.bfloat16) for _ in range(bench.input_sets(dev, nbytes, tokens))]
 
         def report(what, fns):
             ms, _ = timer(fns, tokens)

@@ -84,7 +84,7 @@ for key, tokens, large in shapes:
         q0, k0 = q_in.clone(), k_in.clone()
         launch_rotary(spec, pos, q0, k0, cache)
         nbytes = bench.rotation_bytes(spec, t, nq, nk, 2)
-        sets = [(pos.clone(), q.clone(), k.clone()) for _ in range(bench.input_sets(dev, nbytes))]
+        sets = [(pos.clone(), q.clone(), k.clone()) for _ in range(bench.input_sets(dev, nbytes, t))]
         rows = []
         for c in (SMALL if t <= 256 else large):
             q1, k1 = q_in.clone(), k_in.clone()
