@@ -15,7 +15,8 @@ path ``package.module:callable``, so any external kernel can be checked without 
 Position preparation has the built-ins ``native`` and ``triton`` and the adapter ``vllm`` (vLLM's Model
 Runner V2 kernel: ``rope.backends.vllm_positions``).
 An implementation may also carry ``unsupported_reason(spec, dtype, device) -> str | None``, the text of
-the skip (the adapters do).
+the skip (the adapters do), and ``known_fault(spec, dtype, device) -> str | None``, shapes its code is
+known to crash on (rope/backends/known_faults.py): drawn around like unsupported ones, named as faults.
 """
 
 from __future__ import annotations

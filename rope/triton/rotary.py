@@ -244,9 +244,7 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
     # programs (one tensor per program).  Few tokens: one token and 4 heads per program (more,
     # shorter programs: latency).  Many tokens: blocks of 8 heads and as many tokens as fill
     # MAX_TILE pairs (Qwen2.5-VL-72B, head 128: 2 tokens; GLM-4.1V, 64 rotary channels: 4).
-    if split_qk is None:
-        split_qk = True
-    split_qk = bool(split_qk and key is not None)
+    split_qk = key is not None and (split_qk is None or bool(split_qk))
     if block_h is None:
         block_h = min(max_heads, 4 if small else 8)
     if block_t is None:
