@@ -5,22 +5,29 @@ checked against the project's float64 reference (reference.rotate, rope.cache.co
    of the rope module) and NeoX / GPT-J on 37 tokens, head 128, rotary 64 (tools/flashinfer_gpu_check.sh
    runs this before the property tests).
 2. An empty batch, float32 q/k, one token (errors printed).
-3. ``--sweep [--all] [--dtype float16]``: even rotary dims of a head of 128 (every one with
-   ``--all``) and whole-head rotary for the harness's other head sizes, NeoX and GPT-J, bf16 unless
-   told otherwise, each call in a fresh process with CUDA_LAUNCH_BLOCKING=1 (a kernel fault poisons
-   the CUDA context): ok / mismatch / the error.
+3. ``--map OUT.json``: every head size the properties draw x every even rotary_dim x NeoX/GPT-J x
+   bf16/fp16, measured (CUDA_LAUNCH_BLOCKING=1: a fault raises at its call) and set beside
+   rope/backends/known_faults.py's predicates (fault / wrong / ok).  Shapes predicted to work or to
+   be wrong run in one fresh process per head size (a fault poisons the CUDA context; a process
+   that dies re-runs its shapes one per process); predicted faults are sampled (small and large
+   rotary_dims, bf16), one process each.  Prints the disagreements; the JSON is what
+   properties/test_backends.py pins the predicates to.  (It replaced ``--sweep``, which gave
+   docs/runs/flashinfer-probe-h200-2026-11-29.log: head 128 and whole heads only.)
 
 On the GPU box, in flashinfer_gpu_check.sh's environment:
 
-    (. tools/flashinfer_gpu_check.sh; fi_env "$PWD"; python3 tools/flashinfer_probe.py --sweep)
+    (. tools/flashinfer_gpu_check.sh; fi_env "$PWD"; python3 tools/flashinfer_probe.py --map map.json)
 """
+import json
 import concurrent.futures as cf
 import importlib.util
-import multiprocessing
 import os
+import subprocess
 import sys
 import time
 
+# FLASHINFER_PROBE_DEVICE=cpu runs the tool itself against a stub flashinfer package (a dry run here).
+DEVICE = os.environ.get("FLASHINFER_PROBE_DEVICE", "cuda")
 
 def one(head, rd, neox, tokens=5, heads=2, dtype_name="bfloat16", tolerance=0.05):
     """One call of FlashInfer on fresh inputs: (head, rd, neox, "ok" | "mismatch (...)" | "error: ...")."""
@@ -32,14 +39,15 @@ def one(head, rd, neox, tokens=5, heads=2, dtype_name="bfloat16", tolerance=0.05
     from rope.spec import RopeSpec
     dtype = getattr(torch, dtype_name)
     spec = RopeSpec(head, rd, neox, None, max_position=64)
-    cache = cos_sin_cache(spec, torch.float32, "cuda")
-    g = torch.Generator(device="cuda").manual_seed(0)
-    pos = torch.randint(0, spec.max_position, (tokens,), device="cuda", generator=g)
-    q = torch.randn(tokens, heads * head, device="cuda", dtype=dtype, generator=g)
-    k = torch.randn(tokens, head, device="cuda", dtype=dtype, generator=g)
+    cache = cos_sin_cache(spec, torch.float32, DEVICE)
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    pos = torch.randint(0, spec.max_position, (tokens,), device=DEVICE, generator=g)
+    q = torch.randn(tokens, heads * head, device=DEVICE, dtype=dtype, generator=g)
+    k = torch.randn(tokens, head, device=DEVICE, dtype=dtype, generator=g)
     try:
         qo, ko = flashinfer.rope.apply_rope_with_cos_sin_cache(pos, q, k, head, cache, is_neox=neox)
-        torch.cuda.synchronize()
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
     except Exception as exc:
         return (head, rd, neox, f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
     ref_q, ref_k = reference.rotate(spec, pos, q, k, cache)
@@ -77,31 +85,86 @@ def edge_cases():
         print(f"tokens={tokens} {dtype}: {one(64, 64, True, tokens=tokens, dtype_name=dtype)[3]}", flush=True)
 
 
-def sweep(dtype_name: str = "bfloat16"):
-    dims = range(2, 129, 2) if "--all" in sys.argv else (2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 64, 96, 128)
-    configs = [(128, rd, neox) for rd in dims for neox in (True, False)]
-    configs += [(h, h, neox) for h in (8, 16, 32, 80, 96, 112, 160, 192, 256) for neox in (True, False)]
-    results = []
-    with cf.ProcessPoolExecutor(max_workers=16, max_tasks_per_child=1,
-                                mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(one, *c, dtype_name=dtype_name): c for c in configs}
-        for fut in cf.as_completed(futures):
-            try:
-                results.append(fut.result())
-            except Exception as exc:          # the worker died (e.g. a fatal CUDA error)
-                results.append((*futures[fut], f"worker died: {type(exc).__name__}"))
-    results.sort()
-    bad = [r for r in results if r[3] != "ok"]
-    print(f"{dtype_name}: {len(results)} configurations, {len(results) - len(bad)} ok; not ok:", flush=True)
-    for head, rd, neox, what in bad:
-        print(f"  head {head} rotary_dim {rd} {'neox' if neox else 'gptj'}: {what}", flush=True)
+def _measured(what: str) -> str:
+    if what == "ok":
+        return "ok"
+    if what.startswith("mismatch"):
+        return "wrong"
+    return "fault" if "misaligned" in what or "illegal" in what else what
+
+
+def _predicted(head, rd, neox) -> str:
+    from rope.backends.known_faults import flashinfer_fault, flashinfer_wrong
+    from rope.spec import RopeSpec
+    import torch
+    spec = RopeSpec(head, rd, neox, None)
+    return "fault" if flashinfer_fault(spec, torch.bfloat16, "cuda") else "wrong" if flashinfer_wrong(spec) else "ok"
+
+
+def _run_task(configs):
+    """Shapes in one fresh process (python this_file --task JSON): [(head, rd, neox, dtype, what)],
+    or one "worker died" row per shape when the process does not come back."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--task", json.dumps(configs)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode == 0:
+        return [tuple(r) for r in json.loads(done.stdout.strip().splitlines()[-1])]
+    return [(*c, f"worker died: exit {done.returncode}") for c in configs]
+
+
+def fault_samples(head):
+    return sorted({rd for rd in (2, 4, 6, 8, 10, 12, 14, 20, 24, 28, 40, head - 8, head - 4, head - 2)
+                   if 2 <= rd <= head})
+
+
+def map_shapes(out_path: str):
+    from properties.strategies import HEAD_SIZES
+    groups, singles = {}, []
+    for head in sorted(HEAD_SIZES):
+        for rd in range(2, head + 1, 2):
+            for neox in (True, False):
+                if _predicted(head, rd, neox) != "fault":
+                    groups.setdefault(head, []).extend([head, rd, neox, dt] for dt in ("bfloat16", "float16"))
+                elif rd in fault_samples(head):
+                    singles.append([[head, rd, neox, "bfloat16"]])
+    t = time.perf_counter()
+    with cf.ThreadPoolExecutor(max_workers=16) as pool:
+        results = list(pool.map(_run_task, [*groups.values(), *singles]))
+        died = [row[:4] for rows in results[:len(groups)] for row in rows
+                if len(rows) > 1 and row[4].startswith("worker died")]
+        rows = [row for rows in results for row in rows if not (len(rows) > 1 and row[4].startswith("worker died"))]
+        rows += [row for rows in pool.map(_run_task, [[c] for c in died]) for row in rows]   # who killed it
+    records = [{"head_size": h, "rotary_dim": rd, "style": "neox" if neox else "gptj", "dtype": dt,
+                "measured": _measured(what), "detail": what, "predicted": _predicted(h, rd, neox)}
+               for h, rd, neox, dt, what in sorted(rows)]
+    bad = [r for r in records if r["measured"] != r["predicted"]]
+    counts = {k: sum(r["measured"] == k for r in records) for k in ("ok", "wrong", "fault")}
+    print(f"map: {len(records)} shapes in {time.perf_counter() - t:.0f} s ({counts}); "
+          f"{len(records) - len(bad)} as predicted, {len(bad)} not:", flush=True)
+    for r in bad:
+        print(f"  head {r['head_size']} rotary_dim {r['rotary_dim']} {r['style']} {r['dtype']}: "
+              f"predicted {r['predicted']}, measured {r['detail']}", flush=True)
+    import torch
+    import flashinfer
+    doc = {"flashinfer": flashinfer.__version__, "torch": torch.__version__,
+           "device": torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE,
+           "tokens": 5, "q_heads": 2, "kv_heads": 1, "tolerance": 0.05, "records": records}
+    tmp = out_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=0)
+    os.replace(tmp, out_path)
 
 
 if __name__ == "__main__":
+    if "--task" in sys.argv:                  # one process of --map: its shapes, as a JSON line
+        rows = [(h, rd, neox, dt, one(h, rd, neox, dtype_name=dt)[3])
+                for h, rd, neox, dt in json.loads(sys.argv[sys.argv.index("--task") + 1])]
+        print(json.dumps(rows))
+        sys.exit(0)
     if "--check" in sys.argv:
         check()
         sys.exit(0)
     one(128, 128, True)                       # builds / loads the module once in this process
+    if "--map" in sys.argv:
+        map_shapes(sys.argv[sys.argv.index("--map") + 1])
+        sys.exit(0)
     edge_cases()
-    if "--sweep" in sys.argv:
-        sweep(sys.argv[sys.argv.index("--dtype") + 1] if "--dtype" in sys.argv else "bfloat16")

@@ -15,10 +15,35 @@ import torch
 from rope.spec import RopeSpec
 
 
+# FlashInfer 0.7.4's apply_rope_with_cos_sin_cache (csrc/rope.cu -> include/flashinfer/pos_enc.cuh,
+# BatchQKApplyRotaryPosIdsCosSinCache): head sizes 64, 128, 256 and 512 take the head-specialised
+# kernel with vec_size = max(8, head_size / 32) channels per thread (2-byte dtypes); every other head
+# size is routed to RopeQuantizeKernel with vec_size = 16.  A thread rotates its vec_size consecutive
+# channels as one unit:
+#   NeoX:  it loads its partner vector at +-rotary_dim/2 and picks the sign once per thread, so a
+#          vector that straddles the half boundary mixes the halves: wrong, deterministically,
+#          unless rotary_dim/2 is a multiple of vec_size;
+#   GPT-J: the pairs stay inside a vector, but the last vector always covers vec_size channels, so
+#          unless rotary_dim is a multiple of vec_size it writes rotated garbage (cos/sin read past
+#          the half) over the 8 channels after rotary_dim: pass-through channels that another block
+#          copies at the same time, or the next head's first channels (past the end of the output
+#          for the last head of the last token).  A write-write race: the H200 map measured it
+#          wrong for rotary_dim 8, 24, head-24 and head-8 and right (the copy landed last) between.
+# A vector load at an offset that is not a multiple of 16 bytes faults instead (flashinfer_fault).
+# Measured on an H200: docs/runs/flashinfer-map-h200-2026-11-29.json (tools/flashinfer_probe.py
+# --map), pinned against these predicates by properties/test_backends.py.
+FLASHINFER_HEAD_KERNEL_SIZES = (64, 128, 256, 512)
+
+
+def flashinfer_vec_size(head_size: int) -> int:
+    """Channels one thread of FlashInfer 0.7.4's rope kernel rotates as a unit (float16/bfloat16)."""
+    return max(8, head_size // 32) if head_size in FLASHINFER_HEAD_KERNEL_SIZES else 16
+
+
 def flashinfer_fault(spec: RopeSpec, dtype: torch.dtype, device: str) -> str | None:
-    """FlashInfer 0.7.4 ``apply_rope_with_cos_sin_cache`` on an H200 (bf16; tools/flashinfer_probe.py,
-    docs/runs/flashinfer-probe-h200-2026-11-29.log, docs/upstream-flashinfer-rope-shapes.md): a CUDA
-    misaligned-address fault unless rotary_dim is a multiple of 16 (NeoX) or 8 (GPT-J)."""
+    """FlashInfer 0.7.4 ``apply_rope_with_cos_sin_cache`` on an H200 (tools/flashinfer_probe.py
+    --map): a CUDA misaligned-address fault unless rotary_dim is a multiple of 16 (NeoX: the partner
+    vector at rotary_dim/2 must start on 16 bytes) or 8 (GPT-J: the sin half of the float32 cache row)."""
     if spec.rotary_dim % (16 if spec.is_neox_style else 8):
         return (f"CUDA misaligned-address fault when rotary_dim is not a multiple of "
                 f"{16 if spec.is_neox_style else 8} ({'NeoX' if spec.is_neox_style else 'GPT-J'}; rotary_dim "
@@ -26,17 +51,33 @@ def flashinfer_fault(spec: RopeSpec, dtype: torch.dtype, device: str) -> str | N
     return None
 
 
-# Shapes on which FlashInfer 0.7.4 returns wrong values without faulting (same probe).  Not faults:
-# the properties still draw them and fail there (the finding); test_backends pins them as strict
-# expected mismatches and keeps its bounded property off them.
+FLASHINFER_STRADDLE = "straddle"      # NeoX: wrong every time
+FLASHINFER_RACE = "race"              # GPT-J: garbage written past rotary_dim, racing another write
+
+
+def flashinfer_wrong(spec: RopeSpec) -> str | None:
+    """Why FlashInfer 0.7.4 returns wrong values on ``spec`` without faulting (float16 and bfloat16
+    alike), or None: the unit a thread rotates (rotary_dim/2 for NeoX, rotary_dim for GPT-J) is not
+    a multiple of its vec_size.  Only head sizes routed to RopeQuantizeKernel (vec_size 16) get here:
+    NeoX with rotary_dim an odd multiple of 16 (FLASHINFER_STRADDLE: heads 16, 80, 112 whole; 48 of
+    96), GPT-J with an odd multiple of 8 (FLASHINFER_RACE: 8 of 32; the value depends on timing)."""
+    if flashinfer_fault(spec, torch.bfloat16, "cuda"):
+        return None
+    unit = spec.rotary_dim // 2 if spec.is_neox_style else spec.rotary_dim
+    if unit % flashinfer_vec_size(spec.head_size) == 0:
+        return None
+    return FLASHINFER_STRADDLE if spec.is_neox_style else FLASHINFER_RACE
+
+
+# Shapes measured wrong on the H200 every time they ran (bf16 and fp16; the probe, the map and the
+# property runs; max |diff| in bf16), pinned through the harness by
+# test_backend_known_wrong_shapes_still_mismatch.
 FLASHINFER_WRONG_SHAPES = (
-    # (head_size, rotary_dim, is_neox_style): max |diff| against a float32 rotation in the probe
-    (16, 16, True),      # 4.99e30
+    # (head_size, rotary_dim, is_neox_style)
+    (16, 16, True),      # 4.99e30: the straddling vector reads past the row
     (80, 80, True),      # 1.53e38
     (112, 112, True),    # 2.3e33
-    (8, 8, False),       # 3.77
+    (96, 48, True),      # 1.85: freqs 0-7 of the second half (property run, case 8515e31ffe5c36a6)
+    (8, 8, False),       # 3.77: the vector covers the next head
+    (32, 8, False),      # 1.92: pass-through channels 8-15 rotated (property run, case 1afb378aa6ab428d)
 )
-
-
-def flashinfer_wrong(spec: RopeSpec) -> bool:
-    return (spec.head_size, spec.rotary_dim, spec.is_neox_style) in FLASHINFER_WRONG_SHAPES
