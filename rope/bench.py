@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
 import reference
 from rope.atomic import atomic_write
@@ -38,6 +40,10 @@ from rope.devices import synchronize, torch_device
 from rope.models import load_models
 from rope.native import rotate_native
 from rope.registry import get_implementation, working_precision
+from rope.triton.rotary import HAS_PDL, PDL_MAX_TOKENS
+
+if HAS_PDL:     # _empty_kernel's PDL variant calls these by their global names
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
 from rope.spec import RopeSpec
 from rope.tolerance import compare_rotation
 
@@ -176,20 +182,28 @@ def copy_bandwidth(device: str) -> float:
     return 2 * n / (ms * 1e-3) / 1e9
 
 
-def empty_launch_ms(device: str) -> float:
-    """Time of a Triton kernel that does nothing (one program), under the small-size timer."""
-    import triton
-    import triton.language as tl
+@triton.jit
+def _empty_kernel(x_ptr, PDL: tl.constexpr):
+    if PDL:             # compiled only where rope.triton.rotary.pdl_available
+        gdc_wait()
+        gdc_launch_dependents()
 
-    @triton.jit
-    def _empty_kernel(x_ptr):
-        pass
 
+def empty_launch_ms(device: str, pdl: bool = False) -> float:
+    """Time of a Triton kernel that does nothing (one program), under the small-size timer.  ``pdl``:
+    the same kernel launched with programmatic dependent launch (it waits for the launch before it,
+    then lets the next one start), as the rotation kernel is launched at decode sizes on Hopper
+    and later; NaN where PDL is not available."""
     from rope.devices import triton_runs_on
+    from rope.triton.rotary import pdl_available
+
     if not triton_runs_on(device):      # e.g. the CPU of a GPU box (no interpreter there)
         return float("nan")
     x = torch.empty(1, device=torch_device(device))
-    ms, _ = _timer(device)([lambda: _empty_kernel[(1,)](x)], tokens=1)
+    if pdl and not pdl_available(x.device):
+        return float("nan")
+    extra = {"launch_pdl": True} if pdl else {}
+    ms, _ = _timer(device)([lambda: _empty_kernel[(1,)](x, PDL=pdl, **extra)], tokens=1)
     return ms
 
 
@@ -278,7 +292,9 @@ def run(models=DEFAULT_MODELS, tokens=TOKENS, dtypes=("bfloat16",), device="cuda
     time_fn = _timer(device)
     ceiling = copy_bandwidth(device)
     empty = empty_launch_ms(device)
-    progress(f"device {device}: copy bandwidth {ceiling:.0f} GB/s, empty launch {empty * 1e3:.1f} us")
+    empty_pdl = empty_launch_ms(device, pdl=True)
+    progress(f"device {device}: copy bandwidth {ceiling:.0f} GB/s, empty launch {empty * 1e3:.1f} us"
+             + (f" ({empty_pdl * 1e3:.1f} us with PDL)" if empty_pdl == empty_pdl else ""))
     impls = implementations_to_time(list(extra_impls), only)
     results: list[Result] = []
     for key in models:
@@ -318,7 +334,7 @@ def run(models=DEFAULT_MODELS, tokens=TOKENS, dtypes=("bfloat16",), device="cuda
     if positions:
         results += bench_positions(device, time_fn, ceiling, progress)
     return {"device": device, "device_name": _device_name(device), "copy_gbps": ceiling,
-            "empty_launch_ms": empty, "torch": torch.__version__, "host": platform.node(),
+            "empty_launch_ms": empty, "empty_launch_pdl_ms": empty_pdl, "torch": torch.__version__, "host": platform.node(),
             "results": [asdict(r) for r in results]}
 
 
@@ -378,10 +394,18 @@ def write_reports(data: dict, out_dir: Path) -> list[Path]:
     return paths
 
 
+def _pdl_note(data: dict) -> str:
+    pdl = data.get("empty_launch_pdl_ms", float("nan"))
+    if pdl != pdl:                      # NaN: no PDL on this device
+        return ""
+    return (f" ({pdl * 1e3:.1f} us launched with programmatic dependent launch, as the Triton rotation "
+            f"is up to {PDL_MAX_TOKENS} tokens here)")
+
+
 def markdown(data: dict) -> str:
     lines = [f"# Benchmark on {data['device_name']} ({data['device']})", "",
              f"Copy bandwidth (measured): {data['copy_gbps']:.0f} GB/s; empty Triton launch: "
-             f"{data['empty_launch_ms'] * 1e3:.1f} us; torch {data['torch']}.", "",
+             f"{data['empty_launch_ms'] * 1e3:.1f} us{_pdl_note(data)}; torch {data['torch']}.", "",
              "Timing: `cudagraph` = triton's do_bench_cudagraph on one input set (<= 256 tokens); "
              "`rotating+graph` = back-to-back calls cycling through copies of the inputs (one pass moves "
              "four L2 caches of bytes), one round captured in a CUDA graph (`rotating`: launched from Python where "

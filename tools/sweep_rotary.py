@@ -7,7 +7,7 @@ rotation above), best of 3.  The default launch is also timed with triton's do_b
 by a memset before each call) to show what that timing does to these sizes.  Also times the dependent-load chain alone (positions -> cache row -> one store), the
 floor a 1-token launch cannot go under.
 
-    PYTHONPATH=. python3 tools/sweep_rotary.py [--quick]
+    PYTHONPATH=. python3 tools/sweep_rotary.py [--quick | --evict]
 """
 import json
 import os
@@ -61,8 +61,8 @@ print(f"dependent chain alone (pos -> cache -> store): {chain * 1e3:.2f} us = {c
       flush=True)
 
 
-def cfg(bt, bh, nw=4, split=True, g3=None):
-    return dict(block_t=bt, block_h=bh, num_warps=nw, split_qk=split, gather_3d=g3)
+def cfg(bt, bh, nw=4, split=True, g3=None, ev=False, hf=False):
+    return dict(block_t=bt, block_h=bh, num_warps=nw, split_qk=split, gather_3d=g3, evict_first=ev, heads_fastest=hf)
 
 
 SMALL = [cfg(1, bh, nw, True, g3) for bh in (2, 4, 8) for nw in (2, 4) for g3 in (True, False)]
@@ -72,6 +72,10 @@ shapes = [("qwen2.5-vl-72b", (1, 16, 4096, 65536), LARGE), ("glm-4.1v-9b", (4096
           ("qwen3-vl-8b", (4096, 65536), LARGE)]
 if "--quick" in sys.argv:
     shapes = [("qwen2.5-vl-72b", (1, 4096), LARGE)]
+if "--evict" in sys.argv:       # q/k evict_first and the 1-D heads-fastest grid (docs/perf-notes.md §7)
+    EVICT = [cfg(bt, 8, 4, True, None, ev, hf) for bt in (2, 4) for ev in (False, True) for hf in (False, True)]
+    shapes = [("qwen2.5-vl-72b", (4096, 16384, 65536), EVICT), ("glm-4.1v-9b", (65536,), EVICT),
+              ("qwen3-vl-8b", (65536,), EVICT)]
 results = []
 for key, tokens, large in shapes:
     m = get_model(key)
@@ -116,9 +120,9 @@ for key, tokens, large in shapes:
             print(f"   {c}: {ms * 1e3:.2f} us {100 * frac:.1f}% of copy, {ms / empty:.2f}x empty", flush=True)
         by_mode = {}
         for ms, c, frac in rows:
-            key_mode = str(c["gather_3d"])
+            key_mode = f"evict_first={c['evict_first']} heads_fastest={c['heads_fastest']}"
             by_mode.setdefault(key_mode, (ms, c, frac))
-        print("   best per gather_3d: " + "; ".join(
+        print("   best per mode: " + "; ".join(
             f"{k}: {v[0] * 1e3:.2f} us {100 * v[2]:.1f}%" for k, v in sorted(by_mode.items())), flush=True)
 out = os.environ.get("OUT")
 if out:

@@ -19,9 +19,18 @@ import triton.language as tl
 from rope.devices import device_name, is_interpreter, triton_runs_on
 from rope.spec import RopeSpec, check_rotation_inputs
 
+try:    # programmatic dependent launch (Hopper and later; Triton >= 3.4)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    from triton.backends.nvidia.compiler import CUDAOptions
+    HAS_PDL = "launch_pdl" in CUDAOptions.__dataclass_fields__
+except ImportError:
+    HAS_PDL = False
+
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_TILE = 1024            # tokens x heads x frequency pairs handled by one program at large batch sizes
 SMALL_BATCH_TOKENS = 128   # below this, split heads over more programs (decode latency)
+PDL_MAX_TOKENS = 64        # up to this, launch with programmatic dependent launch (§7: 127 tokens lost 3%)
+EVICT_FIRST_TOKENS = (SMALL_BATCH_TOKENS, 16384)   # q/k evict_first between these (§7: 65536 gained nothing)
 
 
 @triton.jit
@@ -40,7 +49,8 @@ def _round_for_store(x, OUT_BF16: tl.constexpr):
 
 @triton.jit
 def _load_tile(row_ptrs, token_ok, heads, num_heads, head_size, freq, half,
-               IS_NEOX: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr):
+               IS_NEOX: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr,
+               EVICT: tl.constexpr):
     """Load the pairs (x1, x2) of the given heads of BLOCK_T token rows: [BLOCK_T, BLOCK_H, BLOCK_F]
     each, in the storage dtype.  ``row_ptrs`` [BLOCK_T] point at each token's row.
 
@@ -52,12 +62,12 @@ def _load_tile(row_ptrs, token_ok, heads, num_heads, head_size, freq, half,
     if IS_NEOX:
         mask = row_ok & (freq < half)[None, None, :]
         a_ptr = head_base + freq[None, None, :]
-        x1 = tl.load(a_ptr, mask=mask, other=0.0)
-        x2 = tl.load(a_ptr + half, mask=mask, other=0.0)
+        x1 = tl.load(a_ptr, mask=mask, other=0.0, eviction_policy=EVICT)
+        x2 = tl.load(a_ptr + half, mask=mask, other=0.0, eviction_policy=EVICT)
     else:
         chan = tl.arange(0, 2 * BLOCK_F)
         mask = row_ok & (chan < 2 * half)[None, None, :]
-        x = tl.load(head_base + chan[None, None, :], mask=mask, other=0.0)
+        x = tl.load(head_base + chan[None, None, :], mask=mask, other=0.0, eviction_policy=EVICT)
         x1, x2 = tl.split(tl.reshape(x, (BLOCK_T, BLOCK_H, BLOCK_F, 2)))
     return x1, x2
 
@@ -65,7 +75,7 @@ def _load_tile(row_ptrs, token_ok, heads, num_heads, head_size, freq, half,
 @triton.jit
 def _rotate_store_tile(row_ptrs, token_ok, heads, num_heads, head_size, freq, half, x1, x2, cos, sin,
                        IS_NEOX: tl.constexpr, OUT_BF16: tl.constexpr,
-                       BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr):
+                       BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr, EVICT: tl.constexpr):
     """Rotate the loaded pairs in fp32 (cos/sin: [BLOCK_T, 1 or BLOCK_H, BLOCK_F]) and store them in place,
     under the same masks as :func:`_load_tile`."""
     c = cos     # [BLOCK_T, 1 or BLOCK_H, BLOCK_F]
@@ -80,13 +90,14 @@ def _rotate_store_tile(row_ptrs, token_ok, heads, num_heads, head_size, freq, ha
     if IS_NEOX:
         mask = row_ok & (freq < half)[None, None, :]
         a_ptr = head_base + freq[None, None, :]
-        tl.store(a_ptr, _round_for_store(o1, OUT_BF16).to(out_ty), mask=mask)
-        tl.store(a_ptr + half, _round_for_store(o2, OUT_BF16).to(out_ty), mask=mask)
+        tl.store(a_ptr, _round_for_store(o1, OUT_BF16).to(out_ty), mask=mask, eviction_policy=EVICT)
+        tl.store(a_ptr + half, _round_for_store(o2, OUT_BF16).to(out_ty), mask=mask, eviction_policy=EVICT)
     else:
         chan = tl.arange(0, 2 * BLOCK_F)
         mask = row_ok & (chan < 2 * half)[None, None, :]
         o = tl.reshape(tl.join(o1, o2), (BLOCK_T, BLOCK_H, 2 * BLOCK_F))
-        tl.store(head_base + chan[None, None, :], _round_for_store(o, OUT_BF16).to(out_ty), mask=mask)
+        tl.store(head_base + chan[None, None, :], _round_for_store(o, OUT_BF16).to(out_ty), mask=mask,
+                 eviction_policy=EVICT)
 
 
 @triton.jit
@@ -155,15 +166,34 @@ def _rotary_kernel(
     num_tokens, num_q_heads, num_kv_heads, head_size, half, sec0, sec1, sec2,
     NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, IS_NEOX: tl.constexpr, HAS_KEY: tl.constexpr, OUT_BF16: tl.constexpr,
     SPLIT_QK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr,
-    POS_RUN: tl.constexpr, GATHER_3D: tl.constexpr,
+    POS_RUN: tl.constexpr, GATHER_3D: tl.constexpr, PDL: tl.constexpr, QK_EVICT: tl.constexpr,
+    HEADS_FASTEST: tl.constexpr,
 ):
+    # PDL (launched with programmatic dependent launch): wait for the previous kernel in the stream
+    # to finish and flush before reading anything (positions, the cache and q/k may all be its
+    # outputs), then let the next kernel launch at once: its launch and prologue overlap this body.
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     # Program (token_block, head_block) rotates a tile of BLOCK_T tokens x BLOCK_H heads x all
     # frequencies.  SPLIT_QK: head blocks [0, cdiv(num_q_heads, BLOCK_H)) are q's and the rest
     # k's, one tensor per program; else each program does its heads of q, then of k.
     # Sizes are runtime ints (fewer recompiles; Triton still specializes multiples of 16);
     # only the variant switches and the power-of-two tile sizes are constexpr.
     # half = rotary_dim / 2; sec0..sec2 are the first three sections (row 3 takes the rest).
-    head_block = tl.program_id(1)
+    # HEADS_FASTEST: a 1-D grid whose consecutive programs take the head blocks of one token block
+    # (programs in flight then cover a contiguous band of rows, walked once), else a 2-D grid
+    # (token blocks fastest: each head block sweeps the whole tensor).
+    if HEADS_FASTEST:
+        if SPLIT_QK:
+            head_blocks = tl.cdiv(num_q_heads, BLOCK_H) + tl.cdiv(num_kv_heads, BLOCK_H)
+        else:
+            head_blocks = tl.cdiv(tl.maximum(num_q_heads, num_kv_heads), BLOCK_H)
+        head_block = tl.program_id(0) % head_blocks
+        token_block = tl.program_id(0) // head_blocks
+    else:
+        head_block = tl.program_id(1)
+        token_block = tl.program_id(0)
     freq = tl.arange(0, BLOCK_F)
 
     # The tensor and heads this program rotates.
@@ -180,24 +210,24 @@ def _rotary_kernel(
         x_heads = num_q_heads
         heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
 
-    token = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    token = token_block.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     token_ok = token < num_tokens
     # The q (or k) loads depend on nothing and are written first; ptxas still issues them after
     # the position loads (pinning them first with a barrier measured slower: perf-notes §6).
     x_rows = x_ptr + token * x_stride
     x1, x2 = _load_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half,
-                        IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F)
+                        IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
     cos, sin = _gather_cos_sin(cache_ptr, cache_row_stride, pos_ptr, pos_row_stride, token, num_tokens,
                                freq, half, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN, GATHER_3D)
     # Rotate and store: NeoX pairs (i, i + half), GPT-J pairs (2i, 2i + 1).
     _rotate_store_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half, x1, x2, cos, sin,
-                       IS_NEOX, OUT_BF16, BLOCK_T, BLOCK_H, BLOCK_F)
+                       IS_NEOX, OUT_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
     if not SPLIT_QK and HAS_KEY:
         k_rows = k_ptr + token * k_row_stride
         y1, y2 = _load_tile(k_rows, token_ok, heads, num_kv_heads, head_size, freq, half,
-                            IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F)
+                            IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
         _rotate_store_tile(k_rows, token_ok, heads, num_kv_heads, head_size, freq, half, y1, y2, cos, sin,
-                           IS_NEOX, OUT_BF16, BLOCK_T, BLOCK_H, BLOCK_F)
+                           IS_NEOX, OUT_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
 
 
 def _position_run(spec: RopeSpec, cache_row_stride: int) -> int:
@@ -224,13 +254,20 @@ def _sections_constexprs(spec: RopeSpec) -> tuple[int, int, int]:
 
 def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block_h: int | None = None,
                   num_warps: int | None = None, block_t: int | None = None, split_qk: bool | None = None,
-                  gather_3d: bool | None = None):
+                  gather_3d: bool | None = None, pdl: bool | None = None, evict_first: bool | None = None,
+                  heads_fastest: bool | None = None):
     """Launch the kernel without validation (the caller has checked); returns (query, key).
 
     query/key must have unit stride in the last dim; they are rotated in place.  Tile sizes come
     from the H200 sweeps in docs/perf-notes.md: few tokens -> small head blocks and more programs
     (latency); many tokens -> tokens x heads x frequencies tiles of MAX_TILE pairs (bandwidth);
-    q and k in separate programs (``split_qk``) unless told otherwise.
+    q and k in separate programs (``split_qk``) unless told otherwise.  ``pdl``: launch with
+    programmatic dependent launch (CUDA, compute capability >= 9, Triton with ``launch_pdl``); by
+    default up to PDL_MAX_TOKENS, where the launch is most of the time.  ``evict_first``: q/k loads
+    and stores hint evict_first (each byte is touched once; the cos/sin rows, read by position,
+    keep their L2 lines); by default in the EVICT_FIRST_TOKENS range.  ``heads_fastest``: a 1-D
+    grid, head blocks of a token block in consecutive programs; by default from SMALL_BATCH_TOKENS
+    up.  From the H200 measurements in docs/perf-notes.md §7.
     """
     num_tokens = positions.shape[-1]
     if num_tokens == 0:
@@ -257,12 +294,22 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
         # Triton can prove constant over them, i.e. half = num_freqs specialized as a multiple of 16
         # (else it issues one scalar load per lane and head lane: the slower variant of §6).
         gather_3d = pos_run > 1 and spec.num_freqs % 16 == 0
+    if pdl is None:
+        pdl = num_tokens <= PDL_MAX_TOKENS
+    if evict_first is None:
+        evict_first = EVICT_FIRST_TOKENS[0] <= num_tokens <= EVICT_FIRST_TOKENS[1]
+    if heads_fastest is None:
+        heads_fastest = not small
     head_blocks = (triton.cdiv(num_q, block_h) + triton.cdiv(num_k, block_h) if split_qk
                    else triton.cdiv(max(num_q, num_k), block_h))
-    grid = (triton.cdiv(num_tokens, block_t), head_blocks)
+    grid = ((triton.cdiv(num_tokens, block_t) * head_blocks,) if heads_fastest
+            else (triton.cdiv(num_tokens, block_t), head_blocks))
     sec0, sec1, sec2 = _sections_constexprs(spec)
     pos_row_stride = positions.stride(0) if positions.dim() == 2 else 0
+    pdl = bool(pdl) and pdl_available(query.device)
     extra = {} if is_interpreter() else {"enable_fp_fusion": False, "num_warps": num_warps}
+    if pdl:
+        extra["launch_pdl"] = True
     _rotary_kernel[grid](
         query, key if key is not None else query, cos_sin_cache, positions,
         query.stride(0), key.stride(0) if key is not None else 0, cos_sin_cache.stride(0), pos_row_stride,
@@ -270,9 +317,17 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
         NUM_DIMS=spec.num_dims, INTERLEAVED=spec.layout == "interleaved", IS_NEOX=spec.is_neox_style, HAS_KEY=key is not None,
         OUT_BF16=query.dtype == torch.bfloat16,
         SPLIT_QK=split_qk, BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_F=block_f,
-        POS_RUN=pos_run, GATHER_3D=gather_3d, **extra,
+        POS_RUN=pos_run, GATHER_3D=gather_3d, PDL=pdl, QK_EVICT="evict_first" if evict_first else "",
+        HEADS_FASTEST=bool(heads_fastest), **extra,
     )
     return query, key
+
+
+def pdl_available(device: torch.device) -> bool:
+    """Programmatic dependent launch: a CUDA (not ROCm) device of compute capability >= 9, compiled
+    (not the interpreter), and a Triton that has ``launch_pdl``."""
+    return (HAS_PDL and device.type == "cuda" and not is_interpreter() and not torch.version.hip
+            and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 def _unit_last_stride(t: torch.Tensor | None) -> torch.Tensor | None:
