@@ -58,3 +58,16 @@ def test_input_sets_span_the_l2_and_stay_bounded(monkeypatch):
     assert bench.input_sets("cuda", 10, bench.GRAPH_MAX_TOKENS) == 1
     assert bench.input_sets("cpu", 10, 4096) == 1
     assert bench.input_sets("cuda", 10 << 30, 65536) == 1
+
+
+def test_pdl_empty_launch_only_where_pdl_runs():
+    # PDL is a CUDA (cc >= 9) launch attribute: elsewhere the PDL empty launch is NaN and the report
+    # does not claim one; where it was measured, the report names it.
+    import torch
+    from rope.triton.rotary import pdl_available
+    assert not pdl_available(torch.device("cpu"))
+    assert bench.empty_launch_ms("cpu", pdl=True) != bench.empty_launch_ms("cpu", pdl=True)   # NaN
+    data = {"device": "cpu", "device_name": "x", "copy_gbps": 1.0, "empty_launch_ms": 0.001, "torch": "t",
+            "results": []}
+    assert "programmatic" not in bench.markdown({**data, "empty_launch_pdl_ms": float("nan")})
+    assert "0.5 us launched with programmatic" in bench.markdown({**data, "empty_launch_pdl_ms": 0.0005})

@@ -40,12 +40,12 @@ from rope.devices import synchronize, torch_device
 from rope.models import load_models
 from rope.native import rotate_native
 from rope.registry import get_implementation, working_precision
-from rope.triton.rotary import HAS_PDL, PDL_MAX_TOKENS
+from rope.spec import RopeSpec
+from rope.tolerance import compare_rotation
+from rope.triton.rotary import HAS_PDL, PDL_MAX_TOKENS, pdl_available
 
 if HAS_PDL:     # _empty_kernel's PDL variant calls these by their global names
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
-from rope.spec import RopeSpec
-from rope.tolerance import compare_rotation
 
 TOKENS = (1, 16, 256, 4096, 16384, 65536)
 DEFAULT_MODELS = ("qwen2.5-vl-72b", "qwen3-vl-8b", "glm-4.1v-9b", "hunyuan-ocr")
@@ -195,7 +195,6 @@ def empty_launch_ms(device: str, pdl: bool = False) -> float:
     then lets the next one start), as the rotation kernel is launched at decode sizes on Hopper
     and later; NaN where PDL is not available."""
     from rope.devices import triton_runs_on
-    from rope.triton.rotary import pdl_available
 
     if not triton_runs_on(device):      # e.g. the CPU of a GPU box (no interpreter there)
         return float("nan")
