@@ -1,9 +1,9 @@
 """Launch options of the Triton rotation kernel change speed, never bits; the large-batch defaults
 match the reference.
 
-``launch_rotary``'s tiles (block_t, block_h, num_warps), the q/k split, the 3-D cos/sin gather and
-programmatic dependent launch (``pdl``) are picked per size from the H200 sweeps; the property suite
-runs only the defaults, so a configuration a sweep prefers next could hide a masking or indexing bug
+``launch_rotary``'s tiles (block_t, block_h, num_warps), the q/k split, the 3-D cos/sin gather,
+programmatic dependent launch (``pdl``), the q/k eviction hint and the grid order (``heads_fastest``)
+are picked per size from the H200 sweeps; the rotation properties run only the defaults, so a configuration a sweep prefers next could hide a masking or indexing bug
 (a token tile that runs past the batch, a head block past the heads).  Every drawn configuration
 must give the default launch's output bit for bit (the math per element is the same fp32 sequence;
 only which program computes it changes).  On the CPU the interpreter runs it (pdl falls back to an

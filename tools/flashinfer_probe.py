@@ -94,11 +94,15 @@ def _measured(what: str) -> str:
 
 
 def _predicted(head, rd, neox) -> str:
-    from rope.backends.known_faults import flashinfer_fault, flashinfer_wrong
+    """"fault", "wrong", "race" (GPT-J's tail vector: wrong or right by timing) or "ok"."""
+    from rope.backends.known_faults import FLASHINFER_RACE, flashinfer_fault, flashinfer_wrong
     from rope.spec import RopeSpec
     import torch
     spec = RopeSpec(head, rd, neox, None)
-    return "fault" if flashinfer_fault(spec, torch.bfloat16, "cuda") else "wrong" if flashinfer_wrong(spec) else "ok"
+    if flashinfer_fault(spec, torch.bfloat16, "cuda"):
+        return "fault"
+    why = flashinfer_wrong(spec)
+    return "race" if why == FLASHINFER_RACE else "wrong" if why else "ok"
 
 
 def _run_task(configs):
@@ -136,7 +140,8 @@ def map_shapes(out_path: str):
     records = [{"head_size": h, "rotary_dim": rd, "style": "neox" if neox else "gptj", "dtype": dt,
                 "measured": _measured(what), "detail": what, "predicted": _predicted(h, rd, neox)}
                for h, rd, neox, dt, what in sorted(rows)]
-    bad = [r for r in records if r["measured"] != r["predicted"]]
+    bad = [r for r in records if r["measured"] != r["predicted"]
+           and not (r["predicted"] == "race" and r["measured"] in ("wrong", "ok"))]
     counts = {k: sum(r["measured"] == k for r in records) for k in ("ok", "wrong", "fault")}
     print(f"map: {len(records)} shapes in {time.perf_counter() - t:.0f} s ({counts}); "
           f"{len(records) - len(bad)} as predicted, {len(bad)} not:", flush=True)
