@@ -108,6 +108,19 @@ def test_backend_known_bug_triggers(backend, device, bug):
     assert_matches_reference(backend, impl, case, device)
 
 
+def test_backend_case_files_load_and_are_filed_right():
+    # Every pinned case file loads here (the replay below needs the backend installed), is filed under
+    # the implementation it pins, and the FlashInfer ones lie inside the region its predicates call
+    # wrong (so the bounded property's assume() keeps off exactly what is pinned).
+    assert {p.parent.name for p in CASE_FILES} >= {"flashinfer", "sglang-triton", "transformers"}
+    for path in CASE_FILES:
+        loaded = load_case(path)
+        assert loaded.implementation == path.parent.name, path
+        if loaded.implementation == "flashinfer":
+            assert flashinfer_wrong(loaded.case.spec), path
+            assert loaded.device == "cuda" and loaded.case.dtype in ("float16", "bfloat16"), path
+
+
 @pytest.mark.parametrize("path", CASE_FILES, ids=[f"{p.parent.name}-{p.stem}" for p in CASE_FILES])
 def test_backend_regression_still_mismatches(device, path, monkeypatch, tmp_path):
     # A pinned mismatch of an external implementation (properties/regressions/backends/<backend>/):
