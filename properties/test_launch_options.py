@@ -1,5 +1,4 @@
-"""Launch options of the Triton rotation kernel change speed, never bits; the large-batch defaults
-match the reference.
+"""Launch options of the Triton rotation kernel change speed, never bits.
 
 ``launch_rotary``'s tiles (block_t, block_h, num_warps), the q/k split, the 3-D cos/sin gather,
 programmatic dependent launch (``pdl``), the q/k eviction hint and the grid order (``heads_fastest``)
@@ -7,7 +6,8 @@ are picked per size from the H200 sweeps; the rotation properties run only the d
 (a token tile that runs past the batch, a head block past the heads).  Every drawn configuration
 must give the default launch's output bit for bit (the math per element is the same fp32 sequence;
 only which program computes it changes).  On the CPU the interpreter runs it (pdl falls back to an
-ordinary launch there); on a GPU, the compiled kernels.
+ordinary launch there); on a GPU, the compiled kernels.  The large-batch defaults themselves are
+held to the reference by properties/test_rotation.py::test_large_batches_match_reference.
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ import pytest
 import torch
 from hypothesis import example, given, settings, strategies as st
 
-from properties.checks import assert_matches_reference
 from properties.strategies import KINDS, RotationCase, build_rotation_inputs, rotation_cases
 from rope.devices import triton_runs_on
 from rope.models import load_models
-from rope.triton.rotary import SMALL_BATCH_TOKENS, launch_rotary, rotate_triton
+from rope.triton.rotary import launch_rotary
 
 LAUNCH_OPTIONS = st.fixed_dictionaries({
     "block_t": st.sampled_from([1, 2, 4, 8]),
@@ -53,20 +52,3 @@ def test_launch_options_give_the_default_bits(device, case, options):
     assert torch.equal(q1.view(torch.int16), q0.view(torch.int16)), options
     if k0 is not None:
         assert torch.equal(k1.view(torch.int16), k0.view(torch.int16)), options
-
-
-@settings(deadline=None, max_examples=12)
-@given(case=st.sampled_from(KINDS).flatmap(
-           lambda kind: rotation_cases(dtype="bfloat16", kind=kind, min_tokens=SMALL_BATCH_TOKENS,
-                                       max_tokens=SMALL_BATCH_TOKENS + 80, head_sizes=(16, 32, 64))))
-@example(case=RotationCase(spec=load_models()["glm-4.1v-9b"].spec, num_tokens=SMALL_BATCH_TOKENS + 2,
-                           num_q_heads=4, num_kv_heads=2, dtype="bfloat16", positions_kind="grid"))
-def test_large_batch_defaults_match_reference(device, case):
-    # The rotation properties draw up to 48 tokens, so the defaults picked from SMALL_BATCH_TOKENS up
-    # (token tiles, the heads-fastest 1-D grid, evict hints) are otherwise held to the reference only
-    # by the benchmark's check: a grid computed before its default was resolved (2-D grid, 1-D
-    # indexing: half the tokens never rotated) passed every property and failed there.
-    if not triton_runs_on(device):
-        pytest.skip(f"Triton does not run on {device} here")
-    assert case.num_tokens >= SMALL_BATCH_TOKENS
-    assert_matches_reference("triton", rotate_triton, case, device)
