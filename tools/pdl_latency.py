@@ -12,15 +12,13 @@ bf16, in place) with pdl off and on.  Every PDL rotation is checked bit-identica
 """
 import torch
 import triton
-import triton.language as tl
 
 import rope
 from rope import bench
 from rope.models import get_model
-from rope.triton.rotary import HAS_PDL, launch_rotary, pdl_available
+from rope.triton.rotary import launch_rotary, pdl_available
 
-if HAS_PDL:
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from latency_floor import chain_ms
 
 dev = "cuda"
 assert pdl_available(torch.device(dev)), "needs CUDA cc >= 9 and a Triton with launch_pdl"
@@ -31,33 +29,10 @@ def best_us(fn, repeats=3):
     return 1e3 * min(timer([fn], 1)[0] for _ in range(repeats))
 
 
-@triton.jit
-def _empty(x_ptr, PDL: tl.constexpr):
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-
-
-@triton.jit
-def _chain(pos_ptr, cache_ptr, out_ptr, PDL: tl.constexpr):
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-    p = tl.load(pos_ptr)
-    c = tl.load(cache_ptr + p * 128 + tl.arange(0, 64))
-    tl.store(out_ptr + tl.arange(0, 64), c)
-
-
-x = torch.empty(1, device=dev)
-pos1 = torch.zeros(1, dtype=torch.int64, device=dev)
-cache1 = torch.randn(4096, 128, device=dev, dtype=torch.bfloat16)
-out1 = torch.empty(64, device=dev, dtype=torch.bfloat16)
 rows = {}
 for pdl in (False, True):
-    extra = {"launch_pdl": True} if pdl else {}
-    rows[f"empty kernel{' +PDL' if pdl else ''}"] = best_us(lambda: _empty[(1,)](x, PDL=pdl, **extra))
-    rows[f"pos -> cache -> store{' +PDL' if pdl else ''}"] = best_us(
-        lambda: _chain[(1,)](pos1, cache1, out1, PDL=pdl, **extra))
+    rows[f"empty kernel{' +PDL' if pdl else ''}"] = 1e3 * min(bench.empty_launch_ms(dev, pdl=pdl) for _ in range(3))
+    rows[f"pos -> cache -> store{' +PDL' if pdl else ''}"] = 1e3 * chain_ms(dev, pdl=pdl, repeats=3)
 
 m = get_model("qwen2.5-vl-72b")
 spec = m.spec

@@ -3,9 +3,9 @@
 For each shape, every launch configuration (tile sizes, warps, q/k split, cos/sin gathered in
 the tile's 3-D layout or 2-D and broadcast ``gather_3d``) is checked bit-identical to the default
 launch, then timed with the benchmark's timer (rope.bench: CUDA graphs for <= 256 tokens, input
-rotation above), best of 3.  The default launch is also timed with triton's do_bench (L2 flushed
-by a memset before each call) to show what that timing does to these sizes.  Also times the dependent-load chain alone (positions -> cache row -> one store), the
-floor a 1-token launch cannot go under.
+rotation above), best of 2.  The default launch is also timed with triton's do_bench (L2 flushed
+by a memset before each call) to show what that timing does to these sizes.  Also times the
+dependent-load chain alone (tools/latency_floor.py), the floor a 1-token launch cannot go under.
 
     PYTHONPATH=. python3 tools/sweep_rotary.py [--quick | --evict]
 """
@@ -15,13 +15,14 @@ import sys
 
 import torch
 import triton
-import triton.language as tl
 import triton.testing as tt
 
 import rope
 from rope import bench
 from rope.models import get_model
 from rope.triton.rotary import launch_rotary
+
+from latency_floor import chain_ms
 
 dev = "cuda"
 ceiling = bench.copy_bandwidth(dev)
@@ -38,14 +39,6 @@ sms = torch.cuda.get_device_properties(0).multi_processor_count
 print(f"copy {ceiling:.0f} GB/s, empty launch {empty * 1e3:.2f} us, {sms} SMs", flush=True)
 
 
-@triton.jit
-def _chain_kernel(pos_ptr, cache_ptr, out_ptr):
-    # The latency floor of a 1-token rotation: position -> cache row -> store (no q/k at all).
-    p = tl.load(pos_ptr)
-    c = tl.load(cache_ptr + p * 128 + tl.arange(0, 64))
-    tl.store(out_ptr + tl.arange(0, 64), c)
-
-
 timer = bench._timer(dev, target_ms=30.0)
 
 
@@ -53,10 +46,7 @@ def time_ms(fns, tokens, repeats=2):
     return min(timer(fns, tokens)[0] for _ in range(repeats))
 
 
-pos1 = torch.zeros(1, dtype=torch.int64, device=dev)
-cache1 = torch.randn(4096, 128, device=dev, dtype=torch.bfloat16)
-out1 = torch.empty(64, device=dev, dtype=torch.bfloat16)
-chain = time_ms([lambda: _chain_kernel[(1,)](pos1, cache1, out1)], 1)
+chain = chain_ms(dev)
 print(f"dependent chain alone (pos -> cache -> store): {chain * 1e3:.2f} us = {chain / empty:.2f}x empty launch",
       flush=True)
 
