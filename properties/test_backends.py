@@ -57,7 +57,6 @@ EMPTY_BATCH_RAISES = {
 KNOWN_BUG_XFAIL = {("transformers", "xdrope-4rows-hunyuanocr"): KNOWN_MISMATCH}
 
 
-
 def backend_or_skip(name: str):
     try:
         return get_implementation(name)
@@ -234,19 +233,17 @@ def test_flashinfer_predicates_match_the_h200_map():
     # every head size the properties draw, every even rotary_dim, bf16 and fp16).  A predicate that
     # grew would hide working shapes; one that shrank would crash the worker or fail the property.
     import json
-    from rope.backends.known_faults import FLASHINFER_RACE, flashinfer_fault
+    from rope.backends.known_faults import flashinfer_expected
     records = json.loads(FLASHINFER_MAP.read_text())["records"]
     assert len(records) == 660
     race = {"wrong": 0, "ok": 0}
     for r in records:
-        spec = RopeSpec(r["head_size"], r["rotary_dim"], r["style"] == "neox", None)
-        where = f"head {spec.head_size} rotary_dim {spec.rotary_dim} {r['style']} {r['dtype']}: {r['detail']}"
-        if flashinfer_fault(spec, getattr(torch, r["dtype"]), "cuda"):
-            assert r["measured"] == "fault", where
-        elif flashinfer_wrong(spec) == FLASHINFER_RACE:
+        expected = flashinfer_expected(RopeSpec(r["head_size"], r["rotary_dim"], r["style"] == "neox", None))
+        where = f"head {r['head_size']} rotary_dim {r['rotary_dim']} {r['style']} {r['dtype']}: {r['detail']}"
+        if expected == "race":
             race[r["measured"]] += 1          # a KeyError here: a race that faulted
         else:
-            assert r["measured"] == ("wrong" if flashinfer_wrong(spec) else "ok"), where
+            assert r["measured"] == expected, where
     # The race is real both ways on this machine: garbage landed last on some shapes, the copy on others.
     assert race["wrong"] >= 20 and race["ok"] >= 20, race
     for head, rd, neox in FLASHINFER_WRONG_SHAPES:   # the pinned shapes were measured wrong in both dtypes

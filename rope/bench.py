@@ -333,8 +333,8 @@ def run(models=DEFAULT_MODELS, tokens=TOKENS, dtypes=("bfloat16",), device="cuda
     if positions:
         results += bench_positions(device, time_fn, ceiling, progress)
     return {"device": device, "device_name": _device_name(device), "copy_gbps": ceiling,
-            "empty_launch_ms": empty, "empty_launch_pdl_ms": empty_pdl, "torch": torch.__version__, "host": platform.node(),
-            "results": [asdict(r) for r in results]}
+            "empty_launch_ms": empty, "empty_launch_pdl_ms": empty_pdl, "torch": torch.__version__,
+            "host": platform.node(), "results": [asdict(r) for r in results]}
 
 
 def bench_positions(device, time_fn, ceiling, progress) -> list[Result]:

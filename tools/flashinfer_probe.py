@@ -94,15 +94,9 @@ def _measured(what: str) -> str:
 
 
 def _predicted(head, rd, neox) -> str:
-    """"fault", "wrong", "race" (GPT-J's tail vector: wrong or right by timing) or "ok"."""
-    from rope.backends.known_faults import FLASHINFER_RACE, flashinfer_fault, flashinfer_wrong
+    from rope.backends.known_faults import flashinfer_expected
     from rope.spec import RopeSpec
-    import torch
-    spec = RopeSpec(head, rd, neox, None)
-    if flashinfer_fault(spec, torch.bfloat16, "cuda"):
-        return "fault"
-    why = flashinfer_wrong(spec)
-    return "race" if why == FLASHINFER_RACE else "wrong" if why else "ok"
+    return flashinfer_expected(RopeSpec(head, rd, neox, None))
 
 
 def _run_task(configs):

@@ -69,6 +69,15 @@ def flashinfer_wrong(spec: RopeSpec) -> str | None:
     return FLASHINFER_STRADDLE if spec.is_neox_style else FLASHINFER_RACE
 
 
+def flashinfer_expected(spec: RopeSpec) -> str:
+    """What a call on ``spec`` is expected to do: "fault", "wrong" (NeoX straddle), "race" (wrong or
+    right by timing) or "ok" (the classes of the H200 map and of tools/flashinfer_probe.py --map)."""
+    if flashinfer_fault(spec, torch.bfloat16, "cuda"):
+        return "fault"
+    why = flashinfer_wrong(spec)
+    return "race" if why == FLASHINFER_RACE else "wrong" if why else "ok"
+
+
 # Shapes measured wrong on the H200 every time they ran (bf16 and fp16; the probe, the map and the
 # property runs; max |diff| in bf16), pinned through the harness by
 # test_backend_known_wrong_shapes_still_mismatch.
