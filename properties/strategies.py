@@ -250,13 +250,17 @@ OUT_SENTINEL = -7777
 @st.composite
 def ragged_batches(draw, *, num_dims: int | None = None, max_reqs: int = 6, max_model_len: int = 48):
     """A step mixing prefill, chunked prefill and decode requests over an arbitrary injective
-    slot mapping; shrinks to one request, one slot, short prompts, identity mapping."""
+    slot mapping; shrinks to one request, one slot, short prompts, identity mapping.  Prompts
+    longer than 64 positions get an affine table (one draw per entry would be thousands)."""
     dims = draw(st.sampled_from([3, 1, 4])) if num_dims is None else num_dims
     slots = draw(st.integers(1, max_reqs))
     model_len = draw(st.integers(1, max_model_len))
-    table = [[draw(st.integers(0, 10 * model_len)) for _ in range(model_len)]
-             for _ in range(slots * dims)] if draw(st.booleans()) else \
-        [[c + 3 * (row % dims) for c in range(model_len)] for row in range(slots * dims)]
+    if model_len <= 64 and draw(st.booleans()):
+        table = [[draw(st.integers(0, 10 * model_len)) for _ in range(model_len)] for _ in range(slots * dims)]
+    else:   # long prompts: a drawn affine pattern (distinct per row and column) instead of a draw per entry
+        scale = draw(st.integers(1, 5))
+        table = [[scale * c + 3 * (row % dims) + 1000 * (row // dims) for c in range(model_len)]
+                 for row in range(slots * dims)]
     prefill_lens = [draw(st.integers(0, model_len)) for _ in range(slots)]
     computed, deltas = [], []
     for r in range(slots):

@@ -8,6 +8,9 @@ must give the default launch's output bit for bit (the math per element is the s
 only which program computes it changes).  On the CPU the interpreter runs it (pdl falls back to an
 ordinary launch there); on a GPU, the compiled kernels.  The large-batch defaults themselves are
 held to the reference by properties/test_rotation.py::test_large_batches_match_reference.
+
+The position kernel's ``block`` and ``splits`` (programs per request) likewise: drawn small here
+so that one request spans several blocks and several programs, held to the reference.
 """
 
 from __future__ import annotations
@@ -16,9 +19,13 @@ import pytest
 import torch
 from hypothesis import example, given, settings, strategies as st
 
-from properties.strategies import KINDS, RotationCase, build_rotation_inputs, rotation_cases
+import reference
+from properties.strategies import (OUT_SENTINEL, KINDS, RaggedBatch, RotationCase, build_rotation_inputs,
+                                   ragged_batches, rotation_cases)
+from rope.devices import synchronize, torch_device
 from rope.devices import triton_runs_on
 from rope.models import load_models
+from rope.triton.positions import launch_prepare_positions
 from rope.triton.rotary import launch_rotary
 
 LAUNCH_OPTIONS = st.fixed_dictionaries({
@@ -52,3 +59,25 @@ def test_launch_options_give_the_default_bits(device, case, options):
     assert torch.equal(q1.view(torch.int16), q0.view(torch.int16)), options
     if k0 is not None:
         assert torch.equal(k1.view(torch.int16), k0.view(torch.int16)), options
+
+
+# One 40-token prefill chunk in blocks of 16 over 2 programs: program 1 owns blocks 1 and 3 (none).
+LONG_CHUNK = RaggedBatch(3, tuple(range(3 * 64)), (0,), (64,), (5,), (0,), (40,), 3)
+
+
+@settings(deadline=None, max_examples=30)
+@given(batch=ragged_batches(max_reqs=4, max_model_len=160),
+       block=st.sampled_from([16, 32, 64, 256]), splits=st.none() | st.integers(1, 6))
+@example(batch=LONG_CHUNK, block=16, splits=2)
+def test_position_launch_options_match_reference(device, batch, block, splits):
+    if not triton_runs_on(device):
+        pytest.skip(f"Triton does not run on {device} here")
+    args = batch.tensors(device)
+    out = torch.full((batch.num_dims, batch.num_tokens + batch.padding), OUT_SENTINEL, dtype=torch.int64,
+                     device=torch_device(device))
+    launch_prepare_positions(**args, out=out, block=block, splits=splits)
+    synchronize(device)
+    expected = reference.prepare_positions(**batch.tensors("cpu"))
+    n = batch.num_tokens
+    assert torch.equal(out[:, :n].cpu(), expected), (block, splits)
+    assert torch.all(out[:, n:].cpu() == OUT_SENTINEL), f"wrote past the step's {n} tokens ({block=}, {splits=})"

@@ -31,7 +31,9 @@ def _prepare(prefill_positions, prefill_delta, idx_mapping, query_start_loc, pre
             for d in range(num_dims):
                 if is_prefill:
                     src = i if bug == "prefill_reads_at_i" else nc + i
-                    value = table[num_dims * r + d][src]
+                    row = table[num_dims * r + d]
+                    # The wrong slot's progress can point past its row: garbage, as a kernel would read.
+                    value = row[src] if src < len(row) else -1
                     if bug == "delta_in_prefill":
                         value += delta
                 else:

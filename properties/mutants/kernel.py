@@ -192,10 +192,10 @@ def positions_rows_at_token_offsets():
 
 # --------------------------------------------------------------------------- positions kernel
 @_positions(("tl.store(out_ptr + d * out_row_stride + qs + i, pos, mask=valid)",
-             "tl.store(out_ptr + d * out_row_stride + qs + i, pos)"))
+             "tl.store(out_ptr + d * out_row_stride + qs + i, pos, mask=dims_ok)"))
 def positions_store_unmasked():
     """(f) Position preparation writes past the step's tokens: the query_len mask dropped from
-    the store, so every program writes a whole BLOCK of columns from query_start_loc[b] (SPEC §5;
+    the store, so every program with work writes whole BLOCKs of columns from query_start_loc[b] (SPEC §5;
     vLLM Model Runner V2 prepare_mrope_positions writes with ``mask=block < query_len``).
 
     Later requests overwrite the spill on the interpreter (programs run in order), so what remains

@@ -1,7 +1,14 @@
-"""Triton position preparation (SPEC §5): one program per request of the step.
+"""Triton position preparation (SPEC §5): programs (b, s) for request b of the step, split s.
 
-Program b reads its request slot r = idx_mapping[b] and writes the columns
-[query_start_loc[b], query_start_loc[b+1]) of every row of ``out``, nothing else.
+Program (b, s) reads its request slot r = idx_mapping[b] and writes the columns
+[query_start_loc[b], query_start_loc[b+1]) of every row of ``out``, nothing else: the blocks
+s, s + splits, s + 2 * splits, ... of BLOCK tokens of that range.
+
+Why splits: the step's lengths live on the device (the grid must be sized without a host sync),
+and one program per request walked a 4096-token prefill chunk in 16 dependent load -> store
+rounds on one SM (23 us for 16 such chunks on an H200, docs/perf-notes.md §8).  The host sizes
+the split from what it knows, the request count and the output's capacity; programs whose
+blocks start past their request's length exit after the request's scalars.
 """
 
 from __future__ import annotations
@@ -14,39 +21,46 @@ from rope.devices import device_name, triton_runs_on
 from rope.positions import check_out
 
 BLOCK = 256
+TARGET_PROGRAMS = 1024      # about 8 programs per SM of an H200: enough blocks in flight to hide latency
 
 
 @triton.jit(do_not_specialize=["prefill_row_stride", "out_row_stride"])
 def _prepare_positions_kernel(
     out_ptr, out_row_stride, prefill_ptr, prefill_row_stride, delta_ptr, idx_mapping_ptr,
     query_start_loc_ptr, prefill_lens_ptr, num_computed_ptr,
-    NUM_DIMS: tl.constexpr, BLOCK: tl.constexpr,
+    NUM_DIMS: tl.constexpr, DIMS_P2: tl.constexpr, BLOCK: tl.constexpr,
 ):
     b = tl.program_id(0)
-    # (1) The request slot and its progress: prefill while nc < prefill_len (per request).
-    r = tl.load(idx_mapping_ptr + b).to(tl.int64)
-    nc = tl.load(num_computed_ptr + r).to(tl.int64)
-    is_prefill = nc < tl.load(prefill_lens_ptr + r)
-    delta = tl.load(delta_ptr + r).to(tl.int64)
+    split = tl.program_id(1)
+    splits = tl.num_programs(1)
+    # (1) The request's range of the step and its slot (loaded together: one round trip), then
+    #     the slot's progress: prefill while nc < prefill_len (decided per request, not per token).
     qs = tl.load(query_start_loc_ptr + b).to(tl.int64)
     ql = tl.load(query_start_loc_ptr + b + 1).to(tl.int64) - qs
-    # (2) Token i of the query is absolute index nc + i; rows of slot r start at NUM_DIMS * r.
-    for start in range(0, ql, BLOCK):
-        i = start + tl.arange(0, BLOCK)
-        valid = i < ql
-        column = nc + i
-        for d in tl.static_range(NUM_DIMS):
+    r = tl.load(idx_mapping_ptr + b).to(tl.int64)
+    if split * BLOCK < ql:
+        nc = tl.load(num_computed_ptr + r).to(tl.int64)
+        is_prefill = nc < tl.load(prefill_lens_ptr + r)
+        delta = tl.load(delta_ptr + r).to(tl.int64)
+        # (2) A [DIMS_P2, BLOCK] tile: row d of the output, token i of the query (absolute index
+        #     nc + i; rows of slot r start at NUM_DIMS * r).  All rows load before any store.
+        d = tl.arange(0, DIMS_P2)[:, None]
+        dims_ok = d < NUM_DIMS
+        for start in range(split * BLOCK, ql, splits * BLOCK):
+            i = start + tl.arange(0, BLOCK)[None, :]
+            valid = dims_ok & (i < ql)
+            column = nc + i
             if is_prefill:
                 row = prefill_ptr + (NUM_DIMS * r + d) * prefill_row_stride
                 pos = tl.load(row + column, mask=valid, other=0).to(tl.int64)
             else:
-                pos = column + delta
+                pos = column + delta + tl.zeros([DIMS_P2, BLOCK], dtype=tl.int64)
             tl.store(out_ptr + d * out_row_stride + qs + i, pos, mask=valid)
 
 
 def prepare_positions_triton(prefill_positions, prefill_delta, idx_mapping, query_start_loc, prefill_lens,
                              num_computed_tokens, num_dims, out) -> None:
-    """Write out[:, :num_tokens] with the Triton kernel (grid: one program per request)."""
+    """Write out[:, :num_tokens] with the Triton kernel."""
     num_tokens = check_position_inputs(prefill_positions, prefill_delta, idx_mapping, query_start_loc,
                                        prefill_lens, num_computed_tokens, num_dims)
     check_out(out, num_dims, num_tokens, prefill_positions.device)
@@ -61,14 +75,26 @@ def prepare_positions_triton(prefill_positions, prefill_delta, idx_mapping, quer
     launch_prepare_positions(prefill_positions, vectors[0], vectors[1], vectors[2], vectors[3], vectors[4], num_dims, out)
 
 
+def default_splits(num_reqs: int, capacity: int, block: int = BLOCK, target: int = TARGET_PROGRAMS) -> int:
+    """Programs per request: ``target`` in all, but no more than the blocks of the longest
+    request could need (the output's ``capacity`` columns bound every request's length)."""
+    return max(1, min(triton.cdiv(target, max(num_reqs, 1)), triton.cdiv(capacity, block)))
+
+
 def launch_prepare_positions(prefill_positions, prefill_delta, idx_mapping, query_start_loc, prefill_lens,
-                             num_computed_tokens, num_dims, out) -> None:
+                             num_computed_tokens, num_dims, out, *, block: int = BLOCK,
+                             splits: int | None = None) -> None:
+    """The launch alone (no checks: the benchmark's hot path).  ``block`` and ``splits`` change
+    which program writes which column, never what is written (properties/test_launch_options.py)."""
     num_reqs = idx_mapping.shape[0]
     if num_reqs == 0:
         return
-    _prepare_positions_kernel[(num_reqs,)](
+    if splits is None:
+        splits = default_splits(num_reqs, out.shape[1], block)
+    _prepare_positions_kernel[(num_reqs, splits)](
         out, out.stride(0), prefill_positions, prefill_positions.stride(0), prefill_delta, idx_mapping,
-        query_start_loc, prefill_lens, num_computed_tokens, NUM_DIMS=num_dims, BLOCK=BLOCK,
+        query_start_loc, prefill_lens, num_computed_tokens,
+        NUM_DIMS=num_dims, DIMS_P2=triton.next_power_of_2(num_dims), BLOCK=block,
     )
 
 
