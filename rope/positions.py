@@ -13,22 +13,44 @@ def prepare_positions_native(prefill_positions, prefill_delta, idx_mapping, quer
     num_tokens = check_position_inputs(prefill_positions, prefill_delta, idx_mapping, query_start_loc,
                                        prefill_lens, num_computed_tokens, num_dims)
     check_out(out, num_dims, num_tokens, prefill_positions.device)
-    if num_tokens == 0:
-        return
+    if num_tokens:
+        _write_positions(prefill_positions, prefill_delta, idx_mapping, query_start_loc, prefill_lens,
+                         num_computed_tokens, num_dims, out, num_tokens)
+
+
+def launch_positions_native(prefill_positions, prefill_delta, idx_mapping, query_start_loc, prefill_lens,
+                            num_computed_tokens, num_dims, out) -> None:
+    """The same ops without the checks and without a host sync (the step's length stays on the
+    device: every column of ``out`` is computed, those past it keep their values), so that a CUDA
+    graph can capture it: the benchmark's eager baseline, which must not be timed on validation."""
+    if idx_mapping.shape[0]:
+        _write_positions(prefill_positions, prefill_delta, idx_mapping, query_start_loc, prefill_lens,
+                         num_computed_tokens, num_dims, out, None)
+
+
+def _write_positions(prefill_positions, prefill_delta, idx_mapping, query_start_loc, prefill_lens,
+                     num_computed_tokens, num_dims, out, num_tokens) -> None:
     dev = prefill_positions.device
-    token = torch.arange(num_tokens, device=dev)
+    columns = out.shape[1] if num_tokens is None else num_tokens
+    token = torch.arange(columns, device=dev)
     starts = query_start_loc.long()
     batch = torch.searchsorted(starts[1:], token, right=True)       # slot b of each token
+    batch = batch.clamp_(max=idx_mapping.shape[0] - 1)               # (columns past the step)
     offset = token - starts[batch]                                   # i within the request's query
     req = idx_mapping.long()[batch]                                  # r
     computed = num_computed_tokens.long()[req]                       # nc
     is_prefill = computed < prefill_lens.long()[req]
     column = computed + offset                                       # absolute index nc + i
     decode = column + prefill_delta.long()[req]
-    safe_column = torch.where(is_prefill, column, torch.zeros_like(column))
+    in_step = token < starts[-1]
+    safe_column = torch.where(is_prefill & in_step, column, torch.zeros_like(column))
     for d in range(num_dims):
         prefill = prefill_positions[num_dims * req + d, safe_column].long()
-        out[d, :num_tokens] = torch.where(is_prefill, prefill, decode)
+        value = torch.where(is_prefill, prefill, decode)
+        out[d, :columns] = value if num_tokens is not None else torch.where(in_step, value, out[d, :columns])
+
+
+prepare_positions_native.unchecked = launch_positions_native   # hot path for the benchmark
 
 
 def check_out(out, num_dims: int, num_tokens: int, device) -> None:
