@@ -9,7 +9,7 @@ only which program computes it changes).  On the CPU the interpreter runs it (pd
 ordinary launch there); on a GPU, the compiled kernels.  The large-batch defaults themselves are
 held to the reference by properties/test_rotation.py::test_large_batches_match_reference.
 
-The position kernel's ``block`` and ``splits`` (programs per request) likewise: drawn small here
+The position kernel's ``block``, ``splits`` (programs per request) and ``pdl`` likewise: drawn small here
 so that one request spans several blocks and several programs, held to the reference.
 """
 
@@ -67,15 +67,15 @@ LONG_CHUNK = RaggedBatch(3, tuple(range(3 * 64)), (0,), (64,), (5,), (0,), (40,)
 
 @settings(deadline=None, max_examples=30)
 @given(batch=ragged_batches(max_reqs=4, max_model_len=160),
-       block=st.sampled_from([16, 32, 64, 256]), splits=st.none() | st.integers(1, 6))
-@example(batch=LONG_CHUNK, block=16, splits=2)
-def test_position_launch_options_match_reference(device, batch, block, splits):
+       block=st.sampled_from([16, 32, 64, 256]), splits=st.none() | st.integers(1, 6), pdl=st.booleans())
+@example(batch=LONG_CHUNK, block=16, splits=2, pdl=True)
+def test_position_launch_options_match_reference(device, batch, block, splits, pdl):
     if not triton_runs_on(device):
         pytest.skip(f"Triton does not run on {device} here")
     args = batch.tensors(device)
     out = torch.full((batch.num_dims, batch.num_tokens + batch.padding), OUT_SENTINEL, dtype=torch.int64,
                      device=torch_device(device))
-    launch_prepare_positions(**args, out=out, block=block, splits=splits)
+    launch_prepare_positions(**args, out=out, block=block, splits=splits, pdl=pdl)
     synchronize(device)
     expected = reference.prepare_positions(**batch.tensors("cpu"))
     n = batch.num_tokens

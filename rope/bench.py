@@ -44,10 +44,11 @@ from rope.native import rotate_native
 from rope.registry import get_implementation, working_precision
 from rope.spec import RopeSpec
 from rope.tolerance import compare_rotation
-from rope.triton.rotary import HAS_PDL, PDL_MAX_TOKENS, pdl_available
+from rope.triton.pdl import HAS_PDL, pdl_available
+from rope.triton.rotary import PDL_MAX_TOKENS
 
 if HAS_PDL:     # _empty_kernel's PDL variant calls these by their global names
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
+    from rope.triton.pdl import gdc_launch_dependents, gdc_wait  # noqa: F401
 
 TOKENS = (1, 16, 256, 4096, 16384, 65536)
 DEFAULT_MODELS = ("qwen2.5-vl-72b", "qwen3-vl-8b", "glm-4.1v-9b", "hunyuan-ocr")

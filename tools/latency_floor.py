@@ -7,10 +7,10 @@ import triton
 import triton.language as tl
 
 from rope import bench
-from rope.triton.rotary import HAS_PDL
+from rope.triton.pdl import HAS_PDL
 
 if HAS_PDL:     # _chain_kernel's PDL variant calls these by their global names
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
+    from rope.triton.pdl import gdc_launch_dependents, gdc_wait  # noqa: F401
 
 
 @triton.jit

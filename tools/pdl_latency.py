@@ -16,7 +16,8 @@ import triton
 import rope
 from rope import bench
 from rope.models import get_model
-from rope.triton.rotary import launch_rotary, pdl_available
+from rope.triton.pdl import pdl_available
+from rope.triton.rotary import launch_rotary
 
 from latency_floor import chain_ms
 

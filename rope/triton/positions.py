@@ -19,6 +19,10 @@ import triton.language as tl
 from reference.runner import check_position_inputs
 from rope.devices import device_name, triton_runs_on
 from rope.positions import check_out
+from rope.triton.pdl import HAS_PDL, pdl_available
+
+if HAS_PDL:     # programmatic dependent launch: rope/triton/pdl.py
+    from rope.triton.pdl import gdc_launch_dependents, gdc_wait
 
 BLOCK = 256
 TARGET_PROGRAMS = 1024      # about 8 programs per SM of an H200: enough blocks in flight to hide latency
@@ -28,8 +32,13 @@ TARGET_PROGRAMS = 1024      # about 8 programs per SM of an H200: enough blocks 
 def _prepare_positions_kernel(
     out_ptr, out_row_stride, prefill_ptr, prefill_row_stride, delta_ptr, idx_mapping_ptr,
     query_start_loc_ptr, prefill_lens_ptr, num_computed_ptr,
-    NUM_DIMS: tl.constexpr, DIMS_P2: tl.constexpr, BLOCK: tl.constexpr,
+    NUM_DIMS: tl.constexpr, DIMS_P2: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
+    # PDL: wait for the previous kernel (it may have written the step's inputs) before any read,
+    # then let the next one (the rotation, which reads ``out``, waits in turn) launch at once.
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     b = tl.program_id(0)
     split = tl.program_id(1)
     splits = tl.num_programs(1)
@@ -83,18 +92,21 @@ def default_splits(num_reqs: int, capacity: int, block: int = BLOCK, target: int
 
 def launch_prepare_positions(prefill_positions, prefill_delta, idx_mapping, query_start_loc, prefill_lens,
                              num_computed_tokens, num_dims, out, *, block: int = BLOCK,
-                             splits: int | None = None) -> None:
+                             splits: int | None = None, pdl: bool = True) -> None:
     """The launch alone (no checks: the benchmark's hot path).  ``block`` and ``splits`` change
-    which program writes which column, never what is written (properties/test_launch_options.py)."""
+    which program writes which column, never what is written (properties/test_launch_options.py);
+    ``pdl``: programmatic dependent launch where available (rope/triton/pdl.py)."""
     num_reqs = idx_mapping.shape[0]
     if num_reqs == 0:
         return
     if splits is None:
         splits = default_splits(num_reqs, out.shape[1], block)
+    pdl = bool(pdl) and pdl_available(out.device)
+    extra = {"launch_pdl": True} if pdl else {}
     _prepare_positions_kernel[(num_reqs, splits)](
         out, out.stride(0), prefill_positions, prefill_positions.stride(0), prefill_delta, idx_mapping,
         query_start_loc, prefill_lens, num_computed_tokens,
-        NUM_DIMS=num_dims, DIMS_P2=triton.next_power_of_2(num_dims), BLOCK=block,
+        NUM_DIMS=num_dims, DIMS_P2=triton.next_power_of_2(num_dims), BLOCK=block, PDL=pdl, **extra,
     )
 
 

@@ -19,12 +19,10 @@ import triton.language as tl
 from rope.devices import device_name, is_interpreter, triton_runs_on
 from rope.spec import RopeSpec, check_rotation_inputs
 
-try:    # programmatic dependent launch (Hopper and later; Triton >= 3.4)
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-    from triton.backends.nvidia.compiler import CUDAOptions
-    HAS_PDL = "launch_pdl" in CUDAOptions.__dataclass_fields__
-except ImportError:
-    HAS_PDL = False
+from rope.triton.pdl import HAS_PDL, pdl_available
+
+if HAS_PDL:     # programmatic dependent launch: rope/triton/pdl.py
+    from rope.triton.pdl import gdc_launch_dependents, gdc_wait
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_TILE = 1024            # tokens x heads x frequency pairs handled by one program at large batch sizes
@@ -321,13 +319,6 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
         HEADS_FASTEST=bool(heads_fastest), **extra,
     )
     return query, key
-
-
-def pdl_available(device: torch.device) -> bool:
-    """Programmatic dependent launch: a CUDA (not ROCm) device of compute capability >= 9, compiled
-    (not the interpreter), and a Triton that has ``launch_pdl``."""
-    return (HAS_PDL and device.type == "cuda" and not is_interpreter() and not torch.version.hip
-            and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 def _unit_last_stride(t: torch.Tensor | None) -> torch.Tensor | None:

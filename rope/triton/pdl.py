@@ -1,0 +1,28 @@
+"""Programmatic dependent launch (Hopper and later; Triton >= 3.4), for every kernel of the project.
+
+A kernel launched with ``launch_pdl=True`` calls ``gdc_wait()`` (the previous kernel in the stream
+has finished and flushed) before it reads anything and ``gdc_launch_dependents()`` to let the next
+kernel launch while it runs: the next launch and prologue overlap this kernel's body.  Kernel
+modules import the two functions only when ``HAS_PDL`` (a constexpr-false branch never resolves
+them), and launch with PDL only where ``pdl_available``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rope.devices import is_interpreter
+
+try:
+    from triton.backends.nvidia.compiler import CUDAOptions
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401  (re-exported)
+    HAS_PDL = "launch_pdl" in CUDAOptions.__dataclass_fields__
+except ImportError:
+    HAS_PDL = False
+
+
+def pdl_available(device: torch.device) -> bool:
+    """A CUDA (not ROCm) device of compute capability >= 9, compiled (not the interpreter), and a
+    Triton that has ``launch_pdl``."""
+    return (HAS_PDL and device.type == "cuda" and not is_interpreter() and not torch.version.hip
+            and torch.cuda.get_device_capability(device)[0] >= 9)
