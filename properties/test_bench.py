@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from rope import bench
 from rope.models import get_model
@@ -40,6 +41,25 @@ def test_bench_smoke_writes_reports(tmp_path):
     assert all(r["checked"].startswith("ok") for r in loaded["results"])
     assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| glm-4.1v-9b | 1 | native |" in paths[1].read_text()
+
+
+@pytest.mark.slow
+def test_bench_positions_checks_times_and_plots(tmp_path):
+    # The position half of `rope-harness bench` on the CPU (small steps: decode, and prefill chunks
+    # over two blocks), so that it cannot rot where CI has no GPU; its panel joins the plot.
+    from rope.devices import triton_runs_on
+    if not triton_runs_on("cpu"):
+        pytest.skip("Triton does not run on the CPU here")
+    results = bench.bench_positions("cpu", bench._timer("cpu"), 1.0, lambda s: None, shapes=((3, 1), (2, 300)))
+    assert [(r.model, r.impl) for r in results] == [("3x1", "native"), ("3x1", "triton"),
+                                                    ("2x300", "native"), ("2x300", "triton")]
+    assert all(r.checked.startswith("ok") and r.ms > 0 for r in results), [r.checked for r in results]
+    data = {"device": "cpu", "device_name": "cpu", "copy_gbps": 1.0, "empty_launch_ms": float("nan"),
+            "empty_launch_pdl_ms": float("nan"), "torch": torch.__version__, "host": "test",
+            "results": [bench.asdict(r) for r in results]}
+    paths = bench.write_reports(data, tmp_path)
+    assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| 2x300 | 600 | triton |" in paths[1].read_text()
 
 
 def test_input_sets_span_the_l2_and_stay_bounded(monkeypatch):

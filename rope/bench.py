@@ -374,14 +374,14 @@ def position_inputs(device: str, num_reqs: int, chunk: int, dims: int = 3):
     return args, tokens, tokens * dims * (8 + (4 if chunk > 1 else 0)) + num_reqs * 5 * 4
 
 
-def bench_positions(device, time_fn, ceiling, progress) -> list[Result]:
+def bench_positions(device, time_fn, ceiling, progress, shapes=POSITION_SHAPES) -> list[Result]:
     """Position preparation for ragged batches: many requests, mixed prefill chunks and decode.
     Both implementations are timed through ``fn.unchecked`` (the same work without validation and
     without a host sync), after the checked call's output was compared."""
     from rope.registry import get_positions_implementation
     out = []
     dims = 3
-    for num_reqs, chunk in POSITION_SHAPES:
+    for num_reqs, chunk in shapes:
         args, tokens, nbytes = position_inputs(device, num_reqs, chunk, dims)
         expected = reference.prepare_positions(*[a.cpu() for a in args], dims) if tokens <= 4096 else None
         row = {}
@@ -446,6 +446,28 @@ def markdown(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _plot_positions(ax, pos: list[dict], data: dict, colors: dict) -> None:
+    """Time per ragged step, per implementation, against the empty launch: these steps move a few
+    MB at most, so the launch, not the bandwidth, is their floor."""
+    steps = list(dict.fromkeys(r["model"] for r in pos))
+    names = sorted({r["impl"] for r in pos})
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        times = {r["model"]: r["ms"] * 1e3 for r in pos if r["impl"] == name}
+        ax.bar([s + i * width for s in range(len(steps))], [times.get(step, float("nan")) for step in steps],
+               width, label=name, color=colors[name])
+    if data.get("empty_launch_ms", float("nan")) == data.get("empty_launch_ms"):
+        ax.axhline(data["empty_launch_ms"] * 1e3, color="k", linestyle=":", label="empty launch")
+    ax.set_xticks([s + width * (len(names) - 1) / 2 for s in range(len(steps))],
+                  [f"{step}\n(requests x tokens)" for step in steps], fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylim(top=max(r["ms"] * 1e3 for r in pos) * 8)       # room for the legend above the bars
+    ax.set_ylabel("us per step")
+    ax.set_title("position preparation")
+    ax.grid(True, which="both", axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", ncol=3)
+
+
 def plot(data: dict) -> bytes:
     import io
 
@@ -454,10 +476,14 @@ def plot(data: dict) -> bytes:
     import matplotlib.pyplot as plt
 
     rot = [r for r in data["results"] if r["kind"] == "rotation"]
+    pos = [r for r in data["results"] if r["kind"] == "positions"]
     models = sorted({r["model"] for r in rot})
-    impls = sorted({r["impl"] for r in rot})
+    impls = sorted({r["impl"] for r in rot} | {r["impl"] for r in pos})
     colors = {impl: f"C{i}" for i, impl in enumerate(impls)}      # one colour per implementation
-    fig, axes = plt.subplots(1, max(1, len(models)), figsize=(5 * max(1, len(models)), 4), squeeze=False)
+    panels = max(1, len(models) + bool(pos))
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4), squeeze=False)
+    if pos:
+        _plot_positions(axes[0][-1], pos, data, colors)
     for ax, model in zip(axes[0], models):
         for impl in sorted({r["impl"] for r in rot if r["model"] == model}):
             pts = sorted((r["tokens"], r["gbps"]) for r in rot if r["model"] == model and r["impl"] == impl)
@@ -470,7 +496,8 @@ def plot(data: dict) -> bytes:
         ax.set_title(model)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"Rotary kernels vs the memory floor on {data['device_name']}")
+    fig.suptitle(f"Rotary kernels vs the memory floor on {data['device_name']}"
+                 + (" (right: position preparation vs the launch floor)" if pos else ""))
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
