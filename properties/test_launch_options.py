@@ -61,7 +61,8 @@ def test_launch_options_give_the_default_bits(device, case, options):
         assert torch.equal(k1.view(torch.int16), k0.view(torch.int16)), options
 
 
-# One 40-token prefill chunk in blocks of 16 over 2 programs: program 1 owns blocks 1 and 3 (none).
+# One 40-token prefill chunk = blocks 0..2 of 16 over 2 programs: program 0 writes blocks 0 and 2
+# (a second round of its loop), program 1 block 1.
 LONG_CHUNK = RaggedBatch(3, tuple(range(3 * 64)), (0,), (64,), (5,), (0,), (40,), 3)
 
 

@@ -99,9 +99,9 @@ def input_sets(device: str, nbytes: int, tokens: int) -> int:
 
 @contextmanager
 def _graph_capture_may_fail():
-    """A capture attempt whose failure is handled (the timing falls back and says so): torch warns
-    "The CUDA Graph is empty" when a capture raised before anything was recorded (the native
-    position preparation reads lengths on the host), which is not news to the reader."""
+    """A capture attempt whose failure is handled (the timing falls back and says so in its
+    ``timing`` column): torch warns "The CUDA Graph is empty" when a capture raised before anything
+    was recorded (an implementation that reads a length on the host), which is not news to the reader."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
         yield
@@ -456,8 +456,9 @@ def _plot_positions(ax, pos: list[dict], data: dict, colors: dict) -> None:
         times = {r["model"]: r["ms"] * 1e3 for r in pos if r["impl"] == name}
         ax.bar([s + i * width for s in range(len(steps))], [times.get(step, float("nan")) for step in steps],
                width, label=name, color=colors[name])
-    if data.get("empty_launch_ms", float("nan")) == data.get("empty_launch_ms"):
-        ax.axhline(data["empty_launch_ms"] * 1e3, color="k", linestyle=":", label="empty launch")
+    empty = data.get("empty_launch_ms")
+    if empty is not None and not math.isnan(empty):            # NaN: not measured (CPU)
+        ax.axhline(empty * 1e3, color="k", linestyle=":", label="empty launch")
     ax.set_xticks([s + width * (len(names) - 1) / 2 for s in range(len(steps))],
                   [f"{step}\n(requests x tokens)" for step in steps], fontsize=8)
     ax.set_yscale("log")
