@@ -32,7 +32,7 @@ def test_check_sample_flags_a_broken_implementation(device):
 def test_bench_smoke_writes_reports(tmp_path):
     from rope.devices import triton_runs_on
     impls = ("triton", "native") if triton_runs_on("cpu") else ("native",)
-    data = bench.run(models=("glm-4.1v-9b",), tokens=(1, 2), device="cpu", positions=False,
+    data = bench.run(models=("glm-4.1v-9b",), tokens=(1, 2), device="cpu", positions=(),
                      progress=lambda s: None, only=impls)
     paths = bench.write_reports(data, tmp_path)
     assert [p.name for p in paths] == ["bench.json", "bench.md", "bench.png"]
@@ -50,13 +50,11 @@ def test_bench_positions_checks_times_and_plots(tmp_path):
     from rope.devices import triton_runs_on
     if not triton_runs_on("cpu"):
         pytest.skip("Triton does not run on the CPU here")
-    results = bench.bench_positions("cpu", bench._timer("cpu"), 1.0, lambda s: None, shapes=((3, 1), (2, 300)))
-    assert [(r.model, r.impl) for r in results] == [("3x1", "native"), ("3x1", "triton"),
-                                                    ("2x300", "native"), ("2x300", "triton")]
-    assert all(r.checked.startswith("ok") and r.ms > 0 for r in results), [r.checked for r in results]
-    data = {"device": "cpu", "device_name": "cpu", "copy_gbps": 1.0, "empty_launch_ms": float("nan"),
-            "empty_launch_pdl_ms": float("nan"), "torch": torch.__version__, "host": "test",
-            "results": [bench.asdict(r) for r in results]}
+    data = bench.run(models=(), device="cpu", positions=((3, 1), (2, 300)), progress=lambda s: None,
+                     only=("native",))
+    assert [(r["model"], r["impl"]) for r in data["results"]] == [
+        ("3x1", "native"), ("3x1", "triton"), ("2x300", "native"), ("2x300", "triton")]
+    assert all(r["checked"].startswith("ok") and r["ms"] > 0 for r in data["results"]), data["results"]
     paths = bench.write_reports(data, tmp_path)
     assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| 2x300 | 600 | triton |" in paths[1].read_text()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import example, given, settings
+from hypothesis import example, given
 
 import reference
 from properties.strategies import OUT_SENTINEL, RaggedBatch, ragged_batches
@@ -47,10 +47,21 @@ def positions_impl_or_skip(name: str, device: str):
     return fn
 
 
-@given(batch=ragged_batches())
+# Three blocks in one request; two requests of 2 and 3 blocks (slot 1 first) beside a decode step.
+LONG_1D = RaggedBatch(1, tuple(range(7, 707)), (0,), (700,), (0,), (0,), (600,), 2)
+LONG_3D = RaggedBatch(3, tuple((c * 3 + row) % 997 for row in range(9) for c in range(600)), (0, 0, -9),
+                      (600, 600, 20), (0, 40, 25), (1, 0, 2), (300, 520, 2), 1)
+# Short steps, and steps with chunks of up to 700 tokens: several of the Triton kernel's 256-token
+# blocks per request, spread over programs by the default split (short prompts fit one block).
+STEPS = ragged_batches() | ragged_batches(max_reqs=3, max_model_len=700)
+
+
+@given(batch=STEPS)
 @example(batch=CHUNK_1)
 @example(batch=CHUNK_2)
 @example(batch=DECODE)
+@example(batch=LONG_1D)
+@example(batch=LONG_3D)
 def test_prepared_positions_match_reference(positions_impl_name, device, batch):
     fn = positions_impl_or_skip(positions_impl_name, device)
     assert_positions_match(positions_impl_name, fn, batch, device)
@@ -68,24 +79,7 @@ def test_prepared_positions_pass_under_guards(positions_impl_name, device, batch
     assert_positions_match_guarded(positions_impl_name, fn, batch, device)
 
 
-# Three blocks in one request; two requests of 2 and 3 blocks (slot 1 first) beside a decode step.
-LONG_1D = RaggedBatch(1, tuple(range(7, 707)), (0,), (700,), (0,), (0,), (600,), 2)
-LONG_3D = RaggedBatch(3, tuple((c * 3 + row) % 997 for row in range(9) for c in range(600)), (0, 0, -9),
-                      (600, 600, 20), (0, 40, 25), (1, 0, 2), (300, 520, 2), 1)
-
-
-@settings(max_examples=25)
-@given(batch=ragged_batches(max_reqs=3, max_model_len=700))
-@example(batch=LONG_1D)
-@example(batch=LONG_3D)
-def test_long_prefill_chunks_match_reference(positions_impl_name, device, batch):
-    # Chunks of up to 700 tokens: several of the Triton kernel's 256-token blocks per request,
-    # spread over programs by the default split (ragged_batches' default prompts fit one block).
-    fn = positions_impl_or_skip(positions_impl_name, device)
-    assert_positions_match(positions_impl_name, fn, batch, device)
-
-
-@given(batch=ragged_batches())
+@given(batch=STEPS)
 @example(batch=CHUNK_2)
 @example(batch=LONG_3D)
 def test_unchecked_launches_match_reference(positions_impl_name, device, batch):

@@ -51,6 +51,7 @@ if HAS_PDL:     # _empty_kernel's PDL variant calls these by their global names
     from rope.triton.pdl import gdc_launch_dependents, gdc_wait  # noqa: F401
 
 TOKENS = (1, 16, 256, 4096, 16384, 65536)
+POSITION_SHAPES = ((256, 1), (64, 256), (16, 4096))    # (requests, tokens each): decode, mixed, prefill
 DEFAULT_MODELS = ("qwen2.5-vl-72b", "qwen3-vl-8b", "glm-4.1v-9b", "hunyuan-ocr")
 GRAPH_MAX_TOKENS = 256          # CUDA graphs below this size
 CHECK_TOKENS = 64               # tokens compared with the reference before timing
@@ -300,7 +301,9 @@ def check_sample(spec, fn, positions, q, k, cache) -> str:
 
 
 def run(models=DEFAULT_MODELS, tokens=TOKENS, dtypes=("bfloat16",), device="cuda", extra_impls=(),
-        positions=True, progress=print, only=BUILTIN_IMPLS) -> dict:
+        positions=POSITION_SHAPES, progress=print, only=BUILTIN_IMPLS) -> dict:
+    """Time every implementation on ``models`` x ``tokens`` x ``dtypes``, then the position
+    preparation on the ragged steps ``positions`` ((requests, tokens each); empty: none)."""
     models_db = load_models()
     time_fn = _timer(device)
     ceiling = copy_bandwidth(device)
@@ -345,13 +348,10 @@ def run(models=DEFAULT_MODELS, tokens=TOKENS, dtypes=("bfloat16",), device="cuda
                     progress(f"  {key:<16} {t:>6} {r.impl:<15} {r.ms * 1e3:>9.1f} us {r.gbps:>7.0f} GB/s "
                              f"{100 * r.frac_copy:>5.1f}% {r.checked}")
     if positions:
-        results += bench_positions(device, time_fn, ceiling, progress)
+        results += bench_positions(device, time_fn, ceiling, progress, shapes=positions)
     return {"device": device, "device_name": _device_name(device), "copy_gbps": ceiling,
             "empty_launch_ms": empty, "empty_launch_pdl_ms": empty_pdl, "torch": torch.__version__,
             "host": platform.node(), "results": [asdict(r) for r in results]}
-
-
-POSITION_SHAPES = ((256, 1), (64, 256), (16, 4096))    # (requests, tokens each): decode, mixed, prefill
 
 
 def position_inputs(device: str, num_reqs: int, chunk: int, dims: int = 3):

@@ -112,7 +112,7 @@ def cmd_bench(args) -> int:
     models = tuple(args.models.split(",")) if args.models else bench.DEFAULT_MODELS
     dtypes = tuple(args.dtype.split(","))
     data = bench.run(models=models, tokens=tokens, dtypes=dtypes, device=device, extra_impls=args.impl,
-                     positions=not args.no_positions)
+                     positions=() if args.no_positions else bench.POSITION_SHAPES)
     for path in bench.write_reports(data, Path(args.out)):
         print(f"wrote {path}")
     return 0
