@@ -61,8 +61,8 @@ import torch
 import reference
 from properties.strategies import OUT_SENTINEL, RaggedBatch, RotationCase, build_rotation_inputs
 from rope.devices import is_interpreter, synchronize, torch_device
-from rope.diagnosis import Diagnosis, diagnose
-from rope.tolerance import Comparison, compare_rotation
+from rope.harness.diagnosis import Diagnosis, diagnose
+from rope.harness.tolerance import Comparison, compare_rotation
 from rope.registry import working_precision
 
 FLOAT_FILL = float("nan")
@@ -448,13 +448,13 @@ def run_guarded(fn, case: RotationCase, device: str = "cpu") -> GuardedRun:
 
 
 def compare_case_guarded(impl_name: str, fn, case: RotationCase, device: str = "cpu") -> Comparison:
-    """Like properties.checks.compare_case, on guarded inputs: the reference comparison plus every
+    """Like rope.harness.comparison.compare_case, on guarded inputs: the reference comparison plus every
     guard violation as a problem."""
     return _compare_guarded(fn, case, device)[0]
 
 
 def diagnose_guarded(fn, case: RotationCase, device: str = "cpu") -> Diagnosis:
-    """rope.diagnosis of ``fn`` on guarded inputs, guard violations included (NaN from a guard
+    """rope.harness.diagnosis of ``fn`` on guarded inputs, guard violations included (NaN from a guard
     region, out-of-bounds reads and writes); "match" when it passes under guards."""
     result, run, ref_in = _compare_guarded(fn, case, device)
     q_out, k_out = run.outputs
@@ -485,9 +485,9 @@ def assert_matches_reference_guarded(impl_name: str, fn, case: RotationCase, dev
 
 
 def assert_matches_reference_traced(impl_name: str, fn, case: RotationCase, device: str = "cpu") -> Comparison:
-    """properties.checks.compare_case on plain (unguarded) inputs, inside the tracer: wild accesses
+    """rope.harness.comparison.compare_case on plain (unguarded) inputs, inside the tracer: wild accesses
     past an argument's storage are reported (and suppressed, so a broken kernel stays harmless)."""
-    from properties.checks import compare_case
+    from rope.harness.comparison import compare_case
     with trace_memory() as tracer:
         result = compare_case(impl_name, fn, case, device)
     result.problems += [f"memory violation: {m}" for m in tracer.messages()]

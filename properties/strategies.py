@@ -1,26 +1,29 @@
 """Hypothesis strategies for rotary cases.
 
-Strategies draw *descriptions* (spec, head counts, token count, dtype, position pattern,
-memory layout, seed); :func:`build_rotation_inputs` turns a description into tensors with a
-``torch.Generator`` on the CPU and then moves them, so a case regenerates bit-identically on
-any device and from a case file.  Everything shrinks towards the simplest case: 64-wide
-heads, full rotary, one head, one token, uniform positions, contiguous tensors, seed 0.
+Strategies draw *descriptions* (rope.harness.inputs: spec, head counts, token count, dtype,
+position pattern, memory layout, seed); ``build_rotation_inputs`` turns a description into
+tensors, so a case regenerates bit-identically on any device and from a case file.  Everything
+shrinks towards the simplest case: 64-wide heads, full rotary, one head, one token, uniform
+positions, contiguous tensors, seed 0.
 """
 
 from __future__ import annotations
 
-import functools
-from dataclasses import asdict, dataclass
-
-import torch
 from hypothesis import strategies as st
 
-from rope.cache import cos_sin_cache
-from rope.devices import torch_device
+from rope.harness.inputs import (  # noqa: F401  (the case model the strategies draw, re-exported for the tests)
+    DTYPE_SHORT,
+    DTYPES,
+    OUT_SENTINEL,
+    POSITION_KINDS,
+    RaggedBatch,
+    RotationCase,
+    RotationInputs,
+    build_rotation_inputs,
+    check_choice,
+    make_positions,
+)
 from rope.spec import RopeSpec
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-DTYPE_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 # Head sizes of real models first (64 shrinks best), then small ones for edge cases.
 HEAD_SIZES = (64, 128, 80, 96, 112, 160, 192, 256, 32, 16, 8)
@@ -28,39 +31,9 @@ HEAD_SIZES = (64, 128, 80, 96, 112, 160, 192, 256, 32, 16, 8)
 REAL_HEAD_COUNTS = (28, 14, 7, 64, 32, 16, 8, 96, 48, 12, 6, 3, 2)
 BASES = (10000.0, 1000000.0, 5000000.0, 10000000.0, 500000.0)
 MAX_POSITIONS = (4096, 1, 7, 300, 2048, 32768, 131072)
-POSITION_KINDS = ("uniform", "text", "grid", "last_row")
 # Variant kinds, as used in test ids: how many position rows and which layout.
 KINDS = ("1d", "chunked3", "chunked4", "interleaved", "chunked1")
 KIND_ROWS = {"1d": 1, "chunked1": 1, "chunked3": 3, "chunked4": 4, "interleaved": 3}
-
-
-def _check(name, value, allowed):
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r}: must be one of {allowed}")
-
-
-@dataclass(frozen=True)
-class RotationCase:
-    """A rotation input, described well enough to regenerate it anywhere."""
-    spec: RopeSpec
-    num_tokens: int
-    num_q_heads: int
-    num_kv_heads: int          # 0: key absent
-    dtype: str
-    positions_kind: str = "uniform"
-    packed_qkv: bool = False   # q and k are row-strided views into one [T, (Hq + 2 Hkv) * hs] tensor
-    seed: int = 0
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["spec"] = self.spec.to_dict()
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "RotationCase":
-        d = dict(d)
-        d["spec"] = RopeSpec.from_dict(d["spec"])
-        return cls(**d)
 
 
 @st.composite
@@ -79,7 +52,7 @@ def sections(draw, *, total: int, parts: int):
 def rope_specs(draw, *, kind: str = "chunked3", is_neox_style: bool | None = None,
                head_sizes=HEAD_SIZES, max_positions=MAX_POSITIONS):
     """A valid RopeSpec of the given kind; shrinks to head 64, full rotary, base 1e4."""
-    _check("kind", kind, KINDS)
+    check_choice("kind", kind, KINDS)
     rows = KIND_ROWS[kind]
     head_size = draw(st.sampled_from(head_sizes))
     half_max = head_size // 2
@@ -121,7 +94,7 @@ def head_counts(*, key: bool | None = None):
 def rotation_cases(draw, *, dtype: str = "float32", kind: str = "chunked3", is_neox_style: bool | None = None,
                    min_tokens: int = 0, max_tokens: int = 48, head_sizes=HEAD_SIZES, max_positions=MAX_POSITIONS):
     """A full rotation case; shrinks to one token, one head, uniform positions, contiguous q/k."""
-    _check("dtype", dtype, tuple(DTYPES))
+    check_choice("dtype", dtype, tuple(DTYPES))
     if not 0 <= min_tokens <= max_tokens:
         raise ValueError(f"min_tokens={min_tokens}: must be in [0, max_tokens={max_tokens}]")
     spec = draw(rope_specs(kind=kind, is_neox_style=is_neox_style, head_sizes=head_sizes,
@@ -136,115 +109,9 @@ def rotation_cases(draw, *, dtype: str = "float32", kind: str = "chunked3", is_n
                         seed=draw(st.integers(0, 2 ** 32 - 1)))
 
 
-# --------------------------------------------------------------------------- tensors
-@functools.lru_cache(maxsize=4)
-def _cached_table(base: float, rotary_dim: int, max_position: int, dtype: torch.dtype) -> torch.Tensor:
-    return cos_sin_cache(RopeSpec(rotary_dim, rotary_dim, base=base, max_position=max_position), dtype, "cpu")
-
-
-def _cpu_cache(spec: RopeSpec, dtype: torch.dtype) -> torch.Tensor:
-    """The spec's cache; memoized on what it depends on (base, rotary_dim, length, dtype) only."""
-    return _cached_table(spec.effective_base, spec.rotary_dim, spec.max_position, dtype)
-
-
-def make_positions(spec: RopeSpec, num_tokens: int, kind: str, gen: torch.Generator) -> torch.Tensor:
-    """int64 [T] or [num_dims, T] with values in [0, spec.max_position)."""
-    _check("positions_kind", kind, POSITION_KINDS)
-    rows, limit = spec.num_dims, spec.max_position
-    if kind == "uniform":
-        pos = torch.randint(0, limit, (rows, num_tokens), generator=gen)
-    elif kind == "text":        # all rows equal, consecutive from a random start
-        start = int(torch.randint(0, max(1, limit - num_tokens + 1), (1,), generator=gen))
-        pos = (start + torch.arange(num_tokens)).remainder(limit).expand(rows, num_tokens).clone()
-    elif kind == "grid":        # one image-like block: t-major, then h, then w from a common base
-        w = int(torch.randint(1, 6, (1,), generator=gen))
-        h = int(torch.randint(1, 6, (1,), generator=gen))
-        j = torch.arange(num_tokens)
-        coords = [j // (h * w), (j // w) % h, j % w, j]
-        base = int(torch.randint(0, limit, (1,), generator=gen))
-        pos = torch.stack([(base + coords[d]) for d in range(rows)]).remainder(limit)
-    else:                       # "last_row": the last cache row, mixed with random rows
-        pos = torch.randint(0, limit, (rows, num_tokens), generator=gen)
-        pos[torch.rand(rows, num_tokens, generator=gen) < 0.5] = limit - 1
-        if num_tokens:
-            pos[:, -1] = limit - 1
-    pos = pos.to(torch.int64)
-    return pos[0].contiguous() if spec.num_dims == 1 else pos
-
-
-@dataclass
-class RotationInputs:
-    positions: torch.Tensor
-    query: torch.Tensor
-    key: torch.Tensor | None
-    cache: torch.Tensor
-    storage: torch.Tensor        # the tensor q and k live in (packed qkv or q itself)
-
-
-def build_rotation_inputs(case: RotationCase, device: str = "cpu") -> RotationInputs:
-    """Regenerate the case's tensors bit-identically (CPU generator), then move them to ``device``."""
-    spec, hs = case.spec, case.spec.head_size
-    dtype = DTYPES[case.dtype]
-    gen = torch.Generator().manual_seed(case.seed)
-    positions = make_positions(spec, case.num_tokens, case.positions_kind, gen)
-    q_width, k_width = case.num_q_heads * hs, case.num_kv_heads * hs
-    dev = torch_device(device)
-    if case.packed_qkv:
-        storage = torch.randn(case.num_tokens, q_width + 2 * k_width, generator=gen).to(dtype).to(dev)
-        query = storage[:, :q_width]
-        key = storage[:, q_width:q_width + k_width] if k_width else None
-    else:
-        query = torch.randn(case.num_tokens, q_width, generator=gen).to(dtype).to(dev)
-        key = torch.randn(case.num_tokens, k_width, generator=gen).to(dtype).to(dev) if k_width else None
-        storage = query
-    # A private copy: the memoized table must not be shared with (and writable by) the implementation.
-    cache = _cpu_cache(spec, dtype).to(dev, copy=True)
-    return RotationInputs(positions.to(dev), query, key, cache, storage)
-
-
 def case_id(impl: str, device: str, dtype: str, kind: str, neox: bool) -> str:
     """Test id in the project's format: ``triton-cuda-bf16-interleaved-gptj``."""
     return f"{impl}-{device}-{DTYPE_SHORT.get(dtype, dtype)}-{kind}-{'neox' if neox else 'gptj'}"
-
-
-# --------------------------------------------------------------------------- ragged batches
-@dataclass(frozen=True)
-class RaggedBatch:
-    """One model-runner step over persistent request slots (SPEC §5), as plain lists."""
-    num_dims: int
-    prefill_positions: tuple          # [max_reqs * num_dims][max_model_len]
-    prefill_delta: tuple              # [max_reqs]
-    prefill_lens: tuple               # [max_reqs]
-    num_computed_tokens: tuple        # [max_reqs]
-    idx_mapping: tuple                # [num_reqs], injective into the slots
-    query_lens: tuple                 # [num_reqs]
-    padding: int = 0                  # extra output columns the implementation must not write
-
-    @property
-    def query_start_loc(self) -> list[int]:
-        out = [0]
-        for n in self.query_lens:
-            out.append(out[-1] + n)
-        return out
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(self.query_lens)
-
-    def tensors(self, device: str = "cpu") -> dict:
-        dev = torch_device(device)
-        i32 = dict(dtype=torch.int32, device=dev)
-        return dict(prefill_positions=torch.tensor(self.prefill_positions, **i32).reshape(
-                        len(self.prefill_lens) * self.num_dims, -1),
-                    prefill_delta=torch.tensor(self.prefill_delta, **i32),
-                    idx_mapping=torch.tensor(self.idx_mapping, **i32),
-                    query_start_loc=torch.tensor(self.query_start_loc, **i32),
-                    prefill_lens=torch.tensor(self.prefill_lens, **i32),
-                    num_computed_tokens=torch.tensor(self.num_computed_tokens, **i32),
-                    num_dims=self.num_dims)
-
-
-OUT_SENTINEL = -7777
 
 
 @st.composite

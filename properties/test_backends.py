@@ -17,13 +17,13 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 import reference
-from properties.checks import assert_matches_reference
+from rope.harness.comparison import assert_matches_reference
 from properties.known_cases import KNOWN_BUG_CASES
 from properties.strategies import DTYPE_SHORT, DTYPES, KINDS, RotationCase, rotation_cases
 from rope.backends import BACKENDS
 from rope.backends.known_faults import FLASHINFER_WRONG_SHAPES, flashinfer_wrong
 from rope.registry import get_implementation, unsupported_reason
-from rope.cases import load_case
+from rope.harness.case_files import load_case
 from rope.spec import RopeSpec
 
 KNOWN_MISMATCH = (
@@ -285,7 +285,7 @@ def test_known_fault_is_drawn_around_and_reported():
     # fault" (asked only of what the code claims to support), so a property rejects the draw, counts
     # it for the run report, and never runs it; ``supports`` says no as well (the benchmark's filter).
     from hypothesis import given, settings
-    from properties import checks
+    from rope.harness import comparison
     calls: list = []
     fake = _fake_backend(calls)
     why = unsupported_reason("fake", fake, RopeSpec(128, 40, True, None), torch.bfloat16, "cuda")
@@ -300,14 +300,14 @@ def test_known_fault_is_drawn_around_and_reported():
     @given(rotary_dim=st.sampled_from([40, 64]))
     def prop(rotary_dim):
         spec = RopeSpec(128, rotary_dim, True, None)
-        checks.skip_if_unsupported("fake", fake, spec, "bfloat16", "cuda")
+        comparison.skip_if_unsupported("fake", fake, spec, "bfloat16", "cuda")
         fake(spec, None, None, None, None)
 
-    checks.REJECTED_UNSUPPORTED.clear()
+    comparison.REJECTED_UNSUPPORTED.clear()
     prop()
     assert calls and set(calls) == {64}, calls                         # 40 never ran, 64 did
-    assert any(reason.startswith("known fault: fake") for reason in checks.REJECTED_UNSUPPORTED)
-    checks.REJECTED_UNSUPPORTED.clear()
+    assert any(reason.startswith("known fault: fake") for reason in comparison.REJECTED_UNSUPPORTED)
+    comparison.REJECTED_UNSUPPORTED.clear()
 
 
 def test_flashinfer_adapter_declares_its_faults(monkeypatch):

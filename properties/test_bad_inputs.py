@@ -103,7 +103,7 @@ def test_import_path_resolves_to_the_callable():
 
 def test_strided_1d_positions_are_read_by_value(impl_name, device):
     # A 1-D positions view with stride 2 must be read element by element, not as if contiguous.
-    from properties.checks import skip_if_unsupported
+    from rope.harness.comparison import skip_if_unsupported
     from rope.spec import RopeSpec
     spec = RopeSpec(64, 64, True, max_position=64)
     impl = get_implementation(impl_name)

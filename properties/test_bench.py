@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from rope import bench
+from rope.harness import bench
 from rope.models import get_model
 
 
@@ -66,7 +66,7 @@ def test_input_sets_span_the_l2_and_stay_bounded(monkeypatch):
     # CUDA graph times a single set (decode sizes) or off the GPU.  The L2 size is faked: no GPU here.
     import types
     import torch
-    from rope import bench
+    from rope.harness import bench
     l2 = 60 << 20
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(L2_cache_size=l2))

@@ -1,5 +1,5 @@
-"""Case files (rope.cases), the mismatch report built around them (properties.checks) and their
-replay (rope.repro, ``rope-harness repro``, ``pytest --rope-repro``)."""
+"""Case files (rope.harness.case_files), the mismatch report built around them (rope.harness.comparison) and their
+replay (rope.harness.repro, ``rope-harness repro``, ``pytest --rope-repro``)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ import pytest
 import torch
 from hypothesis import given, reproduce_failure, settings, strategies as st
 
-from properties import checks
-from properties.checks import assert_matches_reference
+from rope.harness import comparison
+from rope.harness.comparison import assert_matches_reference
 from properties.mutants.broken_rotations import BROKEN_ROTATIONS, neox_for_gptj
 from properties.strategies import RotationCase, rotation_cases
-from rope import cases
-from rope.cli import main as cli_main
+from rope.harness import case_files
+from rope.harness.cli import main as cli_main
 from rope.devices import available_devices
 from rope.native import rotate_native
 from rope.spec import RopeSpec
@@ -36,7 +36,7 @@ MUTANT = "properties.mutants.broken_rotations:neox_for_gptj"
 @pytest.fixture
 def case_dir(tmp_path, monkeypatch):
     directory = tmp_path / "cases"
-    monkeypatch.setenv(cases.CASES_DIR_ENV, str(directory))
+    monkeypatch.setenv(case_files.CASES_DIR_ENV, str(directory))
     return directory
 
 
@@ -58,13 +58,13 @@ def test_mismatch_writes_a_case_file_that_loads_back(case_dir):
     path = _written(case_dir)
     text = path.read_text()
     json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
-    loaded = cases.load_case(path)
+    loaded = case_files.load_case(path)
     record = loaded.record
-    assert list(record) == list(cases.FIELDS)
+    assert list(record) == list(case_files.FIELDS)
     assert loaded.case == CASE
-    assert (loaded.id, path.name) == (cases.case_id(MUTANT, "cpu", CASE.to_dict()), f"{loaded.id}.json")
+    assert (loaded.id, path.name) == (case_files.case_id(MUTANT, "cpu", CASE.to_dict()), f"{loaded.id}.json")
     assert (loaded.implementation, loaded.device, loaded.working_precision) == (MUTANT, "cpu", "activation")
-    assert record["schema_version"] == cases.SCHEMA_VERSION
+    assert record["schema_version"] == case_files.SCHEMA_VERSION
     # Strides as the implementation saw them: rows of the packed [T, (3 + 2*2) * 128] tensor.
     assert record["strides"]["query"] == {"shape": [5, 384], "stride": [896, 1], "storage_offset": 0}
     assert record["strides"]["key"] == {"shape": [5, 256], "stride": [896, 1], "storage_offset": 384}
@@ -89,8 +89,8 @@ def test_message_anatomy(case_dir):
     assert lines[2].startswith("  where: query: ")
     first_worst = next(i for i, line in enumerate(lines) if "error/bound" in line and "[token" in line)
     assert first_worst > lines.index(next(line for line in lines if line.startswith("Mismatched elements")))
-    assert lines[-2] == f"case file: {cases.display_path(case_dir / f'{cid}.json')}"
-    assert lines[-1] == f"replay: rope-harness repro {cases.display_path(case_dir / f'{cid}.json')}"
+    assert lines[-2] == f"case file: {case_files.display_path(case_dir / f'{cid}.json')}"
+    assert lines[-1] == f"replay: rope-harness repro {case_files.display_path(case_dir / f'{cid}.json')}"
 
 
 def test_same_mismatch_same_file(case_dir):
@@ -99,16 +99,16 @@ def test_same_mismatch_same_file(case_dir):
     _fail()
     assert _written(case_dir) == first
     other = RotationCase(**{**CASE.__dict__, "seed": 2})
-    ids = {cases.case_id(MUTANT, "cpu", CASE.to_dict()), cases.case_id(MUTANT, "cuda", CASE.to_dict()),
-           cases.case_id("native", "cpu", CASE.to_dict()), cases.case_id(MUTANT, "cpu", other.to_dict())}
+    ids = {case_files.case_id(MUTANT, "cpu", CASE.to_dict()), case_files.case_id(MUTANT, "cuda", CASE.to_dict()),
+           case_files.case_id("native", "cpu", CASE.to_dict()), case_files.case_id(MUTANT, "cpu", other.to_dict())}
     assert len(ids) == 4
     reordered = dict(reversed(list(CASE.to_dict().items())))
-    assert cases.case_id(MUTANT, "cpu", reordered) == first.stem
+    assert case_files.case_id(MUTANT, "cpu", reordered) == first.stem
 
 
 def test_case_files_can_be_turned_off(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv(cases.CASES_DIR_ENV, "off")
+    monkeypatch.setenv(case_files.CASES_DIR_ENV, "off")
     message = _fail()
     assert "does not match the reference" in message and "case file: not written" in message
     assert "replay:" not in message and not list(tmp_path.rglob("*.json"))
@@ -117,16 +117,16 @@ def test_case_files_can_be_turned_off(tmp_path, monkeypatch):
 def test_report_problems_never_mask_the_mismatch(tmp_path, monkeypatch):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    monkeypatch.setenv(cases.CASES_DIR_ENV, str(blocker / "cases"))    # cannot be created
+    monkeypatch.setenv(case_files.CASES_DIR_ENV, str(blocker / "cases"))    # cannot be created
     message = _fail()
     assert "does not match the reference" in message and f"case file: not written to {blocker / 'cases'}" in message
     assert "diagnosis: pairing_swapped" in message
 
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
-    monkeypatch.setattr(checks, "diagnose", broken)
+    monkeypatch.setattr(comparison, "diagnose", broken)
     assert "diagnosis: unknown: diagnosis failed (RuntimeError: boom)" in _fail()
-    monkeypatch.setattr(cases, "case_record", broken)
+    monkeypatch.setattr(case_files, "case_record", broken)
     message = _fail()
     assert "does not match the reference" in message and "(mismatch report failed: RuntimeError: boom)" in message
     assert "Worst error/bound" in message
@@ -138,20 +138,20 @@ def test_write_is_atomic(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(("fsync", fd)), real_fsync(fd))[1])
     monkeypatch.setattr(os, "replace", lambda src, dst: (calls.append(("replace", Path(src), Path(dst))),
                                                          real_replace(src, dst))[1])
-    path = cases.write_case({"id": "abc", "x": float("inf")}, tmp_path)
+    path = case_files.write_case({"id": "abc", "x": float("inf")}, tmp_path)
     assert path == tmp_path / "abc.json" and json.loads(path.read_text()) == {"id": "abc", "x": "inf"}
     replaces = [c for c in calls if c[0] == "replace"]
     assert len(replaces) == 1 and replaces[0][1].parent == tmp_path and replaces[0][2] == path
     assert calls.index(replaces[0]) > 0 and calls[0][0] == "fsync"        # data synced before the rename
     # A record that cannot be serialized leaves neither a file nor a temporary behind.
     with pytest.raises(TypeError):
-        cases.write_case({"id": "bad", "x": object()}, tmp_path)
+        case_files.write_case({"id": "bad", "x": object()}, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["abc.json"]
 
 
 def test_concurrent_writers_never_expose_a_partial_file(tmp_path):
     records = [{"id": "same", "writer": w, "payload": "x" * 20000} for w in range(4)]
-    cases.write_case(records[0], tmp_path)
+    case_files.write_case(records[0], tmp_path)
     stop, seen, errors = threading.Event(), set(), []
 
     def read():
@@ -163,7 +163,7 @@ def test_concurrent_writers_never_expose_a_partial_file(tmp_path):
 
     def write(record):
         for _ in range(40):
-            cases.write_case(record, tmp_path)
+            case_files.write_case(record, tmp_path)
     reader = threading.Thread(target=read)
     reader.start()
     writers = [threading.Thread(target=write, args=(r,)) for r in records]
@@ -177,12 +177,12 @@ def test_concurrent_writers_never_expose_a_partial_file(tmp_path):
 
 
 def test_implementation_path():
-    assert cases.implementation_path("native", rotate_native) == "native"
-    assert cases.implementation_path("rope.native:rotate_native", rotate_native) == "rope.native:rotate_native"
-    assert cases.implementation_path("broken", BROKEN_ROTATIONS["key_unrotated"]) == \
+    assert case_files.implementation_path("native", rotate_native) == "native"
+    assert case_files.implementation_path("rope.native:rotate_native", rotate_native) == "rope.native:rotate_native"
+    assert case_files.implementation_path("broken", BROKEN_ROTATIONS["key_unrotated"]) == \
         "properties.mutants.broken_rotations:key_unrotated"
     local = lambda *a: None                            # noqa: E731  (not importable)
-    assert cases.implementation_path("mine", local) == "mine"
+    assert case_files.implementation_path("mine", local) == "mine"
 
 
 # --------------------------------------------------------------------------- Hypothesis
@@ -198,7 +198,7 @@ def test_hypothesis_writes_only_the_final_example_with_a_working_blob(case_dir):
     with pytest.raises(AssertionError, match="does not match the reference"):
         neox_for_gptj_matches_reference()
     assert len(seen) > 2                             # found, shrunk, replayed: one file all the same
-    loaded = cases.load_case(_written(case_dir))
+    loaded = case_files.load_case(_written(case_dir))
     assert loaded.case == seen[-1]
     blob = loaded.record["hypothesis"]["reproduce_blob"]
     assert blob and loaded.record["hypothesis"]["version"] in loaded.record["hypothesis"]["decorator"]
@@ -221,7 +221,7 @@ def _mutated(path: Path, change) -> Path:
 def good_case(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("good") / "cases"
     mp = pytest.MonkeyPatch()
-    mp.setenv(cases.CASES_DIR_ENV, str(directory))
+    mp.setenv(case_files.CASES_DIR_ENV, str(directory))
     try:
         _fail()
     finally:
@@ -229,11 +229,11 @@ def good_case(tmp_path_factory) -> Path:
     return _written(directory)
 
 
-@pytest.mark.parametrize("field", cases.FIELDS)
+@pytest.mark.parametrize("field", case_files.FIELDS)
 def test_load_names_a_missing_field(good_case, field):
     path = _mutated(good_case, lambda r: r.pop(field))
     with pytest.raises(ValueError, match=f"case file {path}: missing field '{field}'"):
-        cases.load_case(path)
+        case_files.load_case(path)
 
 
 @pytest.mark.parametrize("change, problem", [
@@ -254,25 +254,25 @@ def test_load_names_a_missing_field(good_case, field):
 def test_load_names_a_bad_value(good_case, change, problem):
     path = _mutated(good_case, change)
     with pytest.raises(ValueError, match=re.escape(f"case file {path}: ") + problem):
-        cases.load_case(path)
+        case_files.load_case(path)
 
 
 def test_load_rejects_corrupt_files(good_case, tmp_path):
     truncated = tmp_path / "truncated.json"
     truncated.write_text(good_case.read_text()[:200])
     with pytest.raises(ValueError, match=f"case file {truncated}: not valid JSON .* corrupt or truncated"):
-        cases.load_case(truncated)
+        case_files.load_case(truncated)
     listed = tmp_path / "list.json"
     listed.write_text("[]")
     with pytest.raises(ValueError, match=f"case file {listed}: must hold a JSON object"):
-        cases.load_case(listed)
+        case_files.load_case(listed)
     with pytest.raises(ValueError, match="cannot read it"):
-        cases.load_case(tmp_path / "absent.json")
+        case_files.load_case(tmp_path / "absent.json")
 
 
 def test_loaded_hypothesis_and_test_may_be_null(good_case):
     path = _mutated(good_case, lambda r: r.update(hypothesis=None, test=None))
-    assert cases.load_case(path).case == CASE
+    assert case_files.load_case(path).case == CASE
 
 
 # --------------------------------------------------------------------------- replay
@@ -312,7 +312,7 @@ def _pytest(*args, env=None) -> subprocess.CompletedProcess:
 
 
 def test_pytest_rope_repro(good_case, tmp_path):
-    env = {cases.CASES_DIR_ENV: str(tmp_path / "replayed")}
+    env = {case_files.CASES_DIR_ENV: str(tmp_path / "replayed")}
     failing = _pytest("properties/test_repro.py", "properties/test_spec.py", "--rope-repro", str(good_case), env=env)
     assert failing.returncode == 1, failing.stdout + failing.stderr
     assert "diagnosis: pairing_swapped" in failing.stdout and "deselected" in failing.stdout

@@ -1,5 +1,5 @@
-"""rope.diagnosis names the cause of a mismatch: every broken implementation in
-properties/mutants on a fixed case where it fails (MUTANT_LABELS: every mutant rope.mutation finds
+"""rope.harness.diagnosis names the cause of a mismatch: every broken implementation in
+properties/mutants on a fixed case where it fails (MUTANT_LABELS: every mutant rope.harness.mutation finds
 has an entry), and synthetic outputs with one known defect."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 import reference
 from properties import known_cases
-from properties.checks import diagnose_run, evaluate_case
+from rope.harness.comparison import diagnose_run, evaluate_case
 from properties.guards import diagnose_guarded
 from properties.mutants.broken_positions import BROKEN_POSITIONS
 from properties.mutants.broken_rotations import BROKEN_ROTATIONS
@@ -19,8 +19,8 @@ from properties.mutants.dispatch import BROKEN_OPS
 from properties.mutants.kernel import ROTARY_MUTANTS
 from properties.strategies import DTYPES, RotationCase, build_rotation_inputs
 from rope.devices import is_interpreter
-from rope.diagnosis import LABELS, Diagnosis, diagnose, ranges
-from rope.mutation import discover_mutants
+from rope.harness.diagnosis import LABELS, Diagnosis, diagnose, ranges
+from rope.harness.mutation import discover_mutants
 from rope.native import rotate_native
 from rope.spec import RopeSpec
 
@@ -235,7 +235,7 @@ def test_garbage_everywhere_names_pass_through():
 
 
 # --------------------------------------------------------------------------- every mutant
-# Every mutant rope.mutation.discover_mutants finds in properties/mutants -> how the diagnosis of
+# Every mutant rope.harness.mutation.discover_mutants finds in properties/mutants -> how the diagnosis of
 # its output is checked, on a case where it fails:
 #   ("plain", case, label, phrase)    the implementation on plain inputs (test_rotation.py's check)
 #   ("guarded", case, label, phrase)  on guarded inputs (properties/guards.py): guard-only bugs

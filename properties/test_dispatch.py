@@ -27,7 +27,7 @@ from rope.dispatch import (MODES, PLATFORM_METHODS, PLATFORMS, MRotaryEmbeddingO
                            XDRotaryEmbeddingOp, rotary_embedding_1d)
 from rope.native import rotate_native
 from rope.spec import RopeSpec
-from rope.tolerance import compare_rotation
+from rope.harness.tolerance import compare_rotation
 
 # Op kind (as in test ids) -> (op class, strategies kind).
 OPS = {

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from properties.checks import run_rotation
+from rope.harness.comparison import run_rotation
 from properties.known_cases import KNOWN_BUG_CASES
 from properties.strategies import RotationCase
 from rope.devices import gpu_backend, is_interpreter
@@ -30,7 +30,7 @@ _INTERPRETER_SCRIPT = """
 import sys, torch
 import rope
 from properties.test_interpreter_agreement import CASES
-from properties.checks import run_rotation
+from rope.harness.comparison import run_rotation
 from rope.registry import get_implementation
 fn = get_implementation("triton")
 out = {}

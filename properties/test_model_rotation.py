@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from properties.checks import assert_matches_reference, skip_if_unsupported
+from rope.harness.comparison import assert_matches_reference, skip_if_unsupported
 from properties.strategies import RotationCase
 from rope.models import load_models
 from rope.registry import get_implementation

@@ -11,8 +11,8 @@ import pkgutil
 
 import pytest
 
-from rope import mutation
-from rope.mutation import Mutant, MutationRunner, RawRun, Stage, parse_pytest_output
+from rope.harness import mutation
+from rope.harness.mutation import Mutant, MutationRunner, RawRun, Stage, parse_pytest_output
 
 # Trimmed from real runs (pytest -x -v --tb=short), kept byte for byte where it matters.
 KEY_UNROTATED = "properties.mutants.broken_rotations:key_unrotated"
@@ -248,7 +248,7 @@ def test_stages_name_tests_that_exist():
         for stage in stages:
             for test in stage.tests:
                 path, _, rest = test.partition("::")
-                assert (mutation.PROJECT_ROOT / path).exists(), test
+                assert (mutation.suite_root() / path).exists(), test
                 if not rest:
                     continue
                 function, _, param = rest.partition("[")
@@ -389,7 +389,7 @@ def test_position_kernel_mutants_run_guarded_first_and_a_crash_is_no_catch():
         calls.append(args)
         if "--rope-positions-impl" in args:
             return RawRun(-11, CRASH, 3.0)
-        assert "-p" in args and "rope.mutation" in args       # the echo plugin is loaded for dedicated tests
+        assert "-p" in args and "rope.harness.mutation" in args       # the echo plugin is loaded for dedicated tests
         return RawRun(0, DEDICATED_PASS, 4.0)
     result = MutationRunner(execute=fake).run_suite(m, "harness")
     assert [r.outcome for r in result.runs] == ["caught"] and len(calls) == 1

@@ -1,4 +1,4 @@
-"""Model position ids: the reference (``reference.positions``) against hand-worked examples and
+"""Model position ids: the reference (``reference.position_ids``) against hand-worked examples and
 against each model's ``get_rope_index`` in the installed transformers (SPEC §4).
 
 Three parts:
@@ -33,7 +33,7 @@ import torch
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
-from reference.positions import (
+from reference.position_ids import (
     FAMILIES,
     IMAGE,
     QWEN2_5_VL_TOKENS_PER_SECOND,

@@ -1,7 +1,7 @@
 """The regression corpus: every case in properties/regressions/*.json, replayed on every run
 against every implementation under test (built-ins or --rope-impl) on every device.
 
-Each file is a case file (rope.cases) that once exposed a real bug; its recorded implementation
+Each file is a case file (rope.harness.case_files) that once exposed a real bug; its recorded implementation
 is the broken one, the inputs are what matter.  Promoting a new mismatch is copying its file
 from reports/cases/ into properties/regressions/.
 """
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from properties.checks import assert_matches_reference, skip_if_unsupported
-from rope.cases import load_case
+from rope.harness.comparison import assert_matches_reference, skip_if_unsupported
+from rope.harness.case_files import load_case
 from rope.registry import get_implementation
 
 CORPUS = Path(__file__).parent / "regressions"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from reference.positions import Image, Prompt, Text, Video, prompt_positions
+from reference.position_ids import Image, Prompt, Text, Video, prompt_positions
 
 CORPUS = Path(__file__).parent / "regressions" / "transformers"
 FILES = sorted(CORPUS.glob("*.json"))

@@ -10,7 +10,7 @@ import torch
 
 from properties.mutants.broken_rotations import neox_for_gptj
 from properties.strategies import RotationCase, build_rotation_inputs
-from rope import report
+from rope.harness import report
 from rope.spec import RopeSpec
 
 
@@ -29,7 +29,7 @@ def run_dir(tmp_path, monkeypatch):
 
 def _comparison(fn, case):
     import reference
-    from rope.tolerance import compare_rotation
+    from rope.harness.tolerance import compare_rotation
     x = build_rotation_inputs(case)
     out_q, out_k = fn(case.spec, x.positions, x.query.clone(), None if x.key is None else x.key.clone(), x.cache)
     rq, rk = reference.rotate(case.spec, x.positions, x.query, x.key, x.cache)

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from properties.checks import assert_matches_reference, skip_if_unsupported
+from rope.harness.comparison import assert_matches_reference, skip_if_unsupported
 from properties.strategies import build_rotation_inputs
-from rope.cases import load_case
+from rope.harness.case_files import load_case
 from rope.devices import available_devices
 from rope.registry import get_implementation
-from rope.repro import regeneration_notes
+from rope.harness.repro import regeneration_notes
 
 
 def case_paths(arguments: list[str]) -> list[Path]:

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, strategies as st
 
 import reference
-from properties.checks import assert_matches_reference, run_rotation, skip_if_unsupported
+from rope.harness.comparison import assert_matches_reference, run_rotation, skip_if_unsupported
 from properties.known_cases import KNOWN_BUG_CASES
 from properties.strategies import DTYPE_SHORT, DTYPES, KINDS, RotationCase, build_rotation_inputs, rotation_cases
 from rope.registry import get_implementation

@@ -16,10 +16,10 @@ import pytest
 import torch
 from hypothesis import example, given, strategies as st
 
-import conftest
-from rope import placement, report
+from rope.harness import plugin
+from rope.harness import placement, report
 from rope.devices import torch_device
-from rope.sharding import parse_shard, shard_of
+from rope.harness.sharding import parse_shard, shard_of
 
 ROOT = Path(__file__).resolve().parent.parent
 test_ids = st.lists(st.text(min_size=1, max_size=40), min_size=0, max_size=60, unique=True)
@@ -120,7 +120,7 @@ def _fake_items(tests: list[str], gpus: list[int], kind: str = "cuda") -> list[_
 def test_each_gpu_test_runs_once_and_tests_spread_over_the_gpus(tests, num_gpus):
     items = _fake_items(tests, list(range(num_gpus)))
     kept = list(items)
-    conftest._keep_one_gpu_per_test(kept)
+    plugin._keep_one_gpu_per_test(kept)
     gpu_kept = [i for i in kept if i.marks]
     assert len(gpu_kept) == len(tests)                                  # each GPU test once
     assert len([i for i in kept if not i.marks]) == len(tests)          # CPU tests untouched
@@ -130,14 +130,14 @@ def test_each_gpu_test_runs_once_and_tests_spread_over_the_gpus(tests, num_gpus)
     for item in gpu_kept:                                                # the id says where it runs
         assert f"cuda:{item.marks['rope_gpu'].args[1]}" in item.nodeid
     again = list(items)
-    conftest._keep_one_gpu_per_test(again)                               # every xdist worker agrees
+    plugin._keep_one_gpu_per_test(again)                               # every xdist worker agrees
     assert [i.nodeid for i in again] == [i.nodeid for i in kept]
 
 
 def test_gpu_copy_key_only_drops_the_gpu_index():
     item = _FakeItem(nodeid="t.py::test_x[native-cuda:10-cuda:1-chunked]",
                      marks={"rope_gpu": SimpleNamespace(args=("cuda", 1))})
-    assert conftest._gpu_copy_key(item) == "t.py::test_x[native-cuda:10-cuda-chunked]"
+    assert plugin._gpu_copy_key(item) == "t.py::test_x[native-cuda:10-cuda-chunked]"
 
 
 @pytest.mark.gpu
@@ -189,7 +189,7 @@ def test_reports_of_several_runners_merge(tmp_path):
 
 
 def test_merge_command_exits_nonzero_when_a_runner_failed(tmp_path):
-    from rope.cli import main
+    from rope.harness.cli import main
     report.write_report([_comparison_record("gw0", "cpu")], tmp_path / "a")
     assert main(["merge", str(tmp_path / "m1"), str(tmp_path / "a")]) == 0
     report.write_report([_comparison_record("gw0", "cpu", ok=False)], tmp_path / "b")
@@ -200,7 +200,7 @@ def test_merge_command_exits_nonzero_when_a_runner_failed(tmp_path):
 def test_examples_schedule_deepens_to_the_cap():
     from itertools import islice
 
-    from rope.campaign import examples_schedule
+    from rope.harness.campaign import examples_schedule
     assert list(islice(examples_schedule(2000), 6)) == [20, 80, 320, 1280, 2000, 2000]
     assert list(islice(examples_schedule(5), 2)) == [5, 5]
 
@@ -208,7 +208,7 @@ def test_examples_schedule_deepens_to_the_cap():
 def test_campaign_rounds_share_one_example_database(tmp_path):
     from hypothesis.database import DirectoryBasedExampleDatabase
 
-    from rope.campaign import campaign_profile
+    from rope.harness.campaign import campaign_profile
     kwargs = campaign_profile({"ROPE_CAMPAIGN_EXAMPLES": "320", "ROPE_HYPOTHESIS_DB": str(tmp_path / "db")})
     assert kwargs["max_examples"] == 320 and kwargs["deadline"] is None
     assert isinstance(kwargs["database"], DirectoryBasedExampleDatabase)
@@ -217,7 +217,7 @@ def test_campaign_rounds_share_one_example_database(tmp_path):
 
 
 def test_campaign_rejects_bad_budgets():
-    from rope.campaign import run_campaign
+    from rope.harness.campaign import run_campaign
     with pytest.raises(ValueError, match="minutes=0"):
         run_campaign(0)
     with pytest.raises(ValueError, match="max_examples=0"):
@@ -226,7 +226,7 @@ def test_campaign_rejects_bad_budgets():
 
 @pytest.mark.slow
 def test_campaign_on_cpu_stops_on_time_and_merges_every_workers_records(tmp_path, monkeypatch):
-    from rope.campaign import GRACE_S, run_campaign
+    from rope.harness.campaign import GRACE_S, run_campaign
     monkeypatch.setenv("ROPE_REPORTS_DIR", str(tmp_path))
     monkeypatch.delenv("CI", raising=False)          # the campaign profile, not ci, in the rounds
     budget_s = 25.0

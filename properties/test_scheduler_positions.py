@@ -3,7 +3,7 @@ prefilled in chunks under a token budget, decode, finish, get preempted and re-a
 reuse slots.  After every step, for every position implementation on every device:
 
 * each scheduled request's prepared positions equal its whole-sequence positions (prompt
-  positions from reference.positions, then n + delta), whatever the batching;
+  positions from reference.position_ids, then n + delta), whatever the batching;
 * rotating q/k with the step's positions gives, bit for bit, the same rows as rotating each
   request's whole sequence at once.
 
@@ -20,7 +20,7 @@ import torch
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
-from reference.positions import Image, Prompt, Text, Video, decode_positions, family_num_dims, prompt_positions
+from reference.position_ids import Image, Prompt, Text, Video, decode_positions, family_num_dims, prompt_positions
 from rope.devices import synchronize, torch_device, triton_runs_on
 from rope.registry import get_implementation, get_positions_implementation, positions_unsupported_reason
 from rope.spec import RopeSpec

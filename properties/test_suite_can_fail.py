@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from properties.checks import assert_matches_reference
+from rope.harness.comparison import assert_matches_reference
 from properties.mutants.broken_rotations import BROKEN_ROTATIONS
 from properties.strategies import DTYPES, KINDS, rotation_cases
 

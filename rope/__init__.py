@@ -1,17 +1,34 @@
-"""rope-harness: optimized rotary-embedding implementations and the machinery that checks them."""
+"""rope-harness: optimized rotary-embedding implementations and their contract.
 
-from rope import devices as _devices
+The public names load on first use (PEP 562), so that importing the package, as pytest does for
+the harness's plugin in every run of an environment it is installed in, costs nothing and switches
+nothing: the Triton interpreter switch is thrown by ``rope.triton`` and ``rope.backends``, before
+their kernels are defined.
+"""
 
-_devices.configure_triton()  # must precede any @triton.jit (interpreter when there is no GPU)
+from __future__ import annotations
 
-from rope.cache import cos_sin_cache  # noqa: E402
-from rope.registry import (  # noqa: E402
-    get_implementation,
-    get_positions_implementation,
-    implementations,
-    positions_implementations,
-)
-from rope.spec import RopeSpec  # noqa: E402
+import importlib
 
-__all__ = ["RopeSpec", "cos_sin_cache", "get_implementation", "get_positions_implementation", "implementations",
-           "positions_implementations"]
+_PUBLIC = {
+    "RopeSpec": "rope.spec",
+    "cos_sin_cache": "rope.cache",
+    "get_implementation": "rope.registry",
+    "get_positions_implementation": "rope.registry",
+    "implementations": "rope.registry",
+    "positions_implementations": "rope.registry",
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'rope' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))

@@ -1,4 +1,5 @@
-"""The catalogue of real models (``models.yaml`` at the repository root).
+"""The catalogue of real models (``models.yaml`` at the repository root, shipped inside the package:
+``rope/models.yaml`` links to it in a checkout and is a copy in a built wheel).
 
 ``load_models()`` reads it into ``ModelConfig`` objects, each carrying the model's ``RopeSpec``;
 ``get_model("qwen2.5-vl-7b")`` returns one.  Every value in the file names its source, and a bad
@@ -22,7 +23,7 @@ import yaml
 
 from rope.spec import RopeSpec
 
-DEFAULT_PATH = Path(__file__).resolve().parent.parent / "models.yaml"
+DEFAULT_PATH = Path(__file__).resolve().parent / "models.yaml"
 ROPE_KINDS = ("mrope", "xdrope", "1d")
 MROPE_CACHE_FACTOR = 4
 

@@ -36,7 +36,7 @@ _ROTATIONS = {
 }
 BUILTIN_ROTATIONS = ("native", "triton")
 _POSITIONS = {
-    "native": "rope.positions:prepare_positions_native",
+    "native": "rope.runner_positions:prepare_positions_native",
     "triton": "rope.triton.positions:prepare_positions_triton",
     # vLLM's Model Runner V2 kernel (optional package): by name only, never in positions_implementations().
     "vllm": "rope.backends.vllm_positions:prepare_positions_vllm",

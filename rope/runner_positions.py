@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from reference.runner import check_position_inputs
+from rope.spec import check_position_inputs
 
 
 def prepare_positions_native(prefill_positions, prefill_delta, idx_mapping, query_start_loc, prefill_lens,

@@ -1,10 +1,10 @@
 """What an in-place read-modify-write stream reaches on this GPU, next to the copy bandwidth.
 
 The rotation kernel updates q and k in place (the serving engines' contract).  The copy ceiling
-(rope.bench.copy_bandwidth) reads one buffer and writes another; this measures the same bytes
+(rope.harness.bench.copy_bandwidth) reads one buffer and writes another; this measures the same bytes
 moved in place: torch's ``mul_`` and a plain Triton in-place scale over a buffer the size of
 Qwen2.5-VL-72B's q+k at 4096 and 65536 tokens, timed like the benchmark (input rotation,
-rope.bench._timer) and, for comparison, with do_bench (L2 flushed by a memset before each call).
+rope.harness.bench._timer) and, for comparison, with do_bench (L2 flushed by a memset before each call).
 Also the partial-rotary pattern (GLM-4.1V: the first 64 of each 128-channel head), the ceiling
 for a kernel that must skip the pass-through channels.  Notes: docs/perf-notes.md sections 5 and 6.
 
@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 import triton.testing as tt
 
-from rope import bench
+from rope.harness import bench
 
 
 @triton.jit

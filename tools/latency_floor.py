@@ -1,12 +1,12 @@
 """The dependent-load chain a 1-token rotation cannot go under: load a position, then that cache
 row, then store it (no q/k at all), as one tiny kernel.  Shared by tools/sweep_rotary.py and
-tools/pdl_latency.py; the empty launch it is compared with is rope.bench.empty_launch_ms.
+tools/pdl_latency.py; the empty launch it is compared with is rope.harness.bench.empty_launch_ms.
 """
 import torch
 import triton
 import triton.language as tl
 
-from rope import bench
+from rope.harness import bench
 from rope.triton.pdl import HAS_PDL
 
 if HAS_PDL:     # _chain_kernel's PDL variant calls these by their global names

@@ -2,7 +2,7 @@
 compute capability >= 9 (docs/perf-notes.md §7).
 
 Each row is a chain of back-to-back launches of one kernel captured in a CUDA graph, timed like the
-benchmark (rope.bench._timer): the per-launch time.  With PDL a launch may start while the one
+benchmark (rope.harness.bench._timer): the per-launch time.  With PDL a launch may start while the one
 before it runs and waits (griddepcontrol.wait) before reading memory, so its launch overlaps the
 previous body.  Rows: an empty kernel (the benchmark's "empty launch"), the same with PDL (wait +
 trigger), the position -> cache row -> store chain with and without, and launch_rotary (Qwen2.5-VL-72B,
@@ -14,7 +14,7 @@ import torch
 import triton
 
 import rope
-from rope import bench
+from rope.harness import bench
 from rope.models import get_model
 from rope.triton.pdl import pdl_available
 from rope.triton.rotary import launch_rotary

@@ -12,7 +12,7 @@ import argparse
 import sys
 
 import rope  # noqa: F401
-from properties.checks import run_rotation
+from rope.harness.comparison import run_rotation
 from properties.known_cases import KNOWN_BUG_CASES
 from properties.strategies import RaggedBatch
 from properties.test_runner_positions import CHUNK_1, CHUNK_2, DECODE, run_positions

@@ -1,6 +1,6 @@
 """Block x split sweep of the Triton position kernel on a GPU (notes: docs/perf-notes.md §8).
 
-For each of the benchmark's ragged steps (rope.bench.POSITION_SHAPES: 256 decode requests, 64
+For each of the benchmark's ragged steps (rope.harness.bench.POSITION_SHAPES: 256 decode requests, 64
 chunks of 256 tokens, 16 chunks of 4096), every (block, programs-in-all target) is checked equal to
 native's output, then timed with the benchmark's timer (CUDA graphs up to 256 tokens, input
 rotation above), best of 2; ``target 0`` is one program per request (the kernel before §8); each
@@ -12,8 +12,8 @@ import argparse
 
 import torch
 
-from rope import bench
-from rope.positions import launch_positions_native
+from rope.harness import bench
+from rope.runner_positions import launch_positions_native
 from rope.triton.positions import default_splits, launch_prepare_positions
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -2,7 +2,7 @@
 
 For each shape, every launch configuration (tile sizes, warps, q/k split, cos/sin gathered in
 the tile's 3-D layout or 2-D and broadcast ``gather_3d``) is checked bit-identical to the default
-launch, then timed with the benchmark's timer (rope.bench: CUDA graphs for <= 256 tokens, input
+launch, then timed with the benchmark's timer (rope.harness.bench: CUDA graphs for <= 256 tokens, input
 rotation above), best of 2.  The default launch is also timed with triton's do_bench (L2 flushed
 by a memset before each call) to show what that timing does to these sizes.  Also times the
 dependent-load chain alone (tools/latency_floor.py), the floor a 1-token launch cannot go under.
@@ -18,7 +18,7 @@ import triton
 import triton.testing as tt
 
 import rope
-from rope import bench
+from rope.harness import bench
 from rope.models import get_model
 from rope.triton.rotary import launch_rotary
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from reference.runner import check_position_inputs
-from rope.positions import check_out
+from rope.spec import check_position_inputs
+from rope.runner_positions import check_out
 
 
 def _prepare(prefill_positions, prefill_delta, idx_mapping, query_start_loc, prefill_lens, num_computed_tokens,

@@ -19,7 +19,9 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
-from rope.devices import triton_runs_on
+from rope.devices import configure_triton, triton_runs_on
+
+configure_triton()   # before any adapter imports an external package's @triton.jit kernels
 
 # name -> (import path, distribution, how to get it): the registry's optional entries.
 BACKENDS: dict[str, tuple[str, str, str]] = {

@@ -36,14 +36,14 @@ import triton
 import triton.language as tl
 
 import reference
-from rope.atomic import atomic_write
+from rope.harness.atomic import atomic_write
 from rope.cache import cos_sin_cache
 from rope.devices import synchronize, torch_device
 from rope.models import load_models
 from rope.native import rotate_native
 from rope.registry import get_implementation, working_precision
 from rope.spec import RopeSpec
-from rope.tolerance import compare_rotation
+from rope.harness.tolerance import compare_rotation
 from rope.triton.pdl import HAS_PDL, pdl_available
 from rope.triton.rotary import PDL_MAX_TOKENS
 

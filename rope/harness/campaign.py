@@ -6,12 +6,12 @@ The campaign is pytest-xdist doing what it does best, in rounds:
   Hypothesis profile, a fresh ``--hypothesis-seed`` and more examples than the last
   (20, 80, 320, ... up to ``--max-examples``, the ``deep`` profile's 2000 by default), so a short
   budget still covers every test and a long one digs deep;
-* the workers spread over the GPUs (rope.placement: each GPU test is assigned a GPU, each worker
+* the workers spread over the GPUs (rope.harness.placement: each GPU test is assigned a GPU, each worker
   has its own default GPU);
 * all workers and rounds share one Hypothesis example database (``<out>/hypothesis-db``): a
   failure one worker finds is saved there, and every later run of that test - on any worker, GPU
   or implementation, in the next round - replays it first;
-* every comparison is appended to one record directory (rope.report) as it happens, so when the
+* every comparison is appended to one record directory (rope.harness.report) as it happens, so when the
   deadline comes the running round is interrupted (SIGINT, as Ctrl-C: pytest stops cleanly) and
   nothing already checked is lost; the merged report, the case files and ``campaign.json``
   (examples per GPU and per second) are written at the end.
@@ -29,10 +29,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rope import report
-from rope.atomic import atomic_write
+from rope.harness import report
+from rope.harness.atomic import atomic_write
+from rope.harness.suite import suite_path
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CAMPAIGN_ENV = "ROPE_CAMPAIGN"                 # set in the rounds: conftest records, the campaign merges
 EXAMPLES_ENV = "ROPE_CAMPAIGN_EXAMPLES"        # examples per test of the round (the campaign profile)
 DATABASE_ENV = "ROPE_HYPOTHESIS_DB"            # the shared example database directory
@@ -41,7 +41,7 @@ GRACE_S = 30.0                                 # after SIGINT, how long a round 
 
 
 def campaign_profile(env) -> dict:
-    """Settings of the ``campaign`` Hypothesis profile (registered by conftest) for a round's
+    """Settings of the ``campaign`` Hypothesis profile (registered by the plugin) for a round's
     environment: its examples per test, and the example database every worker and round shares."""
     from hypothesis.database import DirectoryBasedExampleDatabase
     out = {"max_examples": int(env.get(EXAMPLES_ENV, "200")), "deadline": None, "print_blob": True}
@@ -88,7 +88,7 @@ class Campaign:
 
 
 def _pytest_command(c: Campaign, r: Round, extra: list[str]) -> list[str]:
-    cmd = [sys.executable, "-m", "pytest", *c.tests, "-q", "-p", "no:cacheprovider", "--rootdir", str(PROJECT_ROOT),
+    cmd = [sys.executable, "-m", "pytest", *c.tests, "-q", "-p", "no:cacheprovider",
            "--hypothesis-profile=campaign", f"--hypothesis-seed={r.seed}"]
     if c.workers != "0":
         cmd += ["-n", c.workers]
@@ -147,7 +147,7 @@ def run_campaign(minutes: float, *, devices: list[str] | None = None, workers: s
         devices = [d for d in found if d != "cpu"] or ["cpu"]   # every GPU; the CPU where there is none
     out = Path(out or report.reports_dir() / "campaign")
     out.mkdir(parents=True, exist_ok=True)
-    tests = [str(PROJECT_ROOT / "properties" / t) if (PROJECT_ROOT / "properties" / t).is_file() else t
+    tests = [str(suite_path(t)) if suite_path(t).is_file() else t
              for t in (tests or DEFAULT_TESTS)]
     c = Campaign(minutes=minutes, devices=list(devices), workers=str(workers), tests=tests, out=str(out))
     run_dir = report.reports_dir() / ".records" / f"campaign-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
@@ -168,7 +168,7 @@ def run_campaign(minutes: float, *, devices: list[str] | None = None, workers: s
             c.rounds.append(r)
             began = time.monotonic()
             with open(r.log, "wb") as log:
-                proc = subprocess.Popen(_pytest_command(c, r, list(pytest_args or [])), cwd=PROJECT_ROOT,
+                proc = subprocess.Popen(_pytest_command(c, r, list(pytest_args or [])),
                                         env={**env, EXAMPLES_ENV: str(examples)}, stdout=log, stderr=subprocess.STDOUT,
                                         start_new_session=True)
                 while proc.poll() is None:
@@ -266,7 +266,7 @@ def add_campaign_parser(sub) -> None:
 
 def _devices_for(gpus: str) -> list[str]:
     from rope.devices import gpu_backend
-    from rope.placement import gpu_count
+    from rope.harness.placement import gpu_count
     kind = gpu_backend()
     if gpus == "all":
         return [kind] if kind else ["cpu"]

@@ -1,6 +1,6 @@
 """Case files: a rotation mismatch, recorded well enough to replay it on any machine.
 
-When the suite's check (``properties/checks.py``) finds a mismatch it writes
+When the suite's check (``rope.harness.comparison``) finds a mismatch it writes
 ``reports/cases/<id>.json`` (or ``$ROPE_CASES_DIR/<id>.json``); ``rope-harness repro FILE`` and
 ``pytest --rope-repro FILE`` replay it.  Promoting a case to the regression corpus is copying
 the file into ``properties/regressions/``.
@@ -26,7 +26,7 @@ Schema version 1 (every top-level key is required; ``hypothesis`` and ``test`` m
     result             {"num_elements", "num_mismatched", "worst_ratio", "problems", "worst": [
                         {tensor, token, head, channel, freq, member, row | pass_through, got,
                          expected, error, bound, ratio}, ...]}
-    diagnosis          {"label", "sentence", "location"} (rope.diagnosis)
+    diagnosis          {"label", "sentence", "location"} (rope.harness.diagnosis)
     versions           python, torch, triton, transformers, hypothesis, rope-harness (null if absent),
                        plus device_name and TRITON_INTERPRET
     created            ISO 8601 UTC time of writing
@@ -39,9 +39,8 @@ pytest-xdist workers and concurrent runs; the same mismatch (same id) overwrites
 ``ROPE_CASES_DIR`` picks the directory; ``ROPE_CASES_DIR=off`` (or ``0``, ``none``, empty) turns
 case files off.
 
-This module imports nothing from ``properties/`` at import time: turning the ``case`` record
-back into a ``RotationCase`` (which lives with the strategies that regenerate its tensors)
-imports ``properties.strategies`` inside :func:`load_case`.
+The ``case`` record turns back into a ``rope.harness.inputs.RotationCase``, which regenerates
+the tensors.
 """
 
 from __future__ import annotations
@@ -57,15 +56,14 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
-from rope.atomic import atomic_write
+from rope.harness.atomic import atomic_write
 from rope.devices import DEVICE_NAMES
-from rope.diagnosis import Diagnosis, channel_location
+from rope.harness.diagnosis import Diagnosis, channel_location
 from rope.registry import WORKING_PRECISIONS, get_implementation
 from rope.spec import RopeSpec
 
 SCHEMA_VERSION = 1
 CASES_DIR_ENV = "ROPE_CASES_DIR"
-DEFAULT_CASES_DIR = Path(__file__).resolve().parent.parent / "reports" / "cases"
 _OFF = ("", "0", "off", "none", "false", "no")
 
 FIELDS = ("schema_version", "id", "implementation", "device", "working_precision", "spec", "case", "strides",
@@ -78,10 +76,12 @@ DIAGNOSIS_FIELDS = ("label", "sentence", "location")
 
 # --------------------------------------------------------------------------- where and who
 def cases_dir() -> Path | None:
-    """Where case files go: $ROPE_CASES_DIR, else reports/cases; None when turned off."""
+    """Where case files go: $ROPE_CASES_DIR, else ``cases/`` of the reports directory
+    (``./reports/cases``, rope.harness.report.reports_dir); None when turned off."""
     value = os.environ.get(CASES_DIR_ENV)
     if value is None:
-        return DEFAULT_CASES_DIR
+        from rope.harness.report import reports_dir
+        return reports_dir() / "cases"
     if value.strip().lower() in _OFF:
         return None
     return Path(value)
@@ -211,7 +211,7 @@ def write_case(record: dict, directory: Path | str | None = None) -> Path:
 # --------------------------------------------------------------------------- load
 @dataclass(frozen=True)
 class CaseFile:
-    """A loaded, validated case file.  ``case`` is a ``properties.strategies.RotationCase``."""
+    """A loaded, validated case file.  ``case`` is a ``rope.harness.inputs.RotationCase``."""
     path: Path
     record: dict
     case: object
@@ -295,7 +295,7 @@ def load_case(path: Path | str) -> CaseFile:
     except (ValueError, TypeError) as exc:
         raise bad(f"spec: {exc}") from None
 
-    from properties.strategies import DTYPES, POSITION_KINDS, RotationCase   # lazily: rope/ stays independent
+    from rope.harness.inputs import DTYPES, POSITION_KINDS, RotationCase
 
     c = record["case"]
     unknown = set(c) - set(CASE_FIELDS)

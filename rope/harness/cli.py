@@ -25,11 +25,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+from rope.harness.suite import suite_dir
 
 
 # The equivalence suite: every implementation against the float64 reference (rotations, model
@@ -39,12 +38,10 @@ EQUIVALENCE_SUITE = ("test_rotation.py", "test_model_rotation.py", "test_runner_
 
 
 def _pytest_args(args) -> list[str]:
-    tests = PROJECT_ROOT / "properties"
-    if not tests.is_dir():
-        raise SystemExit(f"rope-harness: no properties/ next to {PROJECT_ROOT / 'rope'} (install with pip install -e .)")
+    tests = suite_dir()
     files = [str(tests / name) for name in EQUIVALENCE_SUITE] if not args.all else [str(tests)]
-    out = files + ["-qq", "-p", "no:cacheprovider", f"--hypothesis-profile={args.profile}",
-                   "--rootdir", str(PROJECT_ROOT)]
+    # No cache provider: the suite may live in site-packages, which is no place for .pytest_cache.
+    out = files + ["-qq", "-p", "no:cacheprovider", f"--hypothesis-profile={args.profile}"]
     if args.workers != "0":
         out += ["-n", args.workers]
     for d in args.device:
@@ -96,7 +93,8 @@ def cmd_check(args) -> int:
     print(f"rope-harness check: devices {', '.join(devices)}; implementations "
           f"{', '.join(args.impl) if args.impl else 'all built-in'}; profile {args.profile}", flush=True)
     code = int(pytest.main(_pytest_args(args), plugins=[_ProgressBar()]))
-    summary = Path(os.environ.get("ROPE_REPORTS_DIR", PROJECT_ROOT / "reports")) / "summary.md"
+    from rope.harness.report import reports_dir
+    summary = reports_dir() / "summary.md"
     if summary.exists():
         print(f"report: {summary} (plots and case files beside it)")
     print("rope-harness check: " + ("all implementations match the reference" if code == 0 else
@@ -105,7 +103,7 @@ def cmd_check(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from rope import bench
+    from rope.harness import bench
     from rope.devices import available_devices
     device = args.device or available_devices()[-1]
     tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else bench.TOKENS
@@ -113,13 +111,14 @@ def cmd_bench(args) -> int:
     dtypes = tuple(args.dtype.split(","))
     data = bench.run(models=models, tokens=tokens, dtypes=dtypes, device=device, extra_impls=args.impl,
                      positions=() if args.no_positions else bench.POSITION_SHAPES)
-    for path in bench.write_reports(data, Path(args.out)):
+    from rope.harness.report import reports_dir
+    for path in bench.write_reports(data, Path(args.out) if args.out else reports_dir()):
         print(f"wrote {path}")
     return 0
 
 
 def cmd_merge(args) -> int:
-    from rope import report
+    from rope.harness import report
     try:
         paths = report.merge([Path(p) for p in args.inputs], Path(args.out))
     except ValueError as exc:
@@ -158,15 +157,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--dtype", default="bfloat16", help="comma-separated dtypes (bfloat16, float16, float32)")
     bench.add_argument("--impl", action="append", default=[], help="extra implementation (module:callable)")
     bench.add_argument("--no-positions", action="store_true", help="skip the position-preparation kernels")
-    bench.add_argument("--out", default=str(PROJECT_ROOT / "reports"), help="directory for bench.json/.md/.png")
+    bench.add_argument("--out", default=None, help="directory for bench.json/.md/.png (default ./reports)")
     bench.set_defaults(func=cmd_bench)
     devices = sub.add_parser("devices", help="list the devices found")
     devices.set_defaults(func=cmd_devices)
-    from rope.repro import add_repro_parser
+    from rope.harness.repro import add_repro_parser
     add_repro_parser(sub)
-    from rope.mutation import add_mutants_parser
+    from rope.harness.mutation import add_mutants_parser
     add_mutants_parser(sub)
-    from rope.campaign import add_campaign_parser
+    from rope.harness.campaign import add_campaign_parser
     add_campaign_parser(sub)
     merge = sub.add_parser("merge", help="merge the reports of several runners or hosts")
     merge.add_argument("out", help="directory for the merged report")

@@ -1,5 +1,5 @@
 """The one check every rotation property ends in: run an implementation on a case and hold it
-to the float64 reference with the per-element bound (rope.tolerance)."""
+to the float64 reference with the per-element bound (rope.harness.tolerance)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import pytest
 import torch
 
 import reference
-from properties.strategies import DTYPES, RotationCase, RotationInputs, build_rotation_inputs
-from rope import cases, report
+from rope.harness.inputs import DTYPES, RotationCase, RotationInputs, build_rotation_inputs
+from rope.harness import case_files, report
 from rope.devices import synchronize
-from rope.placement import device_label
-from rope.diagnosis import Diagnosis, diagnose
+from rope.harness.placement import device_label
+from rope.harness.diagnosis import Diagnosis, diagnose
 from rope.registry import unsupported_reason, working_precision
-from rope.tolerance import Comparison, compare_rotation
+from rope.harness.tolerance import Comparison, compare_rotation
 
 
 # Reasons of the Hypothesis draws rejected as unsupported in the test running now (conftest turns
@@ -92,7 +92,7 @@ def evaluate_case(impl_name: str, fn, case: RotationCase, device: str) -> CaseRu
 def assert_matches_reference(impl_name: str, fn, case: RotationCase, device: str) -> Comparison:
     """Hold ``fn`` to the reference on ``case``.  On a mismatch the AssertionError opens with the
     implementation, device and case id, then the diagnosis, the worst elements and the command
-    replaying the case file written to reports/cases (rope.cases; ROPE_CASES_DIR=off skips it).
+    replaying the case file written to reports/cases (rope.harness.case_files; ROPE_CASES_DIR=off skips it).
     While Hypothesis is still searching or shrinking, only the plain report is built."""
     run = evaluate_case(impl_name, fn, case, device)
     if not run.comparison.ok:
@@ -105,7 +105,7 @@ def assert_matches_reference(impl_name: str, fn, case: RotationCase, device: str
 
 
 def _record(impl_name: str, case: RotationCase, device: str, run: CaseRun) -> None:
-    """One line of the run report (rope.report): never lets reporting break a check."""
+    """One line of the run report (rope.harness.report): never lets reporting break a check."""
     try:
         report.record_comparison(test=os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0],
                                  impl=impl_name, device=device_label(device), dtype=case.dtype, variant=case.spec.variant(),
@@ -115,7 +115,7 @@ def _record(impl_name: str, case: RotationCase, device: str, run: CaseRun) -> No
 
 
 def diagnose_run(fn, case: RotationCase, run: CaseRun) -> Diagnosis:
-    """The diagnosis of a run (rope.diagnosis), from the untouched CPU inputs and the outputs."""
+    """The diagnosis of a run (rope.harness.diagnosis), from the untouched CPU inputs and the outputs."""
     x = run.ref_in
     return diagnose(case.spec, x.positions, x.query, x.key, x.cache, run.q_out, run.k_out,
                     precision=working_precision(fn), ref=(run.ref_q, run.ref_k), comparison=run.comparison)
@@ -133,8 +133,8 @@ def input_digests(inputs: RotationInputs) -> dict:
     """sha256 of the CPU inputs; for the cache, of the rows the positions select (what is read:
     model caches hold up to a million rows)."""
     rows = inputs.cache[torch.unique(inputs.positions.long())] if inputs.positions.numel() else inputs.cache[:0]
-    return {"positions": cases.tensor_digest(inputs.positions), "query": cases.tensor_digest(inputs.query),
-            "key": cases.tensor_digest(inputs.key), "cos_sin_cache_rows": cases.tensor_digest(rows)}
+    return {"positions": case_files.tensor_digest(inputs.positions), "query": case_files.tensor_digest(inputs.query),
+            "key": case_files.tensor_digest(inputs.key), "cos_sin_cache_rows": case_files.tensor_digest(rows)}
 
 
 def hypothesis_example() -> tuple[bool, dict | None]:
@@ -174,24 +174,24 @@ def mismatch_message(impl_name: str, fn, case: RotationCase, device: str, run: C
             diagnosis = diagnose_run(fn, case, run)
         except Exception as exc:
             diagnosis = Diagnosis("unknown", f"diagnosis failed ({type(exc).__name__}: {exc})")
-        implementation = cases.implementation_path(impl_name, fn)
-        record = cases.case_record(
+        implementation = case_files.implementation_path(impl_name, fn)
+        record = case_files.case_record(
             implementation=implementation, device=device, working_precision=working_precision(fn),
             case=case.to_dict(), strides=input_layout(run.inputs), inputs_sha256=input_digests(run.ref_in),
             comparison=run.comparison, diagnosis=diagnosis, hypothesis=hypothesis,
             test=os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0] or None)
         path, note = None, None
-        directory = cases.cases_dir()
+        directory = case_files.cases_dir()
         if directory is None:
-            note = f"not written ({cases.CASES_DIR_ENV}={os.environ.get(cases.CASES_DIR_ENV)!r})"
+            note = f"not written ({case_files.CASES_DIR_ENV}={os.environ.get(case_files.CASES_DIR_ENV)!r})"
         else:
             try:
-                path = cases.write_case(record, directory)
+                path = case_files.write_case(record, directory)
                 run.case_file = str(path)
             except Exception as exc:
                 note = f"not written to {directory} ({type(exc).__name__}: {exc})"
         name = impl_name if implementation == impl_name else f"{impl_name} ({implementation})"
-        return cases.format_mismatch(
+        return case_files.format_mismatch(
             header=f"{name} on {device} does not match the reference (case {record['id']})",
             diagnosis=diagnosis, comparison=run.comparison, case=case, case_path=path, note=note)
     except Exception as exc:

@@ -1,7 +1,7 @@
 """Where a rotation mismatch lies, and what most likely caused it.
 
 :func:`diagnose` takes what the comparison saw (the spec, the untouched inputs, the
-implementation's outputs, the float64 reference and the :class:`~rope.tolerance.Comparison`)
+implementation's outputs, the float64 reference and the :class:`~rope.harness.tolerance.Comparison`)
 and returns a :class:`Diagnosis`: a label, one sentence, and the location of the mismatched
 elements per tensor over tokens, heads, frequencies, position rows, pair members and
 pass-through channels.
@@ -50,7 +50,7 @@ import torch
 
 from reference.rotation import pair_indices, rotate, rotate_heads, select_cos_sin
 from rope.spec import RopeSpec
-from rope.tolerance import Comparison, compare_rotation, rotation_bound, unit_roundoff, working_dtype
+from rope.harness.tolerance import Comparison, compare_rotation, rotation_bound, unit_roundoff, working_dtype
 
 LABELS = (
     "match", "wrong_output", "writes_outside", "nan", "out_of_bounds_read", "pairing_swapped",
@@ -62,7 +62,7 @@ LABELS = (
 # original mismatches (1%: a kernel may be wrong in one way and slightly imprecise as well).
 ALTERNATIVE_RESIDUE = 0.01
 # Inputs rounded to the lower precision add about two unit roundoffs per product to the bound
-# of computing in it (rope.tolerance); 4x covers that.
+# of computing in it (rope.harness.tolerance); 4x covers that.
 LOWER_PRECISION_SLACK = 4.0
 # A worst error/bound ratio up to this is "modest": one extra rounding or a truncating store.
 MODEST_RATIO = 4.0
@@ -452,7 +452,7 @@ def _wrong_positions_alternative(spec, rows, query, key, out_q, out_k, cache):
 
 def _alternative_result(alt: _Alt, out_q, out_k, ref_q, ref_k, precision) -> _AltResult | None:
     """The alternative's outputs and how the implementation's outputs compare with them (the
-    bound of rope.tolerance for the alternative's pairs and cos/sin; NaN in the alternative:
+    bound of rope.harness.tolerance for the alternative's pairs and cos/sin; NaN in the alternative:
     unknown, not counted), or None when it equals the reference on this input."""
     outs, errors = [], {}
     mismatched = unknown = total = 0
@@ -490,7 +490,7 @@ def _explains(result: _AltResult, comparison: Comparison) -> bool:
 # --------------------------------------------------------------------------- precision
 def loose_bound(spec: RopeSpec, cos, sin, x, exp, precision: torch.dtype, out_dtype: torch.dtype) -> torch.Tensor:
     """The bound of computing everything (pass-through channels included) in ``precision``,
-    from inputs rounded to it: SLACK x rope.tolerance's bound, plus the store in out_dtype."""
+    from inputs rounded to it: SLACK x rope.harness.tolerance's bound, plus the store in out_dtype."""
     bound = rotation_bound(spec, x, exp, cos, sin, precision, "activation")
     bound = LOWER_PRECISION_SLACK * bound + unit_roundoff(out_dtype) * exp.abs()
     heads = bound.view(bound.shape[0], -1, spec.head_size)

@@ -5,8 +5,8 @@ shrunk counterexample; next to it, the same for the serving-engine-style baselin
 Entry points (rope/cli.py wires the sub-command with either):
 
 * ``add_mutants_parser(sub)``: register ``mutants`` on the CLI's sub-parsers (``args.func`` is
-  :func:`cmd_mutants`, which returns the exit status), as ``rope.repro.add_repro_parser`` does.
-* ``main(argv) -> int``: parse the options below and run; ``python -m rope.mutation`` calls it.
+  :func:`cmd_mutants`, which returns the exit status), as ``rope.harness.repro.add_repro_parser`` does.
+* ``main(argv) -> int``: parse the options below and run; ``python -m rope.harness.mutation`` calls it.
 * ``run(...) -> MutationReport``: the programmatic API (no printing, no files).
 
     rope-harness mutants [--profile ci|dev] [--only NAME ...] [--no-baseline] [--jobs N] [--out DIR]
@@ -52,7 +52,7 @@ a *false alarm*: it is recorded and the suite continues with the tests after it.
 suite gets ``--budget`` seconds of wall time; past it the mutant counts as not caught (timeout).
 
 A dedicated test that passes because its ``pytest.raises`` caught the property's failure prints
-nothing; in those runs this module is loaded as a pytest plugin (``-p rope.mutation``) that echoes
+nothing; in those runs this module is loaded as a pytest plugin (``-p rope.harness.mutation``) that echoes
 what ``pytest.raises`` caught (the assertion and Hypothesis' failing example) to the captured
 output, where the parser finds it between ``[rope-mutation]`` markers.
 
@@ -85,7 +85,15 @@ from typing import Callable
 
 import pytest
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+from rope.harness.suite import suite_dir
+
+
+
+def suite_root() -> Path:
+    """The directory holding the ``properties`` suite (a checkout's root, or site-packages): the
+    stages name tests relative to it, and pytest runs there so node ids read ``properties/...``."""
+    return suite_dir().parent
+
 SCHEMA = "rope-harness/mutants/1"
 PROFILES = ("ci", "dev")
 DEFAULT_LIMIT_S = 60.0          # a mutant must be caught within this much suite time
@@ -187,7 +195,7 @@ class Stage:
 
 def functions_in(path: str) -> list[str]:
     """Top-level ``test_*`` functions of a test file, in source order (read with ast, not imported)."""
-    tree = ast.parse((PROJECT_ROOT / path).read_text())
+    tree = ast.parse((suite_root() / path).read_text())
     return [node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]
 
 
@@ -317,7 +325,7 @@ def parse_pytest_output(text: str) -> PytestOutput:
     """Parse the output of ``pytest -v --tb=short`` (``-x``): the summary and duration, the
     failing / erroring node ids, the tests that ran, a crash and the test it hit, and the first
     failure's message split into its assertion and Hypothesis' failing example.  For dedicated
-    tests (``-p rope.mutation -rP``) the message is what ``pytest.raises`` caught."""
+    tests (``-p rope.harness.mutation -rP``) the message is what ``pytest.raises`` caught."""
     out = PytestOutput()
     lines = text.splitlines()
     started = None
@@ -397,7 +405,7 @@ def execute_pytest(args: list[str], timeout_s: float, env: dict) -> RawRun:
     process group, which it leads) after ``timeout_s``."""
     start = time.perf_counter()
     with tempfile.TemporaryFile(mode="w+b") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "pytest", *args], cwd=PROJECT_ROOT, env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "pytest", *args], cwd=suite_root(), env=env,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         timed_out = False
         try:
@@ -417,9 +425,9 @@ def execute_pytest(args: list[str], timeout_s: float, env: dict) -> RawRun:
 
 def build_pytest_args(stage: Stage, tests, profile: str, options=None) -> list[str]:
     args = [*tests, *(stage.options if options is None else options), "-x", "-v", "--tb=short",
-            "-p", "no:cacheprovider", f"--hypothesis-profile={profile}", "--rootdir", str(PROJECT_ROOT)]
+            "-p", "no:cacheprovider", f"--hypothesis-profile={profile}", "--rootdir", str(suite_root())]
     if stage.caught_when == "pass":
-        args += ["-rA", "-p", "rope.mutation"]
+        args += ["-rA", "-p", "rope.harness.mutation"]
     return args
 
 
@@ -570,10 +578,10 @@ class MutationRunner:
         self.execute = execute
         self.log_dir = log_dir
         self._controls = _Controls()
-        from rope import report
+        from rope.harness import report
         env = dict(os.environ)
         threads = str(max(1, (os.cpu_count() or 1) // jobs))
-        # Deliberate failures leave no trace: no case files (rope.cases), no run report (rope.report).
+        # Deliberate failures leave no trace: no case files (rope.harness.case_files), no run report (rope.harness.report).
         env.update({"ROPE_CASES_DIR": "off", report.DISABLE_ENV: "1", "OMP_NUM_THREADS": threads,
                     "MKL_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"})
         for name in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_WORKER", report.RUN_ENV):
@@ -622,7 +630,7 @@ class MutationRunner:
     def _log(self, m: Mutant, suite: str, index: int, raw: RawRun, args: list[str]) -> None:
         if self.log_dir is None:
             return
-        from rope.atomic import atomic_write
+        from rope.harness.atomic import atomic_write
         name = re.sub(r"[^\w.-]+", "_", f"{m.name}.{suite}.{index}") + ".log"
         atomic_write(Path(self.log_dir) / name, (f"$ pytest {' '.join(args)}\n" + raw.output).encode())
 
@@ -673,7 +681,7 @@ class MutationRunner:
 
     def _collect(self, stage: Stage, tests: list[str]) -> list[str]:
         args = [*tests, *stage.options, "--collect-only", "-q", "-p", "no:cacheprovider",
-                "--rootdir", str(PROJECT_ROOT)]
+                "--rootdir", str(suite_root())]
         raw = self.execute(args, 300.0, self.env)
         return [line.strip() for line in raw.output.splitlines() if "::" in line and not line.startswith(" ")]
 
@@ -908,7 +916,7 @@ def markdown(report: MutationReport) -> str:
 
 def write_reports(report: MutationReport, out_dir: Path) -> list[Path]:
     """``mutants.json`` and ``mutants.md`` in ``out_dir``, each written atomically."""
-    from rope.atomic import atomic_write
+    from rope.harness.atomic import atomic_write
     out_dir = Path(out_dir)
     paths = [out_dir / "mutants.json", out_dir / "mutants.md"]
     atomic_write(paths[0], (json.dumps(report.to_dict(), indent=1) + "\n").encode())
@@ -933,7 +941,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "an import path); repeatable")
     p.add_argument("--no-baseline", action="store_true", help="skip the serving-engine-style baseline suite")
     p.add_argument("--jobs", type=_positive(int), default=2, help="mutant suites run in parallel (default 2)")
-    p.add_argument("--out", default=str(PROJECT_ROOT / "reports"), help="directory for mutants.json / mutants.md")
+    p.add_argument("--out", default=None, help="directory for mutants.json / mutants.md (default ./reports)")
     p.add_argument("--budget", type=_positive(float), default=DEFAULT_BUDGET_S,
                    help=f"wall seconds one mutant's suite may use (default {DEFAULT_BUDGET_S:.0f})")
     p.add_argument("--limit", type=_positive(float), default=DEFAULT_LIMIT_S,
@@ -964,7 +972,8 @@ def cmd_mutants(args) -> int:
                 console.print(f"    {stage.label}: {tests} {' '.join(stage.options)} (caught when {when})",
                               highlight=False, markup=False)
         return 0
-    out = Path(args.out)
+    from rope.harness.report import reports_dir
+    out = Path(args.out) if args.out else reports_dir()
     err.print(f"rope-harness mutants: {len(mutants)} mutants, profile {args.profile}, {args.jobs} jobs, baseline "
               f"{'off' if args.no_baseline else 'on'}; dispatch mutants run through their dedicated tests in "
               f"{DISPATCH_TESTS}")
@@ -1001,7 +1010,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # =========================================================================== pytest plugin
-# Loaded with ``-p rope.mutation`` in the dedicated tests' runs only: while a test runs,
+# Loaded with ``-p rope.harness.mutation`` in the dedicated tests' runs only: while a test runs,
 # ``pytest.raises`` echoes what it caught (message and notes, where Hypothesis puts its failing
 # example) between markers, so a test that passes by catching the property's failure still shows
 # the counterexample (in -rA's captured output).

@@ -1,20 +1,30 @@
-"""pytest options, device x implementation parametrization and Hypothesis profiles.
+"""The harness's pytest plugin, registered under the ``pytest11`` entry point, so ``pip install
+rope-harness`` is the whole setup: ``pytest --pyargs properties --rope-impl mypkg.rope:fn`` runs the
+property suite against any implementation, from any directory.
 
 Options:
   --rope-impl NAME|module:callable     (repeatable) rotation implementations to check; default all built-ins
   --rope-device cpu|cuda|rocm|xpu      (repeatable) restrict to these devices; default every device found
   --rope-positions-impl NAME|module:callable   (repeatable) position-preparation implementations
   --rope-repro CASE                    (repeatable) replay case files (a file, or every *.json in a directory)
-                                       through properties/test_repro.py; every other test is deselected
+                                       through the suite's test_repro.py; every other test is deselected
   --rope-shard I/N                     run only shard I of N (a deterministic partition by test id), for
                                        splitting the suite over CI runners or hosts; merge with rope-harness merge
+  --rope-baseline                      also run the serving-engine-style baseline suite
 
-Several GPUs (rope.placement): each GPU test is assigned one visible GPU, round robin, shown in its
-id (``triton-cuda:1``); each xdist worker takes its own default GPU; ``-n auto`` is one worker per
-GPU plus CPU workers as the cores allow.
+Installed plugins load into every pytest run of the environment, so this one stays inert unless the
+run is the harness's: a ``--rope-*`` option is given, or the arguments select the ``properties``
+suite (rope.harness.suite.runs_suite).  Only the suite's test modules are parametrized; torch, Triton
+and the kernels are imported only then.
 
-Profiles (``--hypothesis-profile``): dev (default, quick), ci (derandomized, loaded when CI is set),
-deep (many examples, for a GPU box).
+Several GPUs (rope.harness.placement): each GPU test is assigned one visible GPU, round robin, shown
+in its id (``triton-cuda:1``); each xdist worker takes its own default GPU; ``-n auto`` is one worker
+per GPU plus CPU workers as the cores allow.
+
+Reports and case files go to ``./reports`` of the working directory (``ROPE_REPORTS_DIR`` moves them).
+
+Profiles (``--hypothesis-profile``): dev (default, quick), ci (derandomized, the default when CI is
+set), deep (many examples, for a GPU box), campaign (rope-harness campaign).
 """
 
 from __future__ import annotations
@@ -25,43 +35,59 @@ import re
 import pytest
 from hypothesis import HealthCheck, settings
 
-import rope  # noqa: F401  (switches Triton to the interpreter when there is no GPU, before any kernel)
-from rope import placement
-from rope.campaign import campaign_profile
-from rope import report as rope_report
-from rope.devices import DEVICE_NAMES, available_devices
-from rope.sharding import parse_shard, shard_of
-from rope.registry import (
-    get_implementation,
-    get_positions_implementation,
-    implementations,
-    positions_implementations,
-)
+from rope.harness.suite import is_suite_module, runs_suite
 
-# filter_too_much: draws an implementation does not support are rejected (properties.checks).
+# filter_too_much: draws an implementation does not support are rejected (rope.harness.comparison).
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 settings.register_profile("dev", max_examples=20, deadline=None, suppress_health_check=_SLOW_OK)
 settings.register_profile("ci", derandomize=True, deadline=None, database=None, print_blob=True,
                           max_examples=20, suppress_health_check=_SLOW_OK)
 settings.register_profile("deep", max_examples=2000, deadline=None, print_blob=True, suppress_health_check=_SLOW_OK)
-# rope-harness campaign (rope.campaign): examples per round from the campaign, one example
-# database shared by every worker and round, so a failure found anywhere is replayed everywhere.
-settings.register_profile("campaign", **campaign_profile(os.environ), suppress_health_check=_SLOW_OK)
-settings.load_profile("ci" if os.environ.get("CI") else "dev")
+if os.environ.get("ROPE_CAMPAIGN"):
+    # A rope-harness campaign round: its examples per test and the example database every worker
+    # and round shares (rope.harness.campaign), so a failure found anywhere is replayed everywhere.
+    from rope.harness.campaign import campaign_profile
 
-# Under pytest-xdist every worker is a process: give each its share of the cores instead of
-# letting N workers x N torch threads oversubscribe the machine.
-if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
-    import torch
+    settings.register_profile("campaign", **campaign_profile(os.environ), suppress_health_check=_SLOW_OK)
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
-    # ... and its own default GPU, round robin over the visible GPUs (rope.placement).
-    placement.pin_worker(os.environ.get("PYTEST_XDIST_WORKER"))
+
+def default_profile() -> str:
+    """The profile the suite loads when ``--hypothesis-profile`` is not given."""
+    return "ci" if os.environ.get("CI") else "dev"
+
+
+_OPTIONS = ("--rope-impl", "--rope-device", "--rope-positions-impl", "--rope-repro", "--rope-shard", "--rope-baseline")
+_MARKERS = (
+    "interpreter: runs Triton kernels under TRITON_INTERPRET=1",
+    "gpu: needs a GPU",
+    "slow: long-running",
+    "oracle: compares against an installed external implementation (transformers)",
+    "baseline: the serving-engine-style fixed-example suite (--rope-baseline)",
+    "rope_gpu(kind, index): the GPU this test runs on (rope.harness.placement)",
+)
+
+
+def is_active(config) -> bool:
+    """Whether this pytest run is the harness's (cached on the config)."""
+    active = getattr(config, "_rope_active", None)
+    if active is None:
+        active = any(config.getoption(name) for name in _OPTIONS) or runs_suite(
+            [str(a) for a in config.args], bool(getattr(config.option, "pyargs", False)))
+        config._rope_active = active
+    return active
+
+
+def _rope_test(item_or_metafunc) -> bool:
+    module = getattr(item_or_metafunc, "module", None)
+    return is_suite_module(getattr(module, "__name__", None))
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
-    """``-n auto``: one worker per visible GPU plus CPU workers as the cores allow."""
+    """``-n auto``: one worker per visible GPU plus CPU workers as the cores allow (harness runs only)."""
+    if not is_active(config):
+        return None
+    from rope.harness import placement
     return placement.auto_workers(placement.gpu_count(), placement.usable_cores())
 
 
@@ -70,7 +96,7 @@ def pytest_addoption(parser):
     group.addoption("--rope-impl", action="append", default=[], metavar="NAME",
                     help="rotation implementation (registered name or package.module:callable); repeatable")
     group.addoption("--rope-device", action="append", default=[], metavar="DEVICE",
-                    help=f"restrict to these devices ({', '.join(DEVICE_NAMES)}); repeatable")
+                    help="restrict to these devices (cpu, cuda, rocm, xpu; cuda:1 picks a GPU); repeatable")
     group.addoption("--rope-baseline", action="store_true", default=False,
                     help="also run the serving-engine-style baseline suite (properties/baseline)")
     group.addoption("--rope-positions-impl", action="append", default=[], metavar="NAME",
@@ -96,6 +122,8 @@ def _keep_only_replays(config, items):
 def selected_devices(config) -> list[str]:
     """The device kinds to run on (cpu, cuda, rocm, xpu); ``--rope-device cuda:1`` selects the kind
     and, through :func:`selected_gpus`, that GPU."""
+    from rope.devices import available_devices
+    from rope.harness import placement
     found = available_devices()
     wanted = []
     for label in config.getoption("--rope-device") or found:
@@ -113,6 +141,7 @@ def selected_devices(config) -> list[str]:
 
 def selected_gpus(config, kind: str) -> list[int]:
     """The GPUs of ``kind`` tests are spread over: those named (``--rope-device cuda:1``), else all visible."""
+    from rope.harness import placement
     named = [placement.parse_device(label) for label in config.getoption("--rope-device")]
     indices = [i for k, i in named if k == kind and i is not None]
     if indices and any(k == kind and i is None for k, i in named):
@@ -147,16 +176,20 @@ def _selected(config, option: str, builtins, resolve) -> dict:
 
 
 def selected_implementations(config) -> dict:
+    from rope.registry import get_implementation, implementations
     return _selected(config, "--rope-impl", implementations, get_implementation)
 
 
 def selected_positions_implementations(config) -> dict:
+    from rope.registry import get_positions_implementation, positions_implementations
     return _selected(config, "--rope-positions-impl", positions_implementations, get_positions_implementation)
 
 
 def pytest_generate_tests(metafunc):
-    """Tests taking ``impl_name`` (or ``positions_impl_name``) and ``device`` run for every
-    implementation on every device."""
+    """The suite's tests taking ``impl_name`` (or ``positions_impl_name``) and ``device`` run for
+    every implementation on every device."""
+    if not _rope_test(metafunc):
+        return
     if "positions_impl_name" in metafunc.fixturenames and "device" in metafunc.fixturenames:
         impls = selected_positions_implementations(metafunc.config)
         devices = selected_devices(metafunc.config)
@@ -183,6 +216,7 @@ def _keep_one_gpu_per_test(items) -> None:
     """Each GPU test was generated once per GPU; keep the copy whose GPU the round robin over the
     collection order assigns (the same in every xdist worker), so tests spread over the GPUs and
     each runs once."""
+    from rope.harness import placement
     gpu_items = [item for item in items if item.get_closest_marker("rope_gpu")]
     if not gpu_items:
         return
@@ -204,6 +238,7 @@ def _keep_shard(config, items) -> None:
     text = config.getoption("--rope-shard")
     if text is None:
         return
+    from rope.harness.sharding import parse_shard, shard_of
     try:
         index, count = parse_shard(text)
     except ValueError as exc:
@@ -213,22 +248,6 @@ def _keep_shard(config, items) -> None:
     items[:] = keep
 
 
-# Modules whose tests run deliberately broken implementations (the suite checking itself): their
-# mismatches are the point, so they stay out of the run report, which is about the code under test.
-_SELF_TEST_MODULES = {"test_suite_can_fail.py", "test_case_files.py", "test_repro.py"}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _self_tests_stay_out_of_the_report(request):
-    # Module scope: before the modules' own module-scoped fixtures, which run broken code too.
-    if request.node.path.name not in _SELF_TEST_MODULES:
-        yield
-        return
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(rope_report.DISABLE_ENV, "1")
-        yield
-
-
 @pytest.fixture(autouse=True)
 def _rope_on_assigned_gpu(request):
     """A test assigned to GPU k runs with GPU k as the current device."""
@@ -236,77 +255,84 @@ def _rope_on_assigned_gpu(request):
     if marker is None:
         yield
         return
+    from rope.harness import placement
     with placement.on_gpu(*marker.args):
         yield
-
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_pyfunc_call(pyfuncitem):
     """A Hypothesis test whose every draw the implementation does not support is skipped with
     the reasons; one where only some were rejected records them in the run report."""
+    if not _rope_test(pyfuncitem):
+        return (yield)
     from hypothesis.errors import Unsatisfiable
 
-    from properties import checks
-    checks.REJECTED_UNSUPPORTED.clear()
+    from rope.harness import comparison, report
+    comparison.REJECTED_UNSUPPORTED.clear()
     try:
         result = yield
     except Unsatisfiable:
-        if checks.REJECTED_UNSUPPORTED:
-            pytest.skip("; ".join(sorted(checks.REJECTED_UNSUPPORTED)))
+        if comparison.REJECTED_UNSUPPORTED:
+            pytest.skip("; ".join(sorted(comparison.REJECTED_UNSUPPORTED)))
         raise
-    for reason, count in sorted(checks.REJECTED_UNSUPPORTED.items()):
-        rope_report.record(kind="skip", test=pyfuncitem.nodeid.split("[")[0],
-                           reason=f"{reason} ({count} Hypothesis draws rejected)")
+    for reason, count in sorted(comparison.REJECTED_UNSUPPORTED.items()):
+        report.record(kind="skip", test=pyfuncitem.nodeid.split("[")[0],
+                      reason=f"{reason} ({count} Hypothesis draws rejected)")
     return result
 
 
-def _known_bugs_first(items) -> None:
-    """The fixed triggers of every known bug run first (a stable sort, the same in every xdist
-    worker): a kernel that reintroduces one fails in seconds, before the Hypothesis searches."""
-    items.sort(key=lambda item: 0 if getattr(item, "originalname", item.name).startswith("test_known_bug_triggers")
-               else 1)
-
-
 def pytest_collection_modifyitems(config, items):
+    if not is_active(config):
+        return
     _keep_one_gpu_per_test(items)
     _keep_only_replays(config, items)
     _keep_shard(config, items)
-    _known_bugs_first(items)
-    if config.getoption("--rope-baseline"):
-        return
-    skip = pytest.mark.skip(reason="baseline suite: run with --rope-baseline (rope-harness mutants does)")
-    for item in items:
-        if "baseline" in item.keywords:
-            item.add_marker(skip)
 
 
-# ------------------------------------------------------------------ the run report (rope.report)
+# ------------------------------------------------------------------ configuration and the run report
 def _is_controller(config) -> bool:
     return not hasattr(config, "workerinput")
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "rope_gpu(kind, index): the GPU this test runs on (rope.placement)")
-    if (_is_controller(config) and not os.environ.get(rope_report.DISABLE_ENV) and not config.getoption("--rope-repro")
+    for line in _MARKERS:
+        config.addinivalue_line("markers", line)
+    if not is_active(config):
+        return
+    from rope.devices import configure_triton
+    configure_triton()          # before any kernel of the suite is defined (no GPU: the interpreter)
+    config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:triton.*")
+    if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+        # Each xdist worker is a process: give it its share of the cores instead of letting
+        # N workers x N torch threads oversubscribe the machine, and its own default GPU.
+        import torch
+
+        from rope.harness import placement
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+        placement.pin_worker(os.environ.get("PYTEST_XDIST_WORKER"))
+    from rope.harness import report
+    if (_is_controller(config) and not os.environ.get(report.DISABLE_ENV) and not config.getoption("--rope-repro")
             and not os.environ.get("ROPE_CAMPAIGN")):   # a campaign round records into the campaign's run
-        config._rope_run_dir = rope_report.start_run()
+        config._rope_run_dir = report.start_run()
 
 
 def pytest_runtest_logreport(report):
     # Under xdist both the worker and the controller see every report: the controller records.
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if os.environ.get("PYTEST_XDIST_WORKER") or not os.environ.get("ROPE_REPORT_RUN"):
         return
     if report.skipped and isinstance(report.longrepr, tuple) and not hasattr(report, "wasxfail"):
-        rope_report.record(kind="skip", test=report.nodeid.split("[")[0], reason=str(report.longrepr[2]))
+        from rope.harness import report as run_report
+        run_report.record(kind="skip", test=report.nodeid.split("[")[0], reason=str(report.longrepr[2]))
 
 
 def pytest_sessionfinish(session, exitstatus):
     run_dir = getattr(session.config, "_rope_run_dir", None)
     if run_dir is None or not _is_controller(session.config):
         return
+    from rope.harness import report
     try:
-        session.config._rope_report_paths = rope_report.write_summary(run_dir)
+        session.config._rope_report_paths = report.write_summary(run_dir)
     except Exception as exc:   # noqa: BLE001 - a broken report must not change the test outcome
         session.config._rope_report_paths = [f"(report failed: {type(exc).__name__}: {exc})"]
 

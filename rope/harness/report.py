@@ -17,15 +17,19 @@ import uuid
 from collections import defaultdict
 from pathlib import Path
 
-from rope.atomic import atomic_write
+from rope.harness.atomic import atomic_write
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 RUN_ENV = "ROPE_REPORT_RUN"          # the record directory of the current run
 DISABLE_ENV = "ROPE_NO_REPORT"       # set to skip recording (e.g. nested runs of deliberate mutants)
 
 
+REPORTS_DIR_ENV = "ROPE_REPORTS_DIR"
+
+
 def reports_dir() -> Path:
-    return Path(os.environ.get("ROPE_REPORTS_DIR", PROJECT_ROOT / "reports"))
+    """Where a run writes: ``$ROPE_REPORTS_DIR``, else ``./reports`` of the working directory
+    (never the installed package)."""
+    return Path(os.environ.get(REPORTS_DIR_ENV) or Path.cwd() / "reports")
 
 
 STALE_AFTER_S = 24 * 3600   # record directories of runs older than this are removed

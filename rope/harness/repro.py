@@ -2,7 +2,7 @@
 
 The case's tensors are regenerated bit-identically from its seed (checked against the recorded
 sha256 of the inputs), the implementation runs on the device, and the result goes through the
-suite's own check (``properties.checks``).  While it still mismatches, the worst elements with
+suite's own check (``rope.harness.comparison``).  While it still mismatches, the worst elements with
 their error/bound and the diagnosis are printed and the exit status is 1; once it matches, 0.
 ``--impl`` replays against another implementation (a fixed kernel), ``--device`` on another
 device.  Bad input (unreadable case file, unknown implementation, unavailable device) exits 2.
@@ -19,9 +19,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rope.cases import CaseFile, display_path, format_mismatch, load_case
+from rope.harness.case_files import CaseFile, display_path, format_mismatch, load_case
 from rope.devices import DEVICE_NAMES, available_devices
-from rope.diagnosis import Diagnosis
+from rope.harness.diagnosis import Diagnosis
 from rope.registry import get_implementation, unsupported_reason
 
 EXIT_FIXED, EXIT_MISMATCH, EXIT_BAD_INPUT = 0, 1, 2
@@ -33,7 +33,7 @@ class Replay:
     case_file: CaseFile
     implementation: str
     device: str
-    comparison: object                      # rope.tolerance.Comparison
+    comparison: object                      # rope.harness.tolerance.Comparison
     diagnosis: Diagnosis | None             # None when it matches
     notes: list[str] = field(default_factory=list)   # regeneration / layout warnings
 
@@ -61,7 +61,7 @@ class Replay:
 def regeneration_notes(case_file: CaseFile, ref_in, inputs=None) -> list[str]:
     """Differences between the regenerated inputs and what the case file recorded: the sha256
     of the CPU inputs ``ref_in`` and, when ``inputs`` (on the device) are given, the q/k layout."""
-    from properties.checks import input_digests, input_layout
+    from rope.harness.comparison import input_digests, input_layout
     notes = []
     recorded, now = case_file.record["inputs_sha256"], input_digests(ref_in)
     changed = [name for name in now if recorded.get(name) != now[name]]
@@ -79,7 +79,7 @@ def regeneration_notes(case_file: CaseFile, ref_in, inputs=None) -> list[str]:
 def replay(path: Path | str, *, device: str | None = None, impl: str | None = None) -> Replay:
     """Replay a case file; ``device``/``impl`` override the recorded ones.  Bad input raises
     ValueError with the reason."""
-    from properties.checks import diagnose_run, evaluate_case
+    from rope.harness.comparison import diagnose_run, evaluate_case
 
     case_file = load_case(path)
     name = impl or case_file.implementation
@@ -102,7 +102,7 @@ def replay(path: Path | str, *, device: str | None = None, impl: str | None = No
 
 
 def _dtype(name: str):
-    from properties.strategies import DTYPES
+    from rope.harness.inputs import DTYPES
     return DTYPES[name]
 
 

@@ -3,7 +3,7 @@
 A test belongs to shard ``sha256(test id) mod N``: a partition (every test in exactly one shard)
 that depends on nothing but the id, so runners with different hardware, worker counts or
 collection order still agree.  Each runner writes its own ``reports/``; ``rope-harness merge``
-combines them (rope.report.merge).
+combines them (rope.harness.report.merge).
 """
 
 from __future__ import annotations

@@ -16,9 +16,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from reference.runner import check_position_inputs
+from rope.spec import check_position_inputs
 from rope.devices import device_name, triton_runs_on
-from rope.positions import check_out
+from rope.runner_positions import check_out
 from rope.triton.pdl import HAS_PDL, pdl_available
 
 if HAS_PDL:     # programmatic dependent launch: rope/triton/pdl.py

@@ -1,0 +1,45 @@
+"""What is specific to this suite (the harness's plugin, rope.harness.plugin, does the rest):
+the default Hypothesis profile, the order of the tests, the baseline suite's opt-in, and the
+self-tests kept out of the run report."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+
+from rope.harness import report
+from rope.harness.plugin import default_profile
+
+# Modules whose tests run deliberately broken implementations (the suite checking itself): their
+# mismatches are the point, so they stay out of the run report, which is about the code under test.
+SELF_TEST_MODULES = {"test_suite_can_fail.py", "test_case_files.py", "test_repro.py"}
+
+
+def pytest_configure(config):
+    # Before the test modules are imported, so their @settings inherit the profile's values.
+    if not config.getoption("hypothesis_profile", None):
+        settings.load_profile(default_profile())
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _self_tests_stay_out_of_the_report(request):
+    # Module scope: before the modules' own module-scoped fixtures, which run broken code too.
+    if request.node.path.name not in SELF_TEST_MODULES:
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(report.DISABLE_ENV, "1")
+        yield
+
+
+def pytest_collection_modifyitems(config, items):
+    # The fixed triggers of every known bug run first (a stable sort, the same in every xdist
+    # worker): a kernel that reintroduces one fails in seconds, before the Hypothesis searches.
+    items.sort(key=lambda item: 0 if getattr(item, "originalname", item.name).startswith("test_known_bug_triggers")
+               else 1)
+    if config.getoption("--rope-baseline"):
+        return
+    skip = pytest.mark.skip(reason="baseline suite: run with --rope-baseline (rope-harness mutants does)")
+    for item in items:
+        if "baseline" in item.keywords:
+            item.add_marker(skip)

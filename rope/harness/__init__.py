@@ -1,0 +1,9 @@
+"""The checking machinery: the case model and its inputs (inputs), the comparison with the
+reference and its tolerance (comparison, tolerance), the diagnosis of a mismatch (diagnosis), case
+files and their replay (case_files, repro), the run report (report), GPU placement and sharding
+(placement, sharding), campaigns (campaign), the benchmark (bench), the mutation runner (mutation),
+the command line (cli) and the pytest plugin (plugin).
+
+It imports the kernels' contract (rope.spec, rope.registry, ...) and the reference; nothing below
+it imports it, and it never imports the test suite (``properties``), which it runs through pytest.
+"""

@@ -1,0 +1,49 @@
+"""Where the property suite is: the installed ``properties`` package, found without importing it
+(the harness runs the suite through pytest, never imports it), and whether a pytest invocation
+runs it."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+SUITE_PACKAGE = "properties"
+
+
+def suite_dir() -> Path:
+    """The directory of the ``properties`` package (a checkout's or the installed wheel's)."""
+    spec = importlib.util.find_spec(SUITE_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(f"rope-harness: the test suite package {SUITE_PACKAGE!r} is not installed "
+                         f"(pip install rope-harness, or pip install -e . in a checkout)")
+    return Path(list(spec.submodule_search_locations)[0]).resolve()
+
+
+def suite_path(*parts: str) -> Path:
+    """A file or directory of the suite, e.g. ``suite_path("test_rotation.py")``."""
+    return suite_dir().joinpath(*parts)
+
+
+def is_suite_module(module_name: str | None) -> bool:
+    """True for the suite's own test modules (``properties.test_rotation``, ...)."""
+    return bool(module_name) and module_name.split(".", 1)[0] == SUITE_PACKAGE
+
+
+def runs_suite(args: list[str], pyargs: bool) -> bool:
+    """Whether pytest's arguments select the suite (a path into it, or ``--pyargs properties...``)."""
+    try:
+        root = suite_dir()
+    except SystemExit:
+        return False
+    for arg in args:
+        target = arg.split("::", 1)[0]
+        if pyargs and is_suite_module(target):
+            return True
+        path = Path(target).resolve()
+        if path == root or root in path.parents:
+            return True
+        # A checkout's suite beside an installed one: the same package by its marker file.
+        for candidate in (path, *path.parents):
+            if candidate.name == SUITE_PACKAGE and (candidate / "test_rotation.py").is_file():
+                return True
+    return False
