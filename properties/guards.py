@@ -34,7 +34,7 @@ between rows turns an overrun into a guard access, so the pad widths below bound
 NaN).  On a GPU the tracer does not exist (compiled kernels); guards still catch stray writes
 and stray reads whose value reaches the output, and compute-sanitizer is needed for the rest.
 
-The padding-lane bug (SPEC §7.2; mutants ``cos_sin_unmasked*``): lane i >= rotary_dim/2 loads cos
+The padding-lane bug (docs/spec.md §7.2; mutants ``cos_sin_unmasked*``): lane i >= rotary_dim/2 loads cos
 at row element i and sin at element rotary_dim/2 + i.  The q/k loads and stores of those lanes
 stay masked, so the values (NaN under guards) never reach the output: the reference comparison
 and the NaN check are blind to it, on every device.  The tracer sees the *sin* reads: they run

@@ -1,4 +1,4 @@
-"""transformers' own rotary code as a weight-free oracle for ``reference.rotate`` (SPEC §1-3).
+"""transformers' own rotary code as a weight-free oracle for ``reference.rotate`` (docs/spec.md §1-3).
 
 For one model family this module builds the text config from a :class:`RopeSpec` (default-constructed
 config class plus explicit RoPE fields: no weights, no hub), runs the family's rotary module for the
@@ -49,7 +49,7 @@ from rope.harness.tolerance import SUBNORMAL_SPACING, unit_roundoff, working_dty
 
 
 def canonical_channel_map(spec: RopeSpec, *, neox_order: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(row, frequency) of each rotary channel under the spec's axis map (SPEC §2).
+    """(row, frequency) of each rotary channel under the spec's axis map (docs/spec.md §2).
 
     ``neox_order``: channel c carries frequency c mod rotary_dim/2 (cos laid out cat(f, f)); else
     frequency c // 2 (cos laid out repeat_interleave(f, 2), the GPT-J order).

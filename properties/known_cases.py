@@ -1,4 +1,4 @@
-"""Inputs that triggered real bugs (SPEC §7), as rotation cases every implementation must pass.
+"""Inputs that triggered real bugs (docs/spec.md §7), as rotation cases every implementation must pass.
 
 Each entry names the bug it reproduces; the spec is the model's, the positions are chosen to
 expose the bug (distinct rows, the last cache row, the last token).

@@ -28,7 +28,7 @@ from rope.spec import RopeSpec
 
 KNOWN_MISMATCH = (
     "known mismatch: transformers HunYuanVL (5.13+) splits the head into blocks of 2*s_i, so the two "
-    "channels of a NeoX pair take different position rows for image tokens (SPEC §2; "
+    "channels of a NeoX pair take different position rows for image tokens (docs/spec.md §2; "
     "properties/regressions/transformers/hunyuan_vl-block-layout.json)")
 
 NAMES = sorted(BACKENDS)
@@ -133,7 +133,7 @@ def test_backend_regression_still_mismatches(device, path, monkeypatch, tmp_path
     if why:
         pytest.skip(why)
     if loaded.diagnosis.label == "out_of_bounds_read":
-        # Right values, reads outside the inputs (e.g. SGLang's padding-lane cos/sin loads, SPEC §7.2):
+        # Right values, reads outside the inputs (e.g. SGLang's padding-lane cos/sin loads, docs/spec.md §7.2):
         # only the interpreter's memory tracer sees them (on a GPU: compute-sanitizer).
         from properties.guards import assert_matches_reference_traced
         from rope.devices import is_interpreter

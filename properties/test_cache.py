@@ -1,4 +1,4 @@
-"""The cos/sin cache is the serving engines' float32 recipe, bit for bit (SPEC §1)."""
+"""The cos/sin cache is the serving engines' float32 recipe, bit for bit (docs/spec.md §1)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from rope.spec import RopeSpec
 
 
 def recipe(base: float, rotary_dim: int, length: int) -> torch.Tensor:
-    """SPEC §1 written out step by step: inv_freq, outer product, cos | sin, all float32."""
+    """docs/spec.md §1 written out step by step: inv_freq, outer product, cos | sin, all float32."""
     exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim
     inv = 1.0 / (base ** exponents)
     freqs = torch.einsum("i,j -> ij", torch.arange(length, dtype=torch.float), inv)

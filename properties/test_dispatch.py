@@ -1,4 +1,4 @@
-"""Platform dispatch (SPEC §6): every rope op, on every platform, in both modes, resolves to a
+"""Platform dispatch (docs/spec.md §6): every rope op, on every platform, in both modes, resolves to a
 forward that accepts the op's positions and matches the float64 reference.
 
 Platforms are simulated on the CPU (the op is told its platform); the real GPU platform, where

@@ -26,7 +26,7 @@ MODELS = load_models()
 # --------------------------------------------------------------------------------------------------
 # (a) the catalogue itself
 
-REQUIRED = {  # the models the catalogue promises (ARCHITECTURE: models.yaml; notes/vllm-rope.md §7)
+REQUIRED = {  # the models the catalogue promises (docs/spec.md §9)
     "qwen2-vl-2b", "qwen2-vl-7b", "qwen2-vl-72b", "qwen2.5-vl-3b", "qwen2.5-vl-7b", "qwen2.5-vl-72b",
     "qwen3-vl-2b", "qwen3-vl-4b", "qwen3-vl-8b", "qwen3-vl-30b-a3b", "qwen3-vl-235b-a22b",
     "glm-4.1v-9b", "glm-4.5v", "glm-ocr", "hunyuan-ocr", "paddleocr-vl", "qwen2.5-omni-7b",
@@ -125,7 +125,7 @@ FAMILIES = {
 
 HUNYUAN_MISMATCH = ("known mismatch: transformers HunYuanVL (5.13+) splits the whole head into blocks of "
                     "2*s_i, so the two members of a NeoX pair take different rows; Tencent's code, vLLM and "
-                    "mlx-vlm share the row (SPEC §2)")
+                    "mlx-vlm share the row (docs/spec.md §2)")
 TABLED = sorted(k for k, m in MODELS.items() if m.family in FAMILIES)
 POSITIONS = (101, 211, 307, 401)  # one per row; sin(p * inv_freq) tells the rows apart for every entry
 

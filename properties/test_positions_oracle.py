@@ -1,5 +1,5 @@
 """Model position ids: the reference (``reference.position_ids``) against hand-worked examples and
-against each model's ``get_rope_index`` in the installed transformers (SPEC §4).
+against each model's ``get_rope_index`` in the installed transformers (docs/spec.md §4).
 
 Three parts:
 
@@ -9,7 +9,7 @@ Three parts:
 3. The oracle: the same description is turned into input_ids, mm_token_type_ids, grids and an
    attention mask (a padded batch) and fed to ``<Model>.get_rope_index`` weight-free: the
    unbound method on a dummy object that holds a default-constructed config and the helper
-   methods it calls (notes/peers.md §1.7).  Every place where transformers departs from the
+   methods it calls (docs/spec.md §8.6).  Every place where transformers departs from the
    model's original semantics is a ``KnownMismatch`` row with the transformers versions it
    holds for.  The test works out from the description whether an input lies in a mismatch's
    region; outside every region it asserts transformers == reference; inside, it asserts the

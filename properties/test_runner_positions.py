@@ -1,4 +1,4 @@
-"""Position preparation (SPEC §5): every implementation on every device against the reference."""
+"""Position preparation (docs/spec.md §5): every implementation on every device against the reference."""
 
 from __future__ import annotations
 

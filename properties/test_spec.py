@@ -1,4 +1,4 @@
-"""RopeSpec validation, the axis map (pinned exactly, SPEC §2) and serialization."""
+"""RopeSpec validation, the axis map (pinned exactly, docs/spec.md §2) and serialization."""
 
 from __future__ import annotations
 

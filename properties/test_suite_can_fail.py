@@ -97,7 +97,7 @@ def test_rotation_check_rejects_an_implementation_that_writes_the_cache(monkeypa
 
 
 def test_spec_without_section_sum_rule_is_caught(monkeypatch):
-    # SPEC §7.8 as a mutant of our spec: the section-sum rule dropped (vLLM's XDRotaryEmbedding
+    # docs/spec.md §7.8 as a mutant of our spec: the section-sum rule dropped (vLLM's XDRotaryEmbedding
     # never checked it; a wrong sum gave a shape error or a silent mismatch).  The bad-spec
     # table must then fail on its XD-RoPE row.
     from properties.test_spec import BAD_SPECS, test_bad_spec_raises_value_error_naming_field

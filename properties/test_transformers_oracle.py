@@ -1,4 +1,4 @@
-"""transformers' own rotary modules agree with ``reference.rotate`` (SPEC §1-3), weight-free.
+"""transformers' own rotary modules agree with ``reference.rotate`` (docs/spec.md §1-3), weight-free.
 
 For each family (Qwen2-VL, Qwen2.5-VL, Qwen3-VL (+MoE), GLM-4.1V, GLM-OCR, GLM-4.5V, HunYuanVL) a config
 is built from the drawn RopeSpec, transformers' rotary module computes cos/sin for the drawn positions and the
@@ -10,7 +10,7 @@ family's own rotation function rotates float64 q/k (``properties/hf_oracle.py``)
 3. the rotated q/k agree with the reference within ``rope.harness.tolerance``'s per-element bound for the
    family's working precision (float64, or float32 where the family upcasts; see TOLERANCE below).
 
-HunYuanVL disagrees with the canonical XD-RoPE layout on image tokens (SPEC §2): text tokens are
+HunYuanVL disagrees with the canonical XD-RoPE layout on image tokens (docs/spec.md §2): text tokens are
 checked for agreement, image tokens for the exact transformers layout, modelled here in float64.
 
 Real configurations come from ``models.yaml`` (keys as there), with the cache cut to MAX_POSITION rows:
@@ -53,7 +53,7 @@ from rope.harness.tolerance import compare_rotation  # noqa: E402
 
 pytestmark = pytest.mark.oracle
 
-MAX_POSITION = 4096   # cache rows; every drawn position is below it (SPEC §1), and so below the
+MAX_POSITION = 4096   # cache rows; every drawn position is below it (docs/spec.md §1), and so below the
                       # config's max_position_embeddings (5.16/5.17 HunYuanVL "dynamic" never rescales)
 MAX_TOKENS = 64       # B * L
 POSITION_KINDS = ("text", "grid", "random")
@@ -67,7 +67,7 @@ class OracleCase:
 
     positions: "text" (all rows equal, consecutive), "grid" (a vision block, rows differ) or "random"
     (every row drawn independently).  Grids: ``grid_style`` "mrope" is a Qwen2-VL block of (t, h, w)
-    tokens at ``base + (ti, hi, wi)`` (SPEC §4); "xd" is a HunyuanOCR image of h rows of w columns plus a
+    tokens at ``base + (ti, hi, wi)`` (docs/spec.md §4); "xd" is a HunyuanOCR image of h rows of w columns plus a
     row-end token: W = column 0..w, H = row, T = ``grid[0]`` (the image ordinal), P = the plain index.
     Text runs continue at max + 1.  Each batch sample starts at its own offset, drawn from ``seed``.
     """
@@ -291,7 +291,7 @@ def real_case(key: str, **kw) -> OracleCase:
     return OracleCase(spec=real(key), num_q_heads=m.num_q_heads, num_kv_heads=m.num_kv_heads, **kw)
 
 
-# Interleaved with 3*s_h > rotary_dim/2 (SPEC §2): rows get 11/11/10 frequencies, not 8/12/12.
+# Interleaved with 3*s_h > rotary_dim/2 (docs/spec.md §2): rows get 11/11/10 frequencies, not 8/12/12.
 INTERLEAVED_SHORT = RopeSpec(head_size=64, rotary_dim=64, sections=(8, 12, 12), layout="interleaved",
                              base=5000000.0, max_position=MAX_POSITION)
 # An XD image of 4 rows x 8 columns (+ row-end tokens) after 2 text tokens, then text.
@@ -325,7 +325,7 @@ def test_qwen3_vl_rotation_matches_reference(family, case):
     check_matches_reference(family, case)
 
 
-# GLM-4.1V, GLM-OCR: rejects a reference that pairs NeoX instead of GPT-J (SPEC §7 bug 1), rotates
+# GLM-4.1V, GLM-OCR: rejects a reference that pairs NeoX instead of GPT-J (docs/spec.md §7.1), rotates
 # with a head_size/2 stride instead of rotary_dim/2 or touches the pass-through channels (bug 3), or
 # uses the wrong section map.
 @pytest.mark.parametrize("family", _families("glm-4.1v", "glm-ocr"))
@@ -360,7 +360,7 @@ def test_hunyuan_vl_text_tokens_match_reference(family, case):
     check_matches_reference(family, case)
 
 
-# ----------------------------------------------------------------- HunYuanVL image tokens (SPEC §2)
+# ----------------------------------------------------------------- HunYuanVL image tokens (docs/spec.md §2)
 def transformers_block_rows(spec: RopeSpec) -> torch.Tensor:
     """Row of each rotary channel in transformers' HunYuanVL layout: the rotary_dim channels (cos laid
     out cat(f, f)) are split into consecutive blocks of 2*s_0, 2*s_1, ...; block i takes row i."""

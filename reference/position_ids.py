@@ -1,4 +1,4 @@
-"""Reference prefill position ids and the decode rule, from a description of the prompt (SPEC §4).
+"""Reference prefill position ids and the decode rule, from a description of the prompt (docs/spec.md §4).
 
 A prompt is described, not tokenized: an ordered tuple of segments, each a text run (``Text``),
 an image (``Image``) or a video (``Video``), with the vision grids in patches before the spatial

@@ -1,4 +1,4 @@
-"""Reference rotation in float64 (SPEC §2-3).
+"""Reference rotation in float64 (docs/spec.md §2-3).
 
 Written to be read, not to be fast: gather the cos/sin rows the spec's axis map selects,
 then rotate each (a, b) pair of every head.  It reads the very cache the implementation

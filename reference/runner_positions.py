@@ -1,4 +1,4 @@
-"""Reference model-runner position preparation (SPEC §5, vLLM Model Runner V2 layout).
+"""Reference model-runner position preparation (docs/spec.md §5, vLLM Model Runner V2 layout).
 
 For batch slot b: r = idx_mapping[b], qs = query_start_loc[b], ql = query_start_loc[b+1] - qs,
 nc = num_computed_tokens[r], and the request is in prefill when nc < prefill_lens[r] (decided

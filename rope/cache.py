@@ -1,4 +1,4 @@
-"""The cos/sin cache (SPEC §1), exactly the float32 recipe serving engines use.
+"""The cos/sin cache (docs/spec.md §1), exactly the float32 recipe serving engines use.
 
 ``cache[p] = [cos(p * inv_freq) | sin(p * inv_freq)]`` with
 ``inv_freq[i] = base ** -(2i / rotary_dim)``, everything in float32 on the CPU, then cast

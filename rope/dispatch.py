@@ -1,4 +1,4 @@
-"""Rope ops in the serving-engine pattern (SPEC §6): one forward per platform, chosen once.
+"""Rope ops in the serving-engine pattern (docs/spec.md §6): one forward per platform, chosen once.
 
 A serving engine wraps a layer in a ``CustomOp``: it has ``forward_native`` (plain torch, what a
 graph compiler traces) and one method per platform.  At construction, and never again, it picks:
@@ -19,10 +19,10 @@ The ops, and what each method runs (the dispatch matrix):
 "Triton (else native)": the Triton kernel where Triton runs on the tensors' device
 (:func:`rope.devices.triton_runs_on`), the native path otherwise.  The multi-row ops subclass the
 1-D op, as vLLM's did, so each platform method they do not override is the 1-D op's, whose kernel
-rejects ``[3|4, T]`` positions (SPEC §7 bug 4: vllm#24724, #27800, #52174).  They override all four.
+rejects ``[3|4, T]`` positions (docs/spec.md §7.4: vllm#24724, #27800, #52174).  They override all four.
 
 Every op computes cos/sin from the positions of the call it serves; nothing per call is kept on it
-(SPEC §7 bug 7).  ``forward`` validates first (ValueError naming the field, before any launch) and
+(docs/spec.md §7.7).  ``forward`` validates first (ValueError naming the field, before any launch) and
 returns ``(query, key)`` like the registry contract; the platform kernels may work in place.
 """
 
@@ -40,7 +40,7 @@ PLATFORMS = ("cuda", "rocm", "xpu", "cpu")
 MODES = {"eager": True, "graph": False}        # mode -> custom ops enabled
 PLATFORM_METHODS = {"cuda": "forward_cuda", "rocm": "forward_hip", "xpu": "forward_xpu", "cpu": "forward_cpu"}
 
-# The generic kernel's errors, worded like the C++ kernel's checks (SPEC §6, notes §3.2).
+# The generic kernel's errors, worded like the C++ kernel's checks (docs/spec.md §6).
 BATCH_SEQ_MISMATCH = "query, key and positions must have the same batch_size and seq_len"
 TOKEN_MISMATCH = "query, key and positions must have the same number of tokens"
 POSITIONS_RANK = "positions must have shape [num_tokens] or [batch_size, seq_len]"

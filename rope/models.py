@@ -7,7 +7,7 @@ entry raises ``ValueError`` prefixed with the model key: ``glm-ocr: sections=(16
 to rotary_dim/2 = 64 (got 63)``.
 
 The spec's ``max_position`` is the cos/sin cache length, not ``max_position_embeddings``: vLLM sizes
-the M-RoPE cache at 4x (Qwen2.5-VL video temporal positions can exceed the sequence length, SPEC §1);
+the M-RoPE cache at 4x (Qwen2.5-VL video temporal positions can exceed the sequence length, docs/spec.md §1);
 XD-RoPE and 1-D RoPE use 1x.
 """
 

@@ -1,12 +1,9 @@
 """Registry of rotation implementations.
 
-An implementation is a callable ``fn(spec, positions, query, key, cos_sin_cache) -> (q, k)``.
-It may carry two attributes:
-
-* ``working_precision``: "float32" (default) or "activation" (computes in the input dtype);
-  the tolerance is derived from it.
-* ``supports(spec, dtype, device) -> bool``: combinations it cannot run are skipped, with the
-  reason in the test id and the report, never silently passed.
+An implementation is a callable ``fn(spec, positions, query, key, cos_sin_cache) -> (q, k)`` (or,
+for the runner's position step, the signature in docs/implementations.md).  What it may declare
+(``working_precision``, ``supports``, ``unsupported_reason``, ``known_fault``, ``unchecked``) is
+documented in one place, docs/implementations.md, with a complete example; this module reads it.
 
 Names resolve to built-ins (``native``, ``triton``), to the adapters of external implementations
 (``liger``, ``transformers``, ``vllm-native``, ``vllm-cuda``, ``vllm-xd``, ``sglang``, ``flashinfer``:
@@ -14,9 +11,6 @@ Names resolve to built-ins (``native``, ``triton``), to the adapters of external
 path ``package.module:callable``, so any external kernel can be checked without touching the project.
 Position preparation has the built-ins ``native`` and ``triton`` and the adapter ``vllm`` (vLLM's Model
 Runner V2 kernel: ``rope.backends.vllm_positions``).
-An implementation may also carry ``unsupported_reason(spec, dtype, device) -> str | None``, the text of
-the skip (the adapters do), and ``known_fault(spec, dtype, device) -> str | None``, shapes its code is
-known to crash on (rope/backends/known_faults.py): drawn around like unsupported ones, named as faults.
 """
 
 from __future__ import annotations

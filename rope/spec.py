@@ -120,7 +120,7 @@ class RopeSpec:
         return float(self.base) * float(self.ntk_alpha) ** (rd / (rd - 2))
 
     def axis_map(self) -> tuple[int, ...]:
-        """Row of the positions that drives each frequency i (length rotary_dim/2). SPEC §2."""
+        """Row of the positions that drives each frequency i (length rotary_dim/2). docs/spec.md §2."""
         n = self.num_freqs
         if self.sections is None or len(self.sections) == 1:
             return (0,) * n

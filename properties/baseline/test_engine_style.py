@@ -1,6 +1,6 @@
 """The serving engines' own style of M-RoPE test, reproduced as a baseline to compare against.
 
-Modelled on the fixed-example kernel test serving engines ship (notes/vllm-rope.md §6.1): their
+Modelled on the fixed-example kernel test serving engines ship (docs/spec.md §8.7): their
 model list, NeoX pairing hard-coded for every model (GLM-4.1V included), bf16, num_tokens
 {11, 8192}, tp {1, 2}, positions uniform in [0, max_position/4), one seed, and
 ``assert_close(impl, native, atol=1e-2, rtol=1.6e-2)``.  Only runs with ``--rope-baseline``;

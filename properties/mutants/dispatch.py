@@ -1,4 +1,4 @@
-"""Broken rope ops: the platform-dispatch bugs of the catalogue (SPEC §7 bugs 4, 6, 7), each a
+"""Broken rope ops: the platform-dispatch bugs of the catalogue (docs/spec.md §7.4, §7.6, §7.7), each a
 small variant of an op in rope.dispatch.  properties/test_dispatch.py must reject every one.
 
 ``BROKEN_OPS`` maps a name to (the op class it stands in for, the broken class).

@@ -1,4 +1,4 @@
-"""The known Triton-kernel bugs (SPEC §7, notes/vllm-rope.md §1.5 and §8) as mutants of OUR kernels.
+"""The known Triton-kernel bugs (docs/spec.md §7 and §8.1) as mutants of OUR kernels.
 
 Each mutant is the source of ``rope/triton/rotary.py`` (or ``rope/triton/positions.py``) with one
 small textual substitution, executed as a fresh module under a unique name.  Every substitution
@@ -96,7 +96,7 @@ def _positions(*substitutions):
 # --------------------------------------------------------------------------- rotary kernel
 @_rotary(("IS_NEOX=spec.is_neox_style,", "IS_NEOX=True,"))
 def neox_for_gptj():
-    """(a) GPT-J pairing ignored: always pairs (i, i + rotary_dim/2) (SPEC §7.1).
+    """(a) GPT-J pairing ignored: always pairs (i, i + rotary_dim/2) (docs/spec.md §7.1).
 
     vLLM's Triton M-RoPE kernel ignored is_neox_style until vllm#49906 (issues vllm#42016 GLM-OCR,
     vllm#49290; vllm-ascend#12765 the same in npu_mrope).  GLM-4.1V, GLM-OCR, Ernie-4.5-VL.
@@ -109,7 +109,7 @@ def neox_for_gptj():
     "    cos = tl.load(cache_ptr + offs).to(tl.float32)\n"
     "    sin = tl.load(cache_ptr + half + offs).to(tl.float32)\n"))
 def cos_sin_unmasked():
-    """(b) cos/sin loads cover the padding lanes [rotary_dim/2, BLOCK_F) (SPEC §7.2).
+    """(b) cos/sin loads cover the padding lanes [rotary_dim/2, BLOCK_F) (docs/spec.md §7.2).
 
     sgl-project/sglang#30123; vLLM's interleaved t_mask = NOT(h|w) covered the padding lanes
     until valid_mask (055e47c).  Here BLOCK_F = next_pow2(rotary_dim/2), so padding lanes exist
@@ -127,7 +127,7 @@ def cos_sin_unmasked():
      "    sin = tl.load(cache_ptr + half + offs).to(tl.float32)\n"),
     ("block_f = triton.next_power_of_2(spec.num_freqs)", "block_f = triton.next_power_of_2(spec.head_size) // 2"))
 def cos_sin_unmasked_head_padded():
-    """(b') The upstream shape of SPEC §7.2: lanes padded to next_pow2(head_size)/2 AND cos/sin
+    """(b') The upstream shape of docs/spec.md §7.2: lanes padded to next_pow2(head_size)/2 AND cos/sin
     loads unmasked, as in vLLM's kernel before 055e47c (pad_hd) and sglang before #30123.
 
     Qwen3.5 (head 256, rotary 64, [11,11,10]): lanes 32..127 read up to 3 rotary_dim past each
@@ -139,7 +139,7 @@ def cos_sin_unmasked_head_padded():
 
 @_rotary(("spec.head_size, spec.num_freqs, sec0", "spec.head_size, spec.head_size // 2, sec0"))
 def partial_rotary_head_half():
-    """(c) Partial rotary with head_size/2 where rotary_dim/2 belongs (SPEC §7.3).
+    """(c) Partial rotary with head_size/2 where rotary_dim/2 belongs (docs/spec.md §7.3).
 
     vllm#22593 (GLM-4.1V: head 128, rotary 64): the first Triton M-RoPE kernel used hd//2 for the
     cos/sin strides and the offset of the q/k second half.  Here ``half`` drives the sin offset,
@@ -151,7 +151,7 @@ def partial_rotary_head_half():
 @_rotary(("axis = tl.where((freq % 3 == 1) & (freq < 3 * sec1), 1, axis)",
           "axis = tl.where((freq % 3 == 1) & (freq // 3 <= sec1), 1, axis)"))
 def interleaved_h_bound_off_by_one():
-    """(d) Interleaved axis map off by one (SPEC §7.9): H lanes bounded by ``i // 3 <= s_h``.
+    """(d) Interleaved axis map off by one (docs/spec.md §7.9): H lanes bounded by ``i // 3 <= s_h``.
 
     vLLM's kernel wrote ``j <= 3*s_h`` (harmless: j = 3*s_h has j%3 == 0, the same set as ``<``);
     counting groups instead (``i // 3 <= s_h``, i.e. i < 3*s_h + 3) gives frequency 3*s_h + 1 to
@@ -164,7 +164,7 @@ def interleaved_h_bound_off_by_one():
           "        axis = tl.where((freq % 3 == 1) & (freq < 3 * sec1), 2, axis)\n"
           "        axis = tl.where((freq % 3 == 2) & (freq < 3 * sec2), 1, axis)\n"))
 def interleaved_thw_order_swapped():
-    """(d') Interleaved T/H/W order swapped: T W H T W H ... (SPEC §7.9).
+    """(d') Interleaved T/H/W order swapped: T W H T W H ... (docs/spec.md §7.9).
 
     The "THTHWHTHW" docstring confusion (transformers#42097; the right order is T H W T H W): the
     lanes i % 3 == 1 take the W row and i % 3 == 2 the H row.
@@ -173,7 +173,7 @@ def interleaved_thw_order_swapped():
 
 @_rotary(("pos_ptr + d * pos_row_stride + token", "pos_ptr + d * num_tokens + token"))
 def positions_rows_packed():
-    """(e) Position rows assumed packed: row d read at d * num_tokens (SPEC §7, notes §8.4).
+    """(e) Position rows assumed packed: row d read at d * num_tokens (docs/spec.md §7.6).
 
     vllm#22375 review: the h/w rows sit num_tokens apart only in a packed [3, T] tensor; vLLM's
     runner slices positions from a persistent [3, max_num_tokens + 1] buffer, whose rows are
@@ -185,7 +185,7 @@ def positions_rows_packed():
 @_rotary(("pos_ptr + d * pos_row_stride + token", "pos_ptr + d + token"))
 def positions_rows_at_token_offsets():
     """(e') h/w rows read at token offsets: positions[0, token + d] instead of positions[d, token]
-    (notes §8.4, the vllm#22375 row-offset review; sglang#15983 read [3, 1, T] with the wrong
+    (docs/spec.md §7.6, the vllm#22375 row-offset review; sglang#15983 read [3, 1, T] with the wrong
     stride).  The last token reads past row 0: the sentinel under guards.
     """
 
@@ -195,7 +195,7 @@ def positions_rows_at_token_offsets():
              "tl.store(out_ptr + d * out_row_stride + qs + i, pos, mask=dims_ok)"))
 def positions_store_unmasked():
     """(f) Position preparation writes past the step's tokens: the query_len mask dropped from
-    the store, so every program with work writes whole BLOCKs of columns from query_start_loc[b] (SPEC §5;
+    the store, so every program with work writes whole BLOCKs of columns from query_start_loc[b] (docs/spec.md §5;
     vLLM Model Runner V2 prepare_mrope_positions writes with ``mask=block < query_len``).
 
     Later requests overwrite the spill on the interpreter (programs run in order), so what remains

@@ -1,6 +1,6 @@
 """FlashInfer's ``flashinfer.rope.apply_rope_with_cos_sin_cache`` (1-D RoPE, CUDA only).
 
-Its interface is the serving engines' (notes/peers.md §4): positions ``[T]`` (int32 or int64),
+Its interface is the serving engines' (docs/spec.md §8.3): positions ``[T]`` (int32 or int64),
 query ``[T, heads * head_size]``, key ``[T, kv_heads * head_size]``, ``head_size``, the cos|sin cache
 ``[L, rotary_dim]`` (float32 only: the adapter upcasts the harness's rounded cache, which is exact) and
 ``is_neox``; channels past rotary_dim pass through.  It computes in float32 and returns new tensors.

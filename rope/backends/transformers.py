@@ -74,7 +74,7 @@ class HFFamily:
         return f"transformers.models.{self.package}.configuration_{self.package}"
 
 
-# since "5.0.0": present in 5.0.0 (notes/peers.md §1), the first release these tests support.
+# since "5.0.0": present in 5.0.0 (docs/spec.md §8.6), the first release these tests support.
 FAMILIES: dict[str, HFFamily] = {f.key: f for f in (
     # Qwen2-VL / Qwen2.5-VL: chunked sections [t, h, w], NeoX.
     HFFamily("qwen2-vl", "qwen2_vl", "Qwen2VLRotaryEmbedding", "Qwen2VLTextConfig", "5.0.0", True, "chunked"),
@@ -91,7 +91,7 @@ FAMILIES: dict[str, HFFamily] = {f.key: f for f in (
     HFFamily("glm-4.5v", "glm4v_moe", "Glm4vMoeTextRotaryEmbedding", "Glm4vMoeTextConfig", "5.0.0", True,
              "chunked"),
     # HunYuanVL / HunyuanOCR: XD-RoPE, 3 or 4 rows, NTK-alpha; rotation upcasts to float32.
-    # Its image-token layout differs from the canonical one (SPEC §2; KNOWN_MISMATCH_HUNYUAN_VL).
+    # Its image-token layout differs from the canonical one (docs/spec.md §2; KNOWN_MISMATCH_HUNYUAN_VL).
     HFFamily("hunyuan-vl", "hunyuan_vl", "HunYuanVLRotaryEmbedding", "HunYuanVLTextConfig", "5.13.0", True,
              "chunked", working_precision="float32"),
 )}
@@ -99,7 +99,7 @@ FAMILIES: dict[str, HFFamily] = {f.key: f for f in (
 KNOWN_MISMATCH_HUNYUAN_VL = (
     "known mismatch: transformers HunYuanVL (5.13+) splits the full rotary head into blocks of 2*s_i "
     "(block i takes position row i), so the two channels of a NeoX pair can take different rows for "
-    "image tokens; the canonical HunyuanOCR layout (Tencent's code, vLLM, mlx-vlm; SPEC §2) applies the "
+    "image tokens; the canonical HunyuanOCR layout (Tencent's code, vLLM, mlx-vlm; docs/spec.md §2) applies the "
     "chunked map to each half. Text tokens (all rows equal) agree."
 )
 

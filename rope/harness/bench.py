@@ -184,7 +184,7 @@ def _timer(device: str, target_ms: float = 50.0):
 def copy_bandwidth(device: str) -> float:
     """Device-to-device copy bandwidth in GB/s (bytes read + written), 1 GiB on GPUs, launched
     from Python: captured in a CUDA graph, the copy becomes a memcpy node that ran at 2.7 TB/s on
-    the H200 against 4.2 TB/s for the same copy launched as a kernel (perf-notes §6)."""
+    the H200 against 4.2 TB/s for the same copy launched as a kernel (docs/perf-notes.md §6)."""
     n = (1 << 30) if device in ("cuda", "rocm") else (1 << 24)
     src = torch.empty(n, dtype=torch.uint8, device=torch_device(device))
     dst = torch.empty_like(src)

@@ -41,7 +41,10 @@ def _pytest_args(args) -> list[str]:
     tests = suite_dir()
     files = [str(tests / name) for name in EQUIVALENCE_SUITE] if not args.all else [str(tests)]
     # No cache provider: the suite may live in site-packages, which is no place for .pytest_cache.
-    out = files + ["-qq", "-p", "no:cacheprovider", f"--hypothesis-profile={args.profile}"]
+    # The command imported rope before pytest started, so pytest cannot rewrite its asserts (it
+    # needs not: the suite's are rewritten); say nothing of it.
+    out = files + ["-qq", "-p", "no:cacheprovider", f"--hypothesis-profile={args.profile}",
+                   "-W", "ignore::pytest.PytestAssertRewriteWarning"]
     if args.workers != "0":
         out += ["-n", args.workers]
     for d in args.device:

@@ -123,7 +123,7 @@ def build_rotation_inputs(case: RotationCase, device: str = "cpu") -> RotationIn
 # --------------------------------------------------------------------------- ragged batches
 @dataclass(frozen=True)
 class RaggedBatch:
-    """One model-runner step over persistent request slots (SPEC §5), as plain lists."""
+    """One model-runner step over persistent request slots (docs/spec.md §5), as plain lists."""
     num_dims: int
     prefill_positions: tuple          # [max_reqs * num_dims][max_model_len]
     prefill_delta: tuple              # [max_reqs]

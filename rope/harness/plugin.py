@@ -24,7 +24,8 @@ per GPU plus CPU workers as the cores allow.
 Reports and case files go to ``./reports`` of the working directory (``ROPE_REPORTS_DIR`` moves them).
 
 Profiles (``--hypothesis-profile``): dev (default, quick), ci (derandomized, the default when CI is
-set), deep (many examples, for a GPU box), campaign (rope-harness campaign).
+set), deep (many examples, for a GPU box), explicit (the @example cases only), campaign
+(rope-harness campaign).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import os
 import re
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 from rope.harness.suite import is_suite_module, runs_suite
 
@@ -43,6 +44,9 @@ settings.register_profile("dev", max_examples=20, deadline=None, suppress_health
 settings.register_profile("ci", derandomize=True, deadline=None, database=None, print_blob=True,
                           max_examples=20, suppress_health_check=_SLOW_OK)
 settings.register_profile("deep", max_examples=2000, deadline=None, print_blob=True, suppress_health_check=_SLOW_OK)
+# The @example cases only, no search: fixed launches, e.g. for tools/sanitize_kernels.py under memcheck.
+settings.register_profile("explicit", phases=[Phase.explicit], deadline=None, database=None,
+                          suppress_health_check=_SLOW_OK)
 if os.environ.get("ROPE_CAMPAIGN"):
     # A rope-harness campaign round: its examples per test and the example database every worker
     # and round shares (rope.harness.campaign), so a failure found anywhere is replayed everywhere.

@@ -1,7 +1,7 @@
 """One Triton kernel for every rotary variant: 1-D RoPE, M-RoPE (chunked or interleaved
 sections), XD-RoPE (3 or 4 rows), NeoX or GPT-J pairing, partial rotary, key present or absent.
 
-Precision contract (SPEC §3): load in the storage dtype, convert to fp32, compute in fp32 with
+Precision contract (docs/spec.md §3): load in the storage dtype, convert to fp32, compute in fp32 with
 no FMA contraction, and round to the output dtype explicitly at the store (round to nearest
 even).  Under TRITON_INTERPRET=1, bf16 arithmetic is wrong and fp32->bf16 casts truncate; with
 this contract the interpreter and a GPU produce the same bits.
@@ -100,7 +100,7 @@ def _rotate_store_tile(row_ptrs, token_ok, heads, num_heads, head_size, freq, ha
 
 @triton.jit
 def _lane_axes(freq, sec0, sec1, sec2, NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr):
-    """The position row that drives each frequency lane (SPEC §2)."""
+    """The position row that drives each frequency lane (docs/spec.md §2)."""
     axis = tl.zeros(freq.shape, dtype=tl.int32)
     if INTERLEAVED:
         # Qwen3-VL: H at i%3==1 below 3*s_h, W at i%3==2 below 3*s_w, T elsewhere.
@@ -211,7 +211,7 @@ def _rotary_kernel(
     token = token_block.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     token_ok = token < num_tokens
     # The q (or k) loads depend on nothing and are written first; ptxas still issues them after
-    # the position loads (pinning them first with a barrier measured slower: perf-notes §6).
+    # the position loads (pinning them first with a barrier measured slower: docs/perf-notes.md §6).
     x_rows = x_ptr + token * x_stride
     x1, x2 = _load_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half,
                         IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)

@@ -1,0 +1,89 @@
+"""The installed plugin (rope.harness.plugin, the pytest11 entry point): it serves the suite from
+any directory, writes into the working directory's ./reports (or ROPE_REPORTS_DIR), and stays
+inert in pytest runs that are not the harness's: an environment with rope-harness installed runs
+other projects' tests exactly as before."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rope.harness.suite import is_suite_module, runs_suite, suite_dir, suite_path
+
+_FOREIGN_TEST = '''
+import os, sys
+
+def test_untouched(device, request):
+    assert device == "theirs"                                    # their fixture, not our parametrization
+    assert "TRITON_INTERPRET" not in os.environ                  # no interpreter switch
+    assert not any(m.startswith("torch") for m in sys.modules)   # nothing heavy imported
+    assert not request.node.get_closest_marker("rope_gpu")
+'''
+_FOREIGN_CONFTEST = '''
+import pytest
+
+@pytest.fixture
+def device():
+    return "theirs"
+'''
+
+
+def _pytest(args: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("TRITON_INTERPRET", "ROPE_REPORT_RUN", "ROPE_NO_REPORT", "ROPE_REPORTS_DIR",
+                          "ROPE_CASES_DIR", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT",
+                          "PYTEST_CURRENT_TEST", "PYTEST_ADDOPTS")}
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=cwd,
+                          env={**clean, **env}, capture_output=True, text=True, timeout=600)
+
+
+def test_plugin_is_inert_in_another_projects_run(tmp_path):
+    (tmp_path / "test_theirs.py").write_text(_FOREIGN_TEST)
+    (tmp_path / "conftest.py").write_text(_FOREIGN_CONFTEST)
+    run = _pytest(["-q", "test_theirs.py"], tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "1 passed" in run.stdout
+    assert not (tmp_path / "reports").exists(), "a foreign run must not write a rope-harness report"
+    assert "rope-harness report" not in run.stdout
+
+
+def test_suite_runs_from_any_directory_and_reports_there(tmp_path):
+    run = _pytest(["-q", "--pyargs", "properties.test_spec", "-k", "axis_map"], tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert (tmp_path / "reports" / "summary.md").is_file(), run.stdout
+    assert not (suite_dir().parent / "reports" / ".records" / "never").exists()
+
+
+def test_reports_dir_follows_the_environment(tmp_path):
+    target = tmp_path / "elsewhere"
+    run = _pytest(["-q", "--pyargs", "properties.test_spec", "-k", "axis_map"], tmp_path,
+                  ROPE_REPORTS_DIR=str(target))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert (target / "summary.md").is_file() and not (tmp_path / "reports").exists()
+
+
+def test_suite_is_found_without_importing_it():
+    assert (suite_dir() / "test_rotation.py").is_file()
+    assert suite_path("regressions").is_dir()
+    assert is_suite_module("properties.test_rotation") and not is_suite_module("myproject.test_x")
+    assert not is_suite_module(None)
+
+
+@pytest.mark.parametrize("args, pyargs, expected", [
+    (["properties"], True, True),
+    (["properties.test_rotation::test_x"], True, True),
+    (["tests/test_mine.py"], False, False),
+    (["myproject"], True, False),
+])
+def test_runs_suite_recognises_the_suite(args, pyargs, expected):
+    assert runs_suite(args, pyargs) is expected
+
+
+def test_runs_suite_recognises_paths_into_the_suite(tmp_path):
+    assert runs_suite([str(suite_path("test_rotation.py")) + "::test_x"], False)
+    assert runs_suite([str(suite_dir())], False)
+    assert not runs_suite([str(tmp_path)], False)
