@@ -93,6 +93,27 @@ def test_message_anatomy(case_dir):
     assert lines[-1] == f"replay: rope-harness repro {case_files.display_path(case_dir / f'{cid}.json')}"
 
 
+def test_mismatch_report_steps(case_dir, monkeypatch):
+    # assert_matches_reference's steps one by one: diagnose, write the case file, format.  The
+    # formatter only formats: with case files turned off it still gives the same text, and no file.
+    run = comparison.evaluate_case("neox_for_gptj", neox_for_gptj, CASE, "cpu")
+    diagnosis = comparison.diagnose_mismatch(neox_for_gptj, CASE, run)
+    assert diagnosis.label == "pairing_swapped"
+    path, note = comparison.write_case_file(MUTANT, neox_for_gptj, CASE, "cpu", run, diagnosis, None)
+    assert (note, path, run.case_file) == (None, _written(case_dir), str(path))
+    path.unlink()
+    monkeypatch.setenv(case_files.CASES_DIR_ENV, "off")
+    message = comparison.mismatch_message("neox_for_gptj", MUTANT, CASE, "cpu", run.comparison, diagnosis,
+                                          case_path=path)
+    assert not case_dir.exists() or not list(case_dir.iterdir())
+    monkeypatch.setenv(case_files.CASES_DIR_ENV, str(case_dir))
+    assert _fail() == message                        # what the assertion says, word for word
+    assert comparison.write_case_file(MUTANT, neox_for_gptj, CASE, "cpu", run, diagnosis, None)[0] == path
+    monkeypatch.setenv(case_files.CASES_DIR_ENV, "off")
+    assert comparison.write_case_file(MUTANT, neox_for_gptj, CASE, "cpu", run, diagnosis, None) == \
+        (None, "not written (ROPE_CASES_DIR='off')")
+
+
 def test_same_mismatch_same_file(case_dir):
     _fail()
     first = _written(case_dir)

@@ -1,10 +1,13 @@
 """rope.harness.diagnosis names the cause of a mismatch: every broken implementation in
 properties/mutants on a fixed case where it fails (MUTANT_LABELS: every mutant rope.harness.mutation finds
-has an entry), and synthetic outputs with one known defect."""
+has an entry), synthetic outputs with one known defect, and each rule of diagnosis.RULES on its own
+(RULE_INPUTS: it fires on the input built for it, says nothing on a correct output, and the order
+of RULES matters where a later rule would also fire on an earlier rule's input)."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -19,9 +22,11 @@ from properties.mutants.dispatch import BROKEN_OPS
 from properties.mutants.kernel import ROTARY_MUTANTS
 from properties.strategies import DTYPES, RotationCase, build_rotation_inputs
 from rope.devices import is_interpreter
-from rope.harness.diagnosis import LABELS, Diagnosis, diagnose, ranges
+from rope.harness import diagnosis
+from rope.harness.diagnosis import LABELS, RULES, Context, Diagnosis, diagnose, ranges
 from rope.harness.mutation import discover_mutants
 from rope.native import rotate_native
+from rope.registry import working_precision
 from rope.spec import RopeSpec
 
 # Model shapes with short caches (the diagnosis does not depend on the cache length).
@@ -39,7 +44,7 @@ MUTANT_CASES = {
     "neox_for_gptj": (RotationCase(GLM_41V, 5, 3, 2, "float32", "uniform", False, 1),
                       "pairing_swapped", "NeoX pairs"),
     "chunked_for_interleaved": (RotationCase(QWEN3_VL, 5, 2, 1, "float32", "uniform", False, 2),
-                                "interleave_map_wrong", "layout='chunked'"),
+                                "axis_map_wrong", "layout='chunked'"),
     "key_unrotated": (RotationCase(GLM_41V, 5, 3, 2, "float32", "uniform", False, 3),
                       "key_only", "never rotated"),
     "touches_pass_through": (RotationCase(GLM_41V, 5, 3, 2, "float32", "uniform", False, 4),
@@ -54,7 +59,7 @@ MUTANT_CASES = {
 MUTANT_CASES_LOW_PRECISION = {
     "neox_for_gptj": (RotationCase(GLM_41V, 11, 4, 2, "bfloat16", "uniform", False, 11), "pairing_swapped"),
     "chunked_for_interleaved": (RotationCase(QWEN3_VL, 7, 2, 1, "float16", "uniform", False, 12),
-                                "interleave_map_wrong"),
+                                "axis_map_wrong"),
     "key_unrotated": (RotationCase(HUNYUAN_OCR, 12, 4, 2, "bfloat16", "grid", False, 13), "key_only"),
     "first_pow2_heads": (RotationCase(GLM_41V, 1, 3, 0, "float16", "uniform", False, 14), "head_subset"),
     "assumes_contiguous": (RotationCase(QWEN3_VL, 9, 2, 1, "float16", "uniform", True, 15), "row_stride_ignored"),
@@ -428,3 +433,267 @@ def test_chunked_boundary_that_empties_a_row_is_section_boundary_shifted():
     d = _diagnose("chunked_boundary_gt", broken, case)
     assert (d.label, "frequency 1 takes row 0 instead of row 1" in d.sentence) == \
         ("section_boundary_shifted", True), d.lines()
+
+
+# --------------------------------------------------------------------------- rules, one by one
+def _context(case, q_out, k_out, precision="float32", x=None, comparison=None) -> Context:
+    x = x or _inputs(case)
+    return Context.build(case.spec, x.positions, x.query, x.key, x.cache, q_out, k_out, precision=precision,
+                         comparison=comparison)
+
+
+def _run_context(impl_name, fn, case) -> Context:
+    """The context diagnose_run builds for ``fn`` on the case."""
+    run = evaluate_case(impl_name, fn, case, "cpu")
+    x = run.ref_in
+    return Context.build(case.spec, x.positions, x.query, x.key, x.cache, run.q_out, run.k_out,
+                         precision=working_precision(fn), ref=(run.ref_q, run.ref_k), comparison=run.comparison)
+
+
+def _rotated_by(case, spec=None, positions=None) -> Context:
+    """The native rotation with another spec and/or other positions than the case's."""
+    x = _inputs(case)
+    q, k = rotate_native(spec or case.spec, x.positions if positions is None else positions(x.positions),
+                         x.query, x.key, x.cache)
+    return _context(case, q, k, x=x)
+
+
+def _writes_positions(spec, positions, query, key, cache):
+    q, k = rotate_native(spec, positions, query, key, cache)
+    positions.fill_(0)
+    return q, k
+
+
+def _drops_key(spec, positions, query, key, cache):
+    return rotate_native(spec, positions, query, key, cache)[0], None
+
+
+def _nan_input(case):
+    x, q, k = _correct(case)
+    q[2, 1 * 128 + 6] = float("nan")
+    return _context(case, q, k, x=x)
+
+
+def _traced_read_input(case):
+    # Right values, but the guards' tracer saw reads past the cache (properties/guards.py's wording).
+    x, q, k = _correct(case)
+    comparison = diagnosis.compare_rotation(case.spec, x.positions, x.query, x.key, x.cache, q, k,
+                                            *reference.rotate(case.spec, x.positions, x.query, x.key, x.cache))
+    comparison.problems.append("cos_sin_cache: 96 out-of-bounds read(s) of guard elements (traced), first at "
+                               "element 262144")
+    return _context(case, q, k, x=x, comparison=comparison)
+
+
+def _far_sin_input(case):
+    # Partial rotary with head_size/2 = 64 where rotary_dim/2 = 32 belongs (docs/spec.md §7.3) as the sin
+    # offset into a cache row of rotary_dim = 64: sin of frequency i is element 64 + i of row p,
+    # that is element i of row p + 1: the cos of the next row.
+    spec = case.spec
+    assert spec.head_size // 2 == spec.rotary_dim
+    x = _inputs(case)
+    rows = x.positions.long().reshape(spec.num_dims, -1)
+    assert int(rows.max()) + 1 < spec.max_position
+    cos, _ = reference.rotation.select_cos_sin(spec, rows, x.cache)
+    far_sin, _ = reference.rotation.select_cos_sin(spec, rows + 1, x.cache)
+    q, k = (reference.rotation.rotate_heads(spec, t, cos, far_sin).to(t.dtype) for t in (x.query, x.key))
+    return _context(case, q, k, x=x)
+
+
+def _imprecise_pairing_input(case):
+    # Two bugs at once: NeoX pairs for a GPT-J spec, and every value rounded through bfloat16.
+    x = _inputs(case)
+    q, k = rotate_native(dataclasses.replace(case.spec, is_neox_style=not case.spec.is_neox_style),
+                         x.positions, x.query, x.key, x.cache)
+    return _context(case, q.to(torch.bfloat16).to(q.dtype), k.to(torch.bfloat16).to(k.dtype), x=x)
+
+
+def _block_layout_input(case):
+    x = _inputs(case)
+    return _context(case, *_block_layout_rotation(case, x), x=x)
+
+
+def _pass_through_input(case):
+    x, q, k = _correct(case)
+    q[1, 2 * 128 + 100] += 1e-6                      # head 2, channel 100 >= rotary_dim 64
+    return _context(case, q, k, x=x)
+
+
+def _truncated_input(case):
+    x = _inputs(case)
+    rq, rk = reference.rotate(case.spec, x.positions, x.query, x.key, x.cache)
+
+    def truncate(t):                                  # fp32 -> bf16 by dropping the low bits
+        return (t.to(torch.float32).view(torch.int32) & ~0xFFFF).view(torch.float32).to(torch.bfloat16)
+    return _context(case, truncate(rq), truncate(rk), x=x)
+
+
+def _key_wrong_input(case):
+    x, q, k = _correct(case)
+    k[3, 5] += 0.5
+    return _context(case, q, k, x=x)
+
+
+def _query_wrong_input(case):
+    x, q, k = _correct(case)
+    q[:, 128:128 + 64] *= 1.25                       # head 1, rotary channels
+    return _context(case, q, k, x=x)
+
+
+def _garbage_input(case, heads_q, heads_k):
+    x = _inputs(case)
+    return _context(case, *_garbage_rotary(case, x, heads_q, heads_k), x=x)
+
+
+def _last_row_input(case):
+    x, q, k = _correct(case)
+    last = (x.positions == case.spec.max_position - 1).any(dim=0)
+    q[last], k[last] = x.query[last], x.key[last]     # those tokens left unrotated
+    return _context(case, q, k, x=x)
+
+
+def _random_output_input(case):
+    x = _inputs(case)
+    gen = torch.Generator().manual_seed(0)
+    return _context(case, torch.randn(x.query.shape, generator=gen), torch.randn(x.key.shape, generator=gen), x=x)
+
+
+BF16_CASE = RotationCase(GLM_41V, 6, 4, 2, "bfloat16", "uniform", False, 25)
+QWEN3_VL_CASE = RotationCase(QWEN3_VL, 5, 2, 1, "float32", "uniform", False, 22)
+HUNYUAN_CASE = RotationCase(HUNYUAN_OCR, 6, 2, 1, "float32", "uniform", False, 23)
+LAST_ROW_CASE = RotationCase(GLM_41V, 8, 2, 1, "float32", "last_row", False, 24)
+
+# rule name -> (its case, a builder of the input made for it, the label it gives, a phrase of its sentence)
+RULE_INPUTS = {
+    "writes_outside": (FP32_CASE, lambda c: _run_context("writes_positions", _writes_positions, c),
+                       "writes_outside", "positions were modified"),
+    "wrong_output": (FP32_CASE, lambda c: _run_context("drops_key", _drops_key, c), "wrong_output", "key"),
+    "nonfinite_output": (FP32_CASE, _nan_input, "nan", "query[token 2, head 1, channel 6]"),
+    "out_of_bounds_read": (FP32_CASE, _traced_read_input, "out_of_bounds_read", "cos_sin_cache: 96 out-of-bounds"),
+    "pairing_swapped": (FP32_CASE, lambda c: _rotated_by(c, spec=dataclasses.replace(GLM_41V, is_neox_style=True)),
+                        "pairing_swapped", "NeoX pairs"),
+    "axis_map_wrong": (QWEN3_VL_CASE, lambda c: _rotated_by(c, spec=dataclasses.replace(QWEN3_VL, layout="chunked")),
+                       "axis_map_wrong", "layout='chunked' instead of 'interleaved'"),
+    "section_boundary_shifted": (
+        FP32_CASE, lambda c: _rotated_by(c, spec=dataclasses.replace(GLM_41V, sections=(9, 11, 12))),
+        "section_boundary_shifted", "sections=(9, 11, 12)"),
+    "position_rows_swapped": (HUNYUAN_CASE, lambda c: _rotated_by(c, positions=lambda p: p[[0, 2, 1, 3]]),
+                              "position_rows_swapped", "(0, 2, 1, 3)"),
+    "position_rows_misread": (HUNYUAN_CASE, lambda c: _rotated_by(c, positions=lambda p: p[[0, 0, 0, 0]]),
+                              "position_rows_misread", "every row read as row 0"),
+    "row_stride_ignored": (MUTANT_CASES["assumes_contiguous"][0],
+                           lambda c: _run_context("assumes_contiguous", BROKEN_ROTATIONS["assumes_contiguous"], c),
+                           "row_stride_ignored", "row stride"),
+    "partial_rotary_stride": (FP32_CASE, _far_sin_input, "partial_rotary_stride",
+                              "sin read at offset head_size/2 + i"),
+    "pair_rows_split": (RotationCase(HUNYUAN_OCR, 6, 2, 1, "float32", "uniform", False, 47), _block_layout_input,
+                        "pair_rows_split", "blocks of 2*s_i"),
+    "pass_through_only": (FP32_CASE, _pass_through_input, "pass_through_touched", "channels 100"),
+    "modest_rounding": (BF16_CASE, _truncated_input, "precision_loss", "modest"),
+    "lower_working_precision": (
+        MUTANT_CASES["bf16_claiming_fp32"][0],
+        lambda c: _run_context("bf16_claiming_fp32", BROKEN_ROTATIONS["bf16_claiming_fp32"], c),
+        "precision_loss", "computes in bfloat16 although it declares float32"),
+    "imprecise_neighbour": (FP32_CASE, _imprecise_pairing_input, "pairing_swapped",
+                            "besides, the arithmetic fits bfloat16 working precision, not the declared float32"),
+    "key_only": (FP32_CASE, _key_wrong_input, "key_only", "the query is right"),
+    "query_only": (FP32_CASE, _query_wrong_input, "query_only", "the key is right"),
+    "head_subset": (FP32_CASE, lambda c: _garbage_input(c, [1, 2], [0]), "head_subset",
+                    "query heads 1-2 of 4, key heads 0 of 2"),
+    "token_subset": (LAST_ROW_CASE, _last_row_input, "token_subset", "last cache row"),
+    "wrong_positions": (FP32_CASE, lambda c: _rotated_by(c, positions=lambda p: (p + 5) % GLM_41V.max_position),
+                        "wrong_positions", "other positions than given"),
+    "pass_through_and_rotary": (FP32_CASE, _random_output_input, "pass_through_touched",
+                                "rotary channels are wrong too"),
+}
+RULE_NAMES = [rule.__name__ for rule in RULES]
+RULE = dict(zip(RULE_NAMES, RULES))
+
+
+def test_every_rule_has_an_input():
+    assert sorted(RULE_INPUTS) == sorted(RULE_NAMES)
+
+
+def test_rules_are_listed_in_order_in_the_module_docstring():
+    listed = re.findall(r"^\s*(\d+)\. ``(\w+)``", diagnosis.__doc__, re.M)
+    assert listed == [(str(i), name) for i, name in enumerate(RULE_NAMES, 1)]
+    assert len(set(RULE_NAMES)) == len(RULE_NAMES)
+
+
+def test_every_rule_says_what_it_recognises_and_why_it_sits_there():
+    for rule in RULES:
+        doc = rule.__doc__ or ""
+        assert "\n\n" in doc.strip(), f"{rule.__name__}: what it recognises, a blank line, why it sits where it does"
+    # Rules of a known bug cite the spec.
+    for name in ("pairing_swapped", "axis_map_wrong", "section_boundary_shifted", "position_rows_swapped",
+                 "position_rows_misread", "partial_rotary_stride", "nonfinite_output", "out_of_bounds_read",
+                 "wrong_positions"):
+        assert "docs/spec.md §7." in RULE[name].__doc__, name
+
+
+@pytest.mark.parametrize("name", RULE_NAMES)
+def test_rule_fires_on_its_input_and_not_on_a_correct_output(name):
+    case, build, label, phrase = RULE_INPUTS[name]
+    ctx = build(case)
+    d = RULE[name](ctx)
+    assert d is not None and (d.label, phrase in d.sentence) == (label, True), d and d.lines()
+    assert diagnose(case.spec, ctx.positions, ctx.query, ctx.key, ctx.cache, ctx.out_q, ctx.out_k,
+                    precision=ctx.precision, ref=(ctx.ref_q, ctx.ref_k), comparison=ctx.comparison) == d
+    x, q, k = _correct(case)
+    assert RULE[name](_context(case, q, k, x=x)) is None
+
+
+# Where the order of RULES matters: the later rule also fires on the earlier rule's input, and the
+# earlier one names the cause.  (earlier, later)
+ORDER_MATTERS = [
+    ("writes_outside", "wrong_output"),            # a modified input is a problem like any other
+    ("nonfinite_output", "query_only"),            # one NaN in the query: the query alone is "wrong"
+    ("nonfinite_output", "head_subset"),
+    ("out_of_bounds_read", "modest_rounding"),     # right values: every error/bound ratio is modest
+    ("position_rows_swapped", "wrong_positions"),  # swapped rows are other positions, more specifically
+    ("row_stride_ignored", "token_subset"),        # the first token's row reads right
+    ("pass_through_only", "lower_working_precision"),   # a tiny pass-through change fits bf16 rounding
+    ("modest_rounding", "lower_working_precision"),     # one rounding too many is not a whole precision
+    ("lower_working_precision", "pass_through_and_rotary"),   # bf16 arithmetic rounds pass-through too
+    ("imprecise_neighbour", "pass_through_and_rotary"),
+    ("key_only", "head_subset"),                   # one wrong key element: one head, one token
+    ("key_only", "token_subset"),
+    ("query_only", "head_subset"),
+    ("token_subset", "wrong_positions"),           # unrotated tokens are rotated by position 0
+]
+
+
+@pytest.mark.parametrize("earlier, later", ORDER_MATTERS, ids=[f"{a}-before-{b}" for a, b in ORDER_MATTERS])
+def test_rule_order_matters(earlier, later):
+    assert RULE_NAMES.index(earlier) < RULE_NAMES.index(later)
+    case, build, label, _ = RULE_INPUTS[earlier]
+    ctx = build(case)
+    assert RULE[later](ctx) is not None, f"{later} does not fire on {earlier}'s input: not an order test"
+    assert diagnose(case.spec, ctx.positions, ctx.query, ctx.key, ctx.cache, ctx.out_q, ctx.out_k,
+                    precision=ctx.precision, ref=(ctx.ref_q, ctx.ref_k), comparison=ctx.comparison).label == label
+
+
+def test_imprecise_neighbour_is_what_names_a_structural_bug_in_low_precision():
+    # The swapped pairing explains the output only with bf16 rounding allowed, so pairing_swapped
+    # (to the declared precision) does not fire, imprecise_neighbour does.
+    case, build, _, _ = RULE_INPUTS["imprecise_neighbour"]
+    ctx = build(case)
+    assert RULE["pairing_swapped"](ctx) is None
+    assert RULE["imprecise_neighbour"](ctx).label == "pairing_swapped"
+
+
+def test_neighbouring_rules_do_not_fire_on_each_others_inputs():
+    # The neighbouring configurations (rules 5-12) each explain only their own bug's output.
+    neighbours = RULE_NAMES[RULE_NAMES.index("pairing_swapped"):RULE_NAMES.index("pair_rows_split") + 1]
+    assert neighbours == list(diagnosis.NEIGHBOURS)
+    for name in neighbours:
+        case, build, _, _ = RULE_INPUTS[name]
+        ctx = build(case)
+        fired = [other for other in neighbours if RULE[other](ctx) is not None]
+        assert fired == [name], (name, fired)
+
+
+def test_unknown_is_the_fallback():
+    x = _inputs(FP32_CASE)
+    ctx = _context(FP32_CASE, *_garbage_rotary(FP32_CASE, x, range(4), range(2)), x=x)
+    assert [rule.__name__ for rule in RULES if rule(ctx) is not None] == []
+    assert diagnosis.unknown(ctx).label == "unknown"

@@ -14,7 +14,7 @@ from properties.strategies import DTYPES, KINDS, rotation_cases
 # The bug each broken implementation has, as the diagnosis must name it in the shrunk failure.
 EXPECTED_DIAGNOSIS = {
     "neox_for_gptj": "pairing_swapped",
-    "chunked_for_interleaved": "interleave_map_wrong",
+    "chunked_for_interleaved": "axis_map_wrong",
     "key_unrotated": "key_only",
     "touches_pass_through": "pass_through_touched",
     "first_pow2_heads": "head_subset",

@@ -327,7 +327,7 @@ def test_qwen3_vl_rotation_matches_reference(family, case):
 
 # GLM-4.1V, GLM-OCR: rejects a reference that pairs NeoX instead of GPT-J (docs/spec.md §7.1), rotates
 # with a head_size/2 stride instead of rotary_dim/2 or touches the pass-through channels (bug 3), or
-# uses the wrong section map.
+# uses the wrong axis map.
 @pytest.mark.parametrize("family", _families("glm-4.1v", "glm-ocr"))
 @settings(deadline=None)
 @given(case=oracle_cases(layout="chunked", is_neox_style=False, rotary_fractions=(0.5, 1.0), bases=(10000.0,)))

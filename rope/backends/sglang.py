@@ -5,7 +5,7 @@ Its interface is the harness's own: positions ``[T]`` or ``[3, T]``, q/k ``[T, h
 module per spec and dtype (``max_position_embeddings`` = the spec's cache length) and points its public
 ``cos_sin_cache`` buffer at the harness's cache, the one attribute every forward reads.  Two entries:
 
-* ``sglang`` -> ``forward_native``: gather, section map (chunked or Qwen3-VL interleaved), rotation in
+* ``sglang`` -> ``forward_native``: gather, axis map (chunked or Qwen3-VL interleaved), rotation in
   the activation dtype, out of place;
 * ``sglang-triton`` -> ``forward_triton``: the fused Triton kernel ``triton_mrope_fused`` (chunked,
   interleaved, GLM round-robin axis map, NeoX or GPT-J, partial rotary), in place, computing in the

@@ -5,7 +5,7 @@
 buffer.  The adapter builds one op per spec and dtype and points that buffer at the harness's cache
 (cast to q's dtype, as ``_match_cos_sin_cache_dtype`` does; it then has nothing to change).  Entries:
 
-* ``vllm-native`` -> ``forward_native``: gather, section map, rotation in the activation dtype;
+* ``vllm-native`` -> ``forward_native``: gather, axis map, rotation in the activation dtype;
 * ``vllm-cuda`` -> ``forward_cuda``: the Triton kernel ``triton_mrope`` for ``[3, T]`` positions
   (computes in the cos dtype), ``ApplyRotaryEmb`` for ``[T]``;
 * ``vllm-xd`` -> ``XDRotaryEmbedding.forward_native`` (XD-RoPE, 3 or 4 rows, NTK alpha) where the

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -93,15 +94,26 @@ def assert_matches_reference(impl_name: str, fn, case: RotationCase, device: str
     """Hold ``fn`` to the reference on ``case``.  On a mismatch the AssertionError opens with the
     implementation, device and case id, then the diagnosis, the worst elements and the command
     replaying the case file written to reports/cases (rope.harness.case_files; ROPE_CASES_DIR=off skips it).
-    While Hypothesis is still searching or shrinking, only the plain report is built."""
-    run = evaluate_case(impl_name, fn, case, device)
-    if not run.comparison.ok:
-        message = mismatch_message(impl_name, fn, case, device, run)
-        if hypothesis_example()[0]:      # the final (shrunk) failure, or no Hypothesis at all
-            _record(impl_name, case, device, run)
-        raise AssertionError(message)
+    While Hypothesis is still searching or shrinking, only the plain report is built.  Nothing that
+    goes wrong while reporting may hide the mismatch: failures become a line of the message."""
+    run = evaluate_case(impl_name, fn, case, device)                    # run and compare
+    if run.comparison.ok:
+        _record(impl_name, case, device, run)
+        return run.comparison
+    final, hypothesis = hypothesis_example()
+    if not final:                 # Hypothesis still searching or shrinking: many failures, none reported
+        raise AssertionError(plain_message(impl_name, case, device, run.comparison))
+    try:
+        diagnosis = diagnose_mismatch(fn, case, run)                    # failures: an 'unknown' diagnosis
+        implementation = case_files.implementation_path(impl_name, fn)
+        case_path, note = write_case_file(implementation, fn, case, device, run, diagnosis, hypothesis)
+        message = mismatch_message(impl_name, implementation, case, device, run.comparison, diagnosis,
+                                   case_path=case_path, note=note)
+    except Exception as exc:      # noqa: BLE001 - the mismatch is reported all the same
+        message = (plain_message(impl_name, case, device, run.comparison)
+                   + f"\n(mismatch report failed: {type(exc).__name__}: {exc})")
     _record(impl_name, case, device, run)
-    return run.comparison
+    raise AssertionError(message)
 
 
 def _record(impl_name: str, case: RotationCase, device: str, run: CaseRun) -> None:
@@ -119,6 +131,14 @@ def diagnose_run(fn, case: RotationCase, run: CaseRun) -> Diagnosis:
     x = run.ref_in
     return diagnose(case.spec, x.positions, x.query, x.key, x.cache, run.q_out, run.k_out,
                     precision=working_precision(fn), ref=(run.ref_q, run.ref_k), comparison=run.comparison)
+
+
+def diagnose_mismatch(fn, case: RotationCase, run: CaseRun) -> Diagnosis:
+    """:func:`diagnose_run`, never raising: a failure becomes an ``unknown`` diagnosis that says so."""
+    try:
+        return diagnose_run(fn, case, run)
+    except Exception as exc:      # noqa: BLE001 - a broken diagnosis must not hide the mismatch
+        return Diagnosis("unknown", f"diagnosis failed ({type(exc).__name__}: {exc})")
 
 
 def input_layout(inputs: RotationInputs) -> dict:
@@ -162,37 +182,39 @@ def hypothesis_example() -> tuple[bool, dict | None]:
     return bool(context.is_final), record
 
 
-def mismatch_message(impl_name: str, fn, case: RotationCase, device: str, run: CaseRun) -> str:
-    """The AssertionError message; diagnoses and writes the case file on the way.  Nothing that
-    goes wrong here may hide the mismatch: failures become a line of the message."""
-    plain = f"{impl_name} on {device} does not match the reference\ncase: {case}"
-    final, hypothesis = hypothesis_example()
-    if not final:
-        return run.comparison.message(plain)
+def write_case_file(implementation: str, fn, case: RotationCase, device: str, run: CaseRun,
+                    diagnosis: Diagnosis, hypothesis: dict | None) -> tuple[Path | None, str | None]:
+    """Write the mismatch's case file (rope.harness.case_files) to :func:`case_files.cases_dir`
+    and set ``run.case_file``: returns (path, None), or (None, note) when case files are turned
+    off or the file cannot be written (the note says why).  Building the record may raise."""
+    record = case_files.case_record(
+        implementation=implementation, device=device, working_precision=working_precision(fn),
+        case=case.to_dict(), strides=input_layout(run.inputs), inputs_sha256=input_digests(run.ref_in),
+        comparison=run.comparison, diagnosis=diagnosis, hypothesis=hypothesis,
+        test=os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0] or None)
+    directory = case_files.cases_dir()
+    if directory is None:
+        return None, f"not written ({case_files.CASES_DIR_ENV}={os.environ.get(case_files.CASES_DIR_ENV)!r})"
     try:
-        try:
-            diagnosis = diagnose_run(fn, case, run)
-        except Exception as exc:
-            diagnosis = Diagnosis("unknown", f"diagnosis failed ({type(exc).__name__}: {exc})")
-        implementation = case_files.implementation_path(impl_name, fn)
-        record = case_files.case_record(
-            implementation=implementation, device=device, working_precision=working_precision(fn),
-            case=case.to_dict(), strides=input_layout(run.inputs), inputs_sha256=input_digests(run.ref_in),
-            comparison=run.comparison, diagnosis=diagnosis, hypothesis=hypothesis,
-            test=os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0] or None)
-        path, note = None, None
-        directory = case_files.cases_dir()
-        if directory is None:
-            note = f"not written ({case_files.CASES_DIR_ENV}={os.environ.get(case_files.CASES_DIR_ENV)!r})"
-        else:
-            try:
-                path = case_files.write_case(record, directory)
-                run.case_file = str(path)
-            except Exception as exc:
-                note = f"not written to {directory} ({type(exc).__name__}: {exc})"
-        name = impl_name if implementation == impl_name else f"{impl_name} ({implementation})"
-        return case_files.format_mismatch(
-            header=f"{name} on {device} does not match the reference (case {record['id']})",
-            diagnosis=diagnosis, comparison=run.comparison, case=case, case_path=path, note=note)
-    except Exception as exc:
-        return run.comparison.message(plain) + f"\n(mismatch report failed: {type(exc).__name__}: {exc})"
+        path = case_files.write_case(record, directory)
+    except Exception as exc:      # noqa: BLE001 - an unwritable directory is a line of the message
+        return None, f"not written to {directory} ({type(exc).__name__}: {exc})"
+    run.case_file = str(path)
+    return path, None
+
+
+def plain_message(impl_name: str, case: RotationCase, device: str, comparison: Comparison) -> str:
+    """The mismatch report without diagnosis or case file (while Hypothesis searches or shrinks)."""
+    return comparison.message(f"{impl_name} on {device} does not match the reference\ncase: {case}")
+
+
+def mismatch_message(impl_name: str, implementation: str, case: RotationCase, device: str, comparison: Comparison,
+                     diagnosis: Diagnosis, *, case_path: Path | None = None, note: str | None = None) -> str:
+    """The AssertionError message of a final mismatch (formatting only): the implementation
+    (``implementation``: its replayable path), device and case id, the diagnosis, the worst
+    elements, the case, and the case file with its replay command (or ``note``: why there is none)."""
+    name = impl_name if implementation == impl_name else f"{impl_name} ({implementation})"
+    case_id = case_files.case_id(implementation, device, case.to_dict())
+    return case_files.format_mismatch(
+        header=f"{name} on {device} does not match the reference (case {case_id})",
+        diagnosis=diagnosis, comparison=comparison, case=case, case_path=case_path, note=note)

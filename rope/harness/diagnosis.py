@@ -6,45 +6,63 @@ and returns a :class:`Diagnosis`: a label, one sentence, and the location of the
 elements per tensor over tokens, heads, frequencies, position rows, pair members and
 pass-through channels.
 
-The cause is found by elimination, most specific first:
+It builds a :class:`Context` once (inputs, outputs, reference, comparison, and what several rules
+share, each computed on first use) and walks :data:`RULES`: named functions
+``rule(ctx) -> Diagnosis | None``, the first hit wins, :func:`unknown` when none hits.  Outputs
+that match the reference are ``match`` before any rule runs (and every rule returns None on them).
+The order is elimination, most specific first (each rule's docstring says why it sits where it
+does; the label it gives follows the rule's name where the two differ):
 
-1. ``wrong_output`` / ``writes_outside``: a tensor came back with the wrong shape, dtype or device
-   (or None); positions, the cache, a guard or the value slice of a packed qkv tensor were written.
-2. ``nan``: NaN/inf where the reference is finite (an out-of-bounds read from a guard region);
-   ``out_of_bounds_read``: the values are right but the guards' tracer saw reads outside the
-   inputs (properties/guards.py reports them as problems).
-3. The output *is* the reference of a neighbouring configuration, to the declared precision:
-   each candidate rotates the inputs by its own cos/sin and pairs and is held to the same
-   per-element bound.  ``pairing_swapped`` (the other of NeoX / GPT-J), ``interleave_map_wrong``
-   (the other layout), ``section_boundary_shifted`` (one section boundary, or one interleaved
-   bound 3*s, moved by one), ``position_rows_swapped`` (position rows permuted),
-   ``position_rows_misread`` (row d read at a wrong row stride: positions[0, t + d], or row 0
-   for every frequency), ``row_stride_ignored`` (q/k rows read as if packed back to back),
-   ``partial_rotary_stride`` (head_size/2 where rotary_dim/2 belongs: sin read past its row, or
-   the NeoX partner at i + head_size/2), ``pair_rows_split`` (the sections laid over the whole
-   rotary head in blocks of 2*s_i, so the two members of a NeoX pair take different position rows:
-   transformers' HunYuanVL, SPEC §2).
-4. ``pass_through_touched``: channels >= rotary_dim differ from the input, the rotary ones do not.
-5. ``precision_loss``: every error fits the bound of a lower working precision than declared
-   (LOWER_PRECISION_SLACK x), or the worst error/bound ratio is modest (<= MODEST_RATIO:
-   truncating stores, an extra rounding).
-6. Step 3 again, allowing the lower precision (a kernel with a structural bug *and* imprecise
-   arithmetic).
-7. From here only gross errors count (beyond bfloat16 rounding): ``key_only`` / ``query_only``
-   (one tensor is right), ``head_subset`` (e.g. only the first power-of-two heads are right),
-   ``token_subset`` (e.g. only tokens at the last cache row are wrong).
-8. ``wrong_positions``: the output is an exact rotation by other positions than given (recovered
-   per token and position row from the angles of the output's pairs, matched to cache rows):
-   stale cos/sin, another chunk's positions, a wrong positions pointer.
-9. ``pass_through_touched`` with the rotary channels wrong too; else ``unknown``: the location
-   is all there is.
+ 1. ``writes_outside``: positions, the cache, a guard or the value slice of a packed qkv tensor
+    were written.
+ 2. ``wrong_output``: a tensor came back with the wrong shape, dtype or device (or None).
+ 3. ``nonfinite_output`` (label ``nan``): NaN/inf where the reference is finite (an out-of-bounds
+    read from a guard region).
+ 4. ``out_of_bounds_read``: the values are right but the guards' tracer saw reads outside the
+    inputs (properties/guards.py reports them as problems).
+ 5. ``pairing_swapped``: the output is the reference with the other of NeoX / GPT-J pairs.
+ 6. ``axis_map_wrong``: ... with the other layout's axis map (chunked / interleaved).
+ 7. ``section_boundary_shifted``: ... with one section boundary, or one interleaved bound 3*s,
+    moved by one.
+ 8. ``position_rows_swapped``: ... with the position rows permuted.
+ 9. ``position_rows_misread``: ... with row d read at a wrong row stride (positions[0, t + d], or
+    row 0 for every frequency).
+10. ``row_stride_ignored``: ... of q/k rows read as if packed back to back.
+11. ``partial_rotary_stride``: ... with head_size/2 where rotary_dim/2 belongs (sin read past its
+    row, or the NeoX partner at i + head_size/2).
+12. ``pair_rows_split``: ... with the sections laid over the whole rotary head in blocks of 2*s_i,
+    so the two members of a NeoX pair take different position rows (transformers' HunYuanVL,
+    docs/spec.md §2).
+    (5-12 are the neighbouring configurations, NEIGHBOURS: each candidate rotates the inputs by
+    its own cos/sin and pairs and is held to the same per-element bound, to the declared precision.)
+13. ``pass_through_only`` (label ``pass_through_touched``): channels >= rotary_dim differ from the
+    input, the rotary ones do not.
+14. ``modest_rounding`` (label ``precision_loss``): the worst error/bound ratio is modest
+    (<= MODEST_RATIO: truncating stores, an extra rounding).
+15. ``lower_working_precision`` (label ``precision_loss``): every error fits the bound of a lower
+    working precision than declared (LOWER_PRECISION_SLACK x).
+16. ``imprecise_neighbour`` (labels of 5-12): a neighbouring configuration again, allowing the
+    lower precision (a kernel with a structural bug *and* imprecise arithmetic).
+    From here only gross errors count (beyond bfloat16 rounding: Context.gross):
+17. ``key_only``: the query is right, the key is not.
+18. ``query_only``: the key is right, the query is not.
+19. ``head_subset``: only some heads are wrong (e.g. only the first power-of-two heads are right).
+20. ``token_subset``: only some tokens are wrong (e.g. only tokens at the last cache row).
+21. ``wrong_positions``: the output is an exact rotation by other positions than given (recovered
+    per token and position row from the angles of the output's pairs, matched to cache rows):
+    stale cos/sin, another chunk's positions, a wrong positions pointer.
+22. ``pass_through_and_rotary`` (label ``pass_through_touched``): pass-through channels touched and
+    the rotary channels wrong too.
+Else ``unknown``: the location is all there is.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -54,7 +72,7 @@ from rope.harness.tolerance import Comparison, compare_rotation, rotation_bound,
 
 LABELS = (
     "match", "wrong_output", "writes_outside", "nan", "out_of_bounds_read", "pairing_swapped",
-    "interleave_map_wrong", "section_boundary_shifted", "position_rows_swapped", "position_rows_misread",
+    "axis_map_wrong", "section_boundary_shifted", "position_rows_swapped", "position_rows_misread",
     "row_stride_ignored", "partial_rotary_stride", "pair_rows_split", "wrong_positions", "pass_through_touched",
     "precision_loss", "key_only", "query_only", "head_subset", "token_subset", "unknown",
 )
@@ -238,9 +256,10 @@ def _empty_section_alt(spec: RopeSpec, secs, shifted, j, positions, query, key, 
                 f"{shifted.index(0)} is left with no frequency)", spec, cos, sin, query, key)
 
 
-def _structural_alternatives(spec: RopeSpec, positions, query, key, cache):
-    """The neighbouring configurations a broken kernel may effectively compute, most specific
-    first (positions renumbered to the rows of ``cache`` they use)."""
+# The neighbouring configurations, one generator per label (positions renumbered to the rows of
+# ``cache`` they use), each most specific first; NEIGHBOURS (below) lists them in rule order.
+def _pairing_alternatives(spec: RopeSpec, positions, query, key, cache):
+    """The other pairing style: GPT-J pairs for NeoX, NeoX pairs for GPT-J."""
     other = "GPT-J pairs (2i, 2i+1)" if spec.is_neox_style else "NeoX pairs (i, i + rotary_dim/2)"
     asked = "NeoX" if spec.is_neox_style else "GPT-J"
     swapped = _replace(spec, is_neox_style=not spec.is_neox_style)
@@ -250,65 +269,93 @@ def _structural_alternatives(spec: RopeSpec, positions, query, key, cache):
             f"the output matches the reference computed with {other} although the spec asks for {asked} "
             f"(is_neox_style={spec.is_neox_style}): the kernel ignores the pairing style",
             swapped, positions, query, key, cache)
+
+
+def _axis_map_alternatives(spec: RopeSpec, positions, query, key, cache):
+    """The other layout's axis map (chunked for interleaved, or the reverse; three sections only)."""
     secs = spec.sections
-    if secs is not None and len(secs) >= 2:
-        if len(secs) == 3:
-            layout = "chunked" if spec.layout == "interleaved" else "interleaved"
-            alt = _replace(spec, layout=layout)
-            if alt is not None:
-                yield _positions_alt(
-                    "interleave_map_wrong",
-                    f"the output matches the reference with layout={layout!r} instead of {spec.layout!r}: "
-                    f"the frequency-to-row map of sections={secs} is wrong (SPEC §2)", alt, positions, query, key, cache)
-        axis = spec.axis_map()
-        for j in range(len(secs) - 1):
-            for step in (1, -1):
-                shifted = list(secs)
-                shifted[j] += step
-                shifted[j + 1] -= step
-                if min(shifted) < 0:
-                    continue
-                if min(shifted) == 0:
-                    if spec.layout == "chunked":     # a row loses its only frequency: no RopeSpec has that
-                        yield _empty_section_alt(spec, secs, tuple(shifted), j, positions, query, key, cache)
-                    continue
-                alt = _replace(spec, sections=tuple(shifted))
-                if alt is None or alt.axis_map() == axis:
-                    continue
-                if spec.layout == "interleaved":
-                    # Only the H and W bounds (i < 3*s_h, i < 3*s_w) exist in the interleaved map.
-                    bounds = " and ".join(f"i < 3*s_{'hw'[r - 1]} = {3 * secs[r]} acts as i < {3 * shifted[r]}"
-                                          for r in (1, 2) if shifted[r] != secs[r])
-                    how = (f"an interleaved bound is off by one group ({bounds}): {_moved(spec, alt)} (e.g. "
-                           f"i // 3 <= s where i < 3*s belongs; SPEC §7.9)")
-                else:
-                    how = (f"the boundary between position rows {j} and {j + 1} is off by one frequency: "
-                           f"{_moved(spec, alt)} (e.g. <= where < belongs)")
-                yield _positions_alt(
-                    "section_boundary_shifted",
-                    f"the output matches the reference with sections={tuple(shifted)} instead of {secs}: {how}",
-                    alt, positions, query, key, cache)
-        identity = tuple(range(len(secs)))
-        for perm in itertools.permutations(identity):
-            if perm != identity:
-                yield _positions_alt(
-                    "position_rows_swapped",
-                    f"the output matches the reference with the position rows read in the order {perm} "
-                    f"instead of {identity}: rows swapped (e.g. the T/H/W order of the interleaved lanes, or a "
-                    f"wrong row offset)", spec, positions[list(perm)], query, key, cache)
-        # Row d read at a wrong row stride s: positions.flatten()[d * s + t].
-        flat = positions.reshape(-1)
-        num_dims, num_tokens = positions.shape
-        for stride, how in (
-                (1, "row d read at positions[0, t + d] (row stride 1 instead of the row stride: the last "
-                    "tokens of a row read into the next row)"),
-                (0, "every row read as row 0 (row stride 0, or positions treated as 1-D)")):
-            misread = flat.as_strided((num_dims, num_tokens), (stride, 1))
-            if not torch.equal(misread, positions):
-                yield _positions_alt(
-                    "position_rows_misread",
-                    f"the output matches the reference with the position rows misread, {how}: the kernel "
-                    f"indexes positions[d, t] wrongly", spec, misread.clone(), query, key, cache)
+    if secs is None or len(secs) != 3:
+        return
+    layout = "chunked" if spec.layout == "interleaved" else "interleaved"
+    alt = _replace(spec, layout=layout)
+    if alt is not None:
+        yield _positions_alt(
+            "axis_map_wrong",
+            f"the output matches the reference with layout={layout!r} instead of {spec.layout!r}: "
+            f"the axis map of sections={secs} is wrong (docs/spec.md §2)", alt, positions, query, key, cache)
+
+
+def _section_boundary_alternatives(spec: RopeSpec, positions, query, key, cache):
+    """Each section boundary (each interleaved bound 3*s) moved by one frequency either way."""
+    secs = spec.sections
+    if secs is None or len(secs) < 2:
+        return
+    axis = spec.axis_map()
+    for j in range(len(secs) - 1):
+        for step in (1, -1):
+            shifted = list(secs)
+            shifted[j] += step
+            shifted[j + 1] -= step
+            if min(shifted) < 0:
+                continue
+            if min(shifted) == 0:
+                if spec.layout == "chunked":     # a row loses its only frequency: no RopeSpec has that
+                    yield _empty_section_alt(spec, secs, tuple(shifted), j, positions, query, key, cache)
+                continue
+            alt = _replace(spec, sections=tuple(shifted))
+            if alt is None or alt.axis_map() == axis:
+                continue
+            if spec.layout == "interleaved":
+                # Only the H and W bounds (i < 3*s_h, i < 3*s_w) exist in the interleaved map.
+                bounds = " and ".join(f"i < 3*s_{'hw'[r - 1]} = {3 * secs[r]} acts as i < {3 * shifted[r]}"
+                                      for r in (1, 2) if shifted[r] != secs[r])
+                how = (f"an interleaved bound is off by one group ({bounds}): {_moved(spec, alt)} (e.g. "
+                       f"i // 3 <= s where i < 3*s belongs; docs/spec.md §7.9)")
+            else:
+                how = (f"the boundary between position rows {j} and {j + 1} is off by one frequency: "
+                       f"{_moved(spec, alt)} (e.g. <= where < belongs)")
+            yield _positions_alt(
+                "section_boundary_shifted",
+                f"the output matches the reference with sections={tuple(shifted)} instead of {secs}: {how}",
+                alt, positions, query, key, cache)
+
+
+def _row_order_alternatives(spec: RopeSpec, positions, query, key, cache):
+    """Every other order of the position rows."""
+    secs = spec.sections
+    if secs is None or len(secs) < 2:
+        return
+    identity = tuple(range(len(secs)))
+    for perm in itertools.permutations(identity):
+        if perm != identity:
+            yield _positions_alt(
+                "position_rows_swapped",
+                f"the output matches the reference with the position rows read in the order {perm} "
+                f"instead of {identity}: rows swapped (e.g. the T/H/W order of the interleaved lanes, or a "
+                f"wrong row offset)", spec, positions[list(perm)], query, key, cache)
+
+
+def _row_misread_alternatives(spec: RopeSpec, positions, query, key, cache):
+    """Row d read at a wrong row stride s: positions.flatten()[d * s + t], s = 1 or 0."""
+    secs = spec.sections
+    if secs is None or len(secs) < 2:
+        return
+    flat = positions.reshape(-1)
+    num_dims, num_tokens = positions.shape
+    for stride, how in (
+            (1, "row d read at positions[0, t + d] (row stride 1 instead of the row stride: the last "
+                "tokens of a row read into the next row)"),
+            (0, "every row read as row 0 (row stride 0, or positions treated as 1-D)")):
+        misread = flat.as_strided((num_dims, num_tokens), (stride, 1))
+        if not torch.equal(misread, positions):
+            yield _positions_alt(
+                "position_rows_misread",
+                f"the output matches the reference with the position rows misread, {how}: the kernel "
+                f"indexes positions[d, t] wrongly", spec, misread.clone(), query, key, cache)
+
+
+def _row_stride_alternatives(spec: RopeSpec, positions, query, key, cache):
+    """q/k read as if their rows were packed back to back (when either has a row stride)."""
     packed_q, packed_k = _as_packed(query), _as_packed(key)
     if packed_q is not query or packed_k is not key:
         strides = ", ".join(f"{n} row stride {x.stride(0)} for width {x.shape[1]}"
@@ -334,7 +381,7 @@ def _rotate_members(spec: RopeSpec, x, cos_a, sin_a, cos_b, sin_b):
 def _pair_rows_split_alternatives(spec: RopeSpec, rows, query, key, cache):
     """Chunked sections laid over the whole rotary head in blocks of 2*s_i (channel c takes the
     row of its block) instead of over each half: the members (i, i + rotary_dim/2) of a NeoX pair
-    take different rows (transformers' HunYuanVL from 5.13; SPEC §2)."""
+    take different rows (transformers' HunYuanVL from 5.13; docs/spec.md §2)."""
     secs = spec.sections
     if secs is None or len(secs) < 2 or spec.layout != "chunked" or not spec.is_neox_style:
         return
@@ -350,12 +397,12 @@ def _pair_rows_split_alternatives(spec: RopeSpec, rows, query, key, cache):
                 f"sections {secs} laid over the whole rotary head in blocks of 2*s_i (channel c takes the row of "
                 f"its block) instead of over each half, so {len(split)} of {half} pairs (i, i + {half}) read row "
                 f"{axis_a[split[0]]} for member a and row {axis_b[split[0]]} for member b (e.g. frequency {split[0]}); "
-                f"text tokens (all rows equal) are unaffected (transformers' HunYuanVL layout; SPEC §2)")
+                f"text tokens (all rows equal) are unaffected (transformers' HunYuanVL layout; docs/spec.md §2)")
     yield _Alt("pair_rows_split", sentence, spec, cos_a, sin_a, query, key, cos_b, sin_b)
 
 
 def _partial_rotary_alternatives(spec: RopeSpec, rows, query, key, cache):
-    """head_size/2 used where rotary_dim/2 belongs (partial rotary, SPEC §7.3): the sin offset into
+    """head_size/2 used where rotary_dim/2 belongs (partial rotary, docs/spec.md §7.3): the sin offset into
     a cache row and/or the NeoX partner channel.  ``rows``: [num_dims, T] positions into ``cache``
     (the full cache: a sin read past its row's end lands in the next row)."""
     hs, rd, half = spec.head_size, spec.rotary_dim, spec.num_freqs
@@ -381,7 +428,7 @@ def _partial_rotary_alternatives(spec: RopeSpec, rows, query, key, cache):
                          f"pass-through channel rotated, a rotary one left alone)")
         sentence = (f"the output matches the reference computed with head_size/2 = {hs // 2} where rotary_dim/2 = "
                     f"{half} belongs (partial rotary: rotary_dim={rd} < head_size={hs}): {'; '.join(parts)} "
-                    f"(SPEC §7.3)")
+                    f"(docs/spec.md §7.3)")
         if partner_far:
             ones = torch.ones(cos.shape[0], hs // 2 - half, dtype=torch.float64)
             zeros = torch.zeros_like(ones)
@@ -526,10 +573,599 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+# --------------------------------------------------------------------------- context
+class _Lazy:
+    """The items of an iterator, computed on demand and kept: a rule that stops at its first hit
+    leaves the rest uncomputed, a later rule that walks them all sees the same items."""
+
+    def __init__(self, items):
+        self._items, self._seen = iter(items), []
+
+    def __iter__(self):
+        i = 0
+        while True:
+            if i == len(self._seen):
+                try:
+                    self._seen.append(next(self._items))
+                except StopIteration:
+                    return
+            yield self._seen[i]
+            i += 1
+
+
+# label -> the neighbouring configurations of that label, for a Context; in rule order (5-12).
+# The positions-level ones use only the cache rows the positions use (Context.used_positions);
+# the partial rotary and pair-split ones the full cache (a sin read past its row lands in the next).
+NEIGHBOURS = {
+    "pairing_swapped": lambda c: _pairing_alternatives(c.spec, c.used_positions, c.query, c.key, c.used_cache),
+    "axis_map_wrong": lambda c: _axis_map_alternatives(c.spec, c.used_positions, c.query, c.key, c.used_cache),
+    "section_boundary_shifted": lambda c: _section_boundary_alternatives(
+        c.spec, c.used_positions, c.query, c.key, c.used_cache),
+    "position_rows_swapped": lambda c: _row_order_alternatives(c.spec, c.used_positions, c.query, c.key, c.used_cache),
+    "position_rows_misread": lambda c: _row_misread_alternatives(
+        c.spec, c.used_positions, c.query, c.key, c.used_cache),
+    "row_stride_ignored": lambda c: _row_stride_alternatives(c.spec, c.used_positions, c.query, c.key, c.used_cache),
+    "partial_rotary_stride": lambda c: _partial_rotary_alternatives(c.spec, c.rows, c.query, c.key, c.cache),
+    "pair_rows_split": lambda c: _pair_rows_split_alternatives(c.spec, c.rows, c.query, c.key, c.cache),
+}
+
+
+@dataclass
+class _Gross:
+    """The mismatch judged on gross errors only: beyond the coarsest lower precision's rounding."""
+    where: dict           # name -> _Where: of its gross errors where it has any, else of its mismatches
+    location: dict        # Context.location, with the gross errors' summary where they are fewer
+    grossly: list         # the tensors with gross errors (every mismatched one when none has any)
+    rounding_note: str    # names the tensors that differ only by rounding ('' when none does)
+
+
+@dataclass(eq=False)
+class Context:
+    """What the rules look at, built once per diagnosis (:meth:`build`).  The fields are given;
+    the properties are computed on first use and shared, so a rule pays only for what it reads."""
+    spec: RopeSpec
+    positions: torch.Tensor            # CPU, as given: rows into ``cache``
+    query: torch.Tensor                # untouched CPU inputs, with the strides the implementation saw
+    key: torch.Tensor | None
+    cache: torch.Tensor                # CPU, the whole cos/sin cache
+    out_q: torch.Tensor | None         # the implementation's outputs (any device)
+    out_k: torch.Tensor | None
+    precision: str                     # its declared working precision
+    ref_q: torch.Tensor | None         # float64 CPU reference outputs
+    ref_k: torch.Tensor | None
+    comparison: Comparison
+    _neighbours: dict = field(default_factory=dict, init=False, repr=False)
+
+    @classmethod
+    def build(cls, spec: RopeSpec, positions, query, key, cos_sin_cache, out_q, out_k, *,
+              precision: str = "float32", ref=None, comparison: Comparison | None = None) -> "Context":
+        """:func:`diagnose`'s arguments; ``ref`` and ``comparison`` are computed when not given."""
+        cpu = torch.device("cpu")
+        positions, cache = positions.to(cpu), cos_sin_cache.to(cpu)
+        if ref is None:
+            ref = rotate(spec, positions, query, key, cache)
+        ref_q, ref_k = (None if r is None else r.to(cpu, torch.float64) for r in ref)
+        if comparison is None:
+            comparison = compare_rotation(spec, positions, query, key, cache, out_q, out_k, ref_q, ref_k, precision)
+        return cls(spec, positions, query, key, cache, out_q, out_k, precision, ref_q, ref_k, comparison)
+
+    # ----- where the mismatch is
+    @cached_property
+    def inputs(self) -> dict:
+        """name -> (input, output, float64 reference), for query and key."""
+        return {"query": (self.query, self.out_q, self.ref_q), "key": (self.key, self.out_k, self.ref_k)}
+
+    @cached_property
+    def where(self) -> dict:
+        """name -> _Where of its mismatched elements (error > bound), per compared tensor."""
+        c = self.comparison
+        return {name: _where(self.spec, c.errors[name] > c.bounds[name]) for name in c.errors}
+
+    @cached_property
+    def location(self) -> dict:
+        """name -> summary of its mismatched elements, for the tensors that have any."""
+        return {name: w.summary(self.spec) for name, w in self.where.items() if w.count}
+
+    @cached_property
+    def wrong(self) -> list:
+        """The names of the tensors with mismatched elements."""
+        return [name for name, w in self.where.items() if w.count]
+
+    @cached_property
+    def touched(self) -> dict:
+        """name -> _Where, for the tensors with mismatched pass-through channels."""
+        return {name: w for name, w in self.where.items() if w.pass_through}
+
+    @cached_property
+    def rotary_wrong(self) -> bool:
+        return any(w.freqs for w in self.where.values())
+
+    def found(self, label: str, sentence: str) -> Diagnosis:
+        """A diagnosis located at every mismatched element."""
+        return Diagnosis(label, sentence, self.location)
+
+    def found_gross(self, label: str, sentence: str) -> Diagnosis:
+        """A diagnosis located at the gross errors (:attr:`gross`)."""
+        return Diagnosis(label, sentence, self.gross.location)
+
+    # ----- problems the comparison and the guards report
+    @cached_property
+    def reads(self) -> list[str]:
+        """Traced reads outside an input (properties/guards.py)."""
+        return [p for p in self.comparison.problems if _is_read_problem(p)]
+
+    @cached_property
+    def nonfinite(self) -> dict:
+        """name -> bool mask: NaN/inf in the output where the reference is finite."""
+        out = {}
+        for name in self.comparison.errors:
+            _, got, exp = self.inputs[name]
+            out[name] = ~torch.isfinite(got.detach().to("cpu", torch.float64)) & torch.isfinite(exp)
+        return out
+
+    # ----- positions.  The rules recompute references; model caches hold up to a million rows, so
+    # the positions-level ones use only the rows the positions use (same values, positions
+    # renumbered): identical results.
+    @cached_property
+    def rows(self) -> torch.Tensor:
+        """The positions as [num_dims, T] rows into the full cache."""
+        return self.positions.long().reshape(self.spec.num_dims, -1)
+
+    @cached_property
+    def _used(self):
+        return torch.unique(self.positions.long(), return_inverse=True)
+
+    @cached_property
+    def used_positions(self) -> torch.Tensor:
+        """The positions renumbered to rows of :attr:`used_cache`."""
+        return self._used[1].reshape(self.positions.shape)
+
+    @cached_property
+    def used_cache(self) -> torch.Tensor:
+        """The cache rows the positions use, in increasing order."""
+        return self.cache[self._used[0]]
+
+    def neighbours(self, label: str) -> _Lazy:
+        """The :class:`_AltResult` of each neighbouring configuration of ``label`` (NEIGHBOURS), in
+        order, those equal to the reference on this input left out; computed once, as far as walked."""
+        if label not in self._neighbours:
+            results = (_alternative_result(alt, self.out_q, self.out_k, self.ref_q, self.ref_k, self.precision)
+                       for alt in NEIGHBOURS[label](self))
+            self._neighbours[label] = _Lazy(r for r in results if r is not None)
+        return self._neighbours[label]
+
+    # ----- precision
+    @property
+    def out_dtype(self) -> torch.dtype:
+        return self.query.dtype
+
+    @cached_property
+    def declared(self) -> str:
+        """The declared working precision's name."""
+        return _dtype_name(working_dtype(self.precision, self.out_dtype))
+
+    @cached_property
+    def cos_sin(self) -> tuple:
+        """float64 [T, num_freqs] cos and sin the reference rotates by."""
+        return select_cos_sin(self.spec, self.used_positions, self.used_cache)
+
+    @cached_property
+    def tensors(self) -> list:
+        """[(name, input, float64 reference)] per compared tensor."""
+        return [(name, self.inputs[name][0], self.inputs[name][2]) for name in self.comparison.errors]
+
+    @cached_property
+    def spread(self) -> str:
+        """'query 12/640 elements over 3/5 tokens and 2/3 heads; key ...'."""
+        w = self.where
+        return "; ".join(f"{name} {w[name].count}/{w[name].total} elements over {len(w[name].tokens)}/"
+                         f"{w[name].num_tokens} tokens and {len(w[name].heads)}/{w[name].num_heads} heads"
+                         for name in self.wrong)
+
+    @cached_property
+    def gross(self) -> _Gross:
+        """Only errors beyond what the coarsest lower precision explains count (rules 17-22)."""
+        coarse = LOWER_PRECISIONS[-1]
+        cos, sin = self.cos_sin
+        c, where = self.comparison, self.where
+        gross = {name: _where(self.spec, c.errors[name] > torch.maximum(
+                     c.bounds[name], loose_bound(self.spec, cos, sin, x, exp, coarse, self.out_dtype)))
+                 for name, x, exp in self.tensors}
+        grossly = [name for name in self.wrong if gross[name].count] or self.wrong
+        location = dict(self.location)
+        for name in grossly:
+            if gross[name].count and gross[name].count < where[name].count:   # report where the gross errors are
+                location[name] = {**gross[name].summary(self.spec), "elements": (
+                    f"{gross[name].count}/{gross[name].total} beyond {_dtype_name(coarse)} rounding "
+                    f"({where[name].count} mismatched)")}
+        rounding_only = [name for name in self.wrong if name not in grossly]
+        note = (f" ({', '.join(rounding_only)} differs only by rounding, within {_dtype_name(coarse)} "
+                f"working precision)") if rounding_only else ""
+        return _Gross({**where, **{name: gross[name] for name in grossly if gross[name].count}},
+                      location, grossly, note)
+
+
+# --------------------------------------------------------------------------- rules
+def _on_mismatch(rule):
+    """Rules judge a mismatch: on outputs that match the reference every rule returns None
+    (:func:`diagnose` names those ``match`` before the rules)."""
+    @functools.wraps(rule)
+    def checked(ctx: Context) -> Diagnosis | None:
+        return None if ctx.comparison.ok else rule(ctx)
+    return checked
+
+
+@_on_mismatch
+def writes_outside(ctx: Context) -> Diagnosis | None:
+    """Writes outside q/k: positions, the cos/sin cache, a guard or the value slice of a packed qkv
+    tensor modified, or traced out-of-bounds / wild / read-only writes (properties/guards.py).
+
+    First: not a numeric question, and a write outside may corrupt what every later rule reads."""
+    outside = [p for p in ctx.comparison.problems if _is_write_problem(p)]
+    if outside:
+        return ctx.found("writes_outside", "; ".join(outside) + ": the implementation writes memory it may only read")
+    return None
+
+
+@_on_mismatch
+def wrong_output(ctx: Context) -> Diagnosis | None:
+    """An output of the wrong shape, dtype or device, or None: any problem the comparison reports
+    other than traced reads (named by nonfinite_output / out_of_bounds_read) and NaN in the output
+    (judged by nonfinite_output with the values).
+
+    After writes_outside, whose problems it would otherwise report as plain problems; before every
+    rule that reads the values, which mean nothing when the output is not what was asked for."""
+    other = [p for p in ctx.comparison.problems if p not in ctx.reads and "NaN in output" not in p]
+    if other:
+        return ctx.found("wrong_output", "; ".join(other))
+    return None
+
+
+@_on_mismatch
+def nonfinite_output(ctx: Context) -> Diagnosis | None:
+    """Label ``nan``: NaN/inf where the reference is finite, most likely an out-of-bounds read:
+    cos/sin loaded for padding lanes (docs/spec.md §7.2), position rows read packed (§7.6), from a
+    guard region of properties/guards.py.
+
+    Before the value rules: a NaN makes every error comparison meaningless (it would read as
+    query_only, head_subset or token_subset)."""
+    nonfinite = ctx.nonfinite
+    hit = [name for name, m in nonfinite.items() if bool(m.any())]
+    if not hit:
+        return None
+    spec = ctx.spec
+    name, mask = hit[0], nonfinite[hit[0]]
+    token, col = divmod(int(mask.flatten().nonzero()[0]), mask.shape[1])
+    head, channel = divmod(col, spec.head_size)
+    counts = ", ".join(f"{int(nonfinite[n].sum())} {n}" for n in hit)
+    w = _where(spec, mask)
+    spread = (f"tokens {ranges(w.tokens)} of {w.num_tokens}, frequencies {ranges(w.freqs)} of {spec.num_freqs} "
+              f"(position rows {ranges(w.rows)})" + (f", pass-through channels {ranges(w.pass_through)}"
+                                                     if w.pass_through else ""))
+    traced = f"; the tracer saw {'; '.join(ctx.reads)}" if ctx.reads else ""
+    return ctx.found("nan", f"{counts} element(s) are NaN/inf where the reference is finite, first at "
+                            f"{name}[token {token}, head {head}, channel {channel}], over {name} {spread}: most "
+                            f"likely an out-of-bounds read (cos/sin, positions or q/k loaded past the mask or "
+                            f"the row, from a guard region or padding lanes){traced}")
+
+
+@_on_mismatch
+def out_of_bounds_read(ctx: Context) -> Diagnosis | None:
+    """The values are right, but the guards' tracer saw reads outside the inputs: interleaved masks
+    covering the padding lanes (docs/spec.md §7.2), which values alone cannot show.
+
+    After the problem rules (writes and wrong outputs are worse, a NaN shows the read reached the
+    output); it fires only when no element mismatches, so it is the last rule before the values."""
+    if ctx.comparison.num_mismatched == 0:       # only out-of-bounds reads: the values are right
+        return ctx.found("out_of_bounds_read",
+                         f"the outputs match the reference, but the implementation reads outside its inputs: "
+                         f"{'; '.join(ctx.reads)}: a load mask that covers padding lanes or a stride past the row "
+                         f"(memory safety: the values read never reach the output here)")
+    return None
+
+
+def _explained_by(ctx: Context, label: str) -> Diagnosis | None:
+    """The first neighbouring configuration of ``label`` that explains the output (at most
+    ALTERNATIVE_RESIDUE of the mismatches left, to the declared precision)."""
+    for result in ctx.neighbours(label):
+        if _explains(result, ctx.comparison):
+            return ctx.found(result.alt.label, result.alt.sentence)
+    return None
+
+
+@_on_mismatch
+def pairing_swapped(ctx: Context) -> Diagnosis | None:
+    """The output is the reference with the other pairing style: NeoX pairs (i, i + rotary_dim/2)
+    for a GPT-J model or the reverse, the kernel ignoring is_neox_style (docs/spec.md §7.1).
+
+    First of the neighbouring configurations (5-12): they come before the precision and subset
+    rules because an exact alternative explains every error, small ones included (a structural bug
+    can look like rounding, or hit only some tokens).  The pairing swap changes every pair, so it
+    is tried before the alternatives that move only some frequencies."""
+    return _explained_by(ctx, "pairing_swapped")
+
+
+@_on_mismatch
+def axis_map_wrong(ctx: Context) -> Diagnosis | None:
+    """The output is the reference with the other layout's axis map (chunked for Qwen3-VL's
+    interleaved T H W T H W, or the reverse; docs/spec.md §7.9, the map itself §2): which position
+    row each frequency takes is wrong as a whole (three sections only).
+
+    After pairing_swapped (the pairs themselves come first); before section_boundary_shifted, the
+    finer error of one frequency on the wrong side of a bound."""
+    return _explained_by(ctx, "axis_map_wrong")
+
+
+@_on_mismatch
+def section_boundary_shifted(ctx: Context) -> Diagnosis | None:
+    """The output is the reference with one section boundary moved by one frequency (chunked: <=
+    where < belongs, or a boundary that empties a row) or one interleaved bound 3*s off by one
+    group (docs/spec.md §7.9).
+
+    After axis_map_wrong (the whole map before one bound of it); before the position-row rules,
+    which change every frequency of a row."""
+    return _explained_by(ctx, "section_boundary_shifted")
+
+
+@_on_mismatch
+def position_rows_swapped(ctx: Context) -> Diagnosis | None:
+    """The output is the reference with the position rows permuted: T/H/W read in the wrong order
+    (the old "THTHWHTHW" docstring, docs/spec.md §7.9) or a wrong row offset.
+
+    After the axis-map rules (they move frequencies between rows, this moves whole rows); before
+    position_rows_misread, whose misreadings are not permutations of the rows."""
+    return _explained_by(ctx, "position_rows_swapped")
+
+
+@_on_mismatch
+def position_rows_misread(ctx: Context) -> Diagnosis | None:
+    """The output is the reference with the position rows read at a wrong row stride: row d at
+    positions[0, t + d] (stride 1), or every row as row 0 (1-D positions); positions not read
+    through their row stride (docs/spec.md §7.6).
+
+    After position_rows_swapped (a permutation is the more specific misreading of the rows)."""
+    return _explained_by(ctx, "position_rows_misread")
+
+
+@_on_mismatch
+def row_stride_ignored(ctx: Context) -> Diagnosis | None:
+    """The output is the reference applied to q/k read as if their rows were packed back to back:
+    the kernel ignores the row stride of views into a packed qkv tensor.
+
+    After the position rules (it changes what is rotated, not by what); only q/k with a row
+    stride can show it."""
+    return _explained_by(ctx, "row_stride_ignored")
+
+
+@_on_mismatch
+def partial_rotary_stride(ctx: Context) -> Diagnosis | None:
+    """The output is the reference with head_size/2 where rotary_dim/2 belongs (partial rotary,
+    docs/spec.md §7.3): sin read at offset head_size/2 + i of the cache row (past the row's end),
+    and/or the NeoX partner of frequency i at i + head_size/2.
+
+    After the configurations of the spec's own shape (5-10): it reads the full cache, past the
+    rows the positions use; partial rotary only (rotary_dim < head_size)."""
+    return _explained_by(ctx, "partial_rotary_stride")
+
+
+@_on_mismatch
+def pair_rows_split(ctx: Context) -> Diagnosis | None:
+    """The output is a rotation whose two NeoX pair members take different position rows: the
+    chunked sections laid over the whole rotary head in blocks of 2*s_i instead of over each half
+    (transformers' HunYuanVL layout, docs/spec.md §2).
+
+    Last of the neighbouring configurations: the most unusual one, and text tokens (all rows
+    equal) cannot show it."""
+    return _explained_by(ctx, "pair_rows_split")
+
+
+def _pass_through_sentence(ctx: Context) -> str:
+    parts = ", ".join(f"{name} channels {ranges(w.pass_through)}" for name, w in ctx.touched.items())
+    return (f"pass-through channels (>= rotary_dim={ctx.spec.rotary_dim} of head_size={ctx.spec.head_size}) differ "
+            f"from the input ({parts}){'; rotary channels are wrong too' if ctx.rotary_wrong else ''}: they must "
+            f"be copied bit-exactly (a store covering head_size, or a round trip through another dtype)")
+
+
+@_on_mismatch
+def pass_through_only(ctx: Context) -> Diagnosis | None:
+    """Label ``pass_through_touched``: channels >= rotary_dim differ from the input, the rotary
+    channels are right (a store covering head_size; a round trip through another dtype).
+
+    Before the precision rules: pass-through channels must come back bit-exact, so even a tiny
+    change there is a bug that lower_working_precision would otherwise excuse as rounding."""
+    if ctx.touched and not ctx.rotary_wrong:
+        return ctx.found("pass_through_touched", _pass_through_sentence(ctx))
+    return None
+
+
+@_on_mismatch
+def modest_rounding(ctx: Context) -> Diagnosis | None:
+    """Label ``precision_loss``: the worst error/bound ratio is modest (<= MODEST_RATIO): a
+    truncating store, an extra intermediate rounding, a slightly lower working precision.
+
+    After the structural rules (a structural bug with small errors is still that bug); before
+    lower_working_precision, which would name a whole precision for one rounding too many."""
+    c = ctx.comparison
+    if c.worst_ratio <= MODEST_RATIO:
+        return ctx.found("precision_loss",
+                         f"small errors spread over {ctx.spread} with a modest worst error/bound {c.worst_ratio:.3g}: "
+                         f"rounding slightly worse than {ctx.declared} working precision allows (a truncating store, "
+                         f"an extra intermediate rounding, or a slightly lower working precision)")
+    return None
+
+
+@_on_mismatch
+def lower_working_precision(ctx: Context) -> Diagnosis | None:
+    """Label ``precision_loss``: every error fits LOWER_PRECISION_SLACK x the bound of a lower
+    working precision than declared (e.g. bf16 arithmetic in a kernel that declares float32; vLLM's
+    Triton kernel rotates in the cos dtype, docs/spec.md §8.1).
+
+    After modest_rounding; before imprecise_neighbour (one cause before two) and the gross-error
+    rules, which only look beyond what this precision explains."""
+    cos, sin = ctx.cos_sin
+    lower = _fitting_precision(ctx.spec, cos, sin, ctx.tensors, ctx.comparison.errors, ctx.precision, ctx.out_dtype)
+    if lower is not None:
+        return ctx.found("precision_loss",
+                         f"small errors spread over {ctx.spread} (worst error/bound {ctx.comparison.worst_ratio:.3g}), "
+                         f"all within {LOWER_PRECISION_SLACK:g}x the bound of {_dtype_name(lower)} working precision: "
+                         f"the implementation computes in {_dtype_name(lower)} although it declares {ctx.declared}")
+    return None
+
+
+@_on_mismatch
+def imprecise_neighbour(ctx: Context) -> Diagnosis | None:
+    """The labels of rules 5-12: a neighbouring configuration that explains the output only in a
+    lower working precision than declared (a structural bug *and* imprecise arithmetic: a
+    mutant of the float32 path run on fp16/bf16 inputs).
+
+    After the exact neighbouring rules (those explain it to the declared precision) and the
+    precision rules (one cause before two); before the gross-error rules, whose subsets a
+    structural bug would otherwise masquerade as."""
+    for label in NEIGHBOURS:
+        for result in ctx.neighbours(label):
+            alt = result.alt
+            if result.num_unknown or _explains(result, ctx.comparison):
+                continue
+            alt_tensors = [("query", alt.query, result.outputs[0])] + (
+                [("key", alt.key, result.outputs[1])] if "key" in result.errors else [])
+            lower = _fitting_precision(alt.spec, alt.cos, alt.sin, alt_tensors, result.errors, ctx.precision,
+                                       ctx.out_dtype)
+            if lower is not None:
+                return ctx.found(alt.label, f"{alt.sentence}; besides, the arithmetic fits {_dtype_name(lower)} "
+                                            f"working precision, not the declared {ctx.declared}")
+    return None
+
+
+def _one_tensor_wrong(ctx: Context, name: str, other: str) -> Diagnosis | None:
+    g = ctx.gross
+    if g.grossly == [name] and other in g.where:
+        x, out, _ = ctx.inputs[name]
+        unrotated = torch.equal(out.detach().to("cpu"), x)
+        how = "it comes back exactly as it went in (never rotated)" if unrotated else f"the {other} is right"
+        return ctx.found_gross(f"{name}_only",
+                               f"only the {name} is wrong, {how}{g.rounding_note}: the {name} path (pointer, row "
+                               f"stride, head count{' or the key-present switch' if name == 'key' else ''}) differs "
+                               f"from the {other}'s")
+    return None
+
+
+@_on_mismatch
+def key_only(ctx: Context) -> Diagnosis | None:
+    """Only the key has gross errors, the query is right: the key path (pointer, row stride, head
+    count, the key-present switch) differs from the query's, e.g. the key never rotated.
+
+    First of the gross-error rules: it is the more specific subset (one key head or token wrong
+    would otherwise be head_subset or token_subset)."""
+    return _one_tensor_wrong(ctx, "key", "query")
+
+
+@_on_mismatch
+def query_only(ctx: Context) -> Diagnosis | None:
+    """Only the query has gross errors, the key is right: the query path differs from the key's.
+
+    Beside key_only (they cannot both fire), before head_subset and token_subset for the same
+    reason."""
+    return _one_tensor_wrong(ctx, "query", "key")
+
+
+@_on_mismatch
+def head_subset(ctx: Context) -> Diagnosis | None:
+    """Only some heads have gross errors: a head loop bound or per-head offset, e.g. a tile or grid
+    sized with prev_power_of_2 that misses the heads beyond the first power of two.
+
+    After key_only / query_only; before token_subset (a head subset of every token is a head bug)."""
+    g = ctx.gross
+    where, grossly = g.where, g.grossly
+    if not grossly or not all(len(where[n].heads) < where[n].num_heads for n in grossly):
+        return None
+    parts = ", ".join(f"{n} heads {ranges(where[n].heads)} of {where[n].num_heads}" for n in grossly)
+    if all(where[n].heads == list(range(_prev_power_of_2(where[n].num_heads), where[n].num_heads))
+           for n in grossly):
+        return ctx.found_gross("head_subset",
+                               f"only heads beyond the first power of two are wrong ({parts}){g.rounding_note}: a "
+                               f"tile or grid sized with a power of two (prev_power_of_2) does not cover every head")
+    return ctx.found_gross("head_subset", f"only some heads are wrong ({parts}){g.rounding_note}: the head loop "
+                                          f"bound or the per-head offset")
+
+
+@_on_mismatch
+def token_subset(ctx: Context) -> Diagnosis | None:
+    """Only some tokens have gross errors: the tokens at the last cache row (an off-by-one bound on
+    the cache), every token but the first (a token stride), or a per-token offset or loop bound.
+
+    After head_subset; before wrong_positions, which would also recover other positions for
+    these tokens but cannot say the bug is in the token loop."""
+    g = ctx.gross
+    if not g.grossly:
+        return None
+    tokens = sorted(set().union(*(g.where[n].tokens for n in g.grossly)))
+    num_tokens = g.where[g.grossly[0]].num_tokens
+    if len(tokens) >= num_tokens:
+        return None
+    last = ctx.cache.shape[0] - 1
+    at_last = (ctx.rows == last).any(dim=0).nonzero().flatten().tolist()
+    if tokens == at_last:
+        hint = (f"exactly the tokens with a position at the last cache row ({last}): an off-by-one bound on "
+                f"the cache (the last row masked or read from the wrong place)")
+    elif tokens == list(range(1, num_tokens)):
+        hint = "every token but the first: a token (row) stride or offset is wrong"
+    else:
+        hint = "a per-token offset, the token loop bound, or the positions of these tokens"
+    return ctx.found_gross("token_subset",
+                           f"only tokens {ranges(tokens)} of {num_tokens} are wrong{g.rounding_note}: {hint}")
+
+
+@_on_mismatch
+def wrong_positions(ctx: Context) -> Diagnosis | None:
+    """The output is the reference for other positions than given (recovered per token and position
+    row from the angles of the output's pairs, matched to cache rows): cos/sin kept on the op from
+    an earlier call (docs/spec.md §7.7), positions of another chunk (§7.5), a wrong positions
+    pointer.
+
+    Late: the recovery searches the cache and only an exact rotation counts, so it comes after
+    every cheaper, more specific explanation."""
+    for alt in _wrong_positions_alternative(ctx.spec, ctx.rows, ctx.query, ctx.key, ctx.out_q, ctx.out_k, ctx.cache):
+        result = _alternative_result(alt, ctx.out_q, ctx.out_k, ctx.ref_q, ctx.ref_k, ctx.precision)
+        if result is not None and _explains(result, ctx.comparison):
+            return ctx.found_gross(alt.label, alt.sentence)
+    return None
+
+
+@_on_mismatch
+def pass_through_and_rotary(ctx: Context) -> Diagnosis | None:
+    """Label ``pass_through_touched``: pass-through channels differ from the input and the rotary
+    channels are wrong too (everything computed in another precision, or garbage everywhere).
+
+    Last: with the rotary channels wrong as well, every more specific cause must be ruled out
+    first; pass_through_only names the pass-through channels alone."""
+    if ctx.touched and ctx.rotary_wrong:
+        return ctx.found_gross("pass_through_touched", _pass_through_sentence(ctx))
+    return None
+
+
+RULES = (
+    writes_outside, wrong_output, nonfinite_output, out_of_bounds_read,
+    pairing_swapped, axis_map_wrong, section_boundary_shifted, position_rows_swapped, position_rows_misread,
+    row_stride_ignored, partial_rotary_stride, pair_rows_split,
+    pass_through_only, modest_rounding, lower_working_precision, imprecise_neighbour,
+    key_only, query_only, head_subset, token_subset, wrong_positions, pass_through_and_rotary,
+)
+
+
+def unknown(ctx: Context) -> Diagnosis:
+    """The fallback when no rule hits: the location is all there is."""
+    location = ctx.gross.location
+    summary = "; ".join(f"{n}: " + ", ".join(f"{k} {v}" for k, v in location[n].items()) for n in ctx.wrong)
+    return ctx.found_gross("unknown", f"no single cause found (not a neighbouring pairing, layout, section split, "
+                                      f"row order or stride; not a subset of heads or tokens; errors too large for "
+                                      f"lower precision): {summary}")
+
+
 # --------------------------------------------------------------------------- diagnose
 def diagnose(spec: RopeSpec, positions, query, key, cos_sin_cache, out_q, out_k, *,
              precision: str = "float32", ref=None, comparison: Comparison | None = None) -> Diagnosis:
-    """Locate the mismatch between (out_q, out_k) and the reference and name its likely cause.
+    """Locate the mismatch between (out_q, out_k) and the reference and name its likely cause:
+    the first of :data:`RULES` that hits, else :func:`unknown`.
 
     ``positions``, ``query``, ``key`` and ``cos_sin_cache`` are the untouched inputs as CPU
     tensors, with the strides the implementation saw (views into their storage, so that a
@@ -538,193 +1174,12 @@ def diagnose(spec: RopeSpec, positions, query, key, cos_sin_cache, out_q, out_k,
     reference outputs) and ``comparison`` (compare_rotation's result, possibly with extra
     problems appended by the caller) are recomputed when not given.
     """
-    cpu = torch.device("cpu")
-    positions, cache = positions.to(cpu), cos_sin_cache.to(cpu)
-    cache_rows = cache.shape[0]
-    if ref is None:
-        ref = rotate(spec, positions, query, key, cache)
-    ref_q, ref_k = (None if r is None else r.to(cpu, torch.float64) for r in ref)
-    if comparison is None:
-        comparison = compare_rotation(spec, positions, query, key, cache, out_q, out_k, ref_q, ref_k, precision)
-    if comparison.ok:
+    ctx = Context.build(spec, positions, query, key, cos_sin_cache, out_q, out_k,
+                        precision=precision, ref=ref, comparison=comparison)
+    if ctx.comparison.ok:
         return Diagnosis("match", "the outputs match the reference")
-
-    inputs = {"query": (query, out_q, ref_q), "key": (key, out_k, ref_k)}
-    where = {name: _where(spec, comparison.errors[name] > comparison.bounds[name]) for name in comparison.errors}
-    location = {name: w.summary(spec) for name, w in where.items() if w.count}
-
-    def found(label: str, sentence: str) -> Diagnosis:
-        return Diagnosis(label, sentence, location)
-
-    # 1. Not a numeric question.  Problems the guards of properties/guards.py report: writes
-    #    outside q/k, NaN in the output (judged at 2 with the values), out-of-bounds reads (named
-    #    at 2, or alone when the values are right).
-    outside = [p for p in comparison.problems if _is_write_problem(p)]
-    if outside:
-        return found("writes_outside", "; ".join(outside) + ": the implementation writes memory it may only read")
-    reads = [p for p in comparison.problems if _is_read_problem(p)]
-    other = [p for p in comparison.problems if p not in reads and "NaN in output" not in p]
-    if other:
-        return found("wrong_output", "; ".join(other))
-
-    # 2. NaN / inf where the reference is finite.
-    nonfinite = {}
-    for name in comparison.errors:
-        _, out, exp = inputs[name]
-        nonfinite[name] = ~torch.isfinite(out.detach().to(cpu, torch.float64)) & torch.isfinite(exp)
-    hit = [name for name, m in nonfinite.items() if bool(m.any())]
-    if hit:
-        name, mask = hit[0], nonfinite[hit[0]]
-        token, col = divmod(int(mask.flatten().nonzero()[0]), mask.shape[1])
-        head, channel = divmod(col, spec.head_size)
-        counts = ", ".join(f"{int(nonfinite[n].sum())} {n}" for n in hit)
-        w = _where(spec, mask)
-        spread = (f"tokens {ranges(w.tokens)} of {w.num_tokens}, frequencies {ranges(w.freqs)} of {spec.num_freqs} "
-                  f"(position rows {ranges(w.rows)})" + (f", pass-through channels {ranges(w.pass_through)}"
-                                                         if w.pass_through else ""))
-        traced = f"; the tracer saw {'; '.join(reads)}" if reads else ""
-        return found("nan", f"{counts} element(s) are NaN/inf where the reference is finite, first at "
-                            f"{name}[token {token}, head {head}, channel {channel}], over {name} {spread}: most "
-                            f"likely an out-of-bounds read (cos/sin, positions or q/k loaded past the mask or "
-                            f"the row, from a guard region or padding lanes){traced}")
-    if comparison.num_mismatched == 0:       # only out-of-bounds reads: the values are right
-        return found("out_of_bounds_read",
-                     f"the outputs match the reference, but the implementation reads outside its inputs: "
-                     f"{'; '.join(reads)}: a load mask that covers padding lanes or a stride past the row "
-                     f"(memory safety: the values read never reach the output here)")
-
-    # Every check below recomputes the reference; model caches hold up to a million rows, so keep
-    # only the rows the positions use (same values, positions renumbered): identical results.
-    full_cache, rows = cache, positions.long().reshape(spec.num_dims, -1)
-    used, renumbered = torch.unique(positions.long(), return_inverse=True)
-    positions, cache = renumbered.reshape(positions.shape), cache[used]
-    out_dtype = query.dtype
-    declared = _dtype_name(working_dtype(precision, out_dtype))
-
-    # 3. The output is the reference of a neighbouring configuration, to the declared precision.
-    alternatives = []
-    candidates = itertools.chain(
-        _structural_alternatives(spec, positions, query, key, cache),
-        _partial_rotary_alternatives(spec, rows, query, key, full_cache),
-        _pair_rows_split_alternatives(spec, rows, query, key, full_cache))
-    for alt in candidates:
-        result = _alternative_result(alt, out_q, out_k, ref_q, ref_k, precision)
-        if result is None:
-            continue
-        if _explains(result, comparison):
-            return found(alt.label, alt.sentence)
-        alternatives.append(result)
-
-    # 4. Pass-through channels must come back bit-exact (judged at 8 when the rotary channels are
-    #    wrong too: computing everything in a lower precision, or a subset of garbage tokens or
-    #    heads, touches both).
-    touched = {name: w for name, w in where.items() if w.pass_through}
-    rotary_wrong = any(w.freqs for w in where.values())
-
-    def pass_through_touched() -> Diagnosis:
-        parts = ", ".join(f"{name} channels {ranges(w.pass_through)}" for name, w in touched.items())
-        return found("pass_through_touched",
-                     f"pass-through channels (>= rotary_dim={spec.rotary_dim} of head_size={spec.head_size}) differ "
-                     f"from the input ({parts}){'; rotary channels are wrong too' if rotary_wrong else ''}: they must "
-                     f"be copied bit-exactly (a store covering head_size, or a round trip through another dtype)")
-    if touched and not rotary_wrong:
-        return pass_through_touched()
-
-    # 5. Small errors everywhere: a lower working precision than declared, or one rounding too many.
-    wrong = [name for name, w in where.items() if w.count]
-    tensors = [(name, inputs[name][0], inputs[name][2]) for name in comparison.errors]
-    spread = "; ".join(f"{name} {where[name].count}/{where[name].total} elements over "
-                       f"{len(where[name].tokens)}/{where[name].num_tokens} tokens and "
-                       f"{len(where[name].heads)}/{where[name].num_heads} heads" for name in wrong)
-    if comparison.worst_ratio <= MODEST_RATIO:
-        return found("precision_loss",
-                     f"small errors spread over {spread} with a modest worst error/bound {comparison.worst_ratio:.3g}: "
-                     f"rounding slightly worse than {declared} working precision allows (a truncating store, an extra "
-                     f"intermediate rounding, or a slightly lower working precision)")
-    cos, sin = select_cos_sin(spec, positions, cache)
-    lower = _fitting_precision(spec, cos, sin, tensors, comparison.errors, precision, out_dtype)
-    if lower is not None:
-        return found("precision_loss",
-                     f"small errors spread over {spread} (worst error/bound {comparison.worst_ratio:.3g}), all within "
-                     f"{LOWER_PRECISION_SLACK:g}x the bound of {_dtype_name(lower)} working precision: the "
-                     f"implementation computes in {_dtype_name(lower)} although it declares {declared}")
-
-    # 3'. A neighbouring configuration computed in a lower precision (two bugs at once).
-    for result in alternatives:
-        alt = result.alt
-        if result.num_unknown:
-            continue
-        alt_tensors = [("query", alt.query, result.outputs[0])] + (
-            [("key", alt.key, result.outputs[1])] if "key" in result.errors else [])
-        lower = _fitting_precision(alt.spec, alt.cos, alt.sin, alt_tensors, result.errors, precision, out_dtype)
-        if lower is not None:
-            return found(alt.label, f"{alt.sentence}; besides, the arithmetic fits {_dtype_name(lower)} working "
-                                    f"precision, not the declared {declared}")
-
-    # From here on, judge only gross errors: beyond what the coarsest lower precision explains.
-    coarse = LOWER_PRECISIONS[-1]
-    gross = {name: _where(spec, comparison.errors[name] > torch.maximum(
-                 comparison.bounds[name], loose_bound(spec, cos, sin, x, exp, coarse, out_dtype)))
-             for name, x, exp in tensors}
-    grossly = [name for name in wrong if gross[name].count] or wrong
-    for name in grossly:
-        if gross[name].count and gross[name].count < where[name].count:   # report where the gross errors are
-            location[name] = {**gross[name].summary(spec), "elements": (
-                f"{gross[name].count}/{gross[name].total} beyond {_dtype_name(coarse)} rounding "
-                f"({where[name].count} mismatched)")}
-    where = {**where, **{name: gross[name] for name in grossly if gross[name].count}}
-    rounding_only = [name for name in wrong if name not in grossly]
-    rounding_note = (f" ({', '.join(rounding_only)} differs only by rounding, within {_dtype_name(coarse)} "
-                     f"working precision)") if rounding_only else ""
-
-    # 6. One of the two tensors is right.
-    for name, other in (("key", "query"), ("query", "key")):
-        if grossly == [name] and other in where:
-            x, out, _ = inputs[name]
-            unrotated = torch.equal(out.detach().to(cpu), x)
-            how = "it comes back exactly as it went in (never rotated)" if unrotated else f"the {other} is right"
-            return found(f"{name}_only",
-                         f"only the {name} is wrong, {how}{rounding_note}: the {name} path (pointer, row stride, "
-                         f"head count{' or the key-present switch' if name == 'key' else ''}) differs from the "
-                         f"{other}'s")
-
-    # 7. A subset of heads, or of tokens.
-    if all(len(where[n].heads) < where[n].num_heads for n in grossly):
-        parts = ", ".join(f"{n} heads {ranges(where[n].heads)} of {where[n].num_heads}" for n in grossly)
-        if all(where[n].heads == list(range(_prev_power_of_2(where[n].num_heads), where[n].num_heads))
-               for n in grossly):
-            return found("head_subset",
-                         f"only heads beyond the first power of two are wrong ({parts}){rounding_note}: a tile or "
-                         f"grid sized with a power of two (prev_power_of_2) does not cover every head")
-        return found("head_subset", f"only some heads are wrong ({parts}){rounding_note}: the head loop bound or "
-                                    f"the per-head offset")
-    tokens = sorted(set().union(*(where[n].tokens for n in grossly)))
-    num_tokens = where[grossly[0]].num_tokens
-    if len(tokens) < num_tokens:
-        rows = used[positions.reshape(spec.num_dims, -1)]
-        last = cache_rows - 1
-        at_last = (rows == last).any(dim=0).nonzero().flatten().tolist()
-        if tokens == at_last:
-            hint = (f"exactly the tokens with a position at the last cache row ({last}): an off-by-one bound on "
-                    f"the cache (the last row masked or read from the wrong place)")
-        elif tokens == list(range(1, num_tokens)):
-            hint = "every token but the first: a token (row) stride or offset is wrong"
-        else:
-            hint = "a per-token offset, the token loop bound, or the positions of these tokens"
-        return found("token_subset", f"only tokens {ranges(tokens)} of {num_tokens} are wrong{rounding_note}: {hint}")
-
-    # 8. The reference for the positions the output was actually rotated by (recovered from the
-    #    angles of its pairs), to the declared precision.
-    for alt in _wrong_positions_alternative(spec, rows, query, key, out_q, out_k, full_cache):
-        result = _alternative_result(alt, out_q, out_k, ref_q, ref_k, precision)
-        if result is not None and _explains(result, comparison):
-            return found(alt.label, alt.sentence)
-
-    # 9. Pass-through channels written along with wrong rotary channels everywhere, or nothing
-    #    more specific.
-    if touched:
-        return pass_through_touched()
-    summary = "; ".join(f"{n}: " + ", ".join(f"{k} {v}" for k, v in location[n].items()) for n in wrong)
-    return found("unknown", f"no single cause found (not a neighbouring pairing, layout, section split, row order "
-                            f"or stride; not a subset of heads or tokens; errors too large for lower precision): "
-                            f"{summary}")
+    for rule in RULES:
+        found = rule(ctx)
+        if found is not None:
+            return found
+    return unknown(ctx)
