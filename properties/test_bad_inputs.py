@@ -3,6 +3,8 @@ by the reference and by every implementation (OpInfo-style error inputs)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -95,6 +97,34 @@ def test_unknown_implementation_is_a_clear_error():
         get_implementation("no_such_pkg:fn")
     with pytest.raises(ValueError, match=r"has no attribute 'missing'"):
         get_implementation("rope.native:missing")
+
+
+@pytest.mark.parametrize("target, message", [
+    ("rope:RopeSpec", r"'RopeSpec' is a type, not an implementation"),               # a class
+    ("builtins:eval", r"'eval' is a builtin_function_or_method, not an implementation"),
+    ("os:system", r"'system' is a builtin_function_or_method"),
+    ("sys:exit", r"'exit' is a builtin_function_or_method"),
+    ("rope.native:__class__", r"no private or dunder attributes"),
+    ("rope.native:rotate_native.__globals__", r"no private or dunder attributes"),
+    ("rope.spec:_check_index_vector", r"no private or dunder attributes"),
+    ("..x:f", r"'\.\.x' is not an absolute module name"),
+    ("rope.spec:LAYOUTS", r"'LAYOUTS' is a tuple, not an implementation"),
+    ("rope:spec", r"'spec' is a module, not an implementation"),
+])
+def test_import_paths_that_are_no_implementation_are_refused(target, message):
+    with pytest.raises(ValueError, match=rf"impl={re.escape(repr(target))}: .*{message}"):
+        get_implementation(target)
+
+
+def test_any_import_failure_is_a_value_error(tmp_path, monkeypatch):
+    # Whatever a module raises while it imports (not only ImportError) names the target.
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name, body, raised in (("broken_syntax", "def f(:\n", "SyntaxError"),
+                               ("raises_at_import", "raise RuntimeError('boom')\n", "RuntimeError"),
+                               ("exits_at_import", "import sys\nsys.exit(3)\n", "SystemExit")):
+        (tmp_path / f"{name}.py").write_text(body)
+        with pytest.raises(ValueError, match=rf"impl='{name}:f': cannot import module '{name}' \({raised}"):
+            get_implementation(f"{name}:f")
 
 
 def test_import_path_resolves_to_the_callable():

@@ -16,6 +16,8 @@ Runner V2 kernel: ``rope.backends.vllm_positions``).
 from __future__ import annotations
 
 import importlib
+import inspect
+import re
 from typing import Callable
 
 from rope.backends import BACKENDS
@@ -38,8 +40,17 @@ _POSITIONS = {
 BUILTIN_POSITIONS = ("native", "triton")
 
 
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_ATTRIBUTE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")     # public names only: no _private, no __dunder__
+
+
 def resolve(target: str, *, kind: str, builtins: dict[str, str]) -> Callable:
-    """Import ``module:callable`` (or a built-in name) and return the callable."""
+    """Import ``module:callable`` (or a built-in name) and return the callable.
+
+    Every failure is a ValueError naming the target: a malformed path, a module that fails to import
+    (whatever it raises), a private or dunder attribute in the chain, and anything that is not a
+    plain callable: classes, modules and builtins (``builtins:eval``, ``os:system``) are refused.
+    """
     if not isinstance(target, str) or not target:
         raise ValueError(f"{kind}={target!r}: must be a registered name or 'module:callable'")
     path = builtins.get(target, target)
@@ -47,15 +58,26 @@ def resolve(target: str, *, kind: str, builtins: dict[str, str]) -> Callable:
         raise ValueError(f"{kind}={target!r}: not a registered name ({', '.join(sorted(builtins))}) "
                          f"nor an import path 'package.module:callable'")
     module_name, _, attr = path.partition(":")
+    if not _MODULE.match(module_name):
+        raise ValueError(f"{kind}={target!r}: {module_name!r} is not an absolute module name")
+    parts = attr.split(".")
+    if not all(_ATTRIBUTE.match(part) for part in parts):
+        raise ValueError(f"{kind}={target!r}: {attr!r} must be a chain of public attribute names "
+                         f"(no private or dunder attributes)")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"{kind}={target!r}: cannot import module {module_name!r} ({exc})") from exc
+    except (Exception, SystemExit) as exc:   # noqa: BLE001 - whatever a module raises at import
+        raise ValueError(f"{kind}={target!r}: cannot import module {module_name!r} "
+                         f"({type(exc).__name__}: {exc})") from exc
     fn = module
-    for part in attr.split("."):
+    for part in parts:
         fn = getattr(fn, part, None)
         if fn is None:
             raise ValueError(f"{kind}={target!r}: module {module_name!r} has no attribute {attr!r}")
+    builtin = inspect.isbuiltin(fn) or (type(fn).__module__ == "builtins" and not inspect.isfunction(fn))
+    if inspect.isclass(fn) or inspect.ismodule(fn) or builtin:
+        raise ValueError(f"{kind}={target!r}: {attr!r} is a {type(fn).__name__}, not an implementation "
+                         f"(a Python function or callable object)")
     if not callable(fn):
         raise ValueError(f"{kind}={target!r}: {attr!r} is not callable")
     return fn
