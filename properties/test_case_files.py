@@ -298,7 +298,7 @@ def test_loaded_hypothesis_and_test_may_be_null(good_case):
 
 # --------------------------------------------------------------------------- replay
 def test_cli_repro_exits_1_while_mismatching_and_0_once_fixed(good_case, case_dir, capsys):
-    assert cli_main(["repro", str(good_case)]) == 1
+    assert cli_main(["repro", str(good_case), "--impl", MUTANT]) == 1
     out = capsys.readouterr().out
     assert f"{MUTANT} on cpu still does not match the reference (case {good_case.stem})" in out
     assert "diagnosis: pairing_swapped" in out and "error/bound" in out and "warning" not in out
@@ -314,17 +314,40 @@ def test_cli_repro_bad_input_exits_2(good_case, tmp_path, capsys):
     assert "impl='no_such_impl'" in capsys.readouterr().err
     unknown = _mutated(good_case, lambda r: r.__setitem__("implementation", "gone"))
     assert cli_main(["repro", str(unknown)]) == 2
-    assert "pass --impl NAME" in capsys.readouterr().err
+    assert "implementation='gone' is not a registered name" in capsys.readouterr().err
     missing = next((d for d in ("cuda", "xpu") if d not in available_devices()), None)
     if missing:
-        assert cli_main(["repro", str(good_case), "--device", missing]) == 2
+        assert cli_main(["repro", str(good_case), "--impl", MUTANT, "--device", missing]) == 2
         assert f"device={missing!r}: not available here" in capsys.readouterr().err
 
 
-def test_cli_repro_warns_when_inputs_do_not_regenerate(good_case, capsys):
+def test_cli_repro_exits_2_when_inputs_do_not_regenerate(good_case, capsys):
+    # A replay of other bits proves nothing: not "fixed", not "mismatch", but cannot be replayed.
     path = _mutated(good_case, lambda r: r["case"].__setitem__("seed", 12345))
-    cli_main(["repro", str(path)])
-    assert "warning: regenerated inputs differ from the recorded ones (positions, query, key" in capsys.readouterr().out
+    assert cli_main(["repro", str(path), "--impl", "native"]) == 2
+    err = capsys.readouterr().err
+    assert "regenerated inputs differ from the recorded ones (positions, query, key" in err and "fixed" not in err
+
+
+def test_case_file_never_imports_the_module_it_names(good_case, tmp_path, monkeypatch, capsys):
+    # A case file is data: the module path it stores is shown with the option to run it, not imported.
+    marker = tmp_path / "imported"
+    (tmp_path / "planted_impl.py").write_text(f"open({str(marker)!r}, 'w').close()\ndef fn(*a): return a[2], a[3]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for stored in ("planted_impl:fn", "os:system", "this:s"):
+        path = _mutated(good_case, lambda r: r.__setitem__("implementation", stored))
+        assert cli_main(["repro", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert f"implementation={stored!r} is not a registered name" in err and f"--impl {stored}" in err
+    assert not marker.exists(), "replaying a case file imported the module it names"
+    assert "planted_impl" not in sys.modules
+
+
+def test_cli_repro_exits_2_when_the_implementation_crashes(good_case, tmp_path, monkeypatch, capsys):
+    (tmp_path / "crashing_impl.py").write_text("def fn(*args):\n    raise RuntimeError('kernel exploded')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert cli_main(["repro", str(good_case), "--impl", "crashing_impl:fn"]) == 2
+    assert "crashing_impl:fn on cpu crashed on case" in capsys.readouterr().err
 
 
 def _pytest(*args, env=None) -> subprocess.CompletedProcess:
@@ -334,7 +357,10 @@ def _pytest(*args, env=None) -> subprocess.CompletedProcess:
 
 def test_pytest_rope_repro(good_case, tmp_path):
     env = {case_files.CASES_DIR_ENV: str(tmp_path / "replayed")}
-    failing = _pytest("properties/test_repro.py", "properties/test_spec.py", "--rope-repro", str(good_case), env=env)
+    stored = _pytest("properties/test_repro.py", "--rope-repro", str(good_case), env=env)
+    assert stored.returncode == 1 and "a replay never imports a module path stored in a case file" in stored.stdout
+    failing = _pytest("properties/test_repro.py", "properties/test_spec.py", "--rope-repro", str(good_case),
+                      "--rope-impl", MUTANT, env=env)
     assert failing.returncode == 1, failing.stdout + failing.stderr
     assert "diagnosis: pairing_swapped" in failing.stdout and "deselected" in failing.stdout
     assert "1 failed" in failing.stdout

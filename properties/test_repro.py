@@ -6,8 +6,8 @@
                                                         # a bare path as the rootdir before the
                                                         # project's conftest defines the option)
 
-The case's tensors regenerate bit-identically from its seed, the recorded implementation (or
-each --rope-impl) runs on the recorded device (or each --rope-device), and
+The case's tensors regenerate bit-identically from its seed, the recorded implementation (a
+registered name: a module path stored in a case file is never imported) or each --rope-impl runs on the recorded device (or each --rope-device), and
 ``assert_matches_reference`` holds it to the reference exactly as the property suite does: a
 remaining mismatch fails with the diagnosis and the worst elements, a fixed one passes.
 Without --rope-repro the test is skipped (and with it, every other test is deselected).
@@ -23,7 +23,7 @@ from rope.harness.comparison import assert_matches_reference, skip_if_unsupporte
 from properties.strategies import build_rotation_inputs
 from rope.harness.case_files import load_case
 from rope.devices import available_devices
-from rope.registry import get_implementation
+from rope.registry import get_implementation, get_recorded_implementation
 from rope.harness.repro import regeneration_notes
 
 
@@ -40,6 +40,14 @@ def case_paths(arguments: list[str]) -> list[Path]:
         else:
             out.append(path)
     return out
+
+
+# The implementations the user named with --rope-impl, per case file: only those may be import paths.
+_USER_NAMED: dict = {}
+
+
+def repro_options(case_file) -> tuple[str, ...]:
+    return _USER_NAMED.get(case_file.path, ())
 
 
 def pytest_generate_tests(metafunc):
@@ -63,7 +71,9 @@ def pytest_generate_tests(metafunc):
             if device not in found:
                 raise pytest.UsageError(f"--rope-repro={path}: device {device!r} is not available here "
                                         f"(found {found}); pass --rope-device")
-        for impl in config.getoption("--rope-impl") or [case_file.implementation]:
+        named = tuple(config.getoption("--rope-impl"))
+        _USER_NAMED[case_file.path] = named
+        for impl in named or [case_file.implementation]:
             for device in devices:
                 params.append(pytest.param((case_file, impl, device), id=f"{case_file.id}-{impl}-{device}"))
     metafunc.parametrize("repro", params)
@@ -72,9 +82,12 @@ def pytest_generate_tests(metafunc):
 def test_replayed_case_matches_reference(repro):
     case_file, impl_name, device = repro
     try:
-        impl = get_implementation(impl_name)
+        if impl_name in repro_options(case_file):       # named by the user: --rope-impl
+            impl = get_implementation(impl_name)
+        else:                                           # named by the case file: registered names only
+            impl = get_recorded_implementation(impl_name, source=f"case file {case_file.path}")
     except ValueError as exc:
-        pytest.fail(f"{case_file.path}: {exc}; pass --rope-impl NAME to replay against another implementation")
+        pytest.fail(str(exc))
     case = case_file.case
     skip_if_unsupported(impl_name, impl, case.spec, case.dtype, device)
     # A replay of different bits would prove nothing: the regeneration must be bit-identical.

@@ -2,15 +2,20 @@
 
 The case's tensors are regenerated bit-identically from its seed (checked against the recorded
 sha256 of the inputs), the implementation runs on the device, and the result goes through the
-suite's own check (``rope.harness.comparison``).  While it still mismatches, the worst elements with
-their error/bound and the diagnosis are printed and the exit status is 1; once it matches, 0.
-``--impl`` replays against another implementation (a fixed kernel), ``--device`` on another
-device.  Bad input (unreadable case file, unknown implementation, unavailable device) exits 2.
+suite's own check (``rope.harness.comparison``).
+
+Exit status: 0 once it matches (fixed); 1 while it still mismatches (the worst elements with their
+error/bound and the diagnosis are printed); 2 when the case cannot be replayed: a bad or unreadable
+case file, an implementation the file names by import path (never imported: pass ``--impl``), an
+unknown implementation or unavailable device, inputs that do not regenerate to the recorded sha256
+(a replay of other bits proves nothing), or an implementation that crashes.
+
+``--impl`` replays against another implementation (a fixed kernel, or the recorded import path on
+the user's word), ``--device`` on another device.
 
 A replay writes no case file; ``pytest --rope-repro CASE`` (properties/test_repro.py) is the
 same replay inside pytest, where a remaining mismatch is reported like any other.
 
-``properties`` is imported inside the functions: rope/ does not depend on it at import time.
 """
 
 from __future__ import annotations
@@ -22,9 +27,10 @@ from pathlib import Path
 from rope.harness.case_files import CaseFile, display_path, format_mismatch, load_case
 from rope.devices import DEVICE_NAMES, available_devices
 from rope.harness.diagnosis import Diagnosis
-from rope.registry import get_implementation, unsupported_reason
+from rope.registry import get_implementation, get_recorded_implementation, unsupported_reason
 
 EXIT_FIXED, EXIT_MISMATCH, EXIT_BAD_INPUT = 0, 1, 2
+REGENERATION_MISMATCH = "regenerated inputs differ from the recorded ones"
 
 
 @dataclass
@@ -66,7 +72,7 @@ def regeneration_notes(case_file: CaseFile, ref_in, inputs=None) -> list[str]:
     recorded, now = case_file.record["inputs_sha256"], input_digests(ref_in)
     changed = [name for name in now if recorded.get(name) != now[name]]
     if changed:
-        notes.append(f"regenerated inputs differ from the recorded ones ({', '.join(changed)}: sha256 mismatch); "
+        notes.append(f"{REGENERATION_MISMATCH} ({', '.join(changed)}: sha256 mismatch); "
                      f"torch's generator or the case regeneration changed, so this replay does not test the "
                      f"recorded input")
     if inputs is not None:
@@ -83,11 +89,10 @@ def replay(path: Path | str, *, device: str | None = None, impl: str | None = No
 
     case_file = load_case(path)
     name = impl or case_file.implementation
-    try:
-        fn = get_implementation(name)
-    except ValueError as exc:
-        hint = "" if impl else "; pass --impl NAME to replay against another implementation"
-        raise ValueError(f"{exc}{hint}") from None
+    if impl:
+        fn = get_implementation(impl)
+    else:
+        fn = get_recorded_implementation(name, source=f"case file {display_path(case_file.path)}")
     device = device or case_file.device
     found = available_devices()
     if device not in found:
@@ -96,9 +101,21 @@ def replay(path: Path | str, *, device: str | None = None, impl: str | None = No
     reason = unsupported_reason(name, fn, case.spec, _dtype(case.dtype), device)
     if reason:
         raise ValueError(reason)
-    run = evaluate_case(name, fn, case, device)
+    try:
+        run = evaluate_case(name, fn, case, device)
+    except Exception as exc:    # noqa: BLE001 - the implementation's own failure, whatever it is
+        raise ValueError(f"{name} on {device} crashed on case {case_file.id} "
+                         f"({type(exc).__name__}: {exc})") from exc
+    notes = regeneration_notes(case_file, run.ref_in, run.inputs)
+    if not regenerated(notes):
+        raise ValueError(f"case file {display_path(case_file.path)}: {notes[0]}")
     diagnosis = None if run.comparison.ok else diagnose_run(fn, case, run)
-    return Replay(case_file, name, device, run.comparison, diagnosis, regeneration_notes(case_file, run.ref_in, run.inputs))
+    return Replay(case_file, name, device, run.comparison, diagnosis, notes)
+
+
+def regenerated(notes: list[str]) -> bool:
+    """False when the regeneration notes say the inputs are not the recorded ones."""
+    return not any(note.startswith(REGENERATION_MISMATCH) for note in notes)
 
 
 def _dtype(name: str):
@@ -122,10 +139,14 @@ def add_repro_parser(sub) -> None:
     p = sub.add_parser("repro", help="replay a mismatch case file (reports/cases/<id>.json)",
                        description="Regenerate the case's inputs bit-identically, rerun the implementation and "
                                    "compare with the reference; print the worst elements and the diagnosis. "
-                                   "Exit 0 once it matches, 1 while it still mismatches, 2 on bad input.")
+                                   "Exit 0 once it matches (fixed), 1 while it still mismatches, 2 when the case "
+                                   "cannot be replayed: a bad case file, an implementation the file names by "
+                                   "import path (never imported from a file: pass --impl), an unavailable device, "
+                                   "inputs that do not regenerate to the recorded sha256, or a crash.")
     p.add_argument("case", metavar="CASE", help="case file: reports/cases/<id>.json or properties/regressions/*.json")
     p.add_argument("--device", choices=DEVICE_NAMES, help="replay on this device instead of the recorded one")
     p.add_argument("--impl", metavar="NAME",
                    help="replay against this implementation (registered name or package.module:callable) "
-                        "instead of the recorded one, e.g. a fixed kernel")
+                        "instead of the recorded one, e.g. a fixed kernel, or the import path the case file "
+                        "records, which is never imported unless named here")
     p.set_defaults(func=run_repro)
