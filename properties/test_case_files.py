@@ -263,7 +263,12 @@ def test_load_names_a_missing_field(good_case, field):
     (lambda r: r["case"].pop("seed"), "missing field 'case.seed'"),
     (lambda r: r["diagnosis"].pop("label"), "missing field 'diagnosis.label'"),
     (lambda r: r["case"].__setitem__("dtype", "float8"), "case.dtype='float8': must be one of"),
-    (lambda r: r["case"].__setitem__("seed", -1), "case.seed=-1: must be an int >= 0"),
+    (lambda r: r["case"].__setitem__("seed", -1), r"case.seed=-1: must be an int in \[0, 2\*\*64 - 1\]"),
+    (lambda r: r["case"].__setitem__("seed", 10 ** 4000), r"case.seed=10000000000000000000\.\.\.\(4001 chars\): must be"),
+    (lambda r: r["case"].__setitem__("num_tokens", 200_000), r"case.num_tokens=200000: must be an int in \[0, 131072\]"),
+    (lambda r: r["case"].__setitem__("num_q_heads", 5000), r"case.num_q_heads=5000: must be an int in \[1, 1024\]"),
+    (lambda r: r["case"].__setitem__("num_kv_heads", -1), r"case.num_kv_heads=-1: must be an int in \[0, 1024\]"),
+    (lambda r: r["case"].update(num_tokens=100_000, num_q_heads=1000), r"case: .* elements: must be at most 268435456"),
     (lambda r: r["case"].__setitem__("packed_qkv", 1), "case.packed_qkv=1: must be true or false"),
     (lambda r: r["case"].__setitem__("extra", 1), r"case: unknown fields \['extra'\]"),
     (lambda r: r["spec"].__setitem__("sections", [8, 12, 11]), r"spec: sections=\(8, 12, 11\): must sum"),
@@ -289,6 +294,13 @@ def test_load_rejects_corrupt_files(good_case, tmp_path):
         case_files.load_case(listed)
     with pytest.raises(ValueError, match="cannot read it"):
         case_files.load_case(tmp_path / "absent.json")
+
+
+def test_load_names_the_file_for_an_unconvertible_number(good_case, tmp_path):
+    huge = tmp_path / "huge-seed.json"
+    huge.write_text(re.sub(r'"seed": \d+', '"seed": 1' + "0" * 5000, good_case.read_text()))
+    with pytest.raises(ValueError, match=f"case file {huge}: not readable as JSON .*digits"):
+        case_files.load_case(huge)
 
 
 def test_loaded_hypothesis_and_test_may_be_null(good_case):

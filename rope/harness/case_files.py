@@ -72,6 +72,13 @@ NULLABLE = ("hypothesis", "test")
 CASE_FIELDS = ("num_tokens", "num_q_heads", "num_kv_heads", "dtype", "positions_kind", "packed_qkv", "seed")
 RESULT_FIELDS = ("num_elements", "num_mismatched", "worst_ratio", "problems", "worst")
 DIAGNOSIS_FIELDS = ("label", "sentence", "location")
+# Bounds on what a case file may ask a replay to build (a file from a stranger must not allocate
+# without limit or run for minutes unannounced): tokens, heads, the seed torch's generator takes,
+# and the elements of q, k and the cos/sin cache together (float64 copies of them are made).
+MAX_TOKENS = 1 << 17
+MAX_HEADS = 1024
+MAX_SEED = (1 << 64) - 1
+MAX_ELEMENTS = 1 << 28
 
 
 # --------------------------------------------------------------------------- where and who
@@ -259,6 +266,8 @@ def load_case(path: Path | str) -> CaseFile:
     except json.JSONDecodeError as exc:
         raise bad(f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
                   f"the file is corrupt or truncated") from None
+    except ValueError as exc:     # e.g. an integer of more digits than Python converts
+        raise bad(f"not readable as JSON ({exc})") from None
     if not isinstance(record, dict):
         raise bad(f"must hold a JSON object (got {type(record).__name__})")
     if "schema_version" not in record:
@@ -301,15 +310,24 @@ def load_case(path: Path | str) -> CaseFile:
     unknown = set(c) - set(CASE_FIELDS)
     if unknown:
         raise bad(f"case: unknown fields {sorted(unknown)}")
-    for name, ok, rule in (("num_tokens", _is_int(c["num_tokens"]) and c["num_tokens"] >= 0, "an int >= 0"),
-                           ("num_q_heads", _is_int(c["num_q_heads"]) and c["num_q_heads"] >= 1, "an int >= 1"),
-                           ("num_kv_heads", _is_int(c["num_kv_heads"]) and c["num_kv_heads"] >= 0, "an int >= 0"),
+    for name, ok, rule in (("num_tokens", _is_int(c["num_tokens"]) and 0 <= c["num_tokens"] <= MAX_TOKENS,
+                            f"an int in [0, {MAX_TOKENS}]"),
+                           ("num_q_heads", _is_int(c["num_q_heads"]) and 1 <= c["num_q_heads"] <= MAX_HEADS,
+                            f"an int in [1, {MAX_HEADS}]"),
+                           ("num_kv_heads", _is_int(c["num_kv_heads"]) and 0 <= c["num_kv_heads"] <= MAX_HEADS,
+                            f"an int in [0, {MAX_HEADS}]"),
                            ("dtype", c["dtype"] in DTYPES, f"one of {tuple(DTYPES)}"),
                            ("positions_kind", c["positions_kind"] in POSITION_KINDS, f"one of {POSITION_KINDS}"),
                            ("packed_qkv", isinstance(c["packed_qkv"], bool), "true or false"),
-                           ("seed", _is_int(c["seed"]) and c["seed"] >= 0, "an int >= 0")):
+                           ("seed", _is_int(c["seed"]) and 0 <= c["seed"] <= MAX_SEED, f"an int in [0, 2**64 - 1]")):
         if not ok:
-            raise bad(f"case.{name}={c[name]!r}: must be {rule}")
+            value = repr(c[name]) if len(repr(c[name])) <= 40 else f"{repr(c[name])[:20]}...({len(repr(c[name]))} chars)"
+            raise bad(f"case.{name}={value}: must be {rule}")
+    width = (c["num_q_heads"] + 2 * c["num_kv_heads"]) * spec.head_size
+    elements = c["num_tokens"] * width + spec.max_position * spec.rotary_dim
+    if elements > MAX_ELEMENTS:
+        raise bad(f"case: num_tokens x (num_q_heads + 2 num_kv_heads) x head_size + spec.max_position x "
+                  f"spec.rotary_dim = {elements} elements: must be at most {MAX_ELEMENTS}")
     case = RotationCase(spec=spec, **{k: c[k] for k in CASE_FIELDS})
     return CaseFile(path, record, case)
 
