@@ -1,201 +1,272 @@
-"""The mutation runner's own logic (rope/mutation.py): reading pytest's output, the mutant list
-and the suites each mutant runs, the parent control that tells a catch from a false alarm, the
-reports; and one real run on one fast mutant."""
+"""The mutation runner's own logic (rope/harness/mutation/): the catalogue read from the suite, the
+stages each mutant runs, the records plugin that writes what a pytest run did, the judging from
+those records (the parent control, false alarms, timeouts, crashes), the reports; and one real run
+on one fast mutant."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
+import os
 import pkgutil
+import signal
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
 from rope.harness import mutation
-from rope.harness.mutation import Mutant, MutationRunner, RawRun, Stage, parse_pytest_output
+from rope.harness.mutation import catalogue, records, report, stages
+from rope.harness.mutation.catalogue import CatalogueError, Mutant
+from rope.harness.mutation.outcome import PytestRun, excerpt, split_failure
+from rope.harness.mutation.records import RECORDS_ENV, read_records
+from rope.harness.mutation.results import MutantResult, MutationReport, SuiteResult, exit_code
+from rope.harness.mutation.runner import MutationRunner, RawRun
+from rope.harness.mutation.stages import Stage
 
-# Trimmed from real runs (pytest -x -v --tb=short), kept byte for byte where it matters.
 KEY_UNROTATED = "properties.mutants.broken_rotations:key_unrotated"
-ROTATION_FAILURE = f"""\
-============================= test session starts ==============================
-collecting ... collected 54 items
-
-properties/test_rotation.py::test_rotation_matches_reference[{KEY_UNROTATED}-cpu-fp32-1d-neox] FAILED [  1%]
-
-=================================== FAILURES ===================================
-_ test_rotation_matches_reference[{KEY_UNROTATED}-cpu-fp32-1d-neox] _
-properties/test_rotation.py:31: in test_rotation_matches_reference
-    assert_matches_reference(impl_name, impl, case, device)
-E   AssertionError: {KEY_UNROTATED} on cpu does not match the reference (case 2e5a0c12626956cb)
-E   diagnosis: key_only: only the key is wrong, it comes back exactly as it went in (never rotated)
-E   Mismatched elements: 64 / 128 (50.0%)
-E   Worst error/bound: 6.3e+07
-E     key[token 0, head 0, channel 17] (freq 17 member a): got -0.838315368, expected 0.128674943
-E   case: RotationCase(spec=RopeSpec(head_size=64, rotary_dim=64, is_neox_style=True), num_tokens=1, seed=0)
-E   case file: not written (ROPE_CASES_DIR='off')
-E   Failing test case: test_rotation_matches_reference(
-E       impl_name='{KEY_UNROTATED}',
-E       data=data(...),
-E   )
-E   Draw 1 (case): RotationCase(spec=RopeSpec(head_size=64,
-E    seed=0)
-E   Explanation:
-E       These lines were always and only run by failing test cases:
-E           /work/main/rope/spec.py:243
-E   
-E   You can reproduce this test case by temporarily adding @reproduce_failure('6.170.17', b'AXicc2RwREBGEAYzgQgALOADDw==') as a decorator on your test function
-=========================== short test summary info ============================
-FAILED properties/test_rotation.py::test_rotation_matches_reference[{KEY_UNROTATED}-cpu-fp32-1d-neox]
-!!!!!!!!!!!!!!!!!!!!!!!!!! stopping after 1 failures !!!!!!!!!!!!!!!!!!!!!!!!!!!
-============================== 1 failed in 0.99s ===============================
-"""
-
 DELTA_PER_CHUNK = "properties.mutants.broken_positions:delta_per_chunk"
-STATEFUL_FAILURE = f"""\
-properties/test_runner_positions.py::test_chunked_prefill_concatenates_to_prompt_then_decodes_with_delta PASSED [  5%]
-properties/test_scheduler_positions.py::test_scheduler_positions_match_whole_sequence[{DELTA_PER_CHUNK}-cpu-qwen2_vl] FAILED [ 81%]
-
-=================================== FAILURES ===================================
-_ test_scheduler_positions_match_whole_sequence[{DELTA_PER_CHUNK}-cpu-qwen2_vl] _
-properties/test_scheduler_positions.py:148: in step
-    assert torch.equal(got[:, :num_tokens], expected), (
-E   AssertionError: step 2: prepared positions [[3], [3], [3]] != whole-sequence positions [[2], [2], [2]]
-E   assert False
-E    +  where False = <built-in method equal of type object at 0x7ff68accea40>(tensor([[3]]), tensor([[2]]))
-E   Failing test case: <state machine>
-E   state = Scheduler()
-E   state.add_request(data=data(...), max_new=1, prompt=Prompt(tuple([Text(length=2)])), seed=0)
-E   state.step(budget=1, data=data(...))
-E   state.teardown()
-E   Explanation:
-E       These lines were always and only run by failing test cases:
-=========================== short test summary info ============================
-FAILED properties/test_scheduler_positions.py::test_scheduler_positions_match_whole_sequence[{DELTA_PER_CHUNK}-cpu-qwen2_vl]
-!!!!!!!!!!!!!!!!!!!!!!!!!! stopping after 1 failures !!!!!!!!!!!!!!!!!!!!!!!!!!!
-================== 1 failed, 20 passed in 36.77s ===================
-"""
-
 STORE_UNMASKED = "properties.mutants.kernel:positions_store_unmasked"
-CRASH = f"""\
-collecting ... collected 26 items
 
-properties/test_runner_positions.py::test_prepared_positions_match_reference[{STORE_UNMASKED}-cpu] Fatal Python error: Segmentation fault
-
-Current thread 0x00007fe1afbc4b80 (most recent call first):
-  File "/work/main/.venv/lib/python3.11/site-packages/triton/runtime/interpreter.py", line 1465 in _from_cpu
-"""
-
-DEDICATED_PASS = f"""\
-properties/test_dispatch.py::test_dispatch_property_rejects_broken_op[mrope_cached_cos_sin] PASSED [100%]
-
-==================================== PASSES ====================================
-________ test_dispatch_property_rejects_broken_op[mrope_cached_cos_sin] ________
------------------------------ Captured stdout call -----------------------------
-{mutation.MARK} AssertionError:
-AssertionError: MRopeCachedCosSin platform=xpu mode=eager on cpu: forward_xpu does not match the reference
-case: RotationCase(spec=RopeSpec(head_size=64, rotary_dim=64), num_tokens=1, seed=0)
-Failing test case: dispatch_matches_reference(
-    combo=('mrope-chunked', 'xpu', 'eager'),
-    data=data(...),
-)
-Draw 1 (case): RotationCase(spec=RopeSpec(head_size=64,
- seed=0)
-{mutation.MARK_END}
-=========================== short test summary info ============================
-PASSED properties/test_dispatch.py::test_dispatch_property_rejects_broken_op[mrope_cached_cos_sin]
-============================== 1 passed in 1.98s ===============================
-"""
-
-
-# --------------------------------------------------------------------------- parsing
-def test_parse_failure_gives_test_duration_assertion_and_example():
-    out = parse_pytest_output(ROTATION_FAILURE)
-    node = f"properties/test_rotation.py::test_rotation_matches_reference[{KEY_UNROTATED}-cpu-fp32-1d-neox]"
-    assert out.failed == [node] and out.ran == [node] and out.errors == []
-    assert out.pytest_s == 0.99 and out.summary == "1 failed" and out.counts == {"failed": 1}
-    assert out.assertion[0] == (f"AssertionError: {KEY_UNROTATED} on cpu does not match the reference "
-                                "(case 2e5a0c12626956cb)")
-    assert out.assertion[-1] == "case file: not written (ROPE_CASES_DIR='off')"
-    assert out.falsifying[0] == "Failing test case: test_rotation_matches_reference("
-    assert out.falsifying[-1] == " seed=0)"            # up to Hypothesis' explanation, which is left out
-    assert not any("Explanation" in line or "reproduce" in line for line in out.falsifying)
-    text = mutation.excerpt(out.assertion, out.falsifying)
-    assert text.splitlines() == [f"{KEY_UNROTATED} on cpu does not match the reference (case 2e5a0c12626956cb)",
-                                 "case: RotationCase(spec=RopeSpec(head_size=64, rotary_dim=64, is_neox_style=True), "
-                                 "num_tokens=1, seed=0)"]
+# Exceptions as the records plugin describes them (type, str(), __notes__), from real runs.
+ROTATION_EXCEPTION = {
+    "type": "AssertionError",
+    "message": f"{KEY_UNROTATED} on cpu does not match the reference (case 2e5a0c12626956cb)\n"
+               "diagnosis: key_only: only the key is wrong, it comes back exactly as it went in (never rotated)\n"
+               "Mismatched elements: 64 / 128 (50.0%)\n"
+               "case: RotationCase(spec=RopeSpec(head_size=64, rotary_dim=64, is_neox_style=True), num_tokens=1, seed=0)\n"
+               "case file: not written (ROPE_CASES_DIR='off')",
+    "notes": [f"Failing test case: test_rotation_matches_reference(\n    impl_name='{KEY_UNROTATED}',\n"
+              "    data=data(...),\n)",
+              "Draw 1 (case): RotationCase(spec=RopeSpec(head_size=64,\n seed=0)",
+              "Explanation:\n    These lines were always and only run by failing test cases:\n        /work/main/rope/spec.py:243",
+              "\nYou can reproduce this test case by temporarily adding @reproduce_failure('6.170.17', b'AXic') as a "
+              "decorator on your test function"],
+}
+STATEFUL_EXCEPTION = {
+    "type": "AssertionError",
+    "message": "step 2: prepared positions [[3], [3], [3]] != whole-sequence positions [[2], [2], [2]]\n"
+               "assert False\n +  where False = <built-in method equal>(tensor([[3]]), tensor([[2]]))",
+    "notes": ["Failing test case: <state machine>", "state = Scheduler()",
+              "state.add_request(data=data(...), max_new=1, prompt=Prompt(tuple([Text(length=2)])), seed=0)",
+              "state.step(budget=1, data=data(...))", "state.teardown()"],
+}
+DISPATCH_CAUGHT = {
+    "type": "AssertionError",
+    "message": "MRopeCachedCosSin platform=xpu mode=eager on cpu: forward_xpu does not match the reference\n"
+               "case: RotationCase(spec=RopeSpec(head_size=64, rotary_dim=64), num_tokens=1, seed=0)",
+    "notes": ["Failing test case: dispatch_matches_reference(\n    combo=('mrope-chunked', 'xpu', 'eager'),\n"
+              "    data=data(...),\n)", "Draw 1 (case): RotationCase(spec=RopeSpec(head_size=64,\n seed=0)"],
+}
+DID_NOT_RAISE = {"type": "Failed", "message": "DID NOT RAISE <class 'AssertionError'>", "notes": []}
 
 
-def test_parse_stateful_failure_keeps_the_steps_and_drops_assert_rewriting():
-    out = parse_pytest_output(STATEFUL_FAILURE)
-    assert out.pytest_s == 36.77 and out.counts == {"failed": 1, "passed": 20}
-    assert len(out.ran) == 2 and out.failed[0].endswith(f"[{DELTA_PER_CHUNK}-cpu-qwen2_vl]")
-    assert out.assertion == ["AssertionError: step 2: prepared positions [[3], [3], [3]] != whole-sequence "
-                             "positions [[2], [2], [2]]"]
-    assert out.falsifying[:2] == ["Failing test case: <state machine>", "state = Scheduler()"]
-    assert out.falsifying[-1] == "state.teardown()"
-    assert mutation.excerpt(out.assertion, out.falsifying).splitlines()[1] == (
-        "state.step(budget=1, data=data(...))")
+# --------------------------------------------------------------------------- failure text
+def test_split_failure_gives_assertion_and_example_without_explanation():
+    assertion, falsifying = split_failure(ROTATION_EXCEPTION)
+    assert assertion[0] == (f"AssertionError: {KEY_UNROTATED} on cpu does not match the reference "
+                            "(case 2e5a0c12626956cb)")
+    assert assertion[-1] == "case file: not written (ROPE_CASES_DIR='off')"
+    assert falsifying[0] == "Failing test case: test_rotation_matches_reference("
+    assert falsifying[-1] == " seed=0)"            # up to Hypothesis' explanation, which is left out
+    assert not any("Explanation" in line or "reproduce" in line for line in falsifying)
+    assert excerpt(assertion, falsifying).splitlines() == [
+        f"{KEY_UNROTATED} on cpu does not match the reference (case 2e5a0c12626956cb)",
+        "case: RotationCase(spec=RopeSpec(head_size=64, rotary_dim=64, is_neox_style=True), num_tokens=1, seed=0)"]
 
 
-def test_parse_crash_names_the_test_that_was_running():
-    out = parse_pytest_output(CRASH)
-    assert out.crash == "Fatal Python error: Segmentation fault"
-    assert out.crash_node == ("properties/test_runner_positions.py::test_prepared_positions_match_reference"
-                              f"[{STORE_UNMASKED}-cpu]")
-    assert out.failed == [] and out.ran == [] and out.pytest_s is None
+def test_split_stateful_failure_keeps_the_steps_and_drops_assert_rewriting():
+    assertion, falsifying = split_failure(STATEFUL_EXCEPTION)
+    assert assertion == ["AssertionError: step 2: prepared positions [[3], [3], [3]] != whole-sequence "
+                         "positions [[2], [2], [2]]"]
+    assert falsifying[:2] == ["Failing test case: <state machine>", "state = Scheduler()"]
+    assert falsifying[-1] == "state.teardown()"
+    assert excerpt(assertion, falsifying).splitlines()[1] == "state.step(budget=1, data=data(...))"
 
 
-def test_parse_dedicated_pass_reads_what_pytest_raises_caught():
-    out = parse_pytest_output(DEDICATED_PASS)
-    assert out.failed == [] and out.counts == {"passed": 1} and out.pytest_s == 1.98
-    assert out.assertion[0].startswith("AssertionError: MRopeCachedCosSin platform=xpu")
-    assert out.falsifying[1] == "    combo=('mrope-chunked', 'xpu', 'eager'),"
-    assert mutation.excerpt(out.assertion, out.falsifying).splitlines()[1].startswith("case: RotationCase(")
-    assert out.falsifying[-1] == " seed=0)"
-
-
-def test_echo_plugin_prints_what_pytest_raises_caught(capsys):
-    original = pytest.raises
-    hook = mutation.pytest_runtest_call(item=None)
-    next(hook)
-    try:
-        assert pytest.raises is not original
-        with pytest.raises(ValueError, match="bad"):
-            raise ValueError("bad input")
-        with pytest.raises(KeyError):          # nothing echoed for what is not raised ... and still checked
-            {}["missing"]
-    finally:
-        with contextlib.suppress(StopIteration):
-            hook.send(None)
-    assert pytest.raises is original
-    out = parse_pytest_output(capsys.readouterr().out)
-    assert out.caught_by_raises == ["ValueError: bad input"]
+def test_split_keeps_notes_before_the_example_and_bare_asserts():
+    exc = {"type": "AssertionError", "message": "assert 100 < 5",
+           "notes": ["(note: 1 other explicit example also failed with this error)",
+                     "Failing explicit example: test_b(\n    x=100,\n)"]}
+    assert split_failure(exc) == (["(note: 1 other explicit example also failed with this error)"],
+                                  ["Failing explicit example: test_b(", "    x=100,", ")"])
+    assert split_failure(DID_NOT_RAISE) == (["Failed: DID NOT RAISE <class 'AssertionError'>"], [])
 
 
 def test_excerpt_skips_fixture_arguments_and_cuts_long_lines():
     assertion = ["AssertionError: m on cpu: 63 wrong positions " + "x" * 300, "(note: 2 other explicit examples also failed)"]
     falsifying = ["Failing explicit example: test_prepared_positions_match_reference(",
                   "    positions_impl_name='m',", "    device='cpu',", "    batch=RaggedBatch(num_dims=3,", ")"]
-    first, second = mutation.excerpt(assertion, falsifying).splitlines()
+    first, second = excerpt(assertion, falsifying).splitlines()
     assert first.startswith("m on cpu: 63 wrong positions x") and first.endswith("...") and len(first) == 160
     assert second == "batch=RaggedBatch(num_dims=3,"
 
 
-def test_parse_all_passed():
-    text = ("properties/test_x.py::test_a[m-cpu] PASSED [ 50%]\nproperties/test_x.py::test_b SKIPPED (why) [100%]\n"
-            "=================== 1 passed, 1 skipped, 2 warnings in 3.50s (0:00:03) ===================\n")
-    out = parse_pytest_output(text)
-    assert out.failed == [] and len(out.ran) == 2 and out.pytest_s == 3.5
-    assert out.counts == {"passed": 1, "skipped": 1, "warnings": 2}
+# --------------------------------------------------------------------------- records (fake runs)
+def _report(node, when, outcome_, **extra):
+    return {"event": "report", "nodeid": node, "when": when, "outcome": outcome_, "duration": 0.1,
+            "wasxfail": False, **extra}
 
 
-# --------------------------------------------------------------------------- the mutants and their suites
+def fake_records(results, seconds, *, collected=None, exception=ROTATION_EXCEPTION, caught=(),
+                 finished=True) -> list[dict]:
+    """Records of a run: ``results`` is [(node, passed|failed|skipped|crash)]; ``crash`` leaves the
+    test started without a report, and the session without its end."""
+    out = [{"event": "session", "pid": 1}]
+    if collected is not None:
+        out.append({"event": "collected", "nodeids": list(collected)})
+    status = 0
+    for node, result in results:
+        out += [{"event": "start", "nodeid": node}, _report(node, "setup", "passed")]
+        if result == "crash":
+            return out
+        extra = {"caught": list(caught)}
+        if result == "failed":
+            status = 1
+            extra.update(longrepr="E   boom", crash=exception["message"], exception=exception)
+        out += [_report(node, "call", result, **extra), _report(node, "teardown", "passed")]
+    if finished:
+        out.append({"event": "finish", "exitstatus": status, "duration": seconds})
+    return out
+
+
+def write_records(env, lines) -> None:
+    with open(env[RECORDS_ENV], "a") as f:
+        f.writelines(json.dumps(line) + "\n" for line in lines)
+
+
+def test_run_summary_from_records_and_a_line_cut_short(tmp_path):
+    nodes = ["t.py::a", "t.py::b", "t.py::c"]
+    lines = fake_records([(nodes[0], "passed"), (nodes[1], "skipped"), (nodes[2], "failed")], 3.5, collected=nodes)
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"event": "report", "nodeid": "t.p')
+    got = read_records(path)
+    assert got == lines                                     # the torn last line is skipped
+    run = PytestRun.from_records(got)
+    assert run.finished and run.pytest_s == 3.5 and run.collected == nodes and run.ran == nodes
+    assert run.failed == [nodes[2]] and run.passed == [nodes[0]] and run.running is None
+    assert run.summary == "1 failed, 1 passed, 1 skipped"
+    assert run.failure_text(nodes[2])[0][0].startswith("AssertionError: properties.mutants.broken_rotations")
+    crashed = PytestRun.from_records(fake_records([(nodes[0], "passed"), (nodes[1], "crash")], 1.0))
+    assert not crashed.finished and crashed.running == nodes[1] and crashed.pytest_s is None
+    assert crashed.ran == [nodes[0]] and crashed.summary == "1 passed"
+    assert read_records(tmp_path / "missing.jsonl") == []
+
+
+# --------------------------------------------------------------------------- the records plugin, for real
+PLUGIN_TESTS = """
+import os, signal
+import pytest
+from pytest import raises
+from hypothesis import given, settings, strategies as st
+
+SEARCH = settings(derandomize=True, database=None, print_blob=True)
+
+def test_passes():
+    pass
+
+@SEARCH
+@given(x=st.integers())
+def test_property_fails(x):
+    assert x < 5, f"x too big: {x}\\ncase: {x}"
+
+def test_dedicated_catches():
+    @SEARCH
+    @given(x=st.integers())
+    def prop(x):
+        assert x < 3, "prop rejects"
+    with pytest.raises(AssertionError, match="prop rejects"):
+        prop()
+    with raises(KeyError):                 # the module's own binding of pytest.raises
+        {}["missing"]
+
+@pytest.mark.skip(reason="not here")
+def test_skipped():
+    pass
+
+def test_dies():
+    if os.environ.get("DIE"):
+        os.kill(os.getpid(), signal.SIGSEGV)
+"""
+
+
+def _pytest_in(tmp_path, *args, env_extra=None):
+    test_file = tmp_path / "test_plugin_target.py"
+    test_file.write_text(PLUGIN_TESTS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "ROPE_"))}
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "pytest", str(test_file), "-p", records.PLUGIN, "-p",
+                           "no:cacheprovider", "-q", *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_records_plugin_writes_one_line_per_report_with_the_failure_and_what_raises_caught(tmp_path):
+    path = tmp_path / "records.jsonl"
+    proc = _pytest_in(tmp_path, env_extra={RECORDS_ENV: str(path)})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = read_records(path)
+    assert len(lines) == len(path.read_text().splitlines())          # every line is one JSON record
+    assert lines[0]["event"] == "session" and lines[0]["pid"] != os.getpid()
+    node = {name: f"test_plugin_target.py::{name}" for name in
+            ("test_passes", "test_property_fails", "test_dedicated_catches", "test_skipped", "test_dies")}
+    assert lines[1] == {"event": "collected", "nodeids": list(node.values())}
+    assert [(r["nodeid"], r["when"], r["outcome"]) for r in lines if r["event"] == "report"] == [
+        (node[n], w, "skipped" if (n, w) == ("test_skipped", "setup") else
+         "failed" if (n, w) == ("test_property_fails", "call") else "passed")
+        for n in node for w in (("setup", "teardown") if n == "test_skipped" else ("setup", "call", "teardown"))]
+    starts = [i for i, r in enumerate(lines) if r["event"] == "start"]
+    assert [lines[i]["nodeid"] for i in starts] == list(node.values())
+    assert all(lines[i + 1]["when"] == "setup" for i in starts)      # announced before it runs
+    failed = next(r for r in lines if r["event"] == "report" and r["outcome"] == "failed")
+    assert failed["exception"]["type"] == "AssertionError"
+    assert failed["exception"]["message"].startswith("x too big: 5\n")
+    assert failed["exception"]["notes"][0] == "Failing test case: test_property_fails(\n    x=5,\n)"
+    assert "x too big" in failed["longrepr"] and failed["crash"].startswith("AssertionError: x too big: 5")
+    assert failed["duration"] > 0
+    dedicated = next(r for r in lines if r.get("nodeid") == node["test_dedicated_catches"] and r.get("when") == "call")
+    assert [(c["type"], c["message"].splitlines()[0]) for c in dedicated["caught"]] == [
+        ("AssertionError", "prop rejects"), ("KeyError", "'missing'")]
+    assert dedicated["caught"][0]["notes"][0].startswith("Failing test case: prop(")
+    skipped = next(r for r in lines if r.get("outcome") == "skipped")
+    assert skipped["longrepr"] == "Skipped: not here"
+    assert lines[-1]["event"] == "finish" and lines[-1]["exitstatus"] == 1 and lines[-1]["duration"] > 0
+    run = PytestRun.from_records(lines)
+    assert run.failed == [node["test_property_fails"]] and run.summary == "1 failed, 3 passed, 1 skipped"
+    assert run.failure_text(node["test_property_fails"]) == (["AssertionError: x too big: 5", "  case: 5"],
+                                                           ["Failing test case: test_property_fails(", "    x=5,", ")"])
+    assert run.caught_text(node["test_dedicated_catches"]) == (["AssertionError: prop rejects"],
+                                                              ["Failing test case: prop(", "    x=3,", ")"])
+
+
+def test_records_plugin_is_inert_without_a_file_and_takes_the_option(tmp_path):
+    proc = _pytest_in(tmp_path, "-k", "test_passes")
+    assert proc.returncode == 0 and not list(tmp_path.glob("*.jsonl")), proc.stdout + proc.stderr
+    path = tmp_path / "by-option.jsonl"
+    proc = _pytest_in(tmp_path, "-k", "test_passes", records.OPTION, str(path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [r["event"] for r in read_records(path)] == ["session", "collected", "start", "report", "report", "report",
+                                                        "finish"]
+
+
+def test_a_crashed_pytest_is_judged_from_the_records_it_wrote(tmp_path):
+    path = tmp_path / "records.jsonl"
+    proc = _pytest_in(tmp_path, "-k", "test_passes or test_dies", env_extra={RECORDS_ENV: str(path), "DIE": "1"})
+    assert proc.returncode == -signal.SIGSEGV
+    run = PytestRun.from_records(read_records(path))
+    assert run.started and not run.finished and run.passed == ["test_plugin_target.py::test_passes"]
+    assert run.running == "test_plugin_target.py::test_dies"
+
+
+# --------------------------------------------------------------------------- the catalogue
 def _defined_mutants() -> set[tuple[str, str]]:
     """(module, name) of every entry of every mutant registry in properties/mutants: the module-level
     dicts named BROKEN_* or *_MUTANTS, found by scanning, so a new registry cannot be missed."""
     import properties.mutants as package
     found = set()
     for info in pkgutil.iter_modules(package.__path__):
+        if info.name.startswith("_"):
+            continue
         module = importlib.import_module(f"properties.mutants.{info.name}")
         for attr, value in vars(module).items():
             if isinstance(value, dict) and attr.isupper() and (attr.startswith("BROKEN") or attr.endswith("MUTANTS")):
@@ -203,19 +274,49 @@ def _defined_mutants() -> set[tuple[str, str]]:
     return found
 
 
-def test_mutant_list_covers_every_mutant_defined():
+def test_catalogue_covers_every_mutant_defined():
     mutants = mutation.discover_mutants()
     names = [m.name for m in mutants]
     assert len(names) == len(set(names))
     assert {tuple(n.split(":")) for n in names} == _defined_mutants()
-    assert {m.kind for m in mutants} == set(mutation.KINDS)
+    assert {m.kind for m in mutants} == set(catalogue.KINDS)
+
+
+def test_catalogue_is_read_without_importing_the_suite():
+    # rope/ never imports properties: the catalogue comes from `python -m properties.mutants`.
+    code = ("import sys; from rope.harness.mutation import discover_mutants, harness_stages, cli, runner, report; "
+            "ms = discover_mutants(); [harness_stages(m) for m in ms]; "
+            "print(len(ms), sorted(k for k in sys.modules if k.split('.')[0] == 'properties'))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [str(len(mutation.discover_mutants())), "[]"]
+
+
+def test_catalogue_output_is_the_suites_own_list():
+    from properties.mutants.catalogue import SCHEMA, catalogue as suite_catalogue
+    assert SCHEMA == catalogue.CATALOGUE_SCHEMA
+    assert [Mutant.from_dict(d) for d in suite_catalogue()] == mutation.discover_mutants()
+
+
+def test_catalogue_rejects_what_is_not_a_catalogue():
+    good = {"name": "m:x", "kind": "rotation", "target": "p.m:x", "parent": "native", "doc": "", "memory_safety": False}
+    ok = catalogue.parse_catalogue(json.dumps({"schema": catalogue.CATALOGUE_SCHEMA, "mutants": [good]}))
+    assert ok == [Mutant("m:x", "rotation", "p.m:x", "native")]
+    for text, match in (("not json", "not JSON"), (json.dumps({"schema": "other", "mutants": []}), "schema"),
+                        (json.dumps({"schema": catalogue.CATALOGUE_SCHEMA, "mutants": [{**good, "kind": "x"}]}),
+                         "kind='x'"),
+                        (json.dumps({"schema": catalogue.CATALOGUE_SCHEMA, "mutants": [good, good]}), "duplicate"),
+                        (json.dumps({"schema": catalogue.CATALOGUE_SCHEMA, "mutants": [{"kind": "dispatch"}]}),
+                         "without")):
+        with pytest.raises(CatalogueError, match=match):
+            catalogue.parse_catalogue(text)
 
 
 def test_every_mutant_and_parent_resolves():
     from properties.mutants.dispatch import BROKEN_OPS
     from rope.registry import get_implementation, get_positions_implementation
     for m in mutation.discover_mutants():
-        if m.kind in mutation.ROTATION_KINDS:
+        if m.kind in catalogue.ROTATION_KINDS:
             assert callable(get_implementation(m.target)) and callable(get_implementation(m.parent))
         elif m.kind.startswith("positions"):
             assert callable(get_positions_implementation(m.target)) and callable(get_positions_implementation(m.parent))
@@ -228,9 +329,20 @@ def test_memory_safety_split_matches_test_mutants():
     from properties.mutants.kernel import POSITIONS_MUTANTS
     from properties.test_mutants import ROTARY_CELLS
     guards_only = {name for name, (_, _, must, _) in ROTARY_CELLS.items() if "plain" not in must}
-    assert mutation.MEMORY_SAFETY == guards_only | set(POSITIONS_MUTANTS)
+    assert {m.attribute for m in mutation.discover_mutants() if m.memory_safety} == guards_only | set(POSITIONS_MUTANTS)
 
 
+def test_only_selects_by_full_or_bare_name_and_rejects_unknown():
+    mutants = mutation.discover_mutants()
+    both = mutation.select_mutants(mutants, ["neox_for_gptj"])
+    assert [m.name for m in both] == ["broken_rotations:neox_for_gptj", "kernel:neox_for_gptj"]
+    assert [m.name for m in mutation.select_mutants(mutants, ["kernel:neox_for_gptj"])] == ["kernel:neox_for_gptj"]
+    assert [m.name for m in mutation.select_mutants(mutants, [KEY_UNROTATED])] == ["broken_rotations:key_unrotated"]
+    with pytest.raises(ValueError, match=r"--only='no_such_bug': no such mutant"):
+        mutation.select_mutants(mutants, ["no_such_bug"])
+
+
+# --------------------------------------------------------------------------- the stages
 def _parametrized_ids(path: str, function: str) -> set[str]:
     from properties.mutants.dispatch import BROKEN_OPS
     from properties.mutants.kernel import POSITIONS_MUTANTS
@@ -243,43 +355,52 @@ def _parametrized_ids(path: str, function: str) -> set[str]:
 
 def test_stages_name_tests_that_exist():
     for m in mutation.discover_mutants():
-        stages = mutation.harness_stages(m) + mutation.baseline_stages(m)
-        assert stages and stages[0].caught_when in ("fail", "pass")
-        for stage in stages:
+        all_stages = stages.harness_stages(m) + stages.baseline_stages(m)
+        assert all_stages and all_stages[0].caught_when in ("fail", "pass")
+        for stage in all_stages:
             for test in stage.tests:
                 path, _, rest = test.partition("::")
-                assert (mutation.suite_root() / path).exists(), test
+                assert (stages.suite_root() / path).exists(), test
                 if not rest:
                     continue
                 function, _, param = rest.partition("[")
-                assert function in mutation.functions_in(path), test
+                assert function in stages.functions_in(path), test
                 if param:
                     assert param.rstrip("]") in _parametrized_ids(path, function), test
             if stage.caught_when == "fail":
                 assert stage.impl_option and stage.options[stage.options.index(stage.impl_option) + 1] == m.target
-        assert bool(mutation.baseline_stages(m)) == (m.kind in mutation.ROTATION_KINDS)
+        assert bool(stages.baseline_stages(m)) == (m.kind in catalogue.ROTATION_KINDS)
 
 
-def test_memory_safety_rotation_mutants_run_the_guarded_tests_first():
-    every = mutation.functions_in(mutation.ROTATION_SUITE)
+def test_memory_safety_mutants_run_the_guarded_tests_first():
+    every = stages.functions_in(stages.ROTATION_SUITE)
     for m in mutation.discover_mutants():
-        if m.kind != "rotation-kernel":
-            continue
-        first = mutation.harness_stages(m)[0]
-        if m.memory_safety:
-            assert first.tests[0] == f"{mutation.ROTATION_SUITE}::test_known_bug_triggers_under_guards"
+        first = stages.harness_stages(m)[0]
+        if m.kind == "rotation-kernel" and m.memory_safety:
+            assert first.tests[0] == f"{stages.ROTATION_SUITE}::test_known_bug_triggers_under_guards"
             assert sorted(t.split("::")[1] for t in first.tests) == sorted(every)
-        else:
-            assert first.tests == (mutation.ROTATION_SUITE,)
+        elif m.kind == "positions-kernel":
+            assert first.caught_when == "pass" and "test_position_property_catches_kernel_mutant" in first.tests[0]
+        elif m.kind in catalogue.ROTATION_KINDS:
+            assert first.tests == (stages.ROTATION_SUITE,)
 
 
-def test_only_selects_by_full_or_bare_name_and_rejects_unknown():
-    mutants = mutation.discover_mutants()
-    both = mutation.select_mutants(mutants, ["neox_for_gptj"])
-    assert [m.name for m in both] == ["broken_rotations:neox_for_gptj", "kernel:neox_for_gptj"]
-    assert [m.name for m in mutation.select_mutants(mutants, ["kernel:neox_for_gptj"])] == ["kernel:neox_for_gptj"]
-    with pytest.raises(ValueError, match=r"--only='no_such_bug': no such mutant"):
-        mutation.select_mutants(mutants, ["no_such_bug"])
+def test_stages_and_arguments_come_from_the_installed_suite(tmp_path, monkeypatch):
+    # A wheel's suite in site-packages: the tests are found (and pytest runs) there, not in a checkout.
+    site = tmp_path / "site-packages"
+    (site / "properties").mkdir(parents=True)
+    (site / "properties" / "test_rotation.py").write_text(
+        "def test_b():\n    pass\n\ndef helper():\n    pass\n\ndef test_known_bug_triggers_under_guards():\n    pass\n")
+    monkeypatch.setattr(stages, "suite_dir", lambda: site / "properties")
+    assert stages.suite_root() == site
+    m = Mutant("kernel:x", "rotation-kernel", "properties.mutants.kernel:x", "triton", memory_safety=True)
+    first = stages.harness_stages(m)[0]
+    assert first.tests == ("properties/test_rotation.py::test_known_bug_triggers_under_guards",
+                           "properties/test_rotation.py::test_b")
+    args = stages.build_pytest_args(first, first.tests, "dev")
+    assert args[args.index("--rootdir") + 1] == str(site)
+    assert args[args.index("--rope-impl") + 1] == m.target and "--hypothesis-profile=dev" in args
+    assert "-x" in args and args[args.index("-p", args.index("--rootdir")) + 1] == "rope.harness.mutation.records"
 
 
 # --------------------------------------------------------------------------- the runner, on a fake pytest
@@ -289,144 +410,209 @@ NODES = [f"properties/baseline/test_engine_style.py::test_mrope_engine_style[{{}
          ("glm-1-11", "glm-1-8192", "glm-2-11")]
 
 
-def _pytest_output(results: list[tuple[str, str]], seconds: float, message: str = "AssertionError: boom") -> str:
-    lines = [f"{node} {result} [ 50%]" for node, result in results]
-    failed = [node for node, result in results if result == "FAILED"]
-    if failed:
-        lines += ["=" * 10 + " FAILURES " + "=" * 10, f"_ {failed[0].split('::')[1]} _",
-                  *(f"E   {line}" for line in message.splitlines()),
-                  "=" * 5 + " short test summary info " + "=" * 5, f"FAILED {failed[0]}"]
-    counts = ", ".join(f"{sum(r == w for _, r in results)} {w.lower()}" for w in ("FAILED", "PASSED")
-                       if any(r == w for _, r in results))
-    return "\n".join(lines + [f"===== {counts} in {seconds}s ====="]) + "\n"
-
-
 class FakePytest:
-    """Answers the runner's pytest calls from a table: impl -> {node: PASSED|FAILED}."""
+    """Answers the runner's pytest calls from a table, impl -> {node: passed|failed}, by writing
+    the records the plugin would write to the file the runner names."""
 
     def __init__(self, outcomes: dict, seconds: float = 2.0, timeout_after: str | None = None):
-        self.outcomes, self.seconds, self.timeout_after, self.calls = outcomes, seconds, timeout_after, []
+        self.outcomes, self.seconds, self.timeout_after, self.calls, self.files = outcomes, seconds, timeout_after, [], []
 
     def __call__(self, args, timeout_s, env):
         self.calls.append(args)
         assert env["ROPE_CASES_DIR"] == "off" and env["ROPE_NO_REPORT"] == "1"
+        assert "rope.harness.mutation.records" in args and os.path.getsize(env[RECORDS_ENV]) == 0
+        self.files.append(env[RECORDS_ENV])
         impl = args[args.index("--rope-impl") + 1]
         tests = [a for a in args if a.startswith("properties/")]
         nodes = [n.format(impl) for n in NODES]
-        if "--collect-only" in args:
-            return RawRun(0, "\n".join(nodes) + "\n\n3 tests collected in 0.1s\n", 0.5)
-        if tests != ["properties/baseline"]:
-            nodes = tests
+        collected = list(nodes) if tests == ["properties/baseline"] else list(tests)
         results = []
-        for node in nodes:
+        for node in collected:
             results.append((node, self.outcomes[impl][node.split("-cpu-")[1].rstrip("]")]))
             if node.endswith(f"{self.timeout_after}]"):
-                return RawRun(-9, _pytest_output(results, self.seconds)[:-40], timeout_s, timed_out=True)
-            if results[-1][1] == "FAILED":
-                return RawRun(1, _pytest_output(results, self.seconds), self.seconds + 1)
-        return RawRun(0, _pytest_output(results, self.seconds), self.seconds + 1)
+                results[-1] = (node, "crash")
+                write_records(env, fake_records(results, self.seconds, collected=collected, finished=False))
+                return RawRun(-9, "", timeout_s, timed_out=True)
+            if results[-1][1] == "failed":
+                write_records(env, fake_records(results, self.seconds, collected=collected))
+                return RawRun(1, "", self.seconds + 1)
+        write_records(env, fake_records(results, self.seconds, collected=collected))
+        return RawRun(0, "", self.seconds + 1)
 
 
 def test_failure_the_parent_shares_is_a_false_alarm_and_the_suite_goes_on():
-    fake = FakePytest({TARGET: {"glm-1-11": "PASSED", "glm-1-8192": "FAILED", "glm-2-11": "FAILED"},
-                       "triton": {"glm-1-8192": "FAILED", "glm-2-11": "PASSED"}})
+    fake = FakePytest({TARGET: {"glm-1-11": "passed", "glm-1-8192": "failed", "glm-2-11": "failed"},
+                       "triton": {"glm-1-8192": "failed", "glm-2-11": "passed"}})
     result = MutationRunner(execute=fake).run_suite(MUTANT, "baseline")
     assert result.status == "caught" and result.test == NODES[2].format(TARGET)
     assert result.false_alarms == [NODES[1].format(TARGET)]
     assert [c.parent_failed for c in result.controls] == [True, False]
     assert result.controls[0].parent_test == NODES[1].format("triton")
-    # The mutant's own runs only: 2 runs of 2.0 s pytest time (the controls and collection do not count).
+    # The mutant's own runs only: 2 runs of 2.0 s pytest time (the controls do not count); the
+    # collection comes from the first run's records, no --collect-only run.
     assert [r.outcome for r in result.runs] == ["false-alarm", "caught"]
     assert result.pytest_s == 4.0 and result.suite_s == 4.0 and result.wall_s == 6.0
+    assert not any("--collect-only" in call for call in fake.calls) and len(fake.calls) == 4
     assert result.runs[1].command.split()[1] == NODES[2].format(TARGET)     # resumed after the false alarm
-    assert result.assertion == ["AssertionError: boom"]
+    assert result.runs[0].summary == "1 failed, 1 passed" and result.runs[0].tests_run == 2
+    assert result.assertion[0].startswith("AssertionError: properties.mutants.broken_rotations:key_unrotated")
+    assert result.falsifying_example[0] == "Failing test case: test_rotation_matches_reference("
+    # One fresh records file per run, removed once read.
+    assert len(set(fake.files)) == 4 and not any(os.path.exists(f) for f in fake.files)
 
 
 def test_without_control_the_first_failure_counts():
-    fake = FakePytest({TARGET: {"glm-1-11": "PASSED", "glm-1-8192": "FAILED"}})
+    fake = FakePytest({TARGET: {"glm-1-11": "passed", "glm-1-8192": "failed"}})
     result = MutationRunner(execute=fake, confirm=False).run_suite(MUTANT, "baseline")
     assert result.caught and result.test == NODES[1].format(TARGET) and result.controls == []
 
 
 def test_suite_that_only_fails_where_the_parent_fails_lets_the_mutant_survive():
-    fake = FakePytest({TARGET: {"glm-1-11": "PASSED", "glm-1-8192": "FAILED", "glm-2-11": "PASSED"},
-                       "triton": {"glm-1-8192": "FAILED"}})
+    fake = FakePytest({TARGET: {"glm-1-11": "passed", "glm-1-8192": "failed", "glm-2-11": "passed"},
+                       "triton": {"glm-1-8192": "failed"}})
     result = MutationRunner(execute=fake).run_suite(MUTANT, "baseline")
     assert result.status == "survived" and not result.caught and result.false_alarms == [NODES[1].format(TARGET)]
 
 
 def test_failure_not_naming_the_mutant_is_no_catch():
-    fake = FakePytest({TARGET: {"glm-1-11": "PASSED", "glm-1-8192": "PASSED", "glm-2-11": "PASSED"}})
+    fake = FakePytest({})
     runner = MutationRunner(execute=fake)
     other = "properties/test_rotation.py::test_reference_text_tokens_reduce_to_1d"
     stage = Stage("rotation suite", ("properties/baseline",), ("--rope-impl", TARGET), "fail", "--rope-impl")
-    result = mutation.SuiteResult("harness")
-    outcome, node = runner._judge(MUTANT, stage, RawRun(1, _pytest_output([(other, "FAILED")], 1.0), 2.0),
-                                  parse_pytest_output(_pytest_output([(other, "FAILED")], 1.0)), result)
-    assert (outcome, node) == ("unrelated-failure", other) and not fake.calls
+    result = SuiteResult("harness")
+    run = PytestRun.from_records(fake_records([(other, "failed")], 1.0))
+    assert runner._judge(MUTANT, stage, RawRun(1, "", 2.0), run, result) == ("unrelated-failure", other)
+    assert not fake.calls and result.false_alarms == [other]
 
 
 def test_timeout_is_not_a_catch():
-    fake = FakePytest({TARGET: {"glm-1-11": "PASSED", "glm-1-8192": "PASSED"}}, timeout_after="glm-1-8192")
+    fake = FakePytest({TARGET: {"glm-1-11": "passed", "glm-1-8192": "passed"}}, timeout_after="glm-1-8192")
     result = MutationRunner(execute=fake, budget_s=30).run_suite(MUTANT, "baseline")
     assert result.status == "timeout" and not result.caught and result.wall_s == 30
+    assert any(f"{NODES[1].format(TARGET)} last" in note for note in result.notes)
 
 
 def test_catch_over_the_limit_is_flagged_slow():
-    fake = FakePytest({TARGET: {"glm-1-11": "FAILED"}, "triton": {"glm-1-11": "PASSED"}}, seconds=61.0)
+    fake = FakePytest({TARGET: {"glm-1-11": "failed"}, "triton": {"glm-1-11": "passed"}}, seconds=61.0)
     result = MutationRunner(execute=fake).run_suite(MUTANT, "baseline")
     assert result.caught and result.slow and result.suite_s == 61.0
     assert any("over the 60 s limit" in note for note in result.notes)
 
 
-def test_position_kernel_mutants_run_guarded_first_and_a_crash_is_no_catch():
+POSITIONS_KERNEL = Mutant("kernel:positions_store_unmasked", "positions-kernel", STORE_UNMASKED, "triton",
+                          memory_safety=True)
+DEDICATED = "properties/test_mutants.py::test_position_property_catches_kernel_mutant[positions_store_unmasked]"
+PLAIN = f"properties/test_runner_positions.py::test_prepared_positions_match_reference[{STORE_UNMASKED}-cpu]"
+
+
+def test_position_kernel_mutants_run_guarded_first_with_what_raises_caught():
     # Unguarded, a position kernel writing past its output corrupts the test process (a crash,
     # or a hang until the budget is spent): the guarded dedicated test runs first.
-    m = Mutant("kernel:positions_store_unmasked", "positions-kernel", STORE_UNMASKED, "triton", memory_safety=True)
     calls = []
 
     def fake(args, timeout_s, env):
         calls.append(args)
-        if "--rope-positions-impl" in args:
-            return RawRun(-11, CRASH, 3.0)
-        assert "-p" in args and "rope.harness.mutation" in args       # the echo plugin is loaded for dedicated tests
-        return RawRun(0, DEDICATED_PASS, 4.0)
-    result = MutationRunner(execute=fake).run_suite(m, "harness")
+        assert "--rope-positions-impl" not in args
+        write_records(env, fake_records([(DEDICATED, "passed")], 1.98, caught=[DISPATCH_CAUGHT]))
+        return RawRun(0, "", 4.0)
+    result = MutationRunner(execute=fake).run_suite(POSITIONS_KERNEL, "harness")
     assert [r.outcome for r in result.runs] == ["caught"] and len(calls) == 1
-    assert result.caught and result.stage.startswith("guarded search")
-    assert result.suite_s == 1.98
+    assert result.caught and result.stage.startswith("guarded search") and result.test == DEDICATED
+    assert result.suite_s == 1.98 and result.wall_s == 4.0
+    assert result.assertion[0].startswith("AssertionError: MRopeCachedCosSin platform=xpu")
+    assert result.falsifying_example[1] == "    combo=('mrope-chunked', 'xpu', 'eager'),"
+    assert result.excerpt.splitlines()[1].startswith("case: RotationCase(")
 
+
+def test_a_crash_is_no_catch_unless_a_failure_was_recorded_before_it():
     def dedicated_fails(args, timeout_s, env):
-        if "--rope-positions-impl" in args:
-            return RawRun(-11, CRASH, 3.0)
-        return RawRun(1, _pytest_output([(args[0], "FAILED")], 1.0, "Failed: DID NOT RAISE"), 2.0)
-    crashed = MutationRunner(execute=dedicated_fails).run_suite(m, "harness")
-    assert [r.outcome for r in crashed.runs][-1] == "crashed" and not crashed.caught
-    assert any("Segmentation fault" in note for note in crashed.notes)
+        if "--rope-positions-impl" in args:          # the plain suites: dies in its first test
+            write_records(env, fake_records([(PLAIN, "crash")], 0.0))
+            return RawRun(-11, "Fatal Python error: Segmentation fault", 3.0)
+        write_records(env, fake_records([(DEDICATED, "failed")], 1.0, exception=DID_NOT_RAISE))
+        return RawRun(1, "", 2.0)
+    crashed = MutationRunner(execute=dedicated_fails).run_suite(POSITIONS_KERNEL, "harness")
+    assert [r.outcome for r in crashed.runs] == ["passed", "crashed"] and crashed.status == "crashed"
+    assert crashed.runs[1].failing_test == PLAIN and crashed.suite_s == 1.0 + 3.0
+    assert any("DID NOT RAISE" in note for note in crashed.notes)
+    assert any("SIGSEGV (Segmentation fault)" in note and PLAIN in note for note in crashed.notes)
 
-    def failing(args, timeout_s, env):
-        if "--rope-positions-impl" in args:
-            return RawRun(0, "properties/test_x.py::test_a[m-cpu] PASSED [100%]\n=== 1 passed in 1.0s ===\n", 2.0)
-        return RawRun(1, _pytest_output([(args[0], "FAILED")], 1.0, "Failed: DID NOT RAISE"), 2.0)
-    survived = MutationRunner(execute=failing).run_suite(m, "harness")
+    def fails_then_dies(args, timeout_s, env):
+        if "--rope-positions-impl" in args:          # a failure recorded, then the process dies
+            write_records(env, fake_records([(PLAIN, "failed")], 0.0, finished=False))
+            return RawRun(-11, "", 3.0)
+        write_records(env, fake_records([(DEDICATED, "failed")], 1.0, exception=DID_NOT_RAISE))
+        return RawRun(1, "", 2.0)
+    caught = MutationRunner(execute=fails_then_dies, confirm=False).run_suite(POSITIONS_KERNEL, "harness")
+    assert caught.caught and caught.test == PLAIN and caught.stage == "position suites"
+    assert any("the process then died: killed by SIGSEGV" in note for note in caught.notes)
+
+    def nothing_fails(args, timeout_s, env):
+        node = PLAIN if "--rope-positions-impl" in args else DEDICATED
+        write_records(env, fake_records([(node, "passed" if node == PLAIN else "failed")], 1.0,
+                                        exception=DID_NOT_RAISE))
+        return RawRun(0 if node == PLAIN else 1, "", 2.0)
+    survived = MutationRunner(execute=nothing_fails).run_suite(POSITIONS_KERNEL, "harness")
     assert survived.status == "survived" and not survived.caught
 
 
+def test_a_real_crash_after_a_failure_is_judged_from_its_records(tmp_path):
+    # A real pytest whose test fails and whose teardown then kills the process.
+    test_file = tmp_path / "test_dies_after.py"
+    test_file.write_text(textwrap.dedent(f"""
+        import os, signal, pytest
+
+        @pytest.fixture
+        def dies():
+            yield
+            os.kill(os.getpid(), signal.SIGSEGV)
+
+        @pytest.mark.parametrize("impl", ["{TARGET}"])
+        def test_rotation(impl, dies):
+            assert False, "rotation does not match the reference"
+        """))
+
+    def execute(args, timeout_s, env):
+        proc = subprocess.run([sys.executable, "-m", "pytest", str(test_file), "-x", "-p", records.PLUGIN,
+                               "-p", "no:cacheprovider"], cwd=tmp_path, env=env, capture_output=True, text=True)
+        return RawRun(proc.returncode, proc.stdout + proc.stderr, 1.0)
+    result = MutationRunner(execute=execute, confirm=False).run_suite(MUTANT, "harness")
+    assert result.runs[0].returncode == -signal.SIGSEGV
+    assert result.caught and result.test == f"test_dies_after.py::test_rotation[{TARGET}]"
+    assert result.assertion == ["AssertionError: rotation does not match the reference"]
+    assert any("then died: killed by SIGSEGV" in note for note in result.notes)
+
+
+def test_logs_keep_the_output_and_the_records(tmp_path):
+    fake = FakePytest({TARGET: {"glm-1-11": "failed"}})
+    MutationRunner(execute=fake, confirm=False, log_dir=tmp_path).run_suite(MUTANT, "baseline")
+    log, = tmp_path.glob("*.log")
+    jsonl, = tmp_path.glob("*.jsonl")
+    assert log.name == "kernel_neox_for_gptj.baseline.0.log" and log.read_text().startswith("$ pytest properties/")
+    assert PytestRun.from_records(read_records(jsonl)).failed == [NODES[0].format(TARGET)]
+
+
 # --------------------------------------------------------------------------- reports and exit status
-def test_reports_are_written_atomically_and_well_formed(tmp_path):
-    fake = FakePytest({TARGET: {"glm-1-11": "PASSED", "glm-1-8192": "FAILED", "glm-2-11": "FAILED"},
-                       "triton": {"glm-1-8192": "FAILED", "glm-2-11": "PASSED"}})
-    caught = mutation.MutantResult(MUTANT, MutationRunner(execute=fake).run_suite(MUTANT, "baseline"))
+def _two_results():
+    fake = FakePytest({TARGET: {"glm-1-11": "passed", "glm-1-8192": "failed", "glm-2-11": "failed"},
+                       "triton": {"glm-1-8192": "failed", "glm-2-11": "passed"}})
+    caught = MutantResult(MUTANT, MutationRunner(execute=fake).run_suite(MUTANT, "baseline"))
     caught.harness.suite = "harness"
-    alive = mutation.MutantResult(Mutant("dispatch:x", "dispatch", "properties.mutants.dispatch:X", None, "doc | pipe"),
-                                  mutation.SuiteResult("harness", status="survived", notes=["nothing failed"]))
-    report = mutation.MutationReport([caught, alive], "ci", 60.0, 300.0, 2, True, True, 12.5, "2025-01-01T00:00:00")
-    paths = mutation.write_reports(report, tmp_path)
+    alive = MutantResult(Mutant("dispatch:x", "dispatch", "properties.mutants.dispatch:X", None, "doc | pipe"),
+                         SuiteResult("harness", status="survived", notes=["nothing failed"]))
+    return MutationReport([caught, alive], "ci", 60.0, 300.0, 2, True, True, 12.5, "2025-01-01T00:00:00")
+
+
+def test_reports_are_written_atomically_and_well_formed(tmp_path):
+    rep = _two_results()
+    paths = report.write_reports(rep, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mutants.json", "mutants.md"] == sorted(p.name for p in paths)
     data = json.loads(paths[0].read_text())
-    assert data["schema"] == mutation.SCHEMA and data["total_wall_s"] == 12.5
+    assert data["schema"] == mutation.SCHEMA == "rope-harness/mutants/1" and data["total_wall_s"] == 12.5
     assert [m["name"] for m in data["mutants"]] == ["kernel:neox_for_gptj", "dispatch:x"]
     first = data["mutants"][0]
+    assert set(first) == {"name", "kind", "target", "parent", "doc", "memory_safety", "dedicated", "harness",
+                          "baseline"}
     assert first["harness"]["caught"] is True and first["harness"]["false_alarms"] == [NODES[1].format(TARGET)]
     assert first["harness"]["runs"][0]["outcome"] == "false-alarm" and first["baseline"] is None
     assert data["mutants"][1]["dedicated"] is True and data["mutants"][1]["harness"]["caught"] is False
@@ -436,15 +622,33 @@ def test_reports_are_written_atomically_and_well_formed(tmp_path):
     assert "| `kernel:neox_for_gptj` | rotation-kernel | yes 1 false alarm skipped | 6.0 / 4.0 | n/a | - |" in md
     assert "| `dispatch:x` | dispatch (dedicated test) | NO (survived) |" in md
     assert "doc \\| pipe" not in md.split("## Details")[0] and "dedicated tests in properties/test_dispatch.py" in md
-    assert mutation.exit_code(report) == 1
-    report.results.pop()
-    assert mutation.exit_code(report) == 0
+    assert "```text\nAssertionError: properties.mutants.broken_rotations:key_unrotated" in md
+    assert exit_code(rep) == 1
+    rep.results.pop()
+    assert exit_code(rep) == 0
+
+
+def test_table_shows_each_mutant_and_the_summary():
+    from rich.console import Console
+    console = Console(record=True, width=220)
+    report.print_table(_two_results(), console)
+    text = console.export_text()
+    assert "kernel:neox_for_gptj" in text and "(dedicated test)" in text and "NO (survived)" in text
+    assert "harness: caught 1/2 mutants (1/1 rotation mutants)" in text
+    assert "survivors of the harness: dispatch:x" in text and "nothing failed" in text
 
 
 def test_cli_rejects_an_unknown_mutant(tmp_path, capsys):
     assert mutation.main(["--only", "no_such_bug", "--out", str(tmp_path)]) == 2
     assert "no such mutant" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_cli_lists_the_mutants_and_their_stages(capsys):
+    assert mutation.main(["--list", "--only", "positions_store_unmasked"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("kernel:positions_store_unmasked  [positions-kernel (memory)]")
+    assert out.index("guarded search (test_mutants.py, dedicated)") < out.index("position suites")
 
 
 # --------------------------------------------------------------------------- end to end
@@ -463,4 +667,5 @@ def test_end_to_end_key_unrotated_is_caught(tmp_path):
     assert "test_known_bug_triggers" in harness["test"] and harness["falsifying_example"] == []
     assert harness["controls"][0]["parent_failed"] is False and "[native-cpu-" in harness["controls"][0]["parent_test"]
     assert 0 < harness["pytest_s"] <= harness["wall_s"]
+    assert harness["runs"][0]["summary"] == "1 failed" and harness["runs"][0]["tests_run"] == 1
     assert "| `broken_rotations:key_unrotated` | rotation | yes |" in (tmp_path / "mutants.md").read_text()

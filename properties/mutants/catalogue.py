@@ -1,0 +1,73 @@
+"""The mutant catalogue: every mutant of this package, as data the harness can read without
+importing the suite (``rope/`` never imports ``properties``).
+
+``python -m properties.mutants`` prints it as JSON (rope.harness.mutation.catalogue runs that as a
+subprocess); :func:`catalogue` returns the same list of dicts, in catalogue order:
+
+    name           ``<module>:<attribute>``, unique (neox_for_gptj is a wrapper and a kernel mutant)
+    kind           rotation | rotation-kernel | positions | positions-kernel | dispatch
+    target         the import path the registry resolves (``--rope-impl`` / ``--rope-positions-impl``)
+    parent         the unmutated implementation a failure is confirmed against (None: dispatch)
+    doc            the first paragraph of the mutant's docstring, on one line
+    memory_safety  whether only the guards / tracer of properties/guards.py see the bug
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+
+SCHEMA = "rope-harness/mutant-catalogue/1"
+
+# Kernel mutants whose bug is a memory-safety one: the output is right (or right on plain,
+# contiguous inputs), and only the guarded inputs / interpreter tracer of properties/guards.py see
+# it.  The same split as test_mutants.py's ROTARY_CELLS (detectors without "plain";
+# test_mutation_runner.py holds the two together) plus the positions kernel's unmasked store.
+MEMORY_SAFETY = frozenset({"cos_sin_unmasked", "cos_sin_unmasked_head_padded", "positions_rows_packed",
+                           "positions_store_unmasked"})
+
+PACKAGE = __name__.rsplit(".", 1)[0]          # properties.mutants
+
+
+def _first_line(doc: str | None) -> str:
+    """The docstring's first paragraph, on one line."""
+    return " ".join((doc or "").strip().split("\n\n", 1)[0].split())
+
+
+def _entry(module: str, name: str, kind: str, attribute: str, parent: str | None, doc: str | None,
+           memory_safety: bool = False) -> dict:
+    return {"name": f"{module}:{name}", "kind": kind, "target": f"{PACKAGE}.{module}:{attribute}",
+            "parent": parent, "doc": _first_line(doc), "memory_safety": memory_safety}
+
+
+def catalogue() -> list[dict]:
+    """Every mutant defined in properties/mutants, in catalogue order."""
+    from properties.mutants.broken_positions import BROKEN_POSITIONS
+    from properties.mutants.broken_rotations import BROKEN_ROTATIONS
+    from properties.mutants.dispatch import BROKEN_OPS
+    from properties.mutants.kernel import POSITIONS_MUTANTS, ROTARY_MUTANTS
+
+    correct_loop = f"{PACKAGE}.broken_positions:correct_loop"
+    out = [_entry("broken_rotations", name, "rotation", name, "native", fn.__doc__)
+           for name, fn in BROKEN_ROTATIONS.items()]
+    out += [_entry("kernel", name, "rotation-kernel", name, "triton", m.__doc__, name in MEMORY_SAFETY)
+            for name, m in ROTARY_MUTANTS.items()]
+    out += [_entry("broken_positions", name, "positions", name, correct_loop, fn.__doc__)
+            for name, fn in BROKEN_POSITIONS.items()]
+    out += [_entry("kernel", name, "positions-kernel", name, "triton", m.__doc__, name in MEMORY_SAFETY)
+            for name, m in POSITIONS_MUTANTS.items()]
+    # Dispatch mutants are op classes: the target names the class, the catalogue name the entry.
+    out += [_entry("dispatch", name, "dispatch", cls.__name__, None, cls.__doc__)
+            for name, (_, cls) in BROKEN_OPS.items()]
+    return out
+
+
+def main() -> int:
+    """Print ``{"schema": ..., "mutants": [...]}`` on stdout, nothing else (anything the imports
+    print goes to stderr)."""
+    with contextlib.redirect_stdout(sys.stderr):
+        mutants = catalogue()
+    sys.stdout.write(json.dumps({"schema": SCHEMA, "mutants": mutants}) + "\n")
+    sys.stdout.flush()
+    return 0
