@@ -13,6 +13,7 @@ from rope.cache import cos_sin_cache
 from rope.devices import torch_device
 from rope.registry import get_implementation
 from rope.spec import RopeSpec
+from rope.harness.comparison import skip_unless_builtin
 
 MROPE = RopeSpec(128, 64, False, (8, 12, 12), max_position=64)
 T = 5
@@ -72,6 +73,7 @@ def test_reference_rejects_bad_input(error):
 
 @pytest.mark.parametrize("error", list(ERROR_INPUTS), ids=list(ERROR_INPUTS))
 def test_implementation_rejects_bad_input(impl_name, device, error):
+    skip_unless_builtin(impl_name)
     make, pattern = ERROR_INPUTS[error]
     args = make(device)
     snapshot = args["query"].clone() if isinstance(args["query"], torch.Tensor) else None
@@ -82,6 +84,7 @@ def test_implementation_rejects_bad_input(impl_name, device, error):
 
 
 def test_mismatched_devices_rejected(impl_name, device):
+    skip_unless_builtin(impl_name)
     if device == "cpu":
         pytest.skip("needs a second device to mismatch")
     args = good(device)

@@ -10,6 +10,7 @@ import reference
 from properties.strategies import OUT_SENTINEL, RaggedBatch, ragged_batches
 from rope.devices import synchronize, torch_device
 from rope.registry import get_positions_implementation, positions_unsupported_reason
+from rope.harness.comparison import skip_unless_builtin
 
 # vllm#10388 / #10403: a 40-token prompt in chunks of 32 then 8, then decode with the full-prompt delta.
 _PROMPT = [0, 1, 2, 3] + [4] * 12 + [5 + i for i in range(24)]          # 40 tokens, max position 28
@@ -124,6 +125,7 @@ def test_reference_rejects_bad_position_input(error):
 
 @pytest.mark.parametrize("error", list(ERRORS) + ["out-too-short"], ids=list(ERRORS) + ["out-too-short"])
 def test_implementation_rejects_bad_position_input(positions_impl_name, device, error):
+    skip_unless_builtin(positions_impl_name, kind="positions")
     fn = positions_impl_or_skip(positions_impl_name, device)
     args = {k: v.to(torch_device(device)) if isinstance(v, torch.Tensor) else v for k, v in _good().items()}
     out = torch.zeros(3, 40, dtype=torch.int64, device=torch_device(device))
