@@ -24,6 +24,7 @@ from rope.harness.mutation.records import RECORDS_ENV, read_records
 from rope.harness.mutation.results import MutantResult, MutationReport, SuiteResult, exit_code
 from rope.harness.mutation.runner import MutationRunner, RawRun
 from rope.harness.mutation.stages import Stage
+from rope.harness.suite import subprocess_env
 
 KEY_UNROTATED = "properties.mutants.broken_rotations:key_unrotated"
 DELTA_PER_CHUNK = "properties.mutants.broken_positions:delta_per_chunk"
@@ -197,7 +198,7 @@ def _pytest_in(tmp_path, *args, env_extra=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "ROPE_"))}
     env.update(env_extra or {})
     return subprocess.run([sys.executable, "-m", "pytest", str(test_file), "-p", records.PLUGIN, "-p",
-                           "no:cacheprovider", "-q", *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           "no:cacheprovider", "-q", *args], cwd=tmp_path, env=subprocess_env(env), capture_output=True, text=True,
                           timeout=120)
 
 
@@ -287,7 +288,8 @@ def test_catalogue_is_read_without_importing_the_suite():
     code = ("import sys; from rope.harness.mutation import discover_mutants, harness_stages, cli, runner, report; "
             "ms = discover_mutants(); [harness_stages(m) for m in ms]; "
             "print(len(ms), sorted(k for k in sys.modules if k.split('.')[0] == 'properties'))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", timeout=120,
+                          env=subprocess_env())
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [str(len(mutation.discover_mutants())), "[]"]
 
@@ -574,7 +576,8 @@ def test_a_real_crash_after_a_failure_is_judged_from_its_records(tmp_path):
 
     def execute(args, timeout_s, env):
         proc = subprocess.run([sys.executable, "-m", "pytest", str(test_file), "-x", "-p", records.PLUGIN,
-                               "-p", "no:cacheprovider"], cwd=tmp_path, env=env, capture_output=True, text=True)
+                               "-p", "no:cacheprovider"], cwd=tmp_path, env=subprocess_env(env), capture_output=True,
+                              text=True)
         return RawRun(proc.returncode, proc.stdout + proc.stderr, 1.0)
     result = MutationRunner(execute=execute, confirm=False).run_suite(MUTANT, "harness")
     assert result.runs[0].returncode == -signal.SIGSEGV

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rope.harness.suite import is_suite_module, runs_suite, suite_dir, suite_path
+from rope.harness.suite import is_suite_module, plugin_args, runs_suite, subprocess_env, suite_dir, suite_path
 
 _FOREIGN_TEST = '''
 import os, sys
@@ -37,8 +37,9 @@ def _pytest(args: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:
              if k not in ("TRITON_INTERPRET", "ROPE_REPORT_RUN", "ROPE_NO_REPORT", "ROPE_REPORTS_DIR",
                           "ROPE_CASES_DIR", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT",
                           "PYTEST_CURRENT_TEST", "PYTEST_ADDOPTS")}
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=cwd,
-                          env={**clean, **env}, capture_output=True, text=True, timeout=600)
+    # The plugin as an installed environment loads it (in a bare checkout: named with -p).
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *plugin_args(), *args], cwd=cwd,
+                          env=subprocess_env({**clean, **env}), capture_output=True, text=True, timeout=600)
 
 
 def test_plugin_is_inert_in_another_projects_run(tmp_path):

@@ -47,3 +47,26 @@ def runs_suite(args: list[str], pyargs: bool) -> bool:
             if candidate.name == SUITE_PACKAGE and (candidate / "test_rotation.py").is_file():
                 return True
     return False
+
+
+def plugin_registered() -> bool:
+    """Whether pytest loads the harness's plugin by itself (the installed pytest11 entry point)."""
+    from importlib import metadata
+    return any(entry.value == "rope.harness.plugin" for entry in metadata.entry_points(group="pytest11"))
+
+
+def subprocess_env(env: dict | None = None) -> dict:
+    """An environment for a Python subprocess that must import the harness and its suite from any
+    working directory: the directory holding them goes first on PYTHONPATH (a checkout used without
+    ``pip install`` is importable only from its root otherwise; for an installed one it changes nothing)."""
+    import os
+    out = dict(os.environ if env is None else env)
+    root = str(suite_dir().parent)
+    out["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [out.get("PYTHONPATH")])])
+    return out
+
+
+def plugin_args() -> list[str]:
+    """pytest arguments that load the harness's plugin where the entry point does not (a checkout
+    used without ``pip install``)."""
+    return [] if plugin_registered() else ["-p", "rope.harness.plugin"]
