@@ -88,3 +88,38 @@ def test_runs_suite_recognises_paths_into_the_suite(tmp_path):
     assert runs_suite([str(suite_path("test_rotation.py")) + "::test_x"], False)
     assert runs_suite([str(suite_dir())], False)
     assert not runs_suite([str(tmp_path)], False)
+
+
+def _python(code: str, pythonpath: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = f"{pythonpath}{os.pathsep}{suite_dir().parent}"
+    return subprocess.run([sys.executable, "-c", code], cwd=pythonpath, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_a_foreign_package_named_like_ours_stops_the_harness(tmp_path):
+    # The refactoring library `rope` (or any `properties`) earlier on the path shadows ours: the
+    # harness stops at import with a message naming the package, instead of mixing the two.
+    (tmp_path / "properties").mkdir()
+    (tmp_path / "properties" / "__init__.py").write_text('"""Somebody else\'s properties."""\n')
+    run = _python("import rope.harness", tmp_path)
+    assert run.returncode != 0
+    assert "rope-harness cannot run here: 'properties' at" in run.stderr and "not to rope-harness" in run.stderr
+    assert "virtual environment of its own" in run.stderr
+    cli = _python("from rope.harness.cli import main; main(['devices'])", tmp_path)
+    assert cli.returncode != 0 and "rope-harness cannot run here" in cli.stderr
+
+
+def test_an_overwritten_init_stops_the_harness(tmp_path):
+    # A non-editable install of the other `rope` overwrites rope/__init__.py and leaves our
+    # subpackages beside it: the harness must notice that its package is not its own.
+    import shutil
+    shutil.copytree(suite_dir().parent / "rope", tmp_path / "rope", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "rope" / "__init__.py").write_text('"""rope, a python refactoring library"""\nVERSION = "1.13"\n')
+    run = _python("import rope.harness.plugin", tmp_path)
+    assert run.returncode != 0 and f"'rope' at {tmp_path / 'rope' / '__init__.py'} belongs to" in run.stderr
+
+
+def test_our_packages_carry_the_marker():
+    from rope.harness.ownership import foreign_packages
+    assert foreign_packages() == []

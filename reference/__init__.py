@@ -4,4 +4,6 @@ from reference.position_ids import Image, Prompt, Text, Video, decode_positions,
 from reference.rotation import rotate
 from reference.runner_positions import prepare_positions
 
+__rope_harness__ = True   # the harness checks this marker: another package named `reference` lacks it
+
 __all__ = ["Image", "Prompt", "Text", "Video", "decode_positions", "prepare_positions", "prompt_positions", "rotate"]

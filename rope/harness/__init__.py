@@ -7,3 +7,7 @@ the command line (cli) and the pytest plugin (plugin).
 It imports the kernels' contract (rope.spec, rope.registry, ...) and the reference; nothing below
 it imports it, and it never imports the test suite (``properties``), which it runs through pytest.
 """
+
+from rope.harness.ownership import check_own_packages
+
+check_own_packages()   # before anything mixes our rope with another distribution's (rope.harness.ownership)
