@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from rope.harness.inputs import (  # noqa: F401  (the case model the strategies draw, re-exported for the tests)
     DTYPE_SHORT,
     DTYPES,
+    HEAD_SIZES,
     OUT_SENTINEL,
     POSITION_KINDS,
     RaggedBatch,
@@ -25,8 +26,6 @@ from rope.harness.inputs import (  # noqa: F401  (the case model the strategies 
 )
 from rope.spec import RopeSpec
 
-# Head sizes of real models first (64 shrinks best), then small ones for edge cases.
-HEAD_SIZES = (64, 128, 80, 96, 112, 160, 192, 256, 32, 16, 8)
 # Per-rank head counts of real models under tensor parallelism (e.g. Qwen2-VL-7B 28/4 at tp=4 -> 7/1).
 REAL_HEAD_COUNTS = (28, 14, 7, 64, 32, 16, 8, 96, 48, 12, 6, 3, 2)
 BASES = (10000.0, 1000000.0, 5000000.0, 10000000.0, 500000.0)

@@ -19,6 +19,9 @@ from rope.cache import cos_sin_cache
 from rope.devices import torch_device
 from rope.spec import RopeSpec
 
+# The head sizes cases are drawn from: real models' first (64 shrinks best), then small ones for
+# edge cases (the strategies draw from it; tools that sweep "every head size the properties draw" too).
+HEAD_SIZES = (64, 128, 80, 96, 112, 160, 192, 256, 32, 16, 8)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DTYPE_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
