@@ -27,8 +27,8 @@ if HAS_PDL:     # programmatic dependent launch: rope/triton/pdl.py
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_TILE = 1024            # tokens x heads x frequency pairs handled by one program at large batch sizes
 SMALL_BATCH_TOKENS = 128   # below this, split heads over more programs (decode latency)
-PDL_MAX_TOKENS = 64        # up to this, launch with programmatic dependent launch (§7: 127 tokens lost 3%)
-EVICT_FIRST_TOKENS = (SMALL_BATCH_TOKENS, 16384)   # q/k evict_first between these (§7: 65536 gained nothing)
+PDL_MAX_TOKENS = 64        # up to this, launch with programmatic dependent launch (docs/perf-notes.md §7: 127 tokens lost 3%)
+EVICT_FIRST_TOKENS = (SMALL_BATCH_TOKENS, 16384)   # q/k evict_first between these (docs/perf-notes.md §7: 65536 gained nothing)
 
 
 @triton.jit
@@ -290,7 +290,7 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
     if gather_3d is None:
         # The 3-D gather pays off only as vector loads: runs of lanes (POS_RUN > 1) and a lane mask
         # Triton can prove constant over them, i.e. half = num_freqs specialized as a multiple of 16
-        # (else it issues one scalar load per lane and head lane: the slower variant of §6).
+        # (else it issues one scalar load per lane and head lane: the slower variant of docs/perf-notes.md §6).
         gather_3d = pos_run > 1 and spec.num_freqs % 16 == 0
     if pdl is None:
         pdl = num_tokens <= PDL_MAX_TOKENS
