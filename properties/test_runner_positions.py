@@ -113,6 +113,10 @@ ERRORS = {
     "qsl-decreasing": (dict(query_start_loc=torch.tensor([3, 1], dtype=torch.int32)), r"query_start_loc=\[3, 1\]: must start at 0"),
     "float-lens": (dict(prefill_lens=torch.tensor([40.0])), r"prefill_lens.dtype=torch.float32"),
     "read-past-table": (dict(num_computed_tokens=torch.tensor([39], dtype=torch.int32)), r"num_computed_tokens\[0\]=39: prefill reads columns up to 70, past max_model_len=64"),
+    # Decode positions nc + i + delta past int64 wrapped silently in native and Triton.
+    "delta-overflow": (dict(num_computed_tokens=torch.tensor([40], dtype=torch.int32),
+                            prefill_delta=torch.tensor([2 ** 63 - 10], dtype=torch.int64)),
+                       r"prefill_delta\[0\]=9223372036854775798: decode positions 9223372036854775838\.\.\d+ overflow int64"),
 }
 
 

@@ -34,7 +34,15 @@ BAD_SPECS = [
     (dict(head_size=128, rotary_dim=128, sections=64), r"sections=64: must be a sequence of ints or None"),
     (dict(head_size=128, rotary_dim=64.0), r"rotary_dim=64.0: must be a positive int"),
     (dict(head_size=True, rotary_dim=2), r"head_size=True: must be a positive int"),
-    (dict(head_size=2, rotary_dim=2, ntk_alpha=1000.0), r"ntk_alpha=1000.0: needs rotary_dim > 2"),
+    (dict(head_size=2, rotary_dim=2, sections=(1,), ntk_alpha=1000.0), r"ntk_alpha=1000.0: needs rotary_dim > 2"),
+    # Values that build garbage: a non-finite cache, an unallocatable one, alpha without sections.
+    (dict(head_size=128, rotary_dim=128, sections=(16, 16, 16, 16), ntk_alpha=1e300),
+     r"ntk_alpha=1e\+300: makes the effective base inf .* must be a finite number > 1"),
+    (dict(head_size=128, rotary_dim=128, sections=(16, 16, 16, 16), ntk_alpha=1e-300),
+     r"ntk_alpha=1e-300: makes the effective base 1.73e-301 .* must be a finite number > 1"),
+    (dict(head_size=128, rotary_dim=128, ntk_alpha=1000.0), r"ntk_alpha=1000.0: is XD-RoPE's, which has sections"),
+    (dict(head_size=128, rotary_dim=128, max_position=10 ** 15), r"max_position=1000000000000000: must be at most 16777216"),
+    (dict(head_size=4096, rotary_dim=128), r"head_size=4096: must be at most 1024"),
     (dict(head_size=128, rotary_dim=128, ntk_alpha=float("inf")), r"ntk_alpha=inf"),
     (dict(head_size=128, rotary_dim=128, max_position=True), r"max_position=True: must be a positive int"),
 ]

@@ -19,6 +19,11 @@ from dataclasses import dataclass
 
 LAYOUTS = ("chunked", "interleaved")
 MAX_NUM_DIMS = 4
+# Limits of a spec (documented in docs/spec.md §1): the widest heads of real models are 256 wide,
+# the longest catalogued cache has 4 x 262,144 rows; past these a cache is not worth allocating and
+# a position overflows the kernels' 32-bit row offsets long before.
+MAX_HEAD_SIZE = 1024
+MAX_POSITION = 1 << 24
 
 
 def _is_int(value) -> bool:
@@ -66,6 +71,8 @@ class RopeSpec:
         hs, rd = self.head_size, self.rotary_dim
         if not _is_int(hs) or hs <= 0:
             raise ValueError(f"head_size={hs!r}: must be a positive int")
+        if hs > MAX_HEAD_SIZE:
+            raise ValueError(f"head_size={hs}: must be at most {MAX_HEAD_SIZE}")
         if not _is_int(rd) or rd <= 0:
             raise ValueError(f"rotary_dim={rd!r}: must be a positive int")
         if rd % 2:
@@ -94,12 +101,25 @@ class RopeSpec:
             raise ValueError(f"base={self.base!r}: must be a finite number > 1")
         if not _is_int(self.max_position) or self.max_position <= 0:
             raise ValueError(f"max_position={self.max_position!r}: must be a positive int")
+        if self.max_position > MAX_POSITION:
+            raise ValueError(f"max_position={self.max_position}: must be at most {MAX_POSITION} "
+                             f"(a cos/sin cache of {self.max_position} x {rd} elements is not allocated)")
         if self.ntk_alpha is not None:
             a = self.ntk_alpha
             if isinstance(a, bool) or not isinstance(a, (int, float)) or not math.isfinite(a) or a <= 0:
                 raise ValueError(f"ntk_alpha={a!r}: must be a finite number > 0 or None")
+            if self.sections is None:
+                raise ValueError(f"ntk_alpha={a}: is XD-RoPE's, which has sections (1-D RoPE has sections=None)")
             if rd <= 2:
                 raise ValueError(f"ntk_alpha={a}: needs rotary_dim > 2 (got rotary_dim={rd})")
+            try:
+                base = self.effective_base
+            except OverflowError:
+                base = math.inf
+            if not math.isfinite(base) or base <= 1:
+                raise ValueError(f"ntk_alpha={a}: makes the effective base {base:.3g} (base * ntk_alpha ** "
+                                 f"(rotary_dim / (rotary_dim - 2))), which must be a finite number > 1, or the "
+                                 f"cos/sin cache is not finite")
 
     # ------------------------------------------------------------- derived
     @property
@@ -252,6 +272,7 @@ def check_rotation_inputs(spec: RopeSpec, positions, query, key, cos_sin_cache) 
 
 # ------------------------------------------------------------------ the runner's position step (§5)
 _POSITION_INDEX_DTYPES = (torch.int32, torch.int64)
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def _check_index_vector(name, t, length=None):
@@ -294,7 +315,7 @@ def check_position_inputs(prefill_positions, prefill_delta, idx_mapping, query_s
     qsl = query_start_loc.tolist()
     if qsl[0] != 0 or any(b < a for a, b in zip(qsl, qsl[1:])):
         raise ValueError(f"query_start_loc={qsl}: must start at 0 and never decrease")
-    lens, computed = prefill_lens.tolist(), num_computed_tokens.tolist()
+    lens, computed, deltas = prefill_lens.tolist(), num_computed_tokens.tolist(), prefill_delta.tolist()
     for b, r in enumerate(slots):
         ql = qsl[b + 1] - qsl[b]
         if computed[r] < 0 or lens[r] < 0:
@@ -302,4 +323,9 @@ def check_position_inputs(prefill_positions, prefill_delta, idx_mapping, query_s
         if computed[r] < lens[r] and computed[r] + ql > max_len:
             raise ValueError(f"num_computed_tokens[{r}]={computed[r]}: prefill reads columns up to "
                              f"{computed[r] + ql - 1}, past max_model_len={max_len}")
+        if computed[r] >= lens[r] and ql:
+            # Decode positions nc + i + delta, computed exactly here: one past int64 would wrap.
+            low, high = computed[r] + deltas[r], computed[r] + ql - 1 + deltas[r]
+            if not (_INT64_MIN <= low and high <= _INT64_MAX):
+                raise ValueError(f"prefill_delta[{r}]={deltas[r]}: decode positions {low}..{high} overflow int64")
     return qsl[-1]
