@@ -81,3 +81,38 @@ def test_pass_through_bound_is_zero_and_rotated_bound_is_half_ulp():
     # half an ulp of 1.0 in bf16 (2^-8), plus float32 work (2 * 2^-24) and second-order terms
     assert torch.all((bound[0, :4] > 2 ** -8) & (bound[0, :4] < 2 ** -8 + 3 * 2 ** -24))
     assert unit_roundoff(torch.bfloat16) == 2 ** -8
+
+
+def _nonfinite_inputs():
+    from rope.cache import cos_sin_cache
+    from rope.spec import RopeSpec
+    spec = RopeSpec(8, 8, True, max_position=16)
+    query = torch.arange(1.0, 17.0).reshape(2, 8)
+    query[0, 0], query[1, 1] = float("nan"), float("inf")
+    positions = torch.tensor([0, 3])
+    cache = cos_sin_cache(spec, torch.float32, "cpu")
+    ref_q, _ = reference.rotate(spec, positions, query, None, cache)
+    return spec, positions, query, cache, ref_q
+
+
+def test_nonfinite_values_must_match_exactly():
+    # NaN where the reference has NaN, the same infinity where it has one, finite elsewhere: an
+    # output that is finite where the reference is NaN once passed (NaN > bound is False).
+    spec, positions, query, cache, ref_q = _nonfinite_inputs()
+    assert torch.isnan(ref_q).any() and torch.isinf(ref_q).any()
+
+    def compare(out):
+        return compare_rotation(spec, positions, query, None, cache, out, None, ref_q, None, "float32")
+    assert compare(ref_q.float()).ok
+    finite_for_nan = ref_q.float().clone()
+    finite_for_nan[torch.isnan(ref_q)] = 0.0
+    assert not compare(finite_for_nan).ok
+    flipped_inf = ref_q.float().clone()
+    flipped_inf[torch.isinf(ref_q)] *= -1
+    assert not compare(flipped_inf).ok
+    nan_for_inf = ref_q.float().clone()
+    nan_for_inf[torch.isinf(ref_q)] = float("nan")
+    assert not compare(nan_for_inf).ok
+    nan_for_finite = ref_q.float().clone()
+    nan_for_finite[torch.isfinite(ref_q).nonzero()[0].tolist()[0], torch.isfinite(ref_q).nonzero()[0].tolist()[1]] = float("nan")
+    assert not compare(nan_for_finite).ok

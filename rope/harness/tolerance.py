@@ -193,8 +193,14 @@ def compare_rotation(spec: RopeSpec, positions, query, key, cos_sin_cache, out_q
         got = out.detach().to(cpu, torch.float64)
         exp = ref.detach().to(cpu, torch.float64)
         bound = rotation_bound(spec, x.to(cpu), exp, cos, sin, x.dtype, precision)
-        err = (got - exp).abs()
-        err = torch.where(torch.isnan(got) & ~torch.isnan(exp), torch.full_like(err, float("inf")), err)
+        # Non-finite values match exactly: NaN where the reference has NaN, the same infinity where it
+        # has one, finite elsewhere; any other pairing is an infinite error.  The bound of such an
+        # element (made of non-finite inputs) is 0, so a NaN bound can never pass a wrong value.
+        finite = torch.isfinite(exp) & torch.isfinite(got)
+        same_nonfinite = (torch.isnan(exp) & torch.isnan(got)) | (torch.isinf(exp) & (got == exp))
+        err = torch.where(finite, (got - exp).abs(),
+                          torch.where(same_nonfinite, torch.zeros_like(exp), torch.full_like(exp, float("inf"))))
+        bound = torch.where(torch.isfinite(bound), bound, torch.zeros_like(bound))
         result.errors[name], result.bounds[name] = err, bound
         bad = err > bound
         result.num_elements += err.numel()
