@@ -114,6 +114,34 @@ def test_mismatch_report_steps(case_dir, monkeypatch):
         (None, "not written (ROPE_CASES_DIR='off')")
 
 
+def _raises(spec, positions, query, key, cache):
+    raise RuntimeError("kernel exploded")
+
+
+@pytest.mark.parametrize("fn, says", [
+    (lambda spec, positions, query, key, cache: None, "the implementation returned a NoneType: it must return (query_out, key_out)"),
+    (lambda spec, positions, query, key, cache: (query, key, None), "the implementation returned a 3-tuple: it must return"),
+    (lambda spec, positions, query, key, cache: query, "the implementation returned a Tensor: it must return"),
+    (_raises, "the implementation raised RuntimeError: kernel exploded (at "),
+], ids=["none", "3-tuple", "tensor", "raises"])
+def test_a_misbehaving_implementation_fails_with_a_case_file(case_dir, fn, says):
+    # Contained: not a raw TypeError inside the harness, but a mismatch with its reason and a case file.
+    message = _fail("misbehaving", fn)
+    assert "misbehaving on cpu does not match the reference (case " in message and says in message, message
+    assert "diagnosis: wrong_output" in message and _written(case_dir).is_file()
+
+
+@pytest.mark.parametrize("fn", [lambda spec, positions, query, key, cache: None,
+                                lambda spec, positions, query, key, cache: (query.double(), key),
+                                lambda spec, positions, query, key, cache: (query[:, :64], key)],
+                         ids=["none", "dtype", "shape"])
+def test_a_zero_token_mismatch_is_diagnosed(case_dir, fn):
+    # A property shrunk to 0 tokens: the diagnosis once failed with "cannot reshape tensor of 0 elements".
+    empty = RotationCase(GLM_41V, 0, 3, 2, "float32", "uniform", False, 1)
+    message = _fail("misbehaving", fn, case=empty)
+    assert "diagnosis failed" not in message and "diagnosis: wrong_output" in message, message
+
+
 def test_same_mismatch_same_file(case_dir):
     _fail()
     first = _written(case_dir)

@@ -59,8 +59,9 @@ def test_known_bug_triggers_match_reference(impl_name, device, bug):
 
 
 def _as_1d(spec: RopeSpec) -> RopeSpec:
-    return RopeSpec(spec.head_size, spec.rotary_dim, spec.is_neox_style, None, "chunked", spec.base,
-                    spec.max_position, spec.ntk_alpha)
+    # The same frequencies: XD-RoPE's NTK-alpha folded into the base (1-D RoPE takes no ntk_alpha).
+    return RopeSpec(spec.head_size, spec.rotary_dim, spec.is_neox_style, None, "chunked", spec.effective_base,
+                    spec.max_position)
 
 
 @pytest.mark.parametrize("kind", ["chunked3", "chunked4", "interleaved"])

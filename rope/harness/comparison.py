@@ -4,6 +4,7 @@ to the float64 reference with the per-element bound (rope.harness.tolerance)."""
 from __future__ import annotations
 
 import os
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,11 +55,33 @@ def skip_unless_builtin(impl_name: str, *, kind: str = "rotation") -> None:
 
 
 def run_rotation(fn, case: RotationCase, device: str):
-    """Regenerate the case on ``device``, run ``fn``; returns (inputs, q_out, k_out)."""
+    """Regenerate the case on ``device``, run ``fn``; returns (inputs, q_out, k_out).  What the
+    implementation raises propagates (callers that contain it: :func:`contained_rotation`)."""
     inputs = build_rotation_inputs(case, device)
     q_out, k_out = fn(case.spec, inputs.positions, inputs.query, inputs.key, inputs.cache)
     synchronize(device)
     return inputs, q_out, k_out
+
+
+RAISED = "the implementation raised"
+
+
+def contained_rotation(fn, case: RotationCase, device: str):
+    """:func:`run_rotation` for an implementation that is not trusted to behave: returns (inputs,
+    q_out, k_out, failure), where ``failure`` says what it raised, or what it returned instead of
+    ``(query_out, key_out)``, and the outputs are then None."""
+    inputs = build_rotation_inputs(case, device)
+    try:
+        result = fn(case.spec, inputs.positions, inputs.query, inputs.key, inputs.cache)
+        synchronize(device)
+    except Exception as exc:     # noqa: BLE001 - the implementation's failure is the finding
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        return inputs, None, None, f"{RAISED} {type(exc).__name__}: {exc} (at {frame.filename}:{frame.lineno})"
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        shape = f"a {len(result)}-{type(result).__name__}" if isinstance(result, (tuple, list)) else \
+            f"a {type(result).__name__}"
+        return inputs, None, None, f"the implementation returned {shape}: it must return (query_out, key_out)"
+    return inputs, result[0], result[1], None
 
 
 @dataclass
@@ -73,6 +96,11 @@ class CaseRun:
     ref_k: torch.Tensor | None
     comparison: Comparison
     case_file: str | None = None    # set when a mismatch was written to reports/cases
+    failure: str | None = None      # what it raised or returned instead of (query_out, key_out)
+
+    @property
+    def raised(self) -> bool:
+        return self.failure is not None and self.failure.startswith(RAISED)
 
 
 def compare_case(impl_name: str, fn, case: RotationCase, device: str) -> Comparison:
@@ -82,11 +110,14 @@ def compare_case(impl_name: str, fn, case: RotationCase, device: str) -> Compari
 
 def evaluate_case(impl_name: str, fn, case: RotationCase, device: str) -> CaseRun:
     """:func:`compare_case`, keeping the tensors."""
-    inputs, q_out, k_out = run_rotation(fn, case, device)
+    inputs, q_out, k_out, failure = contained_rotation(fn, case, device)
     ref_in = build_rotation_inputs(case, "cpu")        # untouched inputs, regenerated bit-identically
     ref_q, ref_k = reference.rotate(case.spec, ref_in.positions, ref_in.query, ref_in.key, ref_in.cache)
-    result = compare_rotation(case.spec, ref_in.positions, ref_in.query, ref_in.key, ref_in.cache,
-                              q_out, k_out, ref_q, ref_k, working_precision(fn), device=inputs.query.device)
+    if failure is not None:      # nothing to compare: the failure is the mismatch (and gets a case file)
+        result = Comparison(case.spec, problems=[failure])
+    else:
+        result = compare_rotation(case.spec, ref_in.positions, ref_in.query, ref_in.key, ref_in.cache,
+                                  q_out, k_out, ref_q, ref_k, working_precision(fn), device=inputs.query.device)
     # Only q and k may be written (in place); positions and the cache are read-only.
     if not torch.equal(inputs.positions.cpu(), ref_in.positions):
         result.problems.append("positions were modified by the implementation")
@@ -97,7 +128,7 @@ def evaluate_case(impl_name: str, fn, case: RotationCase, device: str) -> CaseRu
         width = (case.num_q_heads + case.num_kv_heads) * case.spec.head_size
         if not torch.equal(inputs.storage[:, width:].cpu(), ref_in.storage[:, width:]):
             result.problems.append("value slice of the packed qkv tensor was modified (write outside q/k)")
-    return CaseRun(inputs, ref_in, q_out, k_out, ref_q, ref_k, result)
+    return CaseRun(inputs, ref_in, q_out, k_out, ref_q, ref_k, result, failure=failure)
 
 
 def assert_matches_reference(impl_name: str, fn, case: RotationCase, device: str) -> Comparison:

@@ -167,7 +167,7 @@ class _Where:
 def _where(spec: RopeSpec, bad: torch.Tensor) -> _Where:
     """bad: bool [T, H * head_size] -> index sets of the mismatched elements."""
     num_tokens = bad.shape[0]
-    heads = bad.reshape(num_tokens, -1, spec.head_size)
+    heads = bad.reshape(num_tokens, bad.shape[1] // spec.head_size, spec.head_size)   # (0 tokens too)
     chans = heads.any(dim=0).any(dim=0).nonzero().flatten().tolist()
     rot = [c for c in chans if c < spec.rotary_dim]
     locs = [channel_location(spec, c) for c in rot]
@@ -456,7 +456,7 @@ def recover_positions(spec: RopeSpec, rows, query, key, out_q, out_k, cache):
     for x, out in ((query, out_q), (key, out_k)):
         if x is None or out is None or tuple(out.shape) != tuple(x.shape):
             continue
-        h = x.to(torch.float64).reshape(num_tokens, -1, spec.head_size)
+        h = x.to(torch.float64).reshape(num_tokens, x.shape[1] // spec.head_size, spec.head_size)
         o = out.detach().to("cpu", torch.float64).reshape(h.shape)
         a, b, a2, b2 = h[..., a_idx], h[..., b_idx], o[..., a_idx], o[..., b_idx]
         ok = torch.isfinite(a2) & torch.isfinite(b2)
@@ -709,7 +709,7 @@ class Context:
     @cached_property
     def rows(self) -> torch.Tensor:
         """The positions as [num_dims, T] rows into the full cache."""
-        return self.positions.long().reshape(self.spec.num_dims, -1)
+        return self.positions.long().reshape(self.spec.num_dims, self.positions.shape[-1])
 
     @cached_property
     def _used(self):

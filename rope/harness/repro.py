@@ -103,9 +103,10 @@ def replay(path: Path | str, *, device: str | None = None, impl: str | None = No
         raise ValueError(reason)
     try:
         run = evaluate_case(name, fn, case, device)
-    except Exception as exc:    # noqa: BLE001 - the implementation's own failure, whatever it is
-        raise ValueError(f"{name} on {device} crashed on case {case_file.id} "
-                         f"({type(exc).__name__}: {exc})") from exc
+    except Exception as exc:    # noqa: BLE001 - a failure of the replay itself, whatever it is
+        raise ValueError(f"replaying case {case_file.id} on {device} failed ({type(exc).__name__}: {exc})") from exc
+    if run.raised:
+        raise ValueError(f"{name} on {device} crashed on case {case_file.id}: {run.failure}")
     notes = regeneration_notes(case_file, run.ref_in, run.inputs)
     if not regenerated(notes):
         raise ValueError(f"case file {display_path(case_file.path)}: {notes[0]}")
