@@ -196,13 +196,7 @@ def test_truncating_store_is_precision_loss():
 
 
 def test_writes_outside_and_wrong_output():
-    def writes_positions(spec, positions, query, key, cache):
-        q, k = rotate_native(spec, positions, query, key, cache)
-        positions.fill_(0)
-        return q, k
-
-    def drops_key(spec, positions, query, key, cache):
-        return rotate_native(spec, positions, query, key, cache)[0], None
+    writes_positions, drops_key = _writes_positions, _drops_key      # defined with the rule tests below
     assert _diagnose("writes_positions", writes_positions, FP32_CASE).label == "writes_outside"
     assert _diagnose("drops_key", drops_key, FP32_CASE).label == "wrong_output"
 
