@@ -61,6 +61,7 @@ import torch
 import reference
 from properties.strategies import OUT_SENTINEL, RaggedBatch, RotationCase, build_rotation_inputs
 from rope.devices import is_interpreter, synchronize, torch_device
+from rope.harness.comparison import call_positions
 from rope.harness.diagnosis import Diagnosis, diagnose
 from rope.harness.tolerance import Comparison, compare_rotation
 from rope.registry import working_precision
@@ -531,7 +532,7 @@ def run_positions_guarded(fn, batch: RaggedBatch, device: str = "cpu"):
     on the CPU, violations)."""
     kwargs, out, guards = guard_position_inputs(batch, device)
     with trace_memory(guards if device == "cpu" else ()) as tracer:
-        fn(**kwargs, out=out)
+        call_positions(fn, kwargs, out)
         synchronize(device)
     violations = []
     for g in guards:

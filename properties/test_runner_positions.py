@@ -10,7 +10,7 @@ import reference
 from properties.strategies import OUT_SENTINEL, RaggedBatch, ragged_batches
 from rope.devices import synchronize, torch_device
 from rope.registry import get_positions_implementation, positions_unsupported_reason
-from rope.harness.comparison import skip_unless_builtin
+from rope.harness.comparison import call_positions, skip_unless_builtin
 
 # vllm#10388 / #10403: a 40-token prompt in chunks of 32 then 8, then decode with the full-prompt delta.
 _PROMPT = [0, 1, 2, 3] + [4] * 12 + [5 + i for i in range(24)]          # 40 tokens, max position 28
@@ -24,7 +24,7 @@ def run_positions(fn, batch: RaggedBatch, device: str) -> torch.Tensor:
     args = batch.tensors(device)
     out = torch.full((batch.num_dims, batch.num_tokens + batch.padding), OUT_SENTINEL,
                      dtype=torch.int64, device=torch_device(device))
-    fn(**args, out=out)
+    call_positions(fn, args, out)
     synchronize(device)
     return out.cpu()
 
@@ -139,7 +139,7 @@ def test_implementation_rejects_bad_position_input(positions_impl_name, device, 
         change, pattern = ERRORS[error]
         args.update({k: v.to(torch_device(device)) if isinstance(v, torch.Tensor) else v for k, v in change.items()})
     with pytest.raises(ValueError, match=pattern):
-        fn(**args, out=out)
+        call_positions(fn, args, out)
 
 
 def test_strided_vector_inputs_are_read_by_value(positions_impl_name, device):
@@ -148,9 +148,21 @@ def test_strided_vector_inputs_are_read_by_value(positions_impl_name, device):
     args = {k: v.to(torch_device(device)) if isinstance(v, torch.Tensor) else v for k, v in CHUNK_2.tensors().items()}
     args["query_start_loc"] = torch.tensor([0, 99, 8, 77], dtype=torch.int32, device=torch_device(device))[::2]
     out = torch.full((3, 8 + 4), OUT_SENTINEL, dtype=torch.int64, device=torch_device(device))
-    fn(**args, out=out)
+    call_positions(fn, args, out)
     expected = reference.prepare_positions(**CHUNK_2.tensors())
     assert torch.equal(out[:, :8].cpu(), expected) and torch.all(out[:, 8:].cpu() == OUT_SENTINEL)
+
+
+def test_outside_implementations_are_called_positionally():
+    # docs/implementations.md: the step's arguments come positionally in the documented order, so an
+    # implementation may name its parameters as it likes (or take them positional-only).
+    seen = []
+
+    def own_names(table, delta, mapping, starts, lens, computed, dims, dst, /):
+        seen.append(dims)
+        get_positions_implementation("native")(table, delta, mapping, starts, lens, computed, dims, dst)
+    assert_positions_match("own-names", own_names, CHUNK_2, "cpu")
+    assert seen == [3]
 
 
 def test_vllm_positions_adapter_is_optional():

@@ -63,6 +63,17 @@ def run_rotation(fn, case: RotationCase, device: str):
     return inputs, q_out, k_out
 
 
+# The position step's arguments in their documented order (docs/implementations.md): an
+# implementation is called positionally, so its parameter names are its own business.
+POSITION_ARGUMENTS = ("prefill_positions", "prefill_delta", "idx_mapping", "query_start_loc", "prefill_lens",
+                      "num_computed_tokens", "num_dims")
+
+
+def call_positions(fn, args: dict, out) -> None:
+    """Call a position-step implementation the documented way: positionally, ``out`` last."""
+    fn(*(args[name] for name in POSITION_ARGUMENTS), out)
+
+
 RAISED = "the implementation raised"
 
 
