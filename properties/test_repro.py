@@ -42,14 +42,6 @@ def case_paths(arguments: list[str]) -> list[Path]:
     return out
 
 
-# The implementations the user named with --rope-impl, per case file: only those may be import paths.
-_USER_NAMED: dict = {}
-
-
-def repro_options(case_file) -> tuple[str, ...]:
-    return _USER_NAMED.get(case_file.path, ())
-
-
 def pytest_generate_tests(metafunc):
     if "repro" not in metafunc.fixturenames:
         return
@@ -71,18 +63,18 @@ def pytest_generate_tests(metafunc):
             if device not in found:
                 raise pytest.UsageError(f"--rope-repro={path}: device {device!r} is not available here "
                                         f"(found {found}); pass --rope-device")
-        named = tuple(config.getoption("--rope-impl"))
-        _USER_NAMED[case_file.path] = named
+        named = config.getoption("--rope-impl")     # named by the user: only these may be import paths
         for impl in named or [case_file.implementation]:
             for device in devices:
-                params.append(pytest.param((case_file, impl, device), id=f"{case_file.id}-{impl}-{device}"))
+                params.append(pytest.param((case_file, impl, device, bool(named)),
+                                           id=f"{case_file.id}-{impl}-{device}"))
     metafunc.parametrize("repro", params)
 
 
 def test_replayed_case_matches_reference(repro):
-    case_file, impl_name, device = repro
+    case_file, impl_name, device, user_named = repro
     try:
-        if impl_name in repro_options(case_file):       # named by the user: --rope-impl
+        if user_named:                                  # --rope-impl: the user's word
             impl = get_implementation(impl_name)
         else:                                           # named by the case file: registered names only
             impl = get_recorded_implementation(impl_name, source=f"case file {case_file.path}")
