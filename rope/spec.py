@@ -17,6 +17,8 @@ import math
 import torch
 from dataclasses import dataclass
 
+from rope.overlap import check_no_overlap
+
 LAYOUTS = ("chunked", "interleaved")
 MAX_NUM_DIMS = 4
 # Limits of a spec (documented in docs/spec.md §1): the widest heads of real models are 256 wide,
@@ -202,11 +204,15 @@ class RopeSpec:
 _POSITION_DTYPES = (torch.int64, torch.int32)
 
 
-def check_rotation_inputs(spec: RopeSpec, positions, query, key, cos_sin_cache) -> tuple[int, int, int]:
+def check_rotation_inputs(spec: RopeSpec, positions, query, key, cos_sin_cache,
+                          *, may_write: bool = True) -> tuple[int, int, int]:
     """Validate the arguments of a rotation call; return (num_tokens, num_q_heads, num_kv_heads).
 
     Shared by the reference and every built-in implementation so that bad input is a
-    ``ValueError`` naming the field, raised before any arithmetic or kernel launch.
+    ``ValueError`` naming the field, raised before any arithmetic or kernel launch.  With
+    ``may_write`` (every implementation: the contract lets them rotate in place) query and key
+    must not overlap themselves, each other, positions or the cache; the reference, which
+    writes nothing, passes False and stays correct on aliased inputs.
     """
     if not isinstance(spec, RopeSpec):
         raise ValueError(f"spec={spec!r}: must be a RopeSpec")
@@ -260,6 +266,9 @@ def check_rotation_inputs(spec: RopeSpec, positions, query, key, cos_sin_cache) 
     if len({d for _, d in devices}) > 1:
         named = ", ".join(f"{n}.device={d}" for n, d in sorted(devices, key=lambda x: x[0]))
         raise ValueError(f"devices: all tensors must be on one device ({named})")
+    if may_write:
+        check_no_overlap({"query": query, "key": key},
+                         {"positions": positions, "cos_sin_cache": cos_sin_cache})
 
     if num_tokens:
         lo, hi = int(positions.min()), int(positions.max())
