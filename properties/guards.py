@@ -61,7 +61,7 @@ import torch
 import reference
 from properties.strategies import OUT_SENTINEL, RaggedBatch, RotationCase, build_rotation_inputs
 from rope.devices import is_interpreter, synchronize, torch_device
-from rope.harness.comparison import call_positions
+from rope.harness.comparison import call_positions, call_rotation
 from rope.harness.diagnosis import Diagnosis, diagnose
 from rope.harness.tolerance import Comparison, compare_rotation
 from rope.registry import working_precision
@@ -438,8 +438,7 @@ def run_guarded(fn, case: RotationCase, device: str = "cpu") -> GuardedRun:
     traced out-of-bounds or wild accesses."""
     inputs = guard_rotation_inputs(case, device)
     with trace_memory(inputs.guards if device == "cpu" else ()) as tracer:
-        q_out, k_out = fn(case.spec, inputs.positions, inputs.query, inputs.key, inputs.cache)
-        synchronize(device)
+        q_out, k_out = call_rotation(fn, case.spec, inputs.positions, inputs.query, inputs.key, inputs.cache)
     violations = _nan_in_output("query", q_out, case.spec.head_size) + \
         _nan_in_output("key", k_out, case.spec.head_size)
     for g in inputs.guards:

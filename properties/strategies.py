@@ -91,8 +91,12 @@ def head_counts(*, key: bool | None = None):
 
 @st.composite
 def rotation_cases(draw, *, dtype: str = "float32", kind: str = "chunked3", is_neox_style: bool | None = None,
-                   min_tokens: int = 0, max_tokens: int = 48, head_sizes=HEAD_SIZES, max_positions=MAX_POSITIONS):
-    """A full rotation case; shrinks to one token, one head, uniform positions, contiguous q/k."""
+                   min_tokens: int = 0, max_tokens: int = 48, head_sizes=HEAD_SIZES, max_positions=MAX_POSITIONS,
+                   nonfinite: bool = False):
+    """A full rotation case; shrinks to one token, one head, uniform positions, contiguous q/k.
+    ``nonfinite`` (opt in; the rotation properties do) also draws cases with NaN and infinities
+    planted in q and k: the output must then have NaN where the reference has NaN, the same
+    infinities, and be finite elsewhere (docs/tolerance.md)."""
     check_choice("dtype", dtype, tuple(DTYPES))
     if not 0 <= min_tokens <= max_tokens:
         raise ValueError(f"min_tokens={min_tokens}: must be in [0, max_tokens={max_tokens}]")
@@ -105,7 +109,7 @@ def rotation_cases(draw, *, dtype: str = "float32", kind: str = "chunked3", is_n
         num_tokens = max(min_tokens, min(num_tokens, 4))
     return RotationCase(spec=spec, num_tokens=num_tokens, num_q_heads=nq, num_kv_heads=nkv, dtype=dtype,
                         positions_kind=draw(st.sampled_from(POSITION_KINDS)), packed_qkv=draw(st.booleans()),
-                        seed=draw(st.integers(0, 2 ** 32 - 1)))
+                        seed=draw(st.integers(0, 2 ** 32 - 1)), nonfinite=nonfinite and draw(st.booleans()))
 
 
 def case_id(impl: str, device: str, dtype: str, kind: str, neox: bool) -> str:

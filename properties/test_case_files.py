@@ -19,7 +19,7 @@ from hypothesis import given, reproduce_failure, settings, strategies as st
 from rope.harness import comparison
 from rope.harness.comparison import assert_matches_reference
 from properties.mutants.broken_rotations import BROKEN_ROTATIONS, neox_for_gptj
-from properties.strategies import RotationCase, rotation_cases
+from properties.strategies import RotationCase, build_rotation_inputs, rotation_cases
 from rope.harness import case_files
 from rope.harness.cli import main as cli_main
 from rope.devices import available_devices
@@ -388,6 +388,37 @@ def test_cli_repro_exits_2_when_the_implementation_crashes(good_case, tmp_path, 
     monkeypatch.syspath_prepend(str(tmp_path))
     assert cli_main(["repro", str(good_case), "--impl", "crashing_impl:fn"]) == 2
     assert "crashing_impl:fn on cpu crashed on case" in capsys.readouterr().err
+
+
+def test_nonfinite_round_trips_and_old_files_without_it_load(good_case, tmp_path):
+    # A case with planted NaN/inf regenerates them; a file written before the field existed loads
+    # with nonfinite=False and keeps its id.
+    case = RotationCase(**{**CASE.__dict__, "nonfinite": True})
+    planted = build_rotation_inputs(case)
+    plain = build_rotation_inputs(CASE)
+    assert not torch.isfinite(planted.query).all() and torch.isfinite(plain.query).all()
+    finite = torch.isfinite(planted.query)
+    assert torch.equal(planted.query[finite], plain.query[finite])     # only the planted elements differ
+    assert case_files.case_id(MUTANT, "cpu", CASE.to_dict()) != case_files.case_id(MUTANT, "cpu", case.to_dict())
+    record = json.loads(good_case.read_text())
+    del record["case"]["nonfinite"]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(record))
+    loaded = case_files.load_case(old)
+    assert loaded.case.nonfinite is False and loaded.id == case_files.case_id(MUTANT, "cpu", loaded.case.to_dict())
+    record["case"]["nonfinite"] = "yes"
+    old.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match=r"case.nonfinite='yes': must be true or false"):
+        case_files.load_case(old)
+
+
+def test_cli_repro_exits_2_when_the_implementation_hangs(good_case, tmp_path, monkeypatch, capsys):
+    (tmp_path / "hanging_impl.py").write_text("import time\ndef fn(*args):\n    time.sleep(600)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("ROPE_CALL_TIMEOUT", "0.5")
+    monkeypatch.setenv(case_files.CASES_DIR_ENV, str(tmp_path / "cases"))
+    assert cli_main(["repro", str(good_case), "--impl", "hanging_impl:fn"]) == 2
+    assert "hanging_impl:fn on cpu did not return on case" in capsys.readouterr().err
 
 
 def _pytest(*args, env=None) -> subprocess.CompletedProcess:

@@ -55,6 +55,8 @@ MUTANT_CASES = {
                            "row_stride_ignored", "row stride"),
     "bf16_claiming_fp32": (RotationCase(GLM_41V, 5, 3, 2, "float32", "uniform", False, 7),
                            "precision_loss", "computes in bfloat16 although it declares float32"),
+    "hides_nonfinite": (RotationCase(GLM_41V, 5, 3, 2, "bfloat16", "uniform", False, 8, nonfinite=True),
+                        "nan", "finite where the reference is NaN/inf"),
 }
 MUTANT_CASES_LOW_PRECISION = {
     "neox_for_gptj": (RotationCase(GLM_41V, 11, 4, 2, "bfloat16", "uniform", False, 11), "pairing_swapped"),

@@ -18,6 +18,7 @@ from rope.cache import cos_sin_cache
 from rope.devices import torch_device
 from rope.models import get_model
 from rope.native import rotate_native
+from rope.harness.comparison import call_rotation
 from rope.registry import get_implementation
 
 pytestmark = pytest.mark.baseline
@@ -42,6 +43,6 @@ def test_mrope_engine_style(impl_name, device, model, tp_size, num_tokens):
     key = torch.randn(num_tokens, num_kv * spec.head_size, dtype=torch.bfloat16).to(dev)
     cache = cos_sin_cache(spec, torch.bfloat16, dev)
     ref_q, ref_k = rotate_native(spec, positions, query.clone(), key.clone(), cache)
-    out_q, out_k = impl(spec, positions, query.clone(), key.clone(), cache)
+    out_q, out_k = call_rotation(impl, spec, positions, query.clone(), key.clone(), cache)
     torch.testing.assert_close(out_q, ref_q, atol=1e-2, rtol=1.6e-2)
     torch.testing.assert_close(out_k, ref_k, atol=1e-2, rtol=1.6e-2)

@@ -14,7 +14,8 @@ Schema version 1 (every top-level key is required; ``hypothesis`` and ``test`` m
     working_precision  the implementation's declared working precision ("float32" | "activation")
     spec               RopeSpec.to_dict()
     case               the rest of the RotationCase: num_tokens, num_q_heads, num_kv_heads, dtype,
-                       positions_kind, packed_qkv, seed (tensors regenerate from these, bit for bit)
+                       positions_kind, packed_qkv, seed, nonfinite (tensors regenerate from these, bit
+                       for bit; nonfinite may be absent: false)
     strides            {"query": {shape, stride, storage_offset}, "key": {...} | null}, as the
                        implementation received them on the device
     inputs_sha256      sha256 of the regenerated CPU inputs (positions, query, key, and the
@@ -69,7 +70,10 @@ _OFF = ("", "0", "off", "none", "false", "no")
 FIELDS = ("schema_version", "id", "implementation", "device", "working_precision", "spec", "case", "strides",
           "inputs_sha256", "hypothesis", "test", "result", "diagnosis", "versions", "created")
 NULLABLE = ("hypothesis", "test")
-CASE_FIELDS = ("num_tokens", "num_q_heads", "num_kv_heads", "dtype", "positions_kind", "packed_qkv", "seed")
+CASE_FIELDS = ("num_tokens", "num_q_heads", "num_kv_heads", "dtype", "positions_kind", "packed_qkv", "seed",
+               "nonfinite")
+# Fields added after schema 1 was first written: a file without them gets the default.
+CASE_FIELD_DEFAULTS = {"nonfinite": False}
 RESULT_FIELDS = ("num_elements", "num_mismatched", "worst_ratio", "problems", "worst")
 DIAGNOSIS_FIELDS = ("label", "sentence", "location")
 # Bounds on what a case file may ask a replay to build (a file from a stranger must not allocate
@@ -95,7 +99,9 @@ def cases_dir() -> Path | None:
 
 
 def case_id(implementation: str, device: str, case: dict) -> str:
-    """Stable id of a mismatch: the same implementation, device and case give the same id."""
+    """Stable id of a mismatch: the same implementation, device and case give the same id (a
+    field added later, at its default, does not change the id of a case that predates it)."""
+    case = {k: v for k, v in case.items() if not (k in CASE_FIELD_DEFAULTS and v == CASE_FIELD_DEFAULTS[k])}
     key = json.dumps({"implementation": implementation, "device": device, "case": case},
                      sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(key.encode()).hexdigest()[:16]
@@ -293,6 +299,8 @@ def load_case(path: Path | str) -> CaseFile:
     for name, fields in (("case", CASE_FIELDS), ("result", RESULT_FIELDS), ("diagnosis", DIAGNOSIS_FIELDS)):
         if not isinstance(record[name], dict):
             raise bad(f"{name}: must be a JSON object (got {type(record[name]).__name__})")
+        if name == "case":
+            record[name] = {**CASE_FIELD_DEFAULTS, **record[name]}
         for sub in fields:
             if sub not in record[name]:
                 raise bad(f"missing field '{name}.{sub}'")
@@ -319,6 +327,7 @@ def load_case(path: Path | str) -> CaseFile:
                            ("dtype", c["dtype"] in DTYPES, f"one of {tuple(DTYPES)}"),
                            ("positions_kind", c["positions_kind"] in POSITION_KINDS, f"one of {POSITION_KINDS}"),
                            ("packed_qkv", isinstance(c["packed_qkv"], bool), "true or false"),
+                           ("nonfinite", isinstance(c["nonfinite"], bool), "true or false"),
                            ("seed", _is_int(c["seed"]) and 0 <= c["seed"] <= MAX_SEED, f"an int in [0, 2**64 - 1]")):
         if not ok:
             value = repr(c[name]) if len(repr(c[name])) <= 40 else f"{repr(c[name])[:20]}...({len(repr(c[name]))} chars)"

@@ -14,6 +14,7 @@ import torch
 import reference
 from rope.harness.inputs import DTYPES, RotationCase, RotationInputs, build_rotation_inputs
 from rope.harness import case_files, report
+from rope.harness.deadline import ImplementationHung, call_timeout, deadline
 from rope.devices import synchronize
 from rope.harness.placement import device_label
 from rope.harness.diagnosis import Diagnosis, diagnose
@@ -54,12 +55,20 @@ def skip_unless_builtin(impl_name: str, *, kind: str = "rotation") -> None:
                     f"({impl_name} is checked for what it computes)")
 
 
+def call_rotation(fn, spec, positions, query, key, cos_sin_cache):
+    """Call a rotation implementation the documented way, under the call deadline
+    (rope.harness.deadline: a hang raises ImplementationHung), and wait for its device work."""
+    with deadline(call_timeout(), what=f"the implementation {getattr(fn, '__name__', fn)!r}"):
+        result = fn(spec, positions, query, key, cos_sin_cache)
+        synchronize(query.device.type)
+    return result
+
+
 def run_rotation(fn, case: RotationCase, device: str):
     """Regenerate the case on ``device``, run ``fn``; returns (inputs, q_out, k_out).  What the
     implementation raises propagates (callers that contain it: :func:`contained_rotation`)."""
     inputs = build_rotation_inputs(case, device)
-    q_out, k_out = fn(case.spec, inputs.positions, inputs.query, inputs.key, inputs.cache)
-    synchronize(device)
+    q_out, k_out = call_rotation(fn, case.spec, inputs.positions, inputs.query, inputs.key, inputs.cache)
     return inputs, q_out, k_out
 
 
@@ -70,21 +79,26 @@ POSITION_ARGUMENTS = ("prefill_positions", "prefill_delta", "idx_mapping", "quer
 
 
 def call_positions(fn, args: dict, out) -> None:
-    """Call a position-step implementation the documented way: positionally, ``out`` last."""
-    fn(*(args[name] for name in POSITION_ARGUMENTS), out)
+    """Call a position-step implementation the documented way: positionally, ``out`` last, under
+    the call deadline (rope.harness.deadline: a hang fails the test with ImplementationHung)."""
+    with deadline(call_timeout(), what=f"the position-step implementation {getattr(fn, '__name__', fn)!r}"):
+        fn(*(args[name] for name in POSITION_ARGUMENTS), out)
+        synchronize(str(out.device.type) if isinstance(out, torch.Tensor) else "cpu")
 
 
 RAISED = "the implementation raised"
 
 
-def contained_rotation(fn, case: RotationCase, device: str):
+def contained_rotation(fn, case: RotationCase, device: str, *, on_hang=None):
     """:func:`run_rotation` for an implementation that is not trusted to behave: returns (inputs,
     q_out, k_out, failure), where ``failure`` says what it raised, or what it returned instead of
-    ``(query_out, key_out)``, and the outputs are then None."""
+    ``(query_out, key_out)``, and the outputs are then None.  The call runs under the call
+    deadline (rope.harness.deadline): past it ``on_hang()`` runs and ImplementationHung is raised."""
     inputs = build_rotation_inputs(case, device)
     try:
-        result = fn(case.spec, inputs.positions, inputs.query, inputs.key, inputs.cache)
-        synchronize(device)
+        with deadline(call_timeout(), on_hang):
+            result = fn(case.spec, inputs.positions, inputs.query, inputs.key, inputs.cache)
+            synchronize(device)
     except Exception as exc:     # noqa: BLE001 - the implementation's failure is the finding
         frame = traceback.extract_tb(exc.__traceback__)[-1]
         return inputs, None, None, f"{RAISED} {type(exc).__name__}: {exc} (at {frame.filename}:{frame.lineno})"
@@ -93,6 +107,40 @@ def contained_rotation(fn, case: RotationCase, device: str):
             f"a {type(result).__name__}"
         return inputs, None, None, f"the implementation returned {shape}: it must return (query_out, key_out)"
     return inputs, result[0], result[1], None
+
+
+class _HangReport:
+    """The case file of a call that did not return, written by the deadline's watchdog thread
+    (so it exists even when the call never comes back and the per-test timeout ends the worker)."""
+
+    def __init__(self, impl_name: str, fn, case: RotationCase, device: str):
+        self.impl_name, self.fn, self.case, self.device = impl_name, fn, case, device
+        seconds = call_timeout()
+        self.problem = (f"the implementation did not return within {seconds:g} s "
+                        f"(the call deadline: --rope-call-timeout / $ROPE_CALL_TIMEOUT)")
+        self.diagnosis = Diagnosis("wrong_output", "no output: the call did not return (a hang, or far too slow)")
+        self.comparison = Comparison(case.spec, problems=[self.problem])
+        self.path, self.note, self.implementation = None, None, impl_name
+
+    def write(self) -> None:
+        import sys
+        try:
+            self.implementation = case_files.implementation_path(self.impl_name, self.fn)
+            ref_in = build_rotation_inputs(self.case, "cpu")
+            run = CaseRun(ref_in, ref_in, None, None, None, None, self.comparison, failure=self.problem)
+            self.path, self.note = write_case_file(self.implementation, self.fn, self.case, self.device, run,
+                                                   self.diagnosis, None)
+        except Exception as exc:      # noqa: BLE001 - the hang is reported all the same
+            self.note = f"not written ({type(exc).__name__}: {exc})"
+        _record(self.impl_name, self.case, self.device,
+                CaseRun(None, None, None, None, None, None, self.comparison,
+                        case_file=str(self.path) if self.path else None))
+        print(f"\nrope-harness: {self.impl_name} on {self.device}: {self.problem}; case file: "
+              f"{self.path or self.note}", file=sys.stderr, flush=True)
+
+    def message(self) -> str:
+        return mismatch_message(self.impl_name, self.implementation, self.case, self.device, self.comparison,
+                                self.diagnosis, case_path=self.path, note=self.note)
 
 
 @dataclass
@@ -120,8 +168,14 @@ def compare_case(impl_name: str, fn, case: RotationCase, device: str) -> Compari
 
 
 def evaluate_case(impl_name: str, fn, case: RotationCase, device: str) -> CaseRun:
-    """:func:`compare_case`, keeping the tensors."""
-    inputs, q_out, k_out, failure = contained_rotation(fn, case, device)
+    """:func:`compare_case`, keeping the tensors.  A call that does not return within the call
+    deadline raises ImplementationHung (after writing its case file): Hypothesis does not shrink
+    through it, so the test fails on the first hang instead of waiting out one per shrink step."""
+    hang = _HangReport(impl_name, fn, case, device)
+    try:
+        inputs, q_out, k_out, failure = contained_rotation(fn, case, device, on_hang=hang.write)
+    except ImplementationHung:
+        raise ImplementationHung(hang.message()) from None
     ref_in = build_rotation_inputs(case, "cpu")        # untouched inputs, regenerated bit-identically
     ref_q, ref_k = reference.rotate(case.spec, ref_in.positions, ref_in.query, ref_in.key, ref_in.cache)
     if failure is not None:      # nothing to compare: the failure is the mismatch (and gets a case file)

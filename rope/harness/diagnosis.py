@@ -17,7 +17,7 @@ does; the label it gives follows the rule's name where the two differ):
     were written.
  2. ``wrong_output``: a tensor came back with the wrong shape, dtype or device (or None).
  3. ``nonfinite_output`` (label ``nan``): NaN/inf where the reference is finite (an out-of-bounds
-    read from a guard region).
+    read from a guard region), or finite where it is NaN/inf (non-finite inputs swallowed).
  4. ``out_of_bounds_read``: the values are right but the guards' tracer saw reads outside the
     inputs (properties/guards.py reports them as problems).
  5. ``pairing_swapped``: the output is the reference with the other of NeoX / GPT-J pairs.
@@ -703,6 +703,18 @@ class Context:
             out[name] = ~torch.isfinite(got.detach().to("cpu", torch.float64)) & torch.isfinite(exp)
         return out
 
+    @cached_property
+    def nonfinite_lost(self) -> dict:
+        """name -> bool mask: where the reference is NaN/inf and the output is not the same
+        (finite, the other infinity, or NaN for an infinity)."""
+        out = {}
+        for name in self.comparison.errors:
+            _, got, exp = self.inputs[name]
+            got = got.detach().to("cpu", torch.float64)
+            same = (torch.isnan(got) & torch.isnan(exp)) | (got == exp)
+            out[name] = ~torch.isfinite(exp) & ~same
+        return out
+
     # ----- positions.  The rules recompute references; model caches hold up to a million rows, so
     # the positions-level ones use only the rows the positions use (same values, positions
     # renumbered): identical results.
@@ -832,7 +844,7 @@ def nonfinite_output(ctx: Context) -> Diagnosis | None:
     nonfinite = ctx.nonfinite
     hit = [name for name, m in nonfinite.items() if bool(m.any())]
     if not hit:
-        return None
+        return _nonfinite_lost(ctx)
     spec = ctx.spec
     name, mask = hit[0], nonfinite[hit[0]]
     token, col = divmod(int(mask.flatten().nonzero()[0]), mask.shape[1])
@@ -847,6 +859,23 @@ def nonfinite_output(ctx: Context) -> Diagnosis | None:
                             f"{name}[token {token}, head {head}, channel {channel}], over {name} {spread}: most "
                             f"likely an out-of-bounds read (cos/sin, positions or q/k loaded past the mask or "
                             f"the row, from a guard region or padding lanes){traced}")
+
+
+def _nonfinite_lost(ctx: Context) -> Diagnosis | None:
+    """The converse of nonfinite_output: NaN/inf in the inputs that the output does not carry
+    where the reference does (IEEE arithmetic of a*cos - b*sin propagates them)."""
+    lost = ctx.nonfinite_lost
+    hit = [name for name, m in lost.items() if bool(m.any())]
+    if not hit:
+        return None
+    name, mask = hit[0], lost[hit[0]]
+    token, col = divmod(int(mask.flatten().nonzero()[0]), mask.shape[1])
+    head, channel = divmod(col, ctx.spec.head_size)
+    counts = ", ".join(f"{int(lost[n].sum())} {n}" for n in hit)
+    return ctx.found("nan", f"{counts} element(s) are finite where the reference is NaN/inf (or the other "
+                            f"non-finite value), first at {name}[token {token}, head {head}, channel {channel}]: "
+                            f"non-finite inputs are swallowed (nan_to_num, a clamp, or a max/select that drops "
+                            f"NaN), so an overflow upstream would go unseen")
 
 
 @_on_mismatch

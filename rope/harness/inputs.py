@@ -44,6 +44,7 @@ class RotationCase:
     positions_kind: str = "uniform"
     packed_qkv: bool = False   # q and k are row-strided views into one [T, (Hq + 2 Hkv) * hs] tensor
     seed: int = 0
+    nonfinite: bool = False    # NaN, +inf and -inf planted in q and k (inject_nonfinite)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -102,6 +103,19 @@ class RotationInputs:
     storage: torch.Tensor        # the tensor q and k live in (packed qkv or q itself)
 
 
+def inject_nonfinite(t: torch.Tensor, gen: torch.Generator) -> None:
+    """Plant NaN, +inf and -inf at 1 + numel/50 drawn elements of ``t`` (a CPU tensor or view),
+    rotary and pass-through channels alike.  Drawn after every finite value, so the finite
+    elements are those of the same case without them."""
+    rows, cols = t.shape
+    if not t.numel():
+        return
+    count = 1 + t.numel() // 50
+    flat = torch.randint(0, t.numel(), (count,), generator=gen)
+    values = torch.tensor([float("nan"), float("inf"), float("-inf")], dtype=t.dtype)
+    t[flat // cols, flat % cols] = values[torch.randint(0, 3, (count,), generator=gen)]
+
+
 def build_rotation_inputs(case: RotationCase, device: str = "cpu") -> RotationInputs:
     """Regenerate the case's tensors bit-identically (CPU generator), then move them to ``device``."""
     spec, hs = case.spec, case.spec.head_size
@@ -111,12 +125,22 @@ def build_rotation_inputs(case: RotationCase, device: str = "cpu") -> RotationIn
     q_width, k_width = case.num_q_heads * hs, case.num_kv_heads * hs
     dev = torch_device(device)
     if case.packed_qkv:
-        storage = torch.randn(case.num_tokens, q_width + 2 * k_width, generator=gen).to(dtype).to(dev)
+        storage = torch.randn(case.num_tokens, q_width + 2 * k_width, generator=gen).to(dtype)
+        parts = [storage[:, :q_width], storage[:, q_width:q_width + k_width] if k_width else None]
+    else:
+        parts = [torch.randn(case.num_tokens, q_width, generator=gen).to(dtype),
+                 torch.randn(case.num_tokens, k_width, generator=gen).to(dtype) if k_width else None]
+        storage = parts[0]
+    if case.nonfinite:
+        for t in parts:
+            if t is not None:
+                inject_nonfinite(t, gen)
+    if case.packed_qkv:
+        storage = storage.to(dev)
         query = storage[:, :q_width]
         key = storage[:, q_width:q_width + k_width] if k_width else None
     else:
-        query = torch.randn(case.num_tokens, q_width, generator=gen).to(dtype).to(dev)
-        key = torch.randn(case.num_tokens, k_width, generator=gen).to(dtype).to(dev) if k_width else None
+        query, key = (t.to(dev) if t is not None else None for t in parts)
         storage = query
     # A private copy: the memoized table must not be shared with (and writable by) the implementation.
     cache = _cpu_cache(spec, dtype).to(dev, copy=True)

@@ -11,6 +11,11 @@ Options:
   --rope-shard I/N                     run only shard I of N (a deterministic partition by test id), for
                                        splitting the suite over CI runners or hosts; merge with rope-harness merge
   --rope-baseline                      also run the serving-engine-style baseline suite
+  --rope-call-timeout SECONDS          the deadline of one implementation call (default 120; 0: none): a call
+                                       past it fails its test with a case file (rope.harness.deadline)
+  --rope-test-timeout SECONDS          the per-test timeout, through pytest-timeout's thread method (default
+                                       900, 3600 in the deep and campaign profiles; 0: none); pytest-timeout's
+                                       own --timeout, ini or PYTEST_TIMEOUT take precedence
 
 Installed plugins load into every pytest run of the environment, so this one stays inert unless the
 run is the harness's: a ``--rope-*`` option is given, or the arguments select the ``properties``
@@ -60,7 +65,12 @@ def default_profile() -> str:
     return "ci" if os.environ.get("CI") else "dev"
 
 
-_OPTIONS = ("--rope-impl", "--rope-device", "--rope-positions-impl", "--rope-repro", "--rope-shard", "--rope-baseline")
+_OPTIONS = ("--rope-impl", "--rope-device", "--rope-positions-impl", "--rope-repro", "--rope-shard", "--rope-baseline",
+            "--rope-call-timeout", "--rope-test-timeout")
+# Seconds a test may run before pytest-timeout ends it (its worker, under xdist): a hang that the
+# call deadline cannot interrupt (C code, a GPU kernel) still ends, as one failed test.
+TEST_TIMEOUT_S = {"deep": 3600.0, "campaign": 3600.0}
+DEFAULT_TEST_TIMEOUT_S = 900.0
 _MARKERS = (
     "interpreter: runs Triton kernels under TRITON_INTERPRET=1",
     "gpu: needs a GPU",
@@ -112,6 +122,12 @@ def pytest_addoption(parser):
                     help="replay a case file (reports/cases/<id>.json) or every *.json in a directory; repeatable; "
                          "--rope-impl / --rope-device override the recorded implementation / device; "
                          "for a file outside the project write --rope-repro=PATH")
+    group.addoption("--rope-call-timeout", default=None, metavar="SECONDS",
+                    help="deadline of one implementation call (default $ROPE_CALL_TIMEOUT or 120; 0: none): a call "
+                         "past it fails its test, with a case file")
+    group.addoption("--rope-test-timeout", default=None, type=float, metavar="SECONDS",
+                    help="per-test timeout through pytest-timeout (default 900; 3600 in the deep and campaign "
+                         "profiles; 0: none); --timeout / PYTEST_TIMEOUT take precedence")
 
 
 def _keep_only_replays(config, items):
@@ -292,6 +308,56 @@ def pytest_collection_modifyitems(config, items):
     _keep_one_gpu_per_test(items)
     _keep_only_replays(config, items)
     _keep_shard(config, items)
+    _set_test_timeouts(config, items)
+
+
+def _profile(config) -> str:
+    return getattr(config.option, "hypothesis_profile", None) or default_profile()
+
+
+def test_timeout(config) -> float | None:
+    """The per-test timeout this run gives the suite's tests (None: none), or None when the user
+    configured pytest-timeout directly (then theirs applies)."""
+    if (getattr(config.option, "timeout", None) is not None or os.environ.get("PYTEST_TIMEOUT")
+            or _ini(config, "timeout")):
+        return None
+    seconds = config.getoption("--rope-test-timeout")
+    if seconds is None:
+        seconds = TEST_TIMEOUT_S.get(_profile(config), DEFAULT_TEST_TIMEOUT_S)
+    if not seconds >= 0:
+        raise pytest.UsageError(f"--rope-test-timeout={seconds}: must be >= 0 (0: no per-test timeout)")
+    return seconds or None
+
+
+def _ini(config, name):
+    try:
+        return config.getini(name)
+    except ValueError:          # pytest-timeout not installed: no such ini key
+        return None
+
+
+def _set_test_timeouts(config, items) -> None:
+    seconds = test_timeout(config)
+    if seconds is None or not config.pluginmanager.hasplugin("timeout"):
+        return
+    for item in items:
+        if _rope_test(item) and item.get_closest_marker("timeout") is None:
+            # thread: stacks are dumped and the process ends (under xdist the worker is replaced and
+            # only this test fails); the signal method could not interrupt C code.
+            item.add_marker(pytest.mark.timeout(seconds, method="thread"))
+
+
+def pytest_report_header(config):
+    if not is_active(config):
+        return None
+    from rope.harness.deadline import call_timeout
+    seconds = test_timeout(config)
+    if seconds is not None and not config.pluginmanager.hasplugin("timeout"):
+        per_test = "none (pytest-timeout is not installed: pip install pytest-timeout)"
+    else:
+        per_test = f"{seconds:g} s" if seconds else "pytest-timeout's settings"
+    call = call_timeout()
+    return f"rope-harness: call deadline {f'{call:g} s' if call else 'none'}, per-test timeout {per_test}"
 
 
 # ------------------------------------------------------------------ configuration and the run report
@@ -304,6 +370,7 @@ def pytest_configure(config):
         config.addinivalue_line("markers", line)
     if not is_active(config):
         return
+    _configure_call_timeout(config)
     from rope.devices import configure_triton
     configure_triton()          # before any kernel of the suite is defined (no GPU: the interpreter)
     config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:triton.*")
@@ -319,6 +386,24 @@ def pytest_configure(config):
     if (_is_controller(config) and not os.environ.get(report.DISABLE_ENV) and not config.getoption("--rope-repro")
             and not os.environ.get("ROPE_CAMPAIGN")):   # a campaign round records into the campaign's run
         config._rope_run_dir = report.start_run()
+
+
+def _configure_call_timeout(config) -> None:
+    """--rope-call-timeout reaches every process (xdist workers, subprocesses) through the environment."""
+    from rope.harness.deadline import CALL_TIMEOUT_ENV, call_timeout
+    value = config.getoption("--rope-call-timeout")
+    if value is None:
+        return
+    previous = os.environ.get(CALL_TIMEOUT_ENV)
+    os.environ[CALL_TIMEOUT_ENV] = str(value)
+    try:
+        call_timeout()
+    except ValueError as exc:
+        if previous is None:
+            os.environ.pop(CALL_TIMEOUT_ENV)
+        else:
+            os.environ[CALL_TIMEOUT_ENV] = previous
+        raise pytest.UsageError(str(exc).replace(CALL_TIMEOUT_ENV, "--rope-call-timeout")) from None
 
 
 def pytest_runtest_logreport(report):

@@ -101,8 +101,12 @@ def replay(path: Path | str, *, device: str | None = None, impl: str | None = No
     reason = unsupported_reason(name, fn, case.spec, _dtype(case.dtype), device)
     if reason:
         raise ValueError(reason)
+    from rope.harness.deadline import ImplementationHung
     try:
         run = evaluate_case(name, fn, case, device)
+    except ImplementationHung:
+        raise ValueError(f"{name} on {device} did not return on case {case_file.id} within the call deadline "
+                         f"($ROPE_CALL_TIMEOUT, default 120 s)") from None
     except Exception as exc:    # noqa: BLE001 - a failure of the replay itself, whatever it is
         raise ValueError(f"replaying case {case_file.id} on {device} failed ({type(exc).__name__}: {exc})") from exc
     if run.raised:
@@ -143,7 +147,8 @@ def add_repro_parser(sub) -> None:
                                    "Exit 0 once it matches (fixed), 1 while it still mismatches, 2 when the case "
                                    "cannot be replayed: a bad case file, an implementation the file names by "
                                    "import path (never imported from a file: pass --impl), an unavailable device, "
-                                   "inputs that do not regenerate to the recorded sha256, or a crash.")
+                                   "inputs that do not regenerate to the recorded sha256, a crash, or a call that does not "
+                                   "return within $ROPE_CALL_TIMEOUT seconds (default 120).")
     p.add_argument("case", metavar="CASE", help="case file: reports/cases/<id>.json or properties/regressions/*.json")
     p.add_argument("--device", choices=DEVICE_NAMES, help="replay on this device instead of the recorded one")
     p.add_argument("--impl", metavar="NAME",
