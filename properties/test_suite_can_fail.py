@@ -20,6 +20,7 @@ EXPECTED_DIAGNOSIS = {
     "first_pow2_heads": "head_subset",
     "assumes_contiguous": "row_stride_ignored",
     "bf16_claiming_fp32": "precision_loss",
+    "hides_nonfinite": "nan",
 }
 
 
@@ -31,7 +32,7 @@ def test_rotation_property_rejects_broken_implementation(broken, monkeypatch, tm
     # The same property test_rotation_matches_reference runs, over all variants at once.
     @settings(max_examples=300, derandomize=True, database=None, deadline=None, print_blob=False)
     @given(case=st.tuples(st.sampled_from(list(DTYPES)), st.sampled_from(KINDS)).flatmap(
-        lambda dk: rotation_cases(dtype=dk[0], kind=dk[1])))
+        lambda dk: rotation_cases(dtype=dk[0], kind=dk[1], nonfinite=True)))
     def rotation_matches_reference(case):
         assert_matches_reference(broken, fn, case, "cpu")
 
