@@ -112,6 +112,41 @@ def rotation_cases(draw, *, dtype: str = "float32", kind: str = "chunked3", is_n
                         seed=draw(st.integers(0, 2 ** 32 - 1)), nonfinite=nonfinite and draw(st.booleans()))
 
 
+# Prefill: an engine's max batched tokens (2,048 to 16,384) is where kernels switch tiles, grids
+# and kernels, and where 16-bit grid dimensions and 32-bit offsets overflow.
+PREFILL_MAX_TOKENS = 16384
+POWER_OF_TWO_BOUNDARIES = tuple((1 << k) + d for k in range(10, 15) for d in (-1, 0, 1))   # 1023 .. 16385
+
+
+def boundary_token_counts(thresholds=()) -> tuple[int, ...]:
+    """Every boundary a prefill property must cross: each declared switch (n - 1, n, n + 1) and
+    the powers of two from 1,024 to 16,384, each +-1."""
+    around = {t + d for t in thresholds for d in (-1, 0, 1) if t + d >= 1}
+    return tuple(sorted(around | set(POWER_OF_TWO_BOUNDARIES)))
+
+
+def prefill_token_counts(thresholds=()):
+    """A prefill token count: a boundary (declared switch or power of two, +-1) or any count
+    from 1,024 to 16,384; shrinks towards the smallest boundary."""
+    return st.one_of(st.sampled_from(boundary_token_counts(thresholds)), st.integers(1024, PREFILL_MAX_TOKENS))
+
+
+@st.composite
+def prefill_cases(draw, *, tokens, small_heads: bool, nonfinite: bool = False):
+    """A rotation case of ``tokens`` (a strategy) tokens, any layout, pairing and dtype.
+    ``small_heads``: one query head of 16 or 32 channels and at most one kv head (the Triton
+    interpreter runs a program at a time: few, small heads keep a 16k-token example cheap);
+    otherwise real head counts and sizes, as on a GPU."""
+    kind = draw(st.sampled_from(KINDS))
+    dtype = draw(st.sampled_from(list(DTYPES)))
+    spec = draw(rope_specs(kind=kind, head_sizes=(16, 32) if small_heads else HEAD_SIZES,
+                           max_positions=(32768, 4096, 131072)))
+    nq, nkv = (1, draw(st.integers(0, 1))) if small_heads else draw(head_counts())
+    return RotationCase(spec=spec, num_tokens=draw(tokens), num_q_heads=nq, num_kv_heads=nkv, dtype=dtype,
+                        positions_kind=draw(st.sampled_from(POSITION_KINDS)), packed_qkv=draw(st.booleans()),
+                        seed=draw(st.integers(0, 2 ** 32 - 1)), nonfinite=nonfinite and draw(st.booleans()))
+
+
 def case_id(impl: str, device: str, dtype: str, kind: str, neox: bool) -> str:
     """Test id in the project's format: ``triton-cuda-bf16-interleaved-gptj``."""
     return f"{impl}-{device}-{DTYPE_SHORT.get(dtype, dtype)}-{kind}-{'neox' if neox else 'gptj'}"

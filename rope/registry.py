@@ -127,6 +127,25 @@ def positions_unsupported_reason(name: str, fn: Callable, device: str) -> str | 
     return f"unsupported: {name} does not run on {device}"
 
 
+MAX_SWITCH_TOKENS = 1 << 31
+
+
+def switch_tokens(name: str, fn: Callable) -> tuple[int, ...]:
+    """The token counts at which ``fn`` declares it switches code paths (its optional
+    ``switch_tokens`` attribute: each the first token count of a new path), sorted; () when it
+    declares none.  A malformed declaration is a ValueError naming the implementation."""
+    declared = getattr(fn, "switch_tokens", ())
+    try:
+        values = tuple(sorted({int(v) for v in declared if int(v) == v and not isinstance(v, bool)}))
+        complete = len(values) == len(set(declared))
+    except (TypeError, ValueError):
+        complete, values = False, ()
+    if not complete or any(not 1 <= v <= MAX_SWITCH_TOKENS for v in values):
+        raise ValueError(f"{name}.switch_tokens={declared!r}: must be token counts, ints in [1, 2**31] "
+                         f"(each the first count of a new code path)")
+    return values
+
+
 def working_precision(fn: Callable) -> str:
     return getattr(fn, "working_precision", "float32")
 

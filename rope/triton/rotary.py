@@ -355,5 +355,8 @@ def supports(spec: RopeSpec, dtype: torch.dtype, device: str) -> bool:
 
 
 rotate_triton.working_precision = "float32"
+# Where launch_rotary's defaults change path: PDL off above PDL_MAX_TOKENS; from SMALL_BATCH_TOKENS
+# token x head x frequency tiles and the heads-fastest 1-D grid; evict_first off above 16384.
+rotate_triton.switch_tokens = (PDL_MAX_TOKENS + 1, SMALL_BATCH_TOKENS, EVICT_FIRST_TOKENS[1] + 1)
 rotate_triton.supports = supports
 rotate_triton.unchecked = launch_rotary   # hot path for the benchmark: no validation, no host sync
