@@ -147,6 +147,44 @@ def prefill_cases(draw, *, tokens, small_heads: bool, nonfinite: bool = False):
                         seed=draw(st.integers(0, 2 ** 32 - 1)), nonfinite=nonfinite and draw(st.booleans()))
 
 
+@st.composite
+def prefill_steps(draw, *, max_tokens: int = PREFILL_MAX_TOKENS):
+    """A runner step of prefill size: 1 to 4 prefill chunks whose tokens total a boundary count or
+    any count from 1,024 to ``max_tokens`` (each far longer than any block a kernel takes), beside
+    an optional decode request; positions come from an affine table per row (distinct per row and
+    column).  Shrinks to one request of the smallest boundary."""
+    dims = draw(st.sampled_from([3, 1, 4]))
+    counts = [n for n in boundary_token_counts() if n <= max_tokens]
+    total = draw(st.sampled_from(counts) | st.integers(min(1024, max_tokens), max_tokens))
+    num_prefill = draw(st.integers(1, 4))
+    cuts = draw(st.lists(st.integers(1, total - 1), min_size=num_prefill - 1, max_size=num_prefill - 1,
+                         unique=True)) if total > num_prefill else []
+    edges = [0] + sorted(cuts) + [total]
+    chunks = [b - a for a, b in zip(edges, edges[1:])]
+    computed = [draw(st.integers(0, 64)) for _ in chunks]              # mid-prompt: chunked prefill
+    prefill_lens = [c + n + draw(st.integers(0, 8)) for c, n in zip(computed, chunks)]
+    query_lens = list(chunks)
+    if draw(st.booleans()):                                             # a decode request beside them
+        prefill_lens.append(draw(st.integers(1, 64)))
+        computed.append(prefill_lens[-1] + draw(st.integers(0, 8)))
+        query_lens.append(draw(st.integers(1, 3)))
+    slots = len(query_lens) + draw(st.integers(0, 2))
+    prefill_lens += [0] * (slots - len(prefill_lens))
+    computed += [0] * (slots - len(computed))
+    model_len = max(prefill_lens)
+    scale = draw(st.integers(1, 5))
+    table = tuple(scale * c + 3 * (row % dims) + 1000 * (row // dims) for row in range(slots * dims)
+                  for c in range(model_len))
+    mapping = draw(st.permutations(range(slots)))[:len(query_lens)]
+    # Request b of the step is the slot mapping[b]: its lengths move to that slot.
+    lens, comp = [0] * slots, [0] * slots
+    for b, r in enumerate(mapping):
+        lens[r], comp[r] = prefill_lens[b], computed[b]
+    deltas = tuple(draw(st.integers(-40, 40)) for _ in range(slots))
+    return RaggedBatch(dims, table, deltas, tuple(lens), tuple(comp), tuple(mapping), tuple(query_lens),
+                       draw(st.integers(0, 5)))
+
+
 def case_id(impl: str, device: str, dtype: str, kind: str, neox: bool) -> str:
     """Test id in the project's format: ``triton-cuda-bf16-interleaved-gptj``."""
     return f"{impl}-{device}-{DTYPE_SHORT.get(dtype, dtype)}-{kind}-{'neox' if neox else 'gptj'}"

@@ -277,6 +277,10 @@ MUTANT_LABELS = {
         "plain", RotationCase(QWEN3_VL, 9, 2, 1, "float16", "uniform", True, 8), "position_rows_misread",
         "positions[0, t + d]"),
     "kernel:positions_store_unmasked": NO_ROTATION,
+    # Right below 4,096 tokens; GPT-J paired NeoX-style from there (a prefill-size path).
+    "kernel:neox_pairs_from_4096_tokens": (
+        "plain", RotationCase(RopeSpec(32, 32, False, (4, 6, 6), max_position=4096), 4096, 1, 0, "float32",
+                              "uniform", False, 9), "pairing_swapped", "NeoX pairs"),
     **{f"broken_positions:{name}": NO_ROTATION for name in BROKEN_POSITIONS},
     "dispatch:mrope_without_xpu_cpu_overrides": (
         "raises", RotationCase(MROPE_CHUNKED, 4, 2, 1, "float32", "uniform", False, 41), "cpu",

@@ -23,7 +23,9 @@ from properties.guards import (
     trace_memory,
 )
 from properties.known_cases import KNOWN_BUG_CASES
-from properties.mutants.kernel import POSITIONS_MUTANTS, ROTARY_MUTANTS, KernelMutant, SubstitutionError
+from rope.harness.comparison import assert_matches_reference
+from properties.mutants.kernel import (GPU_DEEP_MUTANTS, POSITIONS_MUTANTS, PREFILL_ONLY, ROTARY_MUTANTS, KernelMutant,
+                                       SubstitutionError)
 from properties.strategies import KINDS, RotationCase, ragged_batches, rotation_cases
 from properties.test_runner_positions import CHUNK_1, CHUNK_2, DECODE, assert_positions_match
 from rope.devices import is_interpreter
@@ -120,9 +122,9 @@ def expect_failure(prop, record_property, calls=None) -> list[str]:
 
 
 # --------------------------------------------------------------------------- the mutants apply
-@pytest.mark.parametrize("name", list(ROTARY_MUTANTS) + list(POSITIONS_MUTANTS))
+@pytest.mark.parametrize("name", list(ROTARY_MUTANTS) + list(POSITIONS_MUTANTS) + list(GPU_DEEP_MUTANTS))
 def test_kernel_mutant_applies_exactly_once(name):
-    mutant = {**ROTARY_MUTANTS, **POSITIONS_MUTANTS}[name]
+    mutant = {**ROTARY_MUTANTS, **POSITIONS_MUTANTS, **GPU_DEEP_MUTANTS}[name]
     assert mutant.__doc__ and "(" in mutant.__doc__, f"{name}: docstring must name the bug and its reference"
     assert mutant.source() != mutant.path.read_text()
     assert mutant.module.__name__.endswith(f"__mutant_{name}")
@@ -152,6 +154,25 @@ def test_rotation_property_catches_kernel_mutant(name, record_property):
     found = expect_failure(rotation_matches_reference_under_guards, record_property, calls)
     assert set(must) & set(found), f"{name}: expected one of {must}, got {found}"
     assert not set(must_not) & set(found), f"{name}: {sorted(set(must_not) & set(found))} must not fire ({found})"
+
+
+@pytest.mark.parametrize("name", sorted(PREFILL_ONLY))
+def test_prefill_boundaries_catch_kernel_mutant(name, record_property, monkeypatch, tmp_path):
+    # A bug only a prefill-size batch shows: test_prefill.py's boundary cases, in order, until one fails.
+    from properties.strategies import POWER_OF_TWO_BOUNDARIES
+    from properties.test_prefill import boundary_case
+    monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))       # deliberate failures: keep reports/cases clean
+    mutant = ROTARY_MUTANTS[name]
+    start, found = time.perf_counter(), []
+    for index, tokens in enumerate(POWER_OF_TWO_BOUNDARIES):
+        try:
+            assert_matches_reference(name, mutant, boundary_case(index, tokens, "cpu"), "cpu")
+        except AssertionError as exc:
+            found = [tokens, str(exc)]
+            break
+    record_property("time_to_failure_s", round(time.perf_counter() - start, 2))
+    assert found, f"{name}: no prefill boundary case fails"
+    assert found[0] in (4095, 4096, 4097) and "diagnosis: pairing_swapped" in found[1], found
 
 
 @pytest.mark.parametrize("name,known", KNOWN_PAIRS, ids=[f"{m}-{k}" for m, k in KNOWN_PAIRS])

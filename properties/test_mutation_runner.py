@@ -384,7 +384,7 @@ def test_memory_safety_mutants_run_the_guarded_tests_first():
         elif m.kind == "positions-kernel":
             assert first.caught_when == "pass" and "test_position_property_catches_kernel_mutant" in first.tests[0]
         elif m.kind in catalogue.ROTATION_KINDS:
-            assert first.tests == (stages.ROTATION_SUITE,)
+            assert first.tests == (stages.ROTATION_SUITE, stages.PREFILL_SUITE)
 
 
 def test_stages_and_arguments_come_from_the_installed_suite(tmp_path, monkeypatch):

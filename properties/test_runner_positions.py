@@ -7,7 +7,7 @@ import torch
 from hypothesis import example, given
 
 import reference
-from properties.strategies import OUT_SENTINEL, RaggedBatch, ragged_batches
+from properties.strategies import OUT_SENTINEL, RaggedBatch, prefill_steps, ragged_batches
 from rope.devices import synchronize, torch_device
 from rope.registry import get_positions_implementation, positions_unsupported_reason
 from rope.harness.comparison import call_positions, skip_unless_builtin
@@ -176,3 +176,22 @@ def test_vllm_positions_adapter_is_optional():
         assert "vllm" in str(exc) and "install it with" in str(exc), exc
     else:
         assert callable(fn) and callable(fn.supports)
+
+
+# One request of 16,384 tokens (64 of the Triton kernel's 256-token blocks); four chunks totalling
+# 16,384 beside a decode request, slots permuted.
+_AFFINE = tuple(2 * c + 3 * (row % 3) + 1000 * (row // 3) for row in range(3 * 2) for c in range(16400))
+PREFILL_ONE = RaggedBatch(3, _AFFINE, (0, 0), (16400, 0), (16, 0), (0,), (16384,), 3)
+PREFILL_MIXED = RaggedBatch(
+    3, tuple(2 * c + 3 * (row % 3) + 1000 * (row // 3) for row in range(3 * 5) for c in range(8200)),
+    (5, -7, 0, 3, 40), (8200, 4000, 2400, 2200, 30), (100, 0, 37, 0, 31), (1, 3, 0, 2, 4), (4000, 2000, 8098, 2284, 2), 1)
+
+
+@given(batch=prefill_steps())
+@example(batch=PREFILL_ONE)
+@example(batch=PREFILL_MIXED)
+def test_prefill_steps_match_reference(positions_impl_name, device, batch):
+    # Steps of prefill size (up to 16,384 tokens, each chunk longer than any kernel block): rejects a
+    # block or split computed for short steps only, an index that overflows, a chunk boundary lost.
+    fn = positions_impl_or_skip(positions_impl_name, device)
+    assert_positions_match(positions_impl_name, fn, batch, device)

@@ -205,8 +205,38 @@ def positions_store_unmasked():
     """
 
 
+@_rotary(("IS_NEOX=spec.is_neox_style,", "IS_NEOX=spec.is_neox_style or num_tokens >= 4096,"))
+def neox_pairs_from_4096_tokens():
+    """(g) A path chosen by token count is wrong on one side: from 4,096 tokens GPT-J specs are
+    paired NeoX-style (docs/spec.md §7.10; the shape of flashinfer#609 -> #619).
+
+    Decode and every property drawing up to 48 (or 640) tokens see the right path; only a batch of
+    prefill size shows it (properties/test_prefill.py: the boundaries 4,095 / 4,096 / 4,097).
+    """
+
+
 ROTARY_MUTANTS = {m.name: m for m in (
     neox_for_gptj, cos_sin_unmasked, cos_sin_unmasked_head_padded, partial_rotary_head_half,
     interleaved_h_bound_off_by_one, interleaved_thw_order_swapped, positions_rows_packed,
-    positions_rows_at_token_offsets)}
+    positions_rows_at_token_offsets, neox_pairs_from_4096_tokens)}
+@_rotary(("    token = token_block.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)\n",
+           "    token = token_block * BLOCK_T + tl.arange(0, BLOCK_T)\n"),
+          ("        x_stride = tl.where(is_k, k_row_stride, q_row_stride).to(tl.int64)\n",
+           "        x_stride = tl.where(is_k, k_row_stride, q_row_stride)\n"))
+def offsets_32bit():
+    """(h) Row offsets computed in 32 bits: token * row_stride wraps past 2^31 elements of q
+    (docs/spec.md §7.10; Liger#804, and the 32-bit program-id offsets of Liger's and vLLM's M-RoPE
+    kernels).
+
+    Right on everything smaller; only a q of more than 2^31 elements shows it, which takes a GPU
+    (properties/test_prefill.py's huge cases, deep profile): the interpreter would take hours.
+    """
+
+
+# Mutants whose bug only a prefill-size batch shows: test_mutants.py searches them with the prefill
+# boundaries instead of its small-case search.
+PREFILL_ONLY = frozenset({"neox_pairs_from_4096_tokens"})
+# Mutants only a GPU shows, in the deep profile (q past 2^31 elements): outside ROTARY_MUTANTS, so the
+# CPU mutation run does not count them; tools/gpu_deep_mutants.sh runs them on a GPU.
+GPU_DEEP_MUTANTS = {m.name: m for m in (offsets_32bit,)}
 POSITIONS_MUTANTS = {m.name: m for m in (positions_store_unmasked,)}

@@ -227,7 +227,7 @@ def _record(impl_name: str, case: RotationCase, device: str, run: CaseRun) -> No
     try:
         report.record_comparison(test=os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0],
                                  impl=impl_name, device=device_label(device), dtype=case.dtype, variant=case.spec.variant(),
-                                 comparison=run.comparison, case_file=run.case_file)
+                                 comparison=run.comparison, case_file=run.case_file, tokens=case.num_tokens)
     except Exception:   # noqa: BLE001 - the report is best effort, the assertion is not
         pass
 

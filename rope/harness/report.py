@@ -80,13 +80,14 @@ def record(**fields) -> None:
 
 
 def record_comparison(*, test: str, impl: str, device: str, dtype: str, variant: str, comparison,
-                      case_file: str | None = None) -> None:
+                      case_file: str | None = None, tokens: int | None = None) -> None:
     heat = None
     if not comparison.ok and comparison.bounds:
         heat = _heat_map(comparison)
     record(kind="comparison", test=test, impl=impl, device=device, dtype=dtype, variant=variant,
            ok=comparison.ok, worst_ratio=_finite(comparison.worst_ratio), mismatched=comparison.num_mismatched,
-           elements=comparison.num_elements, problems=comparison.problems, case_file=case_file, heat=heat)
+           elements=comparison.num_elements, problems=comparison.problems, case_file=case_file, heat=heat,
+           tokens=tokens)
 
 
 def _finite(x: float):
@@ -129,13 +130,20 @@ def summarize(records: list[dict]) -> dict:
     """Matrix implementation x device x dtype x variant, plus skips with reasons."""
     cells = defaultdict(lambda: {"examples": 0, "failures": 0, "worst_ratio": 0.0, "case_files": []})
     skips = defaultdict(int)
+    declared = {}                              # (impl, device) -> switch token counts
+    tokens = defaultdict(set)                  # (impl, device) -> token counts compared
     placed = defaultdict(lambda: {"examples": 0, "workers": set()})
     for r in records:
         if r.get("kind") == "skip":
             skips[(r.get("test", ""), r.get("reason", ""))] += 1
             continue
+        if r.get("kind") == "switches":
+            declared[(r["impl"], r["device"])] = tuple(r["thresholds"])
+            continue
         if r.get("kind") != "comparison":
             continue
+        if r.get("tokens") is not None:
+            tokens[(r["impl"], r["device"].split(":")[0])].add(r["tokens"])
         key = (r["impl"], r["device"], r["dtype"], r["variant"])
         placed[r["device"]]["examples"] += 1
         placed[r["device"]]["workers"].add(r.get("worker", "main"))
@@ -149,7 +157,15 @@ def summarize(records: list[dict]) -> dict:
                 cell["case_files"].append(r["case_file"])
     matrix = [{"impl": k[0], "device": k[1], "dtype": k[2], "variant": k[3], **v,
                "worst_ratio": _finite(v["worst_ratio"])} for k, v in sorted(cells.items())]
-    return {"matrix": matrix,
+    switches = []
+    for (impl, device), thresholds in sorted(declared.items()):
+        seen = tokens.get((impl, device), set())
+        for t in thresholds:
+            below = max((n for n in seen if n < t), default=None)
+            above = min((n for n in seen if n >= t), default=None)
+            switches.append({"impl": impl, "device": device, "switch": t, "below": below, "above": above,
+                             "crossed": below is not None and above is not None})
+    return {"matrix": matrix, "switches": switches,
             "skips": [{"test": t, "reason": why, "count": n} for (t, why), n in sorted(skips.items())],
             "placement": [{"device": d, "examples": p["examples"], "workers": sorted(p["workers"], key=_worker_order)}
                           for d, p in sorted(placed.items())],
@@ -174,6 +190,15 @@ def markdown(summary: dict, plots: list[str]) -> str:
     if summary.get("placement"):
         lines += ["", "## Where it ran", "", "| device | examples | workers |", "|---|---:|---|"]
         lines += [f"| {p['device']} | {p['examples']} | {worker_ranges(p['workers'])} |" for p in summary["placement"]]
+    if summary.get("switches"):
+        lines += ["", "## Declared path switches", "",
+                  "Token counts where an implementation declares it changes path (`switch_tokens`), and the "
+                  "compared token counts nearest below and at or above each.", "",
+                  "| implementation | device | switch at | nearest below | nearest at/above | crossed |",
+                  "|---|---|---:|---:|---:|---|"]
+        lines += [f"| {s['impl']} | {s['device']} | {s['switch']} | {s['below'] if s['below'] is not None else '-'} | "
+                  f"{s['above'] if s['above'] is not None else '-'} | {'yes' if s['crossed'] else '**no**'} |"
+                  for s in summary["switches"]]
     if summary["skips"]:
         lines += ["", "## Skipped", "", "| test | reason | count |", "|---|---|---:|"]
         lines += [f"| {s['test']} | {s['reason']} | {s['count']} |" for s in summary["skips"]]

@@ -17,6 +17,7 @@ from rope.harness.mutation.records import PLUGIN as RECORDS_PLUGIN
 from rope.harness.suite import SUITE_PACKAGE, suite_dir
 
 ROTATION_SUITE = f"{SUITE_PACKAGE}/test_rotation.py"
+PREFILL_SUITE = f"{SUITE_PACKAGE}/test_prefill.py"
 GUARDED_FIRST = "test_known_bug_triggers_under_guards"
 POSITION_SUITES = (f"{SUITE_PACKAGE}/test_runner_positions.py", f"{SUITE_PACKAGE}/test_scheduler_positions.py")
 MUTANTS_TESTS = f"{SUITE_PACKAGE}/test_mutants.py"
@@ -53,7 +54,7 @@ def harness_stages(m: Mutant) -> list[Stage]:
     if m.kind in ROTATION_KINDS:
         opts = ("--rope-impl", m.target)
         if not m.memory_safety:
-            return [Stage("rotation suite", (ROTATION_SUITE,), opts, "fail", "--rope-impl")]
+            return [Stage("rotation suite", (ROTATION_SUITE, PREFILL_SUITE), opts, "fail", "--rope-impl")]
         names = functions_in(ROTATION_SUITE)
         order = [GUARDED_FIRST] + [n for n in names if n != GUARDED_FIRST]
         return [Stage("rotation suite, guarded known-bug tests first",

@@ -1,0 +1,202 @@
+"""Prefill-size batches: the token counts where kernels switch code paths.
+
+The rotation properties draw up to 48 tokens; an engine's prefill chunk is 2,048 to 16,384
+tokens, and that is where kernels change tiles, grids and kernels (FlashInfer picks its kernel
+by token count, flashinfer#609 -> #619; grids overflow 65,535 programs in a dimension, vllm#43684;
+32-bit offsets overflow, Liger#804).  Every implementation is held to the reference
+
+- at the powers of two from 1,024 to 16,384, each +-1, one layout / pairing / dtype per count,
+  cycling, so that every combination meets a large count (explicit, every profile);
+- at each token count it declares a switch at (``switch_tokens``), +-1;
+- on drawn prefill cases of 1,024 to 16,384 tokens and the boundaries, any layout, pairing,
+  dtype and layout of q/k, as many as fit the property's time budget.
+
+On the CPU (Triton under its interpreter runs one program at a time, ~10 ms each) the cases have
+one query head of 32 channels and at most one kv head; on a GPU, real head counts.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from hypothesis import given, settings
+
+from rope.harness import report
+from rope.harness.comparison import assert_matches_reference, skip_if_unsupported
+from rope.registry import get_implementation, switch_tokens, unsupported_reason
+from rope.spec import RopeSpec
+
+from properties.strategies import (
+    DTYPES,
+    KINDS,
+    POWER_OF_TWO_BOUNDARIES,
+    RotationCase,
+    boundary_token_counts,
+    prefill_cases,
+    prefill_token_counts,
+)
+
+# Seconds of implementation + reference time the drawn prefill property may spend per test
+# (the explicit boundaries always run); ROPE_PREFILL_BUDGET overrides.
+PREFILL_BUDGET_S = {"cpu": 20.0}
+DEFAULT_PREFILL_BUDGET_S = 120.0
+GPU_HEADS = (28, 4)          # Qwen2.5-VL-7B per rank: 28 query heads, 4 kv heads, head 128
+
+
+def _small_heads(device: str) -> bool:
+    return device == "cpu"
+
+
+def boundary_case(index: int, num_tokens: int, device: str) -> RotationCase:
+    """The explicit case at a boundary: layout, pairing, dtype, partial rotary and packed q/k
+    cycle with ``index`` (periods 5, 2, 3, 4), so neighbouring counts differ in each."""
+    kind = KINDS[index % len(KINDS)]
+    neox = index % 2 == 0
+    dtype = list(DTYPES)[index % len(DTYPES)]
+    head_size = 32 if _small_heads(device) else 128
+    rotary = head_size // 2 if index % 4 == 3 else head_size
+    half = rotary // 2
+    third, quarter = half // 3, half // 4
+    sections = {"1d": None, "chunked1": (half,), "chunked3": (half - 2 * third, third, third),
+                "interleaved": (half - 2 * third, third, third),
+                "chunked4": (half - 3 * quarter, quarter, quarter, quarter)}[kind]
+    spec = RopeSpec(head_size, rotary, neox, sections, "interleaved" if kind == "interleaved" else "chunked",
+                    max_position=32768)
+    # CPU: a key on every other count (a key doubles the interpreter's programs).
+    nq, nkv = (1, index % 2) if _small_heads(device) else GPU_HEADS
+    return RotationCase(spec, num_tokens, nq, nkv, dtype, "uniform", index % 2 == 1, index)
+
+
+def _check(impl_name, impl, case, device) -> bool:
+    """Hold ``impl`` to the reference on ``case``; False when it does not support the case."""
+    if unsupported_reason(impl_name, impl, case.spec, DTYPES[case.dtype], device):
+        return False
+    assert_matches_reference(impl_name, impl, case, device)
+    return True
+
+
+def _record_switches(impl_name: str, device: str, thresholds) -> None:
+    if thresholds:
+        report.record(kind="switches", impl=impl_name, device=device, thresholds=list(thresholds))
+
+
+POWER_OF_TWO_PARAMS = [pytest.param(k, id=f"{1 << k}") for k in range(10, 15)]
+
+
+@pytest.mark.parametrize("log2", POWER_OF_TWO_PARAMS)
+def test_power_of_two_boundaries_match_reference(impl_name, device, log2):
+    # 2^k - 1, 2^k, 2^k + 1 tokens, three different configurations.  Rejects a path switched at a
+    # power of two (a tile, a grid or a kernel chosen by token count) that pairs, maps or indexes wrongly.
+    impl = get_implementation(impl_name)
+    _record_switches(impl_name, device, switch_tokens(impl_name, impl))
+    ran = 0
+    for num_tokens in ((1 << log2) - 1, 1 << log2, (1 << log2) + 1):
+        index = POWER_OF_TWO_BOUNDARIES.index(num_tokens)
+        ran += _check(impl_name, impl, boundary_case(index, num_tokens, device), device)
+    if not ran:
+        pytest.skip(f"{impl_name} supports none of the boundary cases at {1 << log2} tokens on {device}")
+
+
+def test_declared_switches_match_reference(impl_name, device):
+    # Each count an implementation declares it switches at, +-1 (the Triton kernel: PDL off above
+    # 64 tokens, large tiles and the heads-fastest grid from 128, evict_first off above 16,384).
+    impl = get_implementation(impl_name)
+    thresholds = switch_tokens(impl_name, impl)
+    if not thresholds:
+        pytest.skip(f"{impl_name} declares no switch_tokens")
+    _record_switches(impl_name, device, thresholds)
+    # Counts test_power_of_two_boundaries_match_reference runs already are not run twice.
+    counts = sorted({t + d for t in thresholds for d in (-1, 0, 1) if t + d >= 1} - set(POWER_OF_TWO_BOUNDARIES))
+    ran = 0
+    for index, num_tokens in enumerate(counts):
+        ran += _check(impl_name, impl, boundary_case(index, num_tokens, device), device)
+    if not ran:
+        pytest.skip(f"{impl_name} supports none of the cases at its declared switches on {device}")
+
+
+def _budget(device: str) -> float:
+    raw = os.environ.get("ROPE_PREFILL_BUDGET")
+    if raw:
+        try:
+            return float(raw)
+        except ValueError:
+            raise ValueError(f"ROPE_PREFILL_BUDGET={raw!r}: must be a number of seconds") from None
+    return PREFILL_BUDGET_S.get(device, DEFAULT_PREFILL_BUDGET_S)
+
+
+def test_prefill_batches_match_reference(impl_name, device):
+    # Drawn prefill cases (1,024 to 16,384 tokens and every boundary above): as many examples as
+    # the profile asks, or as fit the budget at the cost of a 1,024-token probe, at least 3.
+    impl = get_implementation(impl_name)
+    thresholds = switch_tokens(impl_name, impl)
+    _record_switches(impl_name, device, thresholds)
+    probe = boundary_case(1, 1024, device)
+    start = time.perf_counter()
+    if _check(impl_name, impl, probe, device):
+        per_token = (time.perf_counter() - start) / probe.num_tokens
+    else:
+        per_token = 0.0
+    mean_tokens = sum(boundary_token_counts(thresholds)) / len(boundary_token_counts(thresholds))
+    affordable = int(_budget(device) / max(per_token * mean_tokens, 1e-9))
+    examples = max(3, min(settings.default.max_examples, affordable))
+
+    @settings(max_examples=examples)
+    @given(case=prefill_cases(tokens=prefill_token_counts(thresholds), small_heads=_small_heads(device)))
+    def prefill_matches_reference(case):
+        skip_if_unsupported(impl_name, impl, case.spec, case.dtype, device)
+        assert_matches_reference(impl_name, impl, case, device)
+
+    prefill_matches_reference()
+
+
+# ------------------------------------------------------------------ beyond the grid limit and 2^31 elements
+# (tokens, query heads, kv heads): 70,000 tokens at 28/4 heads of 128 launch 175,000 programs on the
+# harness's kernel (past the 65,535 of a grid dimension); 262,160 tokens at 64 heads of 128 hold
+# 2^31 + 131,072 elements in q (4 GiB of bf16), past every 32-bit element offset.
+HUGE_CASES = [pytest.param(70_000, 28, 4, id="grid-past-65535"),
+              pytest.param(262_160, 64, 8, id="q-past-2^31-elements")]
+HUGE_CHUNK_TOKENS = 8192
+
+
+def assert_matches_reference_in_chunks(impl_name: str, impl, case: RotationCase, device: str) -> None:
+    """The implementation on the whole case, the float64 reference and the comparison a chunk of
+    tokens at a time (the reference of 2^31 elements would not fit)."""
+    from rope.harness.comparison import call_rotation
+    from rope.harness.inputs import build_rotation_inputs
+    from rope.harness.tolerance import compare_rotation
+    from rope.registry import working_precision
+    import reference
+
+    x = build_rotation_inputs(case, device)
+    query, key = x.query.clone(), None if x.key is None else x.key.clone()    # untouched copies
+    q_out, k_out = call_rotation(impl, case.spec, x.positions, x.query, x.key, x.cache)
+    for start in range(0, case.num_tokens, HUGE_CHUNK_TOKENS):
+        rows = slice(start, min(start + HUGE_CHUNK_TOKENS, case.num_tokens))
+        positions = x.positions[..., rows]
+        q_in, k_in = query[rows], None if key is None else key[rows]
+        ref_q, ref_k = reference.rotate(case.spec, positions, q_in, k_in, x.cache)
+        result = compare_rotation(case.spec, positions, q_in, k_in, x.cache, q_out[rows],
+                                  None if k_out is None else k_out[rows], ref_q.cpu(),
+                                  None if ref_k is None else ref_k.cpu(), working_precision(impl),
+                                  device=q_out.device)
+        assert result.ok, result.message(f"{impl_name} on {device} does not match the reference on tokens "
+                                         f"{rows.start}..{rows.stop - 1} of {case.num_tokens}\ncase: {case}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("num_tokens, q_heads, kv_heads", HUGE_CASES)
+def test_huge_batches_match_reference_in_chunks(impl_name, device, num_tokens, q_heads, kv_heads, request):
+    # Rejects a grid dimension that overflows (vllm#43684) and 32-bit offsets (Liger#804).  GPU only
+    # (the CPU interpreter would take hours), deep profile only (a minute and ~14 GiB of GPU memory).
+    from rope.harness.plugin import default_profile
+    if device == "cpu":
+        pytest.skip("GPU only: 2^31 elements are hours of the Triton interpreter")
+    if (request.config.getoption("hypothesis_profile", None) or default_profile()) != "deep":
+        pytest.skip("deep profile only (--hypothesis-profile deep): a minute and ~14 GiB per case")
+    impl = get_implementation(impl_name)
+    spec = RopeSpec(128, 128, True, (16, 24, 24), max_position=32768)
+    case = RotationCase(spec, num_tokens, q_heads, kv_heads, "bfloat16", "uniform", False, 0)
+    skip_if_unsupported(impl_name, impl, spec, case.dtype, device)
+    assert_matches_reference_in_chunks(impl_name, impl, case, device)
