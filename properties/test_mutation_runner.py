@@ -383,6 +383,9 @@ def test_memory_safety_mutants_run_the_guarded_tests_first():
             assert sorted(t.split("::")[1] for t in first.tests) == sorted(every)
         elif m.kind == "positions-kernel":
             assert first.caught_when == "pass" and "test_position_property_catches_kernel_mutant" in first.tests[0]
+        elif m.needs == "gpu-deep":
+            assert first.tests == (f"{stages.PREFILL_SUITE}::{stages.HUGE_TEST}",) and first.profile == "deep"
+            assert "--hypothesis-profile=deep" in stages.build_pytest_args(first, first.tests, "ci")
         elif m.kind in catalogue.ROTATION_KINDS:
             assert first.tests == (stages.ROTATION_SUITE, stages.PREFILL_SUITE)
 
@@ -606,6 +609,22 @@ def _two_results():
     return MutationReport([caught, alive], "ci", 60.0, 300.0, 2, True, True, 12.5, "2025-01-01T00:00:00")
 
 
+def test_a_mutant_this_machine_cannot_show_is_listed_not_run(monkeypatch):
+    # offsets_32bit needs a GPU: on a machine without one it is named, with the reason, and neither
+    # run nor counted (no survivor, no change to the exit status).
+    from rope.harness.mutation import runner as runner_module
+    monkeypatch.setattr("rope.devices.available_devices", lambda: ["cpu"])
+    gpu_only = [m for m in mutation.discover_mutants() if m.needs == "gpu-deep"]
+    assert [m.name for m in gpu_only] == ["kernel:offsets_32bit"]
+    assert catalogue.unmet_need(gpu_only[0]).startswith("needs a GPU")
+    rep = runner_module.run(["offsets_32bit"], baseline=False, execute=lambda *a, **k: pytest.fail("ran"))
+    assert rep.results == [] and rep.summary()["not_run"][0]["mutant"] == "kernel:offsets_32bit"
+    assert mutation.exit_code(rep) == 0 and any(line.startswith("not run here: kernel:offsets_32bit")
+                                                for line in report.summary_lines(rep))
+    monkeypatch.setattr("rope.devices.available_devices", lambda: ["cpu", "cuda"])
+    assert catalogue.unmet_need(gpu_only[0]) is None
+
+
 def test_reports_are_written_atomically_and_well_formed(tmp_path):
     rep = _two_results()
     paths = report.write_reports(rep, tmp_path)
@@ -614,8 +633,8 @@ def test_reports_are_written_atomically_and_well_formed(tmp_path):
     assert data["schema"] == mutation.SCHEMA == "rope-harness/mutants/1" and data["total_wall_s"] == 12.5
     assert [m["name"] for m in data["mutants"]] == ["kernel:neox_for_gptj", "dispatch:x"]
     first = data["mutants"][0]
-    assert set(first) == {"name", "kind", "target", "parent", "doc", "memory_safety", "dedicated", "harness",
-                          "baseline"}
+    assert set(first) == {"name", "kind", "target", "parent", "doc", "memory_safety", "needs", "dedicated",
+                          "harness", "baseline"}
     assert first["harness"]["caught"] is True and first["harness"]["false_alarms"] == [NODES[1].format(TARGET)]
     assert first["harness"]["runs"][0]["outcome"] == "false-alarm" and first["baseline"] is None
     assert data["mutants"][1]["dedicated"] is True and data["mutants"][1]["harness"]["caught"] is False

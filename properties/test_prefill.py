@@ -70,16 +70,15 @@ def boundary_case(index: int, num_tokens: int, device: str) -> RotationCase:
 
 
 def _check(impl_name, impl, case, device) -> bool:
-    """Hold ``impl`` to the reference on ``case``; False when it does not support the case."""
+    """Hold ``impl`` to the reference on ``case``; False when it does not support the case.  The
+    run report learns the implementation's declared switches once it ran on the device."""
     if unsupported_reason(impl_name, impl, case.spec, DTYPES[case.dtype], device):
         return False
-    assert_matches_reference(impl_name, impl, case, device)
-    return True
-
-
-def _record_switches(impl_name: str, device: str, thresholds) -> None:
+    thresholds = switch_tokens(impl_name, impl)
     if thresholds:
         report.record(kind="switches", impl=impl_name, device=device, thresholds=list(thresholds))
+    assert_matches_reference(impl_name, impl, case, device)
+    return True
 
 
 POWER_OF_TWO_PARAMS = [pytest.param(k, id=f"{1 << k}") for k in range(10, 15)]
@@ -90,7 +89,6 @@ def test_power_of_two_boundaries_match_reference(impl_name, device, log2):
     # 2^k - 1, 2^k, 2^k + 1 tokens, three different configurations.  Rejects a path switched at a
     # power of two (a tile, a grid or a kernel chosen by token count) that pairs, maps or indexes wrongly.
     impl = get_implementation(impl_name)
-    _record_switches(impl_name, device, switch_tokens(impl_name, impl))
     ran = 0
     for num_tokens in ((1 << log2) - 1, 1 << log2, (1 << log2) + 1):
         index = POWER_OF_TWO_BOUNDARIES.index(num_tokens)
@@ -106,7 +104,6 @@ def test_declared_switches_match_reference(impl_name, device):
     thresholds = switch_tokens(impl_name, impl)
     if not thresholds:
         pytest.skip(f"{impl_name} declares no switch_tokens")
-    _record_switches(impl_name, device, thresholds)
     # Counts test_power_of_two_boundaries_match_reference runs already are not run twice.
     counts = sorted({t + d for t in thresholds for d in (-1, 0, 1) if t + d >= 1} - set(POWER_OF_TWO_BOUNDARIES))
     ran = 0
@@ -131,7 +128,6 @@ def test_prefill_batches_match_reference(impl_name, device):
     # the profile asks, or as fit the budget at the cost of a 1,024-token probe, at least 3.
     impl = get_implementation(impl_name)
     thresholds = switch_tokens(impl_name, impl)
-    _record_switches(impl_name, device, thresholds)
     probe = boundary_case(1, 1024, device)
     start = time.perf_counter()
     if _check(impl_name, impl, probe, device):

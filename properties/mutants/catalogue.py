@@ -10,6 +10,8 @@ subprocess); :func:`catalogue` returns the same list of dicts, in catalogue orde
     parent         the unmutated implementation a failure is confirmed against (None: dispatch)
     doc            the first paragraph of the mutant's docstring, on one line
     memory_safety  whether only the guards / tracer of properties/guards.py see the bug
+    needs          null, or "gpu-deep": only a GPU in the deep profile shows the bug (q past 2^31
+                   elements); the mutation runner lists it as not run where no GPU is found
 """
 
 from __future__ import annotations
@@ -36,9 +38,9 @@ def _first_line(doc: str | None) -> str:
 
 
 def _entry(module: str, name: str, kind: str, attribute: str, parent: str | None, doc: str | None,
-           memory_safety: bool = False) -> dict:
+           memory_safety: bool = False, needs: str | None = None) -> dict:
     return {"name": f"{module}:{name}", "kind": kind, "target": f"{PACKAGE}.{module}:{attribute}",
-            "parent": parent, "doc": _first_line(doc), "memory_safety": memory_safety}
+            "parent": parent, "doc": _first_line(doc), "memory_safety": memory_safety, "needs": needs}
 
 
 def catalogue() -> list[dict]:
@@ -46,13 +48,15 @@ def catalogue() -> list[dict]:
     from properties.mutants.broken_positions import BROKEN_POSITIONS
     from properties.mutants.broken_rotations import BROKEN_ROTATIONS
     from properties.mutants.dispatch import BROKEN_OPS
-    from properties.mutants.kernel import POSITIONS_MUTANTS, ROTARY_MUTANTS
+    from properties.mutants.kernel import GPU_DEEP_MUTANTS, POSITIONS_MUTANTS, ROTARY_MUTANTS
 
     correct_loop = f"{PACKAGE}.broken_positions:correct_loop"
     out = [_entry("broken_rotations", name, "rotation", name, "native", fn.__doc__)
            for name, fn in BROKEN_ROTATIONS.items()]
     out += [_entry("kernel", name, "rotation-kernel", name, "triton", m.__doc__, name in MEMORY_SAFETY)
             for name, m in ROTARY_MUTANTS.items()]
+    out += [_entry("kernel", name, "rotation-kernel", name, "triton", m.__doc__, needs="gpu-deep")
+            for name, m in GPU_DEEP_MUTANTS.items()]
     out += [_entry("broken_positions", name, "positions", name, correct_loop, fn.__doc__)
             for name, fn in BROKEN_POSITIONS.items()]
     out += [_entry("kernel", name, "positions-kernel", name, "triton", m.__doc__, name in MEMORY_SAFETY)

@@ -38,6 +38,7 @@ class Mutant:
     parent: str | None              # the unmutated implementation a failure is confirmed against
     doc: str = ""
     memory_safety: bool = False
+    needs: str | None = None        # "gpu-deep": only a GPU in the deep profile shows the bug
 
     @property
     def attribute(self) -> str:
@@ -49,7 +50,7 @@ class Mutant:
             raise CatalogueError(f"mutant {d.get('name')!r}: kind={d.get('kind')!r}, must be one of {KINDS}")
         try:
             return cls(str(d["name"]), d["kind"], str(d["target"]), d["parent"], str(d.get("doc") or ""),
-                       bool(d.get("memory_safety", False)))
+                       bool(d.get("memory_safety", False)), d.get("needs"))
         except KeyError as exc:
             raise CatalogueError(f"catalogue entry without {exc}: {d}") from None
 
@@ -99,6 +100,22 @@ def select_mutants(mutants: list[Mutant], only: list[str]) -> list[Mutant]:
             raise ValueError(f"--only={want!r}: no such mutant (known: {', '.join(m.name for m in mutants)})")
         keep += [m for m in hits if m not in keep]
     return [m for m in mutants if m in keep]
+
+
+NEEDS = {"gpu-deep": "a GPU (its bug shows only past 2^31 elements of q: test_prefill.py's huge cases, "
+                     "deep profile)"}
+
+
+def unmet_need(m: Mutant) -> str | None:
+    """Why ``m`` cannot run here (None: it can)."""
+    if m.needs is None:
+        return None
+    if m.needs not in NEEDS:
+        return f"needs {m.needs!r}, which this runner does not know"
+    from rope.devices import available_devices
+    if m.needs == "gpu-deep" and not {"cuda", "rocm"} & set(available_devices()):
+        return f"needs {NEEDS[m.needs]}"
+    return None
 
 
 def kind_label(m: Mutant) -> str:

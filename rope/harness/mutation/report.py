@@ -48,6 +48,8 @@ def summary_lines(report: MutationReport) -> list[str]:
                      f"({b['suite_s_total']:.1f} s in all); false alarms skipped: {b['false_alarms']}; "
                      f"over the limit: {', '.join(b['slow']) or 'none'}")
     lines.append(f"survivors of the harness: {', '.join(s['survivors']) or 'none'}")
+    for entry in s["not_run"]:
+        lines.append(f"not run here: {entry['mutant']}: {entry['reason']}")
     lines.append(f"total wall time {report.total_wall_s:.1f} s, profile {report.profile}, {report.jobs} jobs, "
                  f"budget {report.budget_s:.0f} s per suite")
     return lines

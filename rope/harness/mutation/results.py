@@ -96,6 +96,7 @@ class MutationReport:
     confirm: bool
     total_wall_s: float = 0.0
     created: str = ""
+    not_run: list = field(default_factory=list)     # (mutant name, why this machine cannot run it)
 
     def summary(self) -> dict:
         def side(pairs):
@@ -111,7 +112,8 @@ class MutationReport:
         rotation = [(r.mutant.name, r.harness) for r in self.results if r.mutant.kind in ROTATION_KINDS]
         return {"harness": side(harness), "baseline": side(baseline) if self.baseline else None,
                 "harness_on_rotation_mutants": side(rotation),
-                "survivors": [r.mutant.name for r in self.results if not r.harness.caught]}
+                "survivors": [r.mutant.name for r in self.results if not r.harness.caught],
+                "not_run": [{"mutant": n, "reason": why} for n, why in self.not_run]}
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "created": self.created, "profile": self.profile, "limit_s": self.limit_s,

@@ -31,7 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from rope.harness.mutation.catalogue import Mutant, discover_mutants, select_mutants
+from rope.harness.mutation.catalogue import Mutant, discover_mutants, select_mutants, unmet_need
 from rope.harness.mutation.outcome import PytestRun, excerpt
 from rope.harness.mutation.records import RECORDS_ENV, read_records
 from rope.harness.mutation.results import Control, MutantResult, MutationReport, RunRecord, SuiteResult, describe
@@ -349,10 +349,14 @@ def run(only: list[str] | None = None, *, profile: str = "ci", baseline: bool = 
         execute: Executor = execute_pytest) -> MutationReport:
     """Run the harness (and the baseline) against the mutants selected by ``only`` (all by
     default); returns the report, prints nothing, writes only logs (when ``log_dir`` is given)."""
-    mutants = select_mutants(discover_mutants(), list(only or []))
+    selected = select_mutants(discover_mutants(), list(only or []))
+    # Mutants this machine cannot show (a GPU-only bug on a CPU box) are listed, not run or counted.
+    not_run = [(m.name, why) for m in selected if (why := unmet_need(m))]
+    mutants = [m for m in selected if not unmet_need(m)]
     runner = MutationRunner(profile=profile, budget_s=budget_s, limit_s=limit_s, confirm=confirm, jobs=jobs,
                             execute=execute, log_dir=log_dir)
     start = time.perf_counter()
     results = runner.run(mutants, baseline=baseline, progress=progress)
     return MutationReport(results, profile, limit_s, budget_s, jobs, baseline, confirm,
-                          time.perf_counter() - start, datetime.now(timezone.utc).isoformat(timespec="seconds"))
+                          time.perf_counter() - start, datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                          not_run)

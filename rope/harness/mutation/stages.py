@@ -18,6 +18,7 @@ from rope.harness.suite import SUITE_PACKAGE, suite_dir
 
 ROTATION_SUITE = f"{SUITE_PACKAGE}/test_rotation.py"
 PREFILL_SUITE = f"{SUITE_PACKAGE}/test_prefill.py"
+HUGE_TEST = "test_huge_batches_match_reference_in_chunks"
 GUARDED_FIRST = "test_known_bug_triggers_under_guards"
 POSITION_SUITES = (f"{SUITE_PACKAGE}/test_runner_positions.py", f"{SUITE_PACKAGE}/test_scheduler_positions.py")
 MUTANTS_TESTS = f"{SUITE_PACKAGE}/test_mutants.py"
@@ -41,6 +42,7 @@ class Stage:
     options: tuple[str, ...] = ()
     caught_when: str = "fail"
     impl_option: str | None = None
+    profile: str | None = None      # a Hypothesis profile this stage needs, whatever the run's
 
 
 def functions_in(path: str) -> list[str]:
@@ -53,6 +55,9 @@ def harness_stages(m: Mutant) -> list[Stage]:
     """The harness suite for a mutant: the stages run in order until one catches it."""
     if m.kind in ROTATION_KINDS:
         opts = ("--rope-impl", m.target)
+        if m.needs == "gpu-deep":
+            return [Stage("huge cases on the GPU (deep profile)", (f"{PREFILL_SUITE}::{HUGE_TEST}",),
+                          (*opts, "--rope-device", "cuda"), "fail", "--rope-impl", profile="deep")]
         if not m.memory_safety:
             return [Stage("rotation suite", (ROTATION_SUITE, PREFILL_SUITE), opts, "fail", "--rope-impl")]
         names = functions_in(ROTATION_SUITE)
@@ -91,7 +96,7 @@ def build_pytest_args(stage: Stage, tests, profile: str, options=None) -> list[s
     first failure, the records plugin on (the runner judges from its records, the terminal
     output is only kept for ``--logs``)."""
     return [*tests, *(stage.options if options is None else options), "-x", "-v", "--tb=short",
-            "-p", "no:cacheprovider", f"--hypothesis-profile={profile}", "--rootdir", str(suite_root()),
+            "-p", "no:cacheprovider", f"--hypothesis-profile={stage.profile or profile}", "--rootdir", str(suite_root()),
             "-p", RECORDS_PLUGIN]
 
 
