@@ -138,7 +138,7 @@ def summarize(records: list[dict]) -> dict:
             skips[(r.get("test", ""), r.get("reason", ""))] += 1
             continue
         if r.get("kind") == "switches":
-            declared[(r["impl"], r["device"])] = tuple(r["thresholds"])
+            declared[(r["impl"], r["device"].split(":")[0])] = tuple(r["thresholds"])
             continue
         if r.get("kind") != "comparison":
             continue
