@@ -115,6 +115,7 @@ def rotation_cases(draw, *, dtype: str = "float32", kind: str = "chunked3", is_n
 # Prefill: an engine's max batched tokens (2,048 to 16,384) is where kernels switch tiles, grids
 # and kernels, and where 16-bit grid dimensions and 32-bit offsets overflow.
 PREFILL_MAX_TOKENS = 16384
+PREFILL_MAX_Q_ELEMENTS = 1 << 26
 POWER_OF_TWO_BOUNDARIES = tuple((1 << k) + d for k in range(10, 15) for d in (-1, 0, 1))   # 1023 .. 16385
 
 
@@ -142,7 +143,12 @@ def prefill_cases(draw, *, tokens, small_heads: bool, nonfinite: bool = False):
     spec = draw(rope_specs(kind=kind, head_sizes=(16, 32) if small_heads else HEAD_SIZES,
                            max_positions=(32768, 4096, 131072)))
     nq, nkv = (1, draw(st.integers(0, 1))) if small_heads else draw(head_counts())
-    return RotationCase(spec=spec, num_tokens=draw(tokens), num_q_heads=nq, num_kv_heads=nkv, dtype=dtype,
+    num_tokens = draw(tokens)
+    # At most PREFILL_MAX_Q_ELEMENTS in q (16,384 tokens x 32 heads of 128): the float64 reference
+    # and the comparison of a 96-head, 256-wide case would take ~20 GB of host memory per worker.
+    nq = max(1, min(nq, PREFILL_MAX_Q_ELEMENTS // (num_tokens * spec.head_size)))
+    nkv = min(nkv, nq)
+    return RotationCase(spec=spec, num_tokens=num_tokens, num_q_heads=nq, num_kv_heads=nkv, dtype=dtype,
                         positions_kind=draw(st.sampled_from(POSITION_KINDS)), packed_qkv=draw(st.booleans()),
                         seed=draw(st.integers(0, 2 ** 32 - 1)), nonfinite=nonfinite and draw(st.booleans()))
 
