@@ -61,7 +61,7 @@ import torch
 import reference
 from properties.strategies import OUT_SENTINEL, RaggedBatch, RotationCase, build_rotation_inputs
 from rope.devices import is_interpreter, synchronize, torch_device
-from rope.harness.comparison import call_positions, call_rotation
+from rope.harness.comparison import call_positions, call_rotation, wrong_positions
 from rope.harness.diagnosis import Diagnosis, diagnose
 from rope.harness.tolerance import Comparison, compare_rotation
 from rope.registry import working_precision
@@ -543,9 +543,6 @@ def run_positions_guarded(fn, batch: RaggedBatch, device: str = "cpu"):
 def assert_positions_match_guarded(name: str, fn, batch: RaggedBatch, device: str = "cpu") -> None:
     out, violations = run_positions_guarded(fn, batch, device)
     expected = reference.prepare_positions(**batch.tensors("cpu"))
-    bad = (out != expected).nonzero().tolist()
-    problems = [f"guard violation: {v}" for v in violations]
-    if bad:
-        problems.insert(0, f"{len(bad)} wrong positions, first (row, column) {bad[:5]}; got {out.tolist()}, "
-                           f"expected {expected.tolist()}")
+    wrong = wrong_positions(out, expected)
+    problems = ([wrong] if wrong else []) + [f"guard violation: {v}" for v in violations]
     assert not problems, f"{name} on {device} fails under guards\nbatch: {batch}\n" + "\n".join(problems)

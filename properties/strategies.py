@@ -153,6 +153,13 @@ def prefill_cases(draw, *, tokens, small_heads: bool, nonfinite: bool = False):
                         seed=draw(st.integers(0, 2 ** 32 - 1)), nonfinite=nonfinite and draw(st.booleans()))
 
 
+def affine_table(num_dims: int, slots: int, model_len: int, scale: int = 1) -> tuple:
+    """A runner's prefill_positions, flattened [slots * num_dims][model_len]: an affine pattern,
+    distinct per row and column (long prompts: no draw per entry)."""
+    return tuple(scale * c + 3 * (row % num_dims) + 1000 * (row // num_dims) for row in range(slots * num_dims)
+                 for c in range(model_len))
+
+
 @st.composite
 def prefill_steps(draw, *, max_tokens: int = PREFILL_MAX_TOKENS):
     """A runner step of prefill size: 1 to 4 prefill chunks whose tokens total a boundary count or
@@ -178,9 +185,7 @@ def prefill_steps(draw, *, max_tokens: int = PREFILL_MAX_TOKENS):
     prefill_lens += [0] * (slots - len(prefill_lens))
     computed += [0] * (slots - len(computed))
     model_len = max(prefill_lens)
-    scale = draw(st.integers(1, 5))
-    table = tuple(scale * c + 3 * (row % dims) + 1000 * (row // dims) for row in range(slots * dims)
-                  for c in range(model_len))
+    table = affine_table(dims, slots, model_len, draw(st.integers(1, 5)))
     mapping = draw(st.permutations(range(slots)))[:len(query_lens)]
     # Request b of the step is the slot mapping[b]: its lengths move to that slot.
     lens, comp = [0] * slots, [0] * slots
@@ -205,11 +210,9 @@ def ragged_batches(draw, *, num_dims: int | None = None, max_reqs: int = 6, max_
     slots = draw(st.integers(1, max_reqs))
     model_len = draw(st.integers(1, max_model_len))
     if model_len <= 64 and draw(st.booleans()):
-        table = [[draw(st.integers(0, 10 * model_len)) for _ in range(model_len)] for _ in range(slots * dims)]
-    else:   # long prompts: a drawn affine pattern (distinct per row and column) instead of a draw per entry
-        scale = draw(st.integers(1, 5))
-        table = [[scale * c + 3 * (row % dims) + 1000 * (row // dims) for c in range(model_len)]
-                 for row in range(slots * dims)]
+        table = tuple(draw(st.integers(0, 10 * model_len)) for _ in range(slots * dims * model_len))
+    else:
+        table = affine_table(dims, slots, model_len, draw(st.integers(1, 5)))
     prefill_lens = [draw(st.integers(0, model_len)) for _ in range(slots)]
     computed, deltas = [], []
     for r in range(slots):
@@ -224,5 +227,5 @@ def ragged_batches(draw, *, num_dims: int | None = None, max_reqs: int = 6, max_
             query_lens.append(draw(st.integers(1, prefill_lens[r] - computed[r])))
         else:                                      # decode (several tokens: speculative decoding)
             query_lens.append(draw(st.integers(0, 3)))
-    return RaggedBatch(dims, tuple(v for row in table for v in row), tuple(deltas), tuple(prefill_lens),
+    return RaggedBatch(dims, table, tuple(deltas), tuple(prefill_lens),
                        tuple(computed), tuple(mapping), tuple(query_lens), draw(st.integers(0, 5)))

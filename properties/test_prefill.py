@@ -23,9 +23,13 @@ import time
 import pytest
 from hypothesis import given, settings
 
+import reference
 from rope.harness import report
-from rope.harness.comparison import assert_matches_reference, skip_if_unsupported
-from rope.registry import get_implementation, switch_tokens, unsupported_reason
+from rope.harness.comparison import assert_matches_reference, call_rotation, skip_if_unsupported
+from rope.harness.inputs import build_rotation_inputs
+from rope.harness.plugin import default_profile
+from rope.harness.tolerance import compare_rotation
+from rope.registry import get_implementation, switch_tokens, unsupported_reason, working_precision
 from rope.spec import RopeSpec
 
 from properties.strategies import (
@@ -159,12 +163,6 @@ HUGE_CHUNK_TOKENS = 8192
 def assert_matches_reference_in_chunks(impl_name: str, impl, case: RotationCase, device: str) -> None:
     """The implementation on the whole case, the float64 reference and the comparison a chunk of
     tokens at a time (the reference of 2^31 elements would not fit)."""
-    from rope.harness.comparison import call_rotation
-    from rope.harness.inputs import build_rotation_inputs
-    from rope.harness.tolerance import compare_rotation
-    from rope.registry import working_precision
-    import reference
-
     x = build_rotation_inputs(case, device)
     query, key = x.query.clone(), None if x.key is None else x.key.clone()    # untouched copies
     q_out, k_out = call_rotation(impl, case.spec, x.positions, x.query, x.key, x.cache)
@@ -186,7 +184,6 @@ def assert_matches_reference_in_chunks(impl_name: str, impl, case: RotationCase,
 def test_huge_batches_match_reference_in_chunks(impl_name, device, num_tokens, q_heads, kv_heads, request):
     # Rejects a grid dimension that overflows (vllm#43684) and 32-bit offsets (Liger#804).  GPU only
     # (the CPU interpreter would take hours), deep profile only (a minute and ~14 GiB of GPU memory).
-    from rope.harness.plugin import default_profile
     if device == "cpu":
         pytest.skip("GPU only: 2^31 elements are hours of the Triton interpreter")
     if (request.config.getoption("hypothesis_profile", None) or default_profile()) != "deep":

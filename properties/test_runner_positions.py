@@ -7,10 +7,10 @@ import torch
 from hypothesis import example, given
 
 import reference
-from properties.strategies import OUT_SENTINEL, RaggedBatch, prefill_steps, ragged_batches
+from properties.strategies import OUT_SENTINEL, RaggedBatch, affine_table, prefill_steps, ragged_batches
 from rope.devices import synchronize, torch_device
 from rope.registry import get_positions_implementation, positions_unsupported_reason
-from rope.harness.comparison import call_positions, skip_unless_builtin
+from rope.harness.comparison import call_positions, skip_unless_builtin, wrong_positions
 
 # vllm#10388 / #10403: a 40-token prompt in chunks of 32 then 8, then decode with the full-prompt delta.
 _PROMPT = [0, 1, 2, 3] + [4] * 12 + [5 + i for i in range(24)]          # 40 tokens, max position 28
@@ -33,9 +33,8 @@ def assert_positions_match(name: str, fn, batch: RaggedBatch, device: str) -> No
     out = run_positions(fn, batch, device)
     expected = reference.prepare_positions(**batch.tensors("cpu"))
     n = batch.num_tokens
-    bad = (out[:, :n] != expected).nonzero().tolist()
-    assert not bad, (f"{name} on {device}: {len(bad)} wrong positions, first (row, column) {bad[:5]}; "
-                     f"got {out[:, :n].tolist()}, expected {expected.tolist()}")
+    wrong = wrong_positions(out[:, :n], expected)
+    assert not wrong, f"{name} on {device}: {wrong}"
     assert torch.all(out[:, n:] == OUT_SENTINEL), f"{name} on {device} wrote columns past the step's {n} tokens"
 
 
@@ -52,9 +51,15 @@ def positions_impl_or_skip(name: str, device: str):
 LONG_1D = RaggedBatch(1, tuple(range(7, 707)), (0,), (700,), (0,), (0,), (600,), 2)
 LONG_3D = RaggedBatch(3, tuple((c * 3 + row) % 997 for row in range(9) for c in range(600)), (0, 0, -9),
                       (600, 600, 20), (0, 40, 25), (1, 0, 2), (300, 520, 2), 1)
-# Short steps, and steps with chunks of up to 700 tokens: several of the Triton kernel's 256-token
-# blocks per request, spread over programs by the default split (short prompts fit one block).
-STEPS = ragged_batches() | ragged_batches(max_reqs=3, max_model_len=700)
+# One request of 16,384 tokens (64 of the Triton kernel's 256-token blocks); four chunks totalling
+# 16,384 beside a decode request, slots permuted.
+PREFILL_ONE = RaggedBatch(3, affine_table(3, 2, 16400, 2), (0, 0), (16400, 0), (16, 0), (0,), (16384,), 3)
+PREFILL_MIXED = RaggedBatch(3, affine_table(3, 5, 8200, 2), (5, -7, 0, 3, 40), (8200, 4000, 2400, 2200, 30),
+                            (100, 0, 37, 0, 31), (1, 3, 0, 2, 4), (4000, 2000, 8098, 2284, 2), 1)
+# Short steps; steps with chunks of up to 700 tokens (several of the Triton kernel's 256-token blocks
+# per request, spread over programs by the default split); steps of prefill size, up to 16,384
+# tokens (a block or split computed for short steps only, an index that overflows).
+STEPS = ragged_batches() | ragged_batches(max_reqs=3, max_model_len=700) | prefill_steps()
 
 
 @given(batch=STEPS)
@@ -63,6 +68,8 @@ STEPS = ragged_batches() | ragged_batches(max_reqs=3, max_model_len=700)
 @example(batch=DECODE)
 @example(batch=LONG_1D)
 @example(batch=LONG_3D)
+@example(batch=PREFILL_ONE)
+@example(batch=PREFILL_MIXED)
 def test_prepared_positions_match_reference(positions_impl_name, device, batch):
     fn = positions_impl_or_skip(positions_impl_name, device)
     assert_positions_match(positions_impl_name, fn, batch, device)
@@ -177,21 +184,3 @@ def test_vllm_positions_adapter_is_optional():
     else:
         assert callable(fn) and callable(fn.supports)
 
-
-# One request of 16,384 tokens (64 of the Triton kernel's 256-token blocks); four chunks totalling
-# 16,384 beside a decode request, slots permuted.
-_AFFINE = tuple(2 * c + 3 * (row % 3) + 1000 * (row // 3) for row in range(3 * 2) for c in range(16400))
-PREFILL_ONE = RaggedBatch(3, _AFFINE, (0, 0), (16400, 0), (16, 0), (0,), (16384,), 3)
-PREFILL_MIXED = RaggedBatch(
-    3, tuple(2 * c + 3 * (row % 3) + 1000 * (row // 3) for row in range(3 * 5) for c in range(8200)),
-    (5, -7, 0, 3, 40), (8200, 4000, 2400, 2200, 30), (100, 0, 37, 0, 31), (1, 3, 0, 2, 4), (4000, 2000, 8098, 2284, 2), 1)
-
-
-@given(batch=prefill_steps())
-@example(batch=PREFILL_ONE)
-@example(batch=PREFILL_MIXED)
-def test_prefill_steps_match_reference(positions_impl_name, device, batch):
-    # Steps of prefill size (up to 16,384 tokens, each chunk longer than any kernel block): rejects a
-    # block or split computed for short steps only, an index that overflows, a chunk boundary lost.
-    fn = positions_impl_or_skip(positions_impl_name, device)
-    assert_positions_match(positions_impl_name, fn, batch, device)

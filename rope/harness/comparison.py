@@ -86,6 +86,21 @@ def call_positions(fn, args: dict, out) -> None:
         synchronize(str(out.device.type) if isinstance(out, torch.Tensor) else "cpu")
 
 
+def wrong_positions(out: torch.Tensor, expected: torch.Tensor, *, shown: int = 5) -> str | None:
+    """None when the step's positions ``out`` [num_dims, T] equal ``expected``, else what differs:
+    the count, the first (row, column) pairs with their values, and the whole rows for a short step
+    (a 16,384-token step would print 50,000 numbers)."""
+    bad = (out != expected).nonzero().tolist()
+    if not bad:
+        return None
+    first = bad[:shown]
+    text = (f"{len(bad)} wrong positions, first (row, column) {first}: got {[int(out[r, c]) for r, c in first]}, "
+            f"expected {[int(expected[r, c]) for r, c in first]}")
+    if out.shape[-1] <= 64:
+        text += f"; got {out.tolist()}, expected {expected.tolist()}"
+    return text
+
+
 RAISED = "the implementation raised"
 
 
