@@ -47,17 +47,17 @@ def test_reference_still_gives_the_recorded_positions(path):
 @pytest.mark.oracle
 @pytest.mark.parametrize("path", POSITION_FILES, ids=[p.stem for p in POSITION_FILES])
 def test_transformers_still_diverges_as_recorded(path):
-    from properties import test_positions_oracle as oracle
+    from rope.harness.position_ids import transformers as hf
     rec = json.loads(path.read_text())
-    reason = oracle.oracle_unavailable(rec["family"])
+    reason = hf.family_unavailable(rec["family"])
     if reason:
         pytest.skip(reason)
-    mismatch = oracle.KNOWN_MISMATCHES[rec["mismatch"]]
+    mismatch = hf.KNOWN_MISMATCHES[rec["mismatch"]]
     if not mismatch.active():
-        pytest.skip(f"{rec['mismatch']} not in transformers {oracle.TRANSFORMERS_VERSION}")
+        pytest.skip(f"{rec['mismatch']} not in transformers {hf.TRANSFORMERS_VERSION}")
     assert (mismatch.since, mismatch.until) == (rec["transformers_since"], rec["transformers_until"])
-    pos, delta = oracle._single(rec["family"], _prompt(rec["prompt"]))
-    assert (pos, delta) == (rec["transformers"]["positions"], rec["transformers"]["delta"])
+    pos, delta = hf.position_ids_transformers(rec["family"], _prompt(rec["prompt"]))
+    assert (pos.tolist(), delta) == (rec["transformers"]["positions"], rec["transformers"]["delta"])
 
 
 LAYOUT_FILES = [p for p in FILES if json.loads(p.read_text())["mismatch"] == "hunyuan_vl_block_layout"]

@@ -6,6 +6,8 @@ Options:
   --rope-impl NAME|module:callable     (repeatable) rotation implementations to check; default all built-ins
   --rope-device cpu|cuda|rocm|xpu      (repeatable) restrict to these devices; default every device found
   --rope-positions-impl NAME|module:callable   (repeatable) position-preparation implementations
+  --rope-position-ids-impl NAME|module:callable  (repeatable) position-id implementations (a model's
+                                       get_rope_index: transformers, vllm, sglang); default transformers
   --rope-repro CASE                    (repeatable) replay case files (a file, or every *.json in a directory)
                                        through the suite's test_repro.py; every other test is deselected
   --rope-shard I/N                     run only shard I of N (a deterministic partition by test id), for
@@ -65,7 +67,7 @@ def default_profile() -> str:
     return "ci" if os.environ.get("CI") else "dev"
 
 
-_OPTIONS = ("--rope-impl", "--rope-device", "--rope-positions-impl", "--rope-repro", "--rope-shard", "--rope-baseline",
+_OPTIONS = ("--rope-impl", "--rope-device", "--rope-positions-impl", "--rope-position-ids-impl", "--rope-repro", "--rope-shard", "--rope-baseline",
             "--rope-call-timeout", "--rope-test-timeout")
 # Seconds a test may run before pytest-timeout ends it (its worker, under xdist): a hang that the
 # call deadline cannot interrupt (C code, a GPU kernel) still ends, as one failed test.
@@ -115,6 +117,9 @@ def pytest_addoption(parser):
                     help="also run the serving-engine-style baseline suite (properties/baseline)")
     group.addoption("--rope-positions-impl", action="append", default=[], metavar="NAME",
                     help="position-preparation implementation (name or package.module:callable); repeatable")
+    group.addoption("--rope-position-ids-impl", action="append", default=[], metavar="NAME",
+                    help="position-id implementation, fn(family, prompt) -> (positions, delta): transformers, vllm, "
+                         "sglang or package.module:callable; repeatable (default: transformers where installed)")
     group.addoption("--rope-shard", default=None, metavar="I/N",
                     help="run only shard I of N (0 <= I < N): a deterministic partition of the tests by id, "
                          "so N runners or hosts together run every test exactly once")
@@ -205,11 +210,24 @@ def selected_positions_implementations(config) -> dict:
     return _selected(config, "--rope-positions-impl", positions_implementations, get_positions_implementation)
 
 
+def selected_position_ids_implementations(config) -> dict:
+    from rope.harness.position_ids import get_position_ids_implementation, position_ids_implementations
+    return _selected(config, "--rope-position-ids-impl", position_ids_implementations, get_position_ids_implementation)
+
+
 def pytest_generate_tests(metafunc):
     """The suite's tests taking ``impl_name`` (or ``positions_impl_name``) and ``device`` run for
-    every implementation on every device."""
+    every implementation on every device; those taking ``position_ids_impl_name`` (no device: the
+    ids are integers computed on the host) for every position-id implementation."""
     if not _rope_test(metafunc):
         return
+    if "position_ids_impl_name" in metafunc.fixturenames:
+        names = list(selected_position_ids_implementations(metafunc.config))
+        if not names:       # nothing installed to check: one skipped test says so
+            names = [pytest.param("none", marks=pytest.mark.skip(
+                reason="no position-id implementation here: install transformers (pip install '.[oracle]') "
+                       "or pass --rope-position-ids-impl"))]
+        metafunc.parametrize("position_ids_impl_name", names)
     if "positions_impl_name" in metafunc.fixturenames and "device" in metafunc.fixturenames:
         impls = selected_positions_implementations(metafunc.config)
         devices = selected_devices(metafunc.config)

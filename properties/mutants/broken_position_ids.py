@@ -1,0 +1,207 @@
+"""Position-id implementations with one shipped bug each (``fn(family, prompt) -> (positions, delta)``).
+
+Each mutant is the reference's layout with one rule written the way an engine once wrote it; the
+position-id properties (properties/test_position_ids.py) must reject every one of them.  Selected
+with ``--rope-position-ids-impl properties.mutants.broken_position_ids:<name>``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from reference.position_ids import (
+    IMAGE,
+    QWEN2_5_VL_TOKENS_PER_SECOND,
+    XDROPE_FAMILIES,
+    Image,
+    Prompt,
+    Text,
+    prompt_positions,
+)
+
+
+def _mrope(family: str, prompt: Prompt, *, t_offsets=None, split_frames: bool = True, video_as_text: bool = False,
+           resume=None, merge=None):
+    """M-RoPE ids of ``prompt`` laid out as ``family`` does, with hooks for one wrong rule each:
+    ``t_offsets(video, t)`` the temporal offsets of a one-block video; ``split_frames`` False lays
+    a Qwen3-VL / GLM video out as one block over all its frames; ``video_as_text`` gives video
+    tokens text positions; ``resume(base, offsets, h, w)`` the next start after a video block;
+    ``merge`` the size h and w are divided by."""
+    rows: list[list[int]] = []
+    largest = -1
+
+    def put(t, h, w):
+        nonlocal largest
+        rows.append([t, h, w])
+        largest = max(largest, t, h, w)
+
+    def text(n):
+        for _ in range(n):
+            p = largest + 1
+            put(p, p, p)
+
+    m = merge or prompt.spatial_merge_size
+    for seg in prompt.segments:
+        if isinstance(seg, Text):
+            text(seg.length)
+            continue
+        t, h, w = seg.grid_thw[0], seg.grid_thw[1] // m, seg.grid_thw[2] // m
+        if isinstance(seg, Image):
+            text(1)
+            base = largest + 1
+            for hi in range(h):
+                for wi in range(w):
+                    put(base, base + hi, base + wi)
+            text(1)
+            continue
+        if video_as_text:
+            frames_tokens = t * h * w
+            if family in ("qwen2_vl", "qwen2_5_vl"):
+                text(1 + frames_tokens + 1)
+            elif family == "qwen3_vl":
+                text(t * (seg.timestamp_tokens + 2) + frames_tokens)
+            else:
+                text(2 + t * (2 + seg.timestamp_tokens) + frames_tokens)
+            continue
+        if family in ("qwen2_vl", "qwen2_5_vl"):
+            offsets = t_offsets(seg, t) if t_offsets else (
+                [int(ti * seg.second_per_grid * QWEN2_5_VL_TOKENS_PER_SECOND) for ti in range(t)]
+                if family == "qwen2_5_vl" else list(range(t)))
+            text(1)
+            base = largest + 1
+            for f in offsets:
+                for hi in range(h):
+                    for wi in range(w):
+                        put(base + f, base + hi, base + wi)
+            if resume is not None:
+                largest = resume(base, offsets, h, w) - 1
+            text(1)
+            continue
+        # qwen3_vl: (timestamps, vs, frame, ve) per frame; glm4v: bov (vs, frame, ve, timestamps)* eov
+        if family == "glm4v":
+            text(1)
+        first_base = None
+        for ti in range(t):
+            if family == "qwen3_vl":
+                text(seg.timestamp_tokens)
+            text(1)
+            base = largest + 1
+            if first_base is None:
+                first_base = base
+            tb, sb = (base, base) if split_frames else (first_base + ti, first_base)
+            for hi in range(h):
+                for wi in range(w):
+                    put(tb, sb + hi, sb + wi)
+            text(1)
+            if family == "glm4v":
+                text(seg.timestamp_tokens)
+        if family == "glm4v":
+            text(1)
+    positions = torch.tensor(rows, dtype=torch.int64).T.contiguous()
+    return positions, int(positions.max()) + 1 - positions.shape[1]
+
+
+def _ref(family, prompt):
+    ref = prompt_positions(family, prompt)
+    return ref.positions.clone(), ref.delta
+
+
+def temporal_scale_truncated(family: str, prompt: Prompt):
+    """Qwen2.5-VL seconds per grid cut to an int before scaling: every frame of a video sampled
+    faster than one grid per second lands on T = base (transformers#48669, lmms-eval#1393)."""
+    if family != "qwen2_5_vl":
+        return _ref(family, prompt)
+    return _mrope(family, prompt, t_offsets=lambda v, t: [int(ti * int(v.second_per_grid) * QWEN2_5_VL_TOKENS_PER_SECOND)
+                                                        for ti in range(t)])
+
+
+def merge_size_from_temporal_patch(family: str, prompt: Prompt):
+    """The spatial merge taken from the temporal patch size (2): two sizes conflated, as in
+    vllm#37439, invisible while both are 2 as in every default config."""
+    if family in XDROPE_FAMILIES:
+        return _ref(family, prompt)
+    return _mrope(family, prompt, merge=2)
+
+
+def frames_not_split(family: str, prompt: Prompt):
+    """A Qwen3-VL / GLM video laid out as one (t, h', w') block: every frame reuses the first
+    frame's spatial base and T counts frames, the timestamp text between frames ignored (the
+    Qwen2-VL rule reused for Qwen3-VL, transformers#44474)."""
+    if family not in ("qwen3_vl", "glm4v"):
+        return _ref(family, prompt)
+    return _mrope(family, prompt, split_frames=False)
+
+
+def video_as_text(family: str, prompt: Prompt):
+    """Video tokens classified as text: a GLM video checked for the image token id after it was
+    replaced by the video token id (vllm#33039)."""
+    if family != "glm4v":
+        return _ref(family, prompt)
+    return _mrope(family, prompt, video_as_text=True)
+
+
+def text_after_video_restart(family: str, prompt: Prompt):
+    """After a video the cursor moves by max(h', w') instead of to max(block) + 1, so text after a
+    long video restarts inside its temporal range (transformers >= 5.3 get_rope_index)."""
+    if family not in ("qwen2_vl", "qwen2_5_vl"):
+        return _ref(family, prompt)
+    return _mrope(family, prompt, resume=lambda base, offsets, h, w: base + max(h, w))
+
+
+def delta_from_first_chunk(family: str, prompt: Prompt):
+    """The decode delta computed from the first prefill chunk (16 tokens) instead of the whole
+    prompt (vllm#10403: recomputed per chunk; it is a constant of the full prompt)."""
+    positions, delta = _ref(family, prompt)
+    if family in XDROPE_FAMILIES or positions.shape[1] <= 16:
+        return positions, delta
+    return positions, int(positions[:, :16].max()) + 1 - 16
+
+
+def negative_delta_clamped(family: str, prompt: Prompt):
+    """A negative delta returned as 0 (an unsigned or clamped field; negative deltas arise by
+    construction whenever a vision block is wider than tall, LightLLM#1147)."""
+    positions, delta = _ref(family, prompt)
+    return positions, max(delta, 0)
+
+
+def zero_taken_as_missing(family: str, prompt: Prompt):
+    """0 taken for 'no position': zeros after the first token are filled with the token index
+    (rtp-llm#1213); an XD-RoPE image's first row and column, an image at the very start."""
+    positions, delta = _ref(family, prompt)
+    index = torch.arange(positions.shape[1]).expand_as(positions)
+    hole = (positions == 0) & (index > 0)
+    return torch.where(hole, index, positions), delta
+
+
+def _xd_batch(family: str, batch):
+    """One call over the batch, counting the image ordinal across it (HunYuanVL in transformers
+    >= 5.13): the images of prompt b start at T = images in prompts 0..b-1."""
+    out, before = [], 0
+    for prompt in batch.prompts:
+        positions, delta = _ref(family, prompt)
+        if family in XDROPE_FAMILIES and before:
+            ref = prompt_positions(family, prompt)
+            start = 0
+            values = ref.modality.tolist()
+            for k in range(1, len(values) + 1):           # each image's grid = its run less ViT begin/end
+                if k == len(values) or values[k] != values[start]:
+                    if values[start] == IMAGE:
+                        positions[-1, start + 1:k - 1] += before
+                    start = k
+        before += sum(isinstance(s, Image) for s in prompt.segments)
+        out.append((positions, delta))
+    return out
+
+
+def ordinal_across_batch(family: str, prompt: Prompt):
+    """HunYuanVL's image ordinal counted across the batch instead of per prompt (transformers
+    >= 5.13): right for one prompt, wrong for every later prompt of a batch with images."""
+    return _ref(family, prompt)
+
+
+ordinal_across_batch.batch = _xd_batch
+
+BROKEN_POSITION_IDS = {fn.__name__: fn for fn in (
+    temporal_scale_truncated, merge_size_from_temporal_patch, frames_not_split, video_as_text,
+    text_after_video_restart, delta_from_first_chunk, negative_delta_clamped, zero_taken_as_missing,
+    ordinal_across_batch)}

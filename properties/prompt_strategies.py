@@ -1,0 +1,74 @@
+"""Hypothesis strategies for prompt descriptions (``reference.Prompt``) and batches of them.
+
+Prompts hold several images and videos in any order (one may open the prompt, where every row
+starts at 0), long videos whose temporal span outruns the spatial one, seconds per grid below one
+and fractional (fps 4, 8, 24, 3, 1.33) as well as whole, Qwen3-VL / GLM timestamp text of 0 to 3
+tokens per frame, merge sizes 2 (every released model), 1 and 4.  Batches pad each prompt on the
+left or the right.  Everything shrinks towards one short text run, merge size 2, no padding.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from reference.position_ids import FAMILIES, XDROPE_FAMILIES, Image, Prompt, Text, Video
+from rope.harness.position_ids import PromptBatch
+
+# Seconds per temporal grid = temporal_patch_size / fps: fps 2, 4, 1, 8, 24, 3, 1.33.  transformers
+# forms ti * (tokens_per_second * spg) in float32, the reference int(ti * spg * 2) in float64; the
+# two agree for these values (checked for ti < 200).
+SECONDS_PER_GRID = (1.0, 0.5, 2.0, 0.25, 2 / 24, 2 / 3, 1.5)
+MERGE_SIZES = (2, 1, 4)
+
+
+def _check_bound(name: str, value, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{name}={value!r}: must be an int >= {low} (got {value!r})")
+
+
+def prompts(*, family: str, max_segments: int = 5, max_text: int = 4, max_side: int = 3, max_frames: int = 5,
+            spatial_merge_sizes: tuple[int, ...] = MERGE_SIZES):
+    """Prompts valid for ``family``: 1..max_segments segments in any order, text runs of
+    1..max_text tokens, images / videos of h', w' in 1..max_side merged tokens and 1..max_frames
+    frames (a video of 5 frames of 1 x 1 outruns its spatial extent), the merge size from
+    ``spatial_merge_sizes`` (the first is the real models' 2)."""
+    if family not in FAMILIES:
+        raise ValueError(f"family={family!r}: must be one of {FAMILIES} (got {family!r})")
+    if not spatial_merge_sizes or not all(isinstance(m, int) and m >= 1 for m in spatial_merge_sizes):
+        raise ValueError(f"spatial_merge_sizes={spatial_merge_sizes!r}: must be a non-empty tuple of ints >= 1")
+    for name, value, low in (("max_segments", max_segments, 1), ("max_text", max_text, 1),
+                             ("max_side", max_side, 1), ("max_frames", max_frames, 1)):
+        _check_bound(name, value, low)
+
+    @st.composite
+    def draw_prompt(draw):
+        merge = draw(st.sampled_from(spatial_merge_sizes))
+        side = st.integers(1, max_side).map(lambda n: n * merge)
+        texts = st.builds(Text, st.integers(1, max_text))
+        images = st.builds(lambda h, w: Image((1, h, w)), side, side)
+        videos = st.builds(
+            lambda t, h, w, spg, ts: Video((t, h, w), second_per_grid=spg, timestamp_tokens=ts),
+            st.integers(1, max_frames), side, side, st.sampled_from(SECONDS_PER_GRID), st.integers(0, 3),
+        )
+        kinds = [texts, images] if family in XDROPE_FAMILIES else [texts, images, videos]
+        segments = draw(st.lists(st.one_of(*kinds), min_size=1, max_size=max_segments))
+        return Prompt(tuple(segments), spatial_merge_size=merge)
+
+    return draw_prompt()
+
+
+def batches(*, family: str, max_batch: int = 3, max_pad: int = 3, **prompt_bounds):
+    """1..max_batch prompts sharing one merge size, 0..max_pad pad tokens each, left or right."""
+    _check_bound("max_batch", max_batch, 1)
+    _check_bound("max_pad", max_pad, 0)
+
+    @st.composite
+    def draw_batch(draw):
+        merge = draw(st.sampled_from(MERGE_SIZES))                 # one vision config per call
+        same_merge = prompts(family=family, spatial_merge_sizes=(merge,), **prompt_bounds)
+        batch = draw(st.lists(same_merge, min_size=1, max_size=max_batch))
+        pads = tuple(draw(st.integers(0, max_pad)) for _ in batch)
+        side = draw(st.sampled_from(("left", "right")))
+        return PromptBatch(tuple(batch), pads, side)
+
+    return draw_batch()

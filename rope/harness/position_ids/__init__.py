@@ -1,0 +1,205 @@
+"""Position-id implementations: the code a model runs to turn a prompt into M-RoPE / XD-RoPE position
+ids (transformers' ``get_rope_index``, vLLM's ``get_mrope_input_positions``, SGLang's
+``MRotaryEmbedding.get_rope_index``), checked against ``reference.prompt_positions``.
+
+The contract (docs/implementations.md)::
+
+    fn(family, prompt) -> (positions, delta)
+
+``family`` is one of ``reference.FAMILIES``; ``prompt`` a ``reference.Prompt`` (text, image and
+video segments, vision grids before the spatial merge, seconds per grid, timestamp tokens, the merge
+size).  ``positions`` is int64 ``[num_dims, L]`` for the prompt laid out as the family does
+(markup tokens included, ``reference.prompt_positions(family, prompt).roles``), ``delta`` an int.
+An adapter turns the description into the engine's native inputs itself (token ids with the
+family's special tokens, grids, seconds per grid, masks).  Optional attributes:
+
+* ``families``: the families it implements (default: every family); the others are skipped with
+  the reason;
+* ``unsupported_reason(family, prompt)``: why the family, or this prompt of it, cannot be run here
+  (None when it can; ``prompt`` is None when only the family is asked about);
+* ``batch(family, batch)``: where the engine's API is batched, run a :class:`PromptBatch` (several
+  prompts padded on one side) in one call and return one ``(positions, delta)`` per prompt;
+* ``known_deviations(family, batch)``: for each prompt of the batch, None (the reference applies)
+  or a :class:`KnownDeviation`, the exact value a documented, version-pinned upstream departure
+  gives, derived from the reference by that departure's rule.  A property then asserts that
+  value, so a fix upstream, or a new departure, still fails.
+
+Names resolve to the adapters here (``transformers``, ``vllm``, ``sglang``; a missing package is a
+ValueError naming it and how to install it) or to an import path ``package.module:callable``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from reference.position_ids import FAMILIES, Prompt, check_family, family_num_dims, prompt_positions
+from rope.registry import resolve
+
+ADAPTERS = {
+    "transformers": "rope.harness.position_ids.transformers:position_ids_transformers",
+    "vllm": "rope.harness.position_ids.vllm:position_ids_vllm",
+    "sglang": "rope.harness.position_ids.sglang:position_ids_sglang",
+}
+# What a run checks when --rope-position-ids-impl is not given: transformers where it is installed.
+DEFAULT_ADAPTERS = ("transformers",)
+SIDES = ("left", "right")
+MAX_PAD = 1 << 12
+
+
+@dataclass(frozen=True)
+class PromptBatch:
+    """Prompts of one batched call, each padded with ``pads[i]`` tokens on ``side``.
+
+    An API that takes one prompt at a time runs them one by one; one that is batched gets them
+    together, padded to the longest (``attention_mask`` 0 on the pads).  The prompts share one
+    ``spatial_merge_size`` (one vision config per call).
+    """
+
+    prompts: tuple[Prompt, ...]
+    pads: tuple[int, ...] = ()
+    side: str = "left"
+
+    def __post_init__(self) -> None:
+        prompts = tuple(self.prompts)
+        if not prompts or not all(isinstance(p, Prompt) for p in prompts):
+            raise ValueError(f"prompts={self.prompts!r}: must be a non-empty sequence of Prompt")
+        pads = tuple(self.pads) if self.pads else (0,) * len(prompts)
+        if len(pads) != len(prompts):
+            raise ValueError(f"pads={pads!r}: must have one entry per prompt ({len(prompts)})")
+        if not all(isinstance(p, int) and not isinstance(p, bool) and 0 <= p <= MAX_PAD for p in pads):
+            raise ValueError(f"pads={pads!r}: every pad must be an int in [0, {MAX_PAD}]")
+        if self.side not in SIDES:
+            raise ValueError(f"side={self.side!r}: must be one of {SIDES}")
+        merges = {p.spatial_merge_size for p in prompts}
+        if len(merges) != 1:
+            raise ValueError(f"prompts: must share one spatial_merge_size (got {sorted(merges)})")
+        object.__setattr__(self, "prompts", prompts)
+        object.__setattr__(self, "pads", pads)
+
+
+@dataclass(frozen=True)
+class KnownDeviation:
+    """The value an implementation is pinned to return where a documented upstream departure applies.
+
+    ``keys`` name the departures that changed something (e.g. ``cursor_after_video``); ``reason``
+    is the sentence a report shows.
+    """
+
+    positions: torch.Tensor
+    delta: int
+    keys: tuple[str, ...]
+    reason: str
+
+
+def get_position_ids_implementation(name: str) -> Callable:
+    """A position-id implementation by adapter name (``transformers``, ``vllm``, ``sglang``) or
+    import path ``package.module:callable``; every failure is a ValueError naming the target."""
+    return resolve(name, kind="position_ids_impl", builtins=ADAPTERS)
+
+
+def position_ids_implementations() -> dict[str, Callable]:
+    """The adapters a run checks by default: those of ``DEFAULT_ADAPTERS`` whose package imports."""
+    out = {}
+    for name in DEFAULT_ADAPTERS:
+        try:
+            out[name] = get_position_ids_implementation(name)
+        except ValueError:
+            continue
+    return out
+
+
+def families(fn: Callable) -> tuple[str, ...]:
+    """The families an implementation declares (every family when it declares none)."""
+    declared = getattr(fn, "families", None)
+    if declared is None:
+        return FAMILIES
+    declared = tuple(declared)
+    unknown = [f for f in declared if f not in FAMILIES]
+    if unknown:
+        raise ValueError(f"families={declared!r}: unknown families {unknown} (known: {FAMILIES})")
+    return declared
+
+
+def unsupported_reason(name: str, fn: Callable, family: str, prompt: Prompt | None = None) -> str | None:
+    """Why ``fn`` does not run ``family`` (or this prompt of it), or None."""
+    check_family(family)
+    if family not in families(fn):
+        return f"unsupported: {name} does not implement {family} (it declares {', '.join(families(fn))})"
+    reason = getattr(fn, "unsupported_reason", None)
+    if reason is not None:
+        why = reason(family, prompt)
+        if why:
+            return f"unsupported: {name}: {why}"
+    return None
+
+
+def check_result(family: str, prompt: Prompt, result) -> tuple[torch.Tensor, int]:
+    """An implementation's return value as (int64 CPU positions [num_dims, L], int delta).
+
+    Raises ValueError naming what is wrong: not a pair, positions not an integer tensor of the
+    family's shape for the prompt's length, delta not an integer (a 0-d or 1-element integer
+    tensor is read as its value).
+    """
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        raise ValueError(f"result: must be a pair (positions, delta) (got {type(result).__name__}"
+                         f"{'' if not isinstance(result, (tuple, list)) else f' of {len(result)}'})")
+    positions, delta = result
+    if not isinstance(positions, torch.Tensor):
+        raise ValueError(f"positions: must be a torch.Tensor (got {type(positions).__name__})")
+    if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
+        raise ValueError(f"positions: must have an integer dtype (got {positions.dtype})")
+    length = prompt_positions(family, prompt).length
+    want = (family_num_dims(family), length)
+    if tuple(positions.shape) != want:
+        raise ValueError(f"positions: shape must be {want} (num_dims of {family}, tokens of the prompt) "
+                         f"(got {tuple(positions.shape)})")
+    if isinstance(delta, torch.Tensor):
+        if delta.numel() != 1 or delta.dtype.is_floating_point or delta.dtype == torch.bool:
+            raise ValueError(f"delta: must be an int (got a tensor of shape {tuple(delta.shape)}, {delta.dtype})")
+        delta = int(delta.reshape(()).item())
+    elif hasattr(delta, "__index__") and not isinstance(delta, bool):
+        delta = int(delta.__index__())
+    else:
+        raise ValueError(f"delta: must be an int (got {type(delta).__name__} {delta!r})")
+    return positions.detach().to("cpu", torch.int64), delta
+
+
+def run_batch(fn: Callable, family: str, batch: PromptBatch) -> list[tuple[torch.Tensor, int]]:
+    """Run every prompt of ``batch``: in one call where ``fn`` has ``batch``, else one by one.
+    Each result goes through :func:`check_result`."""
+    batched = getattr(fn, "batch", None)
+    if batched is not None:
+        results = batched(family, batch)
+        if not isinstance(results, (list, tuple)) or len(results) != len(batch.prompts):
+            raise ValueError(f"batch result: must be one (positions, delta) per prompt ({len(batch.prompts)}) "
+                             f"(got {type(results).__name__})")
+    else:
+        results = [fn(family, prompt) for prompt in batch.prompts]
+    return [check_result(family, prompt, r) for prompt, r in zip(batch.prompts, results)]
+
+
+def expected(fn: Callable, family: str, batch: PromptBatch) -> list[tuple[torch.Tensor, int, KnownDeviation | None]]:
+    """Per prompt: the positions and delta ``fn`` must return, and the known deviation they come
+    from (None: the reference's own)."""
+    refs = [prompt_positions(family, p) for p in batch.prompts]
+    declared = getattr(fn, "known_deviations", None)
+    deviations = list(declared(family, batch)) if declared is not None else [None] * len(refs)
+    if len(deviations) != len(refs):
+        raise ValueError(f"known_deviations: must give one entry per prompt ({len(refs)}) (got {len(deviations)})")
+    out = []
+    for ref, dev in zip(refs, deviations):
+        if dev is None:
+            out.append((ref.positions, ref.delta, None))
+        else:
+            out.append((dev.positions, dev.delta, dev))
+    return out
+
+
+__all__ = [
+    "ADAPTERS", "DEFAULT_ADAPTERS", "PromptBatch", "KnownDeviation",
+    "get_position_ids_implementation", "position_ids_implementations", "families", "unsupported_reason",
+    "check_result", "run_batch", "expected",
+]
