@@ -322,6 +322,10 @@ def test_every_mutant_and_parent_resolves():
             assert callable(get_implementation(m.target)) and callable(get_implementation(m.parent))
         elif m.kind.startswith("positions"):
             assert callable(get_positions_implementation(m.target)) and callable(get_positions_implementation(m.parent))
+        elif m.kind == "position-ids":
+            from rope.harness.position_ids import get_position_ids_implementation
+            assert callable(get_position_ids_implementation(m.target))
+            assert callable(get_position_ids_implementation(m.parent))
         else:
             module, _, attr = m.target.partition(":")
             assert m.parent is None and getattr(importlib.import_module(module), attr) is BROKEN_OPS[m.attribute][1]

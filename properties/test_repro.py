@@ -1,4 +1,4 @@
-"""Replay case files through the suite's own check:
+"""Replay case files (rotation and position-id ones) through the suite's own checks:
 
     pytest --rope-repro reports/cases/<id>.json [--rope-impl fixed_kernel] [--rope-device cuda]
     pytest --rope-repro properties/regressions/        # every *.json in the directory
@@ -10,7 +10,9 @@ The case's tensors regenerate bit-identically from its seed, the recorded implem
 registered name: a module path stored in a case file is never imported) or each --rope-impl runs on the recorded device (or each --rope-device), and
 ``assert_matches_reference`` holds it to the reference exactly as the property suite does: a
 remaining mismatch fails with the diagnosis and the worst elements, a fixed one passes.
-Without --rope-repro the test is skipped (and with it, every other test is deselected).
+A position-id case file replays against its recorded adapter (or each --rope-position-ids-impl)
+through the position-id check.  Without --rope-repro the tests are skipped (and with them, every
+other test is deselected).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from properties.strategies import build_rotation_inputs
 from rope.harness.case_files import load_case
 from rope.devices import available_devices
 from rope.registry import get_implementation, get_recorded_implementation
+from rope.harness.position_ids import cases as position_id_cases
+from rope.harness.position_ids import get_position_ids_implementation, unsupported_reason
+from rope.harness.position_ids.cases import is_position_ids_case
 from rope.harness.repro import regeneration_notes
 
 
@@ -43,6 +48,8 @@ def case_paths(arguments: list[str]) -> list[Path]:
 
 
 def pytest_generate_tests(metafunc):
+    if "position_ids_repro" in metafunc.fixturenames:
+        _generate_position_ids_replays(metafunc)
     if "repro" not in metafunc.fixturenames:
         return
     config = metafunc.config
@@ -54,6 +61,8 @@ def pytest_generate_tests(metafunc):
     found = available_devices()
     params = []
     for path in case_paths(arguments):
+        if is_position_ids_case(path):
+            continue
         try:
             case_file = load_case(path)
         except ValueError as exc:
@@ -68,7 +77,29 @@ def pytest_generate_tests(metafunc):
             for device in devices:
                 params.append(pytest.param((case_file, impl, device, bool(named)),
                                            id=f"{case_file.id}-{impl}-{device}"))
+    if not params:
+        params = [pytest.param(None, marks=pytest.mark.skip(reason="no rotation case file given"), id="no-case")]
     metafunc.parametrize("repro", params)
+
+
+def _generate_position_ids_replays(metafunc):
+    """Position-id case files (``"kind": "position_ids"``): one replay per file and implementation
+    (the recorded one, a registered name only, or each --rope-position-ids-impl)."""
+    config = metafunc.config
+    params = []
+    for path in case_paths(config.getoption("--rope-repro")):
+        if not is_position_ids_case(path):
+            continue
+        try:
+            case = position_id_cases.load(path)
+        except ValueError as exc:
+            raise pytest.UsageError(f"--rope-repro: {exc}") from None
+        named = config.getoption("--rope-position-ids-impl")
+        for impl in named or [case.implementation]:
+            params.append(pytest.param((case, impl, bool(named)), id=f"{case.id}-{impl}"))
+    if not params:
+        params = [pytest.param(None, marks=pytest.mark.skip(reason="no position-id case file given"), id="no-case")]
+    metafunc.parametrize("position_ids_repro", params)
 
 
 def test_replayed_case_matches_reference(repro):
@@ -86,3 +117,16 @@ def test_replayed_case_matches_reference(repro):
     notes = regeneration_notes(case_file, build_rotation_inputs(case, "cpu"))
     assert not notes, f"{case_file.path}: {notes[0]}"
     assert_matches_reference(impl_name, impl, case, device)
+
+
+def test_replayed_position_ids_case_matches(position_ids_repro):
+    case, impl_name, user_named = position_ids_repro
+    try:
+        fn = (get_position_ids_implementation(impl_name) if user_named
+              else position_id_cases.resolve_recorded(impl_name, f"case file {case.path}"))
+    except ValueError as exc:
+        pytest.fail(str(exc))
+    reason = unsupported_reason(impl_name, fn, case.family)
+    if reason:
+        pytest.skip(reason)
+    position_id_cases.assert_matches(impl_name, fn, case.family, case.batch)

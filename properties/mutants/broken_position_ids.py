@@ -101,9 +101,13 @@ def _mrope(family: str, prompt: Prompt, *, t_offsets=None, split_frames: bool = 
     return positions, int(positions.max()) + 1 - positions.shape[1]
 
 
-def _ref(family, prompt):
+def reference_ids(family: str, prompt: Prompt):
+    """The reference's own ids: the unmutated parent every mutant here is confirmed against."""
     ref = prompt_positions(family, prompt)
     return ref.positions.clone(), ref.delta
+
+
+_ref = reference_ids
 
 
 def temporal_scale_truncated(family: str, prompt: Prompt):

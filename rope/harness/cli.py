@@ -1,6 +1,7 @@
 """``rope-harness``: the command-line entry point.
 
-    rope-harness check [--device D ...] [--impl NAME ...] [--profile dev|ci|deep] [-- PYTEST ARGS]
+    rope-harness check [--device D ...] [--impl NAME ...] [--positions-impl NAME ...]
+                       [--position-ids-impl NAME ...] [--profile dev|ci|deep] [-- PYTEST ARGS]
         Run the equivalence suite (every implementation against the float64 reference) on every
         available device, in parallel workers, and print the outcome.
     rope-harness bench [--device cuda] [--models K,...] [--tokens N,...] [--dtype bfloat16,...]
@@ -32,14 +33,19 @@ from rope.harness.suite import suite_dir
 
 
 # The equivalence suite: every implementation against the float64 reference (rotations, model
-# rows, known-bug triggers, positions, the scheduler machine, platform dispatch).
+# rows, known-bug triggers, positions, the scheduler machine, position ids, platform dispatch).
 EQUIVALENCE_SUITE = ("test_rotation.py", "test_model_rotation.py", "test_runner_positions.py",
-                     "test_scheduler_positions.py", "test_dispatch.py")
+                     "test_scheduler_positions.py", "test_position_ids.py", "test_dispatch.py")
+
+
+POSITION_IDS_SUITE = "test_position_ids.py"
 
 
 def _pytest_args(args) -> list[str]:
     tests = suite_dir()
     files = [str(tests / name) for name in EQUIVALENCE_SUITE] if not args.all else [str(tests)]
+    if args.position_ids_impl and not (args.impl or args.positions_impl or args.all):
+        files = [str(tests / POSITION_IDS_SUITE)]      # only position ids named: check only those
     # No cache provider: the suite may live in site-packages, which is no place for .pytest_cache.
     # The command imported rope before pytest started, so pytest cannot rewrite its asserts (it
     # needs not: the suite's are rewritten); say nothing of it.
@@ -51,6 +57,10 @@ def _pytest_args(args) -> list[str]:
         out += ["--rope-device", d]
     for name in args.impl:
         out += ["--rope-impl", name]
+    for name in args.positions_impl:
+        out += ["--rope-positions-impl", name]
+    for name in args.position_ids_impl:
+        out += ["--rope-position-ids-impl", name]
     return out + list(args.pytest_args)
 
 
@@ -93,8 +103,9 @@ def cmd_check(args) -> int:
 
     from rope.devices import available_devices
     devices = args.device or available_devices()
+    named = [*args.impl, *args.positions_impl, *args.position_ids_impl]
     print(f"rope-harness check: devices {', '.join(devices)}; implementations "
-          f"{', '.join(args.impl) if args.impl else 'all built-in'}; profile {args.profile}", flush=True)
+          f"{', '.join(named) if named else 'all built-in'}; profile {args.profile}", flush=True)
     code = int(pytest.main(_pytest_args(args), plugins=[_ProgressBar()]))
     from rope.harness.report import reports_dir
     summary = reports_dir() / "summary.md"
@@ -148,6 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="run the equivalence suite on every available device")
     check.add_argument("--device", action="append", default=[], help="restrict to this device (repeatable)")
     check.add_argument("--impl", action="append", default=[], help="implementation name or module:callable (repeatable)")
+    check.add_argument("--positions-impl", action="append", default=[], metavar="NAME",
+                       help="position-preparation implementation (name or module:callable; repeatable)")
+    check.add_argument("--position-ids-impl", action="append", default=[], metavar="NAME",
+                       help="position-id implementation: transformers, vllm, sglang or module:callable (repeatable)")
     check.add_argument("--profile", default="dev", choices=["dev", "ci", "deep"], help="Hypothesis profile")
     check.add_argument("--workers", default="auto", help="pytest-xdist workers ('0' for none)")
     check.add_argument("--all", action="store_true", help="run the whole property suite, not only the equivalence suite")

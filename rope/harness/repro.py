@@ -1,5 +1,9 @@
 """``rope-harness repro CASE [--device D] [--impl NAME]``: replay a mismatch case file.
 
+A position-id case file (``"kind": "position_ids"``) replays through
+``rope.harness.position_ids.cases`` with the same exit statuses; the rest of this page is about
+rotation case files.
+
 The case's tensors are regenerated bit-identically from its seed (checked against the recorded
 sha256 of the inputs), the implementation runs on the device, and the result goes through the
 suite's own check (``rope.harness.comparison``).
@@ -129,7 +133,13 @@ def _dtype(name: str):
 
 
 def run_repro(args) -> int:
-    """The ``repro`` subcommand."""
+    """The ``repro`` subcommand (a position-id case file goes to rope.harness.position_ids.cases)."""
+    from rope.harness.position_ids.cases import is_position_ids_case
+    if is_position_ids_case(args.case):
+        from rope.harness.position_ids.cases import run_repro as run_position_ids_repro
+        if args.device:
+            print("rope-harness repro: --device: position ids are computed on the host; ignored", file=sys.stderr)
+        return run_position_ids_repro(args.case, args.impl)
     try:
         result = replay(args.case, device=args.device, impl=args.impl)
     except ValueError as exc:

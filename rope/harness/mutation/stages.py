@@ -21,6 +21,7 @@ PREFILL_SUITE = f"{SUITE_PACKAGE}/test_prefill.py"
 HUGE_TEST = "test_huge_batches_match_reference_in_chunks"
 GUARDED_FIRST = "test_known_bug_triggers_under_guards"
 POSITION_SUITES = (f"{SUITE_PACKAGE}/test_runner_positions.py", f"{SUITE_PACKAGE}/test_scheduler_positions.py")
+POSITION_IDS_SUITE = f"{SUITE_PACKAGE}/test_position_ids.py"
 MUTANTS_TESTS = f"{SUITE_PACKAGE}/test_mutants.py"
 DISPATCH_TESTS = f"{SUITE_PACKAGE}/test_dispatch.py"
 BASELINE_SUITE = f"{SUITE_PACKAGE}/baseline"
@@ -77,6 +78,9 @@ def harness_stages(m: Mutant) -> list[Stage]:
                                    (f"{MUTANTS_TESTS}::test_position_property_catches_kernel_mutant[{m.attribute}]",),
                                    (), "pass"))
         return stages
+    if m.kind == "position-ids":
+        return [Stage("position-id suite", (POSITION_IDS_SUITE,), ("--rope-position-ids-impl", m.target), "fail",
+                      "--rope-position-ids-impl")]
     if m.kind == "dispatch":
         return [Stage("dedicated test (test_dispatch.py)",
                       (f"{DISPATCH_TESTS}::test_dispatch_property_rejects_broken_op[{m.attribute}]",), (), "pass")]
