@@ -17,6 +17,7 @@ from properties import known_cases
 from rope.harness.comparison import diagnose_run, evaluate_case
 from properties.guards import diagnose_guarded
 from properties.mutants.broken_positions import BROKEN_POSITIONS
+from properties.mutants.broken_position_ids import BROKEN_POSITION_IDS
 from properties.mutants.broken_rotations import BROKEN_ROTATIONS
 from properties.mutants.dispatch import BROKEN_OPS
 from properties.mutants.kernel import ROTARY_MUTANTS
@@ -244,7 +245,11 @@ def test_garbage_everywhere_names_pass_through():
 #   ("batch_dim", case, label, phrase) a broken op called with positions [D, 1, T]
 #   ("raises", case, platform, phrase) an op that crashes before any output: nothing to diagnose
 #   NO_ROTATION                       a positions mutant: it produces no rotation output
+#   POSITION_IDS                      a position-id mutant, diagnosed by its own module
 NO_ROTATION = ("no rotation output",)
+# A position-id mutant: its diagnosis (rope.harness.position_ids.diagnosis) is checked per mutant by
+# test_position_ids_harness.py::test_fixed_prompt_catches_mutant_with_its_diagnosis.
+POSITION_IDS = ("position ids: test_position_ids_harness.py",)
 GPU_ONLY = ("its bug shows only past 2^31 elements: a GPU in the deep profile",)
 PADDING_LANES = dataclasses.replace(known_cases.PADDING_LANES, max_position=4096)      # head 80: lanes 40..63
 QWEN35 = dataclasses.replace(known_cases.QWEN35, max_position=4096)                    # head 256, rotary 64
@@ -284,6 +289,7 @@ MUTANT_LABELS = {
         "plain", RotationCase(RopeSpec(32, 32, False, (4, 6, 6), max_position=4096), 4096, 1, 0, "float32",
                               "uniform", False, 9), "pairing_swapped", "NeoX pairs"),
     **{f"broken_positions:{name}": NO_ROTATION for name in BROKEN_POSITIONS},
+    **{f"broken_position_ids:{name}": POSITION_IDS for name in BROKEN_POSITION_IDS},
     "dispatch:mrope_without_xpu_cpu_overrides": (
         "raises", RotationCase(MROPE_CHUNKED, 4, 2, 1, "float32", "uniform", False, 41), "cpu",
         "must have the same batch_size and seq_len"),
@@ -304,6 +310,7 @@ def test_every_mutant_has_an_expected_label():
     kinds = {m.name: m.kind for m in discover_mutants()}
     for name, entry in MUTANT_LABELS.items():
         assert (entry is NO_ROTATION) == kinds[name].startswith("positions"), name
+        assert (entry is POSITION_IDS) == (kinds[name] == "position-ids"), name
         if entry[0] in ("plain", "guarded", "op", "batch_dim"):
             assert entry[2] in LABELS, (name, entry[2])
 
@@ -322,7 +329,8 @@ def _op_label(how, case, broken_cls):
                     precision=rotate_native.working_precision)
 
 
-@pytest.mark.parametrize("name", sorted(n for n, e in MUTANT_LABELS.items() if e not in (NO_ROTATION, GPU_ONLY)))
+@pytest.mark.parametrize("name", sorted(n for n, e in MUTANT_LABELS.items()
+                                        if e not in (NO_ROTATION, GPU_ONLY, POSITION_IDS)))
 def test_diagnosis_names_every_mutant(name):
     how, case, expected, phrase = MUTANT_LABELS[name]
     module, attr = name.split(":")

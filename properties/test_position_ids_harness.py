@@ -140,7 +140,9 @@ PROMPT = Prompt((Text(1), Image((1, 2, 4))))
 @pytest.mark.parametrize("result, match", [
     (None, "must be a pair"),
     ((1, 2, 3), "must be a pair"),
-    (([[0]], 0), "must be a torch.Tensor"),
+    (("positions", 0), "must be a torch.Tensor, numpy array or nested list"),
+    (([[0]], 0), r"shape must be \(3, 5\)"),
+    (([[0, 1], [2]], 0), "cannot be read as a tensor"),
     ((torch.zeros(3, 5), 0), "integer dtype"),
     ((torch.zeros(3, 4, dtype=torch.int64), 0), r"shape must be \(3, 5\)"),
     ((torch.zeros(3, 5, dtype=torch.int64), 0.5), "delta: must be an int"),
@@ -162,6 +164,33 @@ def test_a_return_value_check_fails_the_property_with_the_reason():
         return None
     with pytest.raises(AssertionError, match="wrong return value: result: must be a pair"):
         cases.assert_matches("none", returns_none, "qwen2_vl", PromptBatch((PROMPT,)))
+
+
+def test_numpy_results_are_accepted():
+    import numpy as np
+    ref = prompt_positions("qwen2_vl", PROMPT)
+    pos, delta = check_result("qwen2_vl", PROMPT, (ref.positions.numpy(), np.int64(ref.delta)))
+    assert torch.equal(pos, ref.positions) and delta == ref.delta
+
+
+def test_a_raising_implementation_fails_the_property_with_what_it_raised():
+    def raises(family, prompt):
+        raise IndexError("list index out of range")
+    with pytest.raises(AssertionError, match="raised IndexError: list index out of range"):
+        cases.assert_matches("raises", raises, "qwen2_vl", PromptBatch((PROMPT,)))
+
+
+def test_a_hanging_implementation_fails_at_the_call_deadline(monkeypatch):
+    import time
+    from rope.harness.deadline import ImplementationHung
+
+    def hangs(family, prompt):
+        time.sleep(60)
+    monkeypatch.setenv("ROPE_CALL_TIMEOUT", "1")
+    start = time.monotonic()
+    with pytest.raises(ImplementationHung):
+        cases.assert_matches("hangs", hangs, "qwen2_vl", PromptBatch((PROMPT,)))
+    assert time.monotonic() - start < 30
 
 
 def test_prompt_batch_validates_its_fields():

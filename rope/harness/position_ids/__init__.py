@@ -139,16 +139,22 @@ def unsupported_reason(name: str, fn: Callable, family: str, prompt: Prompt | No
 def check_result(family: str, prompt: Prompt, result) -> tuple[torch.Tensor, int]:
     """An implementation's return value as (int64 CPU positions [num_dims, L], int delta).
 
-    Raises ValueError naming what is wrong: not a pair, positions not an integer tensor of the
-    family's shape for the prompt's length, delta not an integer (a 0-d or 1-element integer
-    tensor is read as its value).
+    Raises ValueError naming what is wrong: not a pair, positions not an integer tensor (or numpy
+    array, or nested lists) of the family's shape for the prompt's length, delta not an integer (a
+    numpy integer, a 0-d or 1-element integer tensor is read as its value).
     """
     if not isinstance(result, (tuple, list)) or len(result) != 2:
         raise ValueError(f"result: must be a pair (positions, delta) (got {type(result).__name__}"
                          f"{'' if not isinstance(result, (tuple, list)) else f' of {len(result)}'})")
     positions, delta = result
+    if type(positions).__module__ == "numpy" or isinstance(positions, (list, tuple)):
+        try:                        # an engine's numpy array (vLLM returns one) or nested lists
+            positions = torch.as_tensor(positions)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise ValueError(f"positions: cannot be read as a tensor ({exc})") from None
     if not isinstance(positions, torch.Tensor):
-        raise ValueError(f"positions: must be a torch.Tensor (got {type(positions).__name__})")
+        raise ValueError(f"positions: must be a torch.Tensor, numpy array or nested list "
+                         f"(got {type(positions).__name__})")
     if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
         raise ValueError(f"positions: must have an integer dtype (got {positions.dtype})")
     length = prompt_positions(family, prompt).length
@@ -167,17 +173,32 @@ def check_result(family: str, prompt: Prompt, result) -> tuple[torch.Tensor, int
     return positions.detach().to("cpu", torch.int64), delta
 
 
+class ImplementationFailed(Exception):
+    """The implementation raised: the test fails with what it raised, as a mismatch would."""
+
+
+def _call(fn: Callable, *args):
+    """Call under the call deadline (rope.harness.deadline: a hang raises ImplementationHung);
+    whatever the implementation raises becomes :class:`ImplementationFailed` naming it."""
+    from rope.harness.deadline import call_timeout, deadline
+    with deadline(call_timeout(), what=f"the position-id implementation {getattr(fn, '__name__', fn)!r}"):
+        try:
+            return fn(*args)
+        except Exception as exc:    # noqa: BLE001 - an implementation may raise anything
+            raise ImplementationFailed(f"{type(exc).__name__}: {exc}") from exc
+
+
 def run_batch(fn: Callable, family: str, batch: PromptBatch) -> list[tuple[torch.Tensor, int]]:
     """Run every prompt of ``batch``: in one call where ``fn`` has ``batch``, else one by one.
     Each result goes through :func:`check_result`."""
     batched = getattr(fn, "batch", None)
     if batched is not None:
-        results = batched(family, batch)
+        results = _call(batched, family, batch)
         if not isinstance(results, (list, tuple)) or len(results) != len(batch.prompts):
             raise ValueError(f"batch result: must be one (positions, delta) per prompt ({len(batch.prompts)}) "
                              f"(got {type(results).__name__})")
     else:
-        results = [fn(family, prompt) for prompt in batch.prompts]
+        results = [_call(fn, family, prompt) for prompt in batch.prompts]
     return [check_result(family, prompt, r) for prompt, r in zip(batch.prompts, results)]
 
 
@@ -201,5 +222,5 @@ def expected(fn: Callable, family: str, batch: PromptBatch) -> list[tuple[torch.
 __all__ = [
     "ADAPTERS", "DEFAULT_ADAPTERS", "PromptBatch", "KnownDeviation",
     "get_position_ids_implementation", "position_ids_implementations", "families", "unsupported_reason",
-    "check_result", "run_batch", "expected",
+    "check_result", "run_batch", "expected", "ImplementationFailed",
 ]

@@ -46,6 +46,7 @@ from reference.position_ids import FAMILIES, Image, Prompt, Text, Video
 from rope.harness import case_files
 from rope.harness.position_ids import (
     ADAPTERS,
+    ImplementationFailed,
     PromptBatch,
     expected,
     get_position_ids_implementation,
@@ -166,6 +167,8 @@ def assert_matches(name: str, fn: Callable, family: str, batch: PromptBatch) -> 
     from rope.harness.comparison import hypothesis_example
     try:
         result = check(fn, family, batch)
+    except ImplementationFailed as exc:
+        raise AssertionError(f"{name} on {family} raised {exc}\nbatch: {batch}") from None
     except ValueError as exc:
         raise AssertionError(f"{name} on {family}: wrong return value: {exc}\nbatch: {batch}") from None
     if result.ok:
@@ -346,8 +349,12 @@ def replay(path: Path | str, *, impl: str | None = None) -> tuple[PositionIdsCas
     reason = unsupported_reason(name, fn, case.family)
     if reason:
         raise ValueError(reason)
+    from rope.harness.deadline import ImplementationHung
     try:
         result = check(fn, case.family, case.batch)
+    except ImplementationHung:
+        raise ValueError(f"{name} did not return on case {case.id} within the call deadline "
+                         f"($ROPE_CALL_TIMEOUT, default 120 s)") from None
     except Exception as exc:    # noqa: BLE001 - a crash of the implementation or a wrong return value
         raise ValueError(f"{name} failed on case {case.id} ({type(exc).__name__}: {exc})") from exc
     return case, name, result
