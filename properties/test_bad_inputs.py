@@ -72,8 +72,11 @@ def test_reference_rejects_bad_input(error):
 
 
 @pytest.mark.parametrize("error", list(ERROR_INPUTS), ids=list(ERROR_INPUTS))
-def test_implementation_rejects_bad_input(impl_name, device, error):
+def test_implementation_rejects_bad_input(impl_name, device, error, monkeypatch):
     skip_unless_builtin(impl_name)
+    # Position ranges are checked on a GPU only under the debug switch (rope.spec.checks_values;
+    # without it the kernel clamps them: test_sync_free_entries.py).
+    monkeypatch.setenv("ROPE_CHECK_VALUES", "1")
     make, pattern = ERROR_INPUTS[error]
     args = make(device)
     snapshot = args["query"].clone() if isinstance(args["query"], torch.Tensor) else None

@@ -276,9 +276,11 @@ MUTANT_LABELS = {
     "kernel:interleaved_thw_order_swapped": (
         "plain", RotationCase(SMALL_INTERLEAVED, 5, 4, 1, "float32", "uniform", False, 6), "position_rows_swapped",
         "(0, 2, 1)"),
-    # Identical to the right kernel on contiguous positions: the guarded, row-strided ones read guards.
+    # Identical to the right kernel on contiguous positions: the guarded, row-strided ones read guards
+    # (clamped to a cache row by the kernel, so the output is the reference for other positions).
+    # The sentinel it reads as a position is clamped to a cache row: other positions than given.
     "kernel:positions_rows_packed": ("guarded", RotationCase(QWEN3_VL, 9, 2, 1, "float16", "uniform", True, 8),
-                                     "nan", "positions: "),
+                                     "wrong_positions", "other positions than given"),
     "kernel:positions_rows_at_token_offsets": (
         "plain", RotationCase(QWEN3_VL, 9, 2, 1, "float16", "uniform", True, 8), "position_rows_misread",
         "positions[0, t + d]"),

@@ -68,8 +68,10 @@ ROTARY_CELLS = {
                                        ()),
     "interleaved_thw_order_swapped": (("float32", "interleaved", True), ["interleaved-map-short-sections"],
                                       VALUE_BUG, ()),
-    # Identical to the right kernel on contiguous positions: only the row-strided guarded positions see it.
-    "positions_rows_packed": (("float16", "chunked3", True), ["row-strides-many-tokens"], ("nan",), ("plain",)),
+    # Identical to the right kernel on contiguous positions: only the row-strided guarded positions see it
+    # (the sentinel it reads as a position is clamped to a cache row: a wrong value, and a traced read).
+    "positions_rows_packed": (("float16", "chunked3", True), ["row-strides-many-tokens"], ("guarded", "traced-read"),
+                              ("plain",)),
     # With one token, positions[0, 0 + d] IS positions[d, 0] in a packed [3, 1] tensor.
     "positions_rows_at_token_offsets": (("float16", "chunked3", True), ["row-strides-many-tokens"], VALUE_BUG, ()),
 }

@@ -135,8 +135,9 @@ def test_reference_rejects_bad_position_input(error):
 
 
 @pytest.mark.parametrize("error", list(ERRORS) + ["out-too-short"], ids=list(ERRORS) + ["out-too-short"])
-def test_implementation_rejects_bad_position_input(positions_impl_name, device, error):
+def test_implementation_rejects_bad_position_input(positions_impl_name, device, error, monkeypatch):
     skip_unless_builtin(positions_impl_name, kind="positions")
+    monkeypatch.setenv("ROPE_CHECK_VALUES", "1")   # values are checked on a GPU under the debug switch only
     fn = positions_impl_or_skip(positions_impl_name, device)
     args = {k: v.to(torch_device(device)) if isinstance(v, torch.Tensor) else v for k, v in _good().items()}
     out = torch.zeros(3, 40, dtype=torch.int64, device=torch_device(device))

@@ -50,7 +50,7 @@ def rotate_heads(spec: RopeSpec, x: torch.Tensor, cos: torch.Tensor, sin: torch.
 def rotate(spec: RopeSpec, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None,
            cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Reference rotation: float64 (query_out, key_out or None) on the inputs' device."""
-    check_rotation_inputs(spec, positions, query, key, cos_sin_cache, may_write=False)
+    check_rotation_inputs(spec, positions, query, key, cos_sin_cache, may_write=False, check_values=True)
     cos, sin = select_cos_sin(spec, positions, cos_sin_cache)
     q_out = rotate_heads(spec, query, cos, sin)
     k_out = rotate_heads(spec, key, cos, sin) if key is not None else None

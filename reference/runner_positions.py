@@ -20,7 +20,7 @@ def prepare_positions(prefill_positions, prefill_delta, idx_mapping, query_start
                       num_computed_tokens, num_dims: int) -> torch.Tensor:
     """int64 [num_dims, num_tokens]: the positions of every token of the step."""
     num_tokens = check_position_inputs(prefill_positions, prefill_delta, idx_mapping, query_start_loc,
-                                       prefill_lens, num_computed_tokens, num_dims)
+                                       prefill_lens, num_computed_tokens, num_dims, check_values=True)
     table = prefill_positions.cpu().tolist()
     delta, lens, computed = prefill_delta.tolist(), prefill_lens.tolist(), num_computed_tokens.tolist()
     qsl = query_start_loc.tolist()

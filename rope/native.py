@@ -53,7 +53,7 @@ def apply_rotation(spec: RopeSpec, x: torch.Tensor, cos: torch.Tensor, sin: torc
 
 def rotate_native(spec: RopeSpec, positions, query, key, cos_sin_cache):
     """Out-of-place rotation in the activation dtype (serving engines' forward_native)."""
-    check_rotation_inputs(spec, positions, query, key, cos_sin_cache)
+    check_rotation_inputs(spec, positions, query, key, cos_sin_cache, check_values=True)
     return rotate_native_unchecked(spec, positions, query, key, cos_sin_cache)
 
 

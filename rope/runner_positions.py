@@ -11,7 +11,7 @@ def prepare_positions_native(prefill_positions, prefill_delta, idx_mapping, quer
                              num_computed_tokens, num_dims, out) -> None:
     """Write out[:, :num_tokens]; columns past the step's tokens are left alone."""
     num_tokens = check_position_inputs(prefill_positions, prefill_delta, idx_mapping, query_start_loc,
-                                       prefill_lens, num_computed_tokens, num_dims)
+                                       prefill_lens, num_computed_tokens, num_dims, check_values=True)
     check_out(out, num_dims, num_tokens, prefill_positions.device)
     if num_tokens:
         _write_positions(prefill_positions, prefill_delta, idx_mapping, query_start_loc, prefill_lens,
@@ -53,10 +53,12 @@ def _write_positions(prefill_positions, prefill_delta, idx_mapping, query_start_
 prepare_positions_native.unchecked = launch_positions_native   # hot path for the benchmark
 
 
-def check_out(out, num_dims: int, num_tokens: int, device) -> None:
+def check_out(out, num_dims: int, num_tokens: int | None, device) -> None:
+    """``out`` must be int64 [num_dims, >= num_tokens] on ``device`` (num_tokens None: not known
+    without reading the step's values; the kernel then masks its stores to out's columns)."""
     if not isinstance(out, torch.Tensor) or out.dtype != torch.int64:
         raise ValueError(f"out: must be an int64 tensor (got {getattr(out, 'dtype', type(out))})")
-    if out.dim() != 2 or out.shape[0] != num_dims or out.shape[1] < num_tokens:
+    if out.dim() != 2 or out.shape[0] != num_dims or out.shape[1] < (num_tokens or 0):
         raise ValueError(f"out.shape={tuple(out.shape)}: must be [num_dims={num_dims}, >= num_tokens={num_tokens}]")
     if out.device != device:
         raise ValueError(f"out.device={out.device}: must equal prefill_positions.device={device}")

@@ -13,6 +13,7 @@ Error messages follow ``<field>=<value>: <rule> (<actual>)``.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 from dataclasses import dataclass
@@ -203,16 +204,36 @@ class RopeSpec:
 
 _POSITION_DTYPES = (torch.int64, torch.int32)
 
+# Checks of tensor *values* (position ranges, request slots, lengths) read the values on the host.
+# On the CPU they are there already; on a GPU reading them synchronizes with the device (about
+# 130 us a call on an H200) and makes the call impossible to capture in a CUDA graph, so there the
+# public entries check shapes, dtypes, devices and aliasing only, and the kernels stay in bounds
+# whatever the values (docs/implementations.md).  ROPE_CHECK_VALUES=1 (the debug switch) checks the
+# values on every device; 0 checks them nowhere.
+VALUE_CHECKS_ENV = "ROPE_CHECK_VALUES"
+
+
+def checks_values(t: torch.Tensor) -> bool:
+    """Whether a public entry validates the values of ``t`` (True on the CPU; on an accelerator
+    only under ``ROPE_CHECK_VALUES=1``; never on meta tensors, which have none)."""
+    if t.device.type == "meta":
+        return False
+    switch = os.environ.get(VALUE_CHECKS_ENV, "")
+    if switch:
+        return switch not in ("0", "off", "false", "no")
+    return t.device.type == "cpu"
+
 
 def check_rotation_inputs(spec: RopeSpec, positions, query, key, cos_sin_cache,
-                          *, may_write: bool = True) -> tuple[int, int, int]:
+                          *, may_write: bool = True, check_values: bool | None = None) -> tuple[int, int, int]:
     """Validate the arguments of a rotation call; return (num_tokens, num_q_heads, num_kv_heads).
 
     Shared by the reference and every built-in implementation so that bad input is a
     ``ValueError`` naming the field, raised before any arithmetic or kernel launch.  With
     ``may_write`` (every implementation: the contract lets them rotate in place) query and key
     must not overlap themselves, each other, positions or the cache; the reference, which
-    writes nothing, passes False and stays correct on aliased inputs.
+    writes nothing, passes False and stays correct on aliased inputs.  ``check_values``: whether
+    the position range is checked (it reads the positions on the host); None: :func:`checks_values`.
     """
     if not isinstance(spec, RopeSpec):
         raise ValueError(f"spec={spec!r}: must be a RopeSpec")
@@ -270,7 +291,9 @@ def check_rotation_inputs(spec: RopeSpec, positions, query, key, cos_sin_cache,
         check_no_overlap({"query": query, "key": key},
                          {"positions": positions, "cos_sin_cache": cos_sin_cache})
 
-    if num_tokens:
+    if check_values is None:
+        check_values = checks_values(positions)
+    if num_tokens and check_values:
         lo, hi = int(positions.min()), int(positions.max())
         rows = cos_sin_cache.shape[0]
         if lo < 0 or hi >= rows:
@@ -295,8 +318,10 @@ def _check_index_vector(name, t, length=None):
 
 
 def check_position_inputs(prefill_positions, prefill_delta, idx_mapping, query_start_loc, prefill_lens,
-                          num_computed_tokens, num_dims) -> int:
-    """Validate a position-preparation call; return the number of tokens of the step."""
+                          num_computed_tokens, num_dims, *, check_values: bool | None = None) -> int | None:
+    """Validate a position-preparation call; return the number of tokens of the step, or None when
+    the values are not checked (``check_values`` False; None: :func:`checks_values`, so an
+    accelerator without ROPE_CHECK_VALUES=1 gets shapes, dtypes and devices checked only)."""
     if not isinstance(num_dims, int) or isinstance(num_dims, bool) or not 1 <= num_dims <= 4:
         raise ValueError(f"num_dims={num_dims!r}: must be an int in [1, 4]")
     if not isinstance(prefill_positions, torch.Tensor) or prefill_positions.dtype not in _POSITION_INDEX_DTYPES:
@@ -315,6 +340,8 @@ def check_position_inputs(prefill_positions, prefill_delta, idx_mapping, query_s
                                   prefill_lens, num_computed_tokens)}
     if len(devices) > 1:
         raise ValueError(f"devices: all tensors must be on one device (got {sorted(map(str, devices))})")
+    if not (checks_values(idx_mapping) if check_values is None else check_values):
+        return None
 
     slots = idx_mapping.tolist()
     if any(not 0 <= r < max_reqs for r in slots):

@@ -21,7 +21,7 @@ _rope = require("flashinfer.rope", distribution="flashinfer-python",
 
 
 def rotate_flashinfer(spec: RopeSpec, positions, query, key, cos_sin_cache):
-    check_rotation_inputs(spec, positions, query, key, cos_sin_cache)
+    check_rotation_inputs(spec, positions, query, key, cos_sin_cache, check_values=True)
     k_in = key if key is not None else query.new_zeros(query.shape[0], spec.head_size)
     q_out, k_out = _rope.apply_rope_with_cos_sin_cache(
         positions, query, k_in, spec.head_size, cos_sin_cache.to(torch.float32), is_neox=spec.is_neox_style)

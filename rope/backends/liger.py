@@ -43,7 +43,7 @@ def liger_cos_sin(cache: torch.Tensor, positions: torch.Tensor) -> tuple[torch.T
 
 
 def rotate_liger(spec: RopeSpec, positions, query, key, cos_sin_cache):
-    check_rotation_inputs(spec, positions, query, key, cos_sin_cache)
+    check_rotation_inputs(spec, positions, query, key, cos_sin_cache, check_values=True)
     hs = spec.head_size
     # Liger always rotates a key; without one it gets a one-head scratch key that is thrown away.
     k_in = key if key is not None else query.new_zeros(query.shape[0], hs)

@@ -41,7 +41,7 @@ def _module(spec: RopeSpec, dtype: torch.dtype):
 
 
 def _call(method: str, spec: RopeSpec, positions, query, key, cos_sin_cache):
-    check_rotation_inputs(spec, positions, query, key, cos_sin_cache)
+    check_rotation_inputs(spec, positions, query, key, cos_sin_cache, check_values=True)
     if spec.ntk_alpha is not None:
         raise ValueError(f"ntk_alpha={spec.ntk_alpha}: SGLang's MRotaryEmbedding has no NTK-alpha base")
     op = _module(spec, query.dtype)

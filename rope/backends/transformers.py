@@ -245,7 +245,7 @@ def _rotary_module(family: HFFamily, spec: RopeSpec):
 
 
 def rotate_transformers(spec: RopeSpec, positions, query, key, cos_sin_cache):
-    check_rotation_inputs(spec, positions, query, key, cos_sin_cache)
+    check_rotation_inputs(spec, positions, query, key, cos_sin_cache, check_values=True)
     family, why = family_for(spec)
     if family is None:
         raise ValueError(f"spec={spec}: transformers has no rotation path for it ({why})")

@@ -73,17 +73,17 @@ def _call(op, method: str, spec: RopeSpec, positions, query, key, cos_sin_cache)
 
 
 def rotate_vllm_native(spec: RopeSpec, positions, query, key, cos_sin_cache):
-    check_rotation_inputs(spec, positions, query, key, cos_sin_cache)
+    check_rotation_inputs(spec, positions, query, key, cos_sin_cache, check_values=True)
     return _call(_mrope_op(spec, query.dtype), "forward_native", spec, positions, query, key, cos_sin_cache)
 
 
 def rotate_vllm_cuda(spec: RopeSpec, positions, query, key, cos_sin_cache):
-    check_rotation_inputs(spec, positions, query, key, cos_sin_cache)
+    check_rotation_inputs(spec, positions, query, key, cos_sin_cache, check_values=True)
     return _call(_mrope_op(spec, query.dtype), "forward_cuda", spec, positions, query, key, cos_sin_cache)
 
 
 def rotate_vllm_xd(spec: RopeSpec, positions, query, key, cos_sin_cache):
-    check_rotation_inputs(spec, positions, query, key, cos_sin_cache)
+    check_rotation_inputs(spec, positions, query, key, cos_sin_cache, check_values=True)
     if XDRotaryEmbedding is None:
         raise ValueError(f"vllm {_version()} has no XDRotaryEmbedding")
     return _call(_xd_op(spec, query.dtype), "forward_native", spec, positions, query, key, cos_sin_cache)

@@ -51,7 +51,7 @@ def prepare_positions_vllm(prefill_positions, prefill_delta, idx_mapping, query_
                            num_computed_tokens, num_dims, out) -> None:
     """Write out[:, :num_tokens] with ``RopeState.prepare_positions`` (vLLM's Triton kernel)."""
     num_tokens = check_position_inputs(prefill_positions, prefill_delta, idx_mapping, query_start_loc,
-                                       prefill_lens, num_computed_tokens, num_dims)
+                                       prefill_lens, num_computed_tokens, num_dims, check_values=True)
     check_out(out, num_dims, num_tokens, prefill_positions.device)
     why = _unsupported(device_name(out.device))
     if why:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import platform
 import statistics
 import time
@@ -248,13 +247,26 @@ def _selected_cos_sin(spec, positions, cache):
     return select_cos_sin(spec, positions, cache)
 
 
-BUILTIN_IMPLS = ("triton", "native", "native-compile", "transformers")
+BUILTIN_IMPLS = ("triton", "triton-public", "native", "native-compile", "transformers")
+
+
+def public_entry(fn):
+    """``fn`` as a user calls it: the same callable and declarations without ``unchecked``, so the
+    bench times the public entry (its checks included) beside the unchecked launch."""
+    def public(*args):
+        return fn(*args)
+    for attr in ("working_precision", "supports", "unsupported_reason", "switch_tokens"):
+        if hasattr(fn, attr):
+            setattr(public, attr, getattr(fn, attr))
+    return public
 
 
 def implementations_to_time(extra: list[str], only=BUILTIN_IMPLS) -> dict:
     impls = {}
     if "triton" in only:
         impls["triton"] = get_implementation("triton")
+    if "triton-public" in only:
+        impls["triton-public"] = public_entry(get_implementation("triton"))
     if "native" in only:
         impls["native"] = rotate_native
     if "native-compile" in only:
@@ -311,6 +323,8 @@ def run(models=DEFAULT_MODELS, tokens=TOKENS, dtypes=("bfloat16",), device="cuda
     empty_pdl = empty_launch_ms(device, pdl=True)
     progress(f"device {device}: copy bandwidth {ceiling:.0f} GB/s, empty launch {empty * 1e3:.1f} us"
              + (f" ({empty_pdl * 1e3:.1f} us with PDL)" if empty_pdl == empty_pdl else ""))
+    if device == "cpu":      # what the public entry adds on a GPU (host syncs) is not there to time
+        only = tuple(n for n in only if n != "triton-public")
     impls = implementations_to_time(list(extra_impls), only)
     results: list[Result] = []
     for key in models:
@@ -377,7 +391,8 @@ def position_inputs(device: str, num_reqs: int, chunk: int, dims: int = 3):
 def bench_positions(device, time_fn, ceiling, progress, shapes=POSITION_SHAPES) -> list[Result]:
     """Position preparation for ragged batches: many requests, mixed prefill chunks and decode.
     Both implementations are timed through ``fn.unchecked`` (the same work without validation and
-    without a host sync), after the checked call's output was compared."""
+    without a host sync), after the checked call's output was compared; on a GPU the Triton public
+    entry (``triton-public``: its checks included) beside them."""
     from rope.registry import get_positions_implementation
     out = []
     dims = 3
@@ -385,8 +400,11 @@ def bench_positions(device, time_fn, ceiling, progress, shapes=POSITION_SHAPES) 
         args, tokens, nbytes = position_inputs(device, num_reqs, chunk, dims)
         expected = reference.prepare_positions(*[a.cpu() for a in args], dims) if tokens <= 4096 else None
         row = {}
-        for name in ("native", "triton"):
-            fn = get_positions_implementation(name)
+        names = ("native", "triton") if device == "cpu" else ("native", "triton", "triton-public")
+        for name in names:
+            fn = get_positions_implementation(name.removesuffix("-public"))
+            if name.endswith("-public"):
+                fn = public_entry(fn)
             o = torch.zeros(dims, tokens, dtype=torch.int64, device=args[0].device)
             fn(*args, dims, o)
             checked = "ok" if expected is None or torch.equal(o.cpu(), expected) else "MISMATCH"

@@ -28,10 +28,10 @@ BLOCK = 256
 TARGET_PROGRAMS = 1024      # about 8 programs per SM of an H200: enough blocks in flight to hide latency
 
 
-@triton.jit(do_not_specialize=["prefill_row_stride", "out_row_stride"])
+@triton.jit(do_not_specialize=["prefill_row_stride", "out_row_stride", "max_reqs", "max_len", "out_cols"])
 def _prepare_positions_kernel(
     out_ptr, out_row_stride, prefill_ptr, prefill_row_stride, delta_ptr, idx_mapping_ptr,
-    query_start_loc_ptr, prefill_lens_ptr, num_computed_ptr,
+    query_start_loc_ptr, prefill_lens_ptr, num_computed_ptr, max_reqs, max_len, out_cols,
     NUM_DIMS: tl.constexpr, DIMS_P2: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     # PDL: wait for the previous kernel (it may have written the step's inputs) before any read,
@@ -47,7 +47,10 @@ def _prepare_positions_kernel(
     qs = tl.load(query_start_loc_ptr + b).to(tl.int64)
     ql = tl.load(query_start_loc_ptr + b + 1).to(tl.int64) - qs
     r = tl.load(idx_mapping_ptr + b).to(tl.int64)
-    if split * BLOCK < ql:
+    # On a GPU the public entry does not read the step's values (a host sync; rope.spec.checks_values),
+    # so the kernel stays in bounds whatever they are: a slot outside [0, max_reqs) writes nothing,
+    # reads stay inside the prefill table's max_len columns, stores inside out's out_cols columns.
+    if (split * BLOCK < ql) & (r >= 0) & (r < max_reqs):
         nc = tl.load(num_computed_ptr + r).to(tl.int64)
         is_prefill = nc < tl.load(prefill_lens_ptr + r)
         delta = tl.load(delta_ptr + r).to(tl.int64)
@@ -57,11 +60,12 @@ def _prepare_positions_kernel(
         dims_ok = d < NUM_DIMS
         for start in range(split * BLOCK, ql, splits * BLOCK):
             i = start + tl.arange(0, BLOCK)[None, :]
-            valid = dims_ok & (i < ql)
+            valid = dims_ok & (i < ql) & (qs + i >= 0) & (qs + i < out_cols)
             column = nc + i
             if is_prefill:
                 row = prefill_ptr + (NUM_DIMS * r + d) * prefill_row_stride
-                pos = tl.load(row + column, mask=valid, other=0).to(tl.int64)
+                in_table = valid & (column >= 0) & (column < max_len)
+                pos = tl.load(row + column, mask=in_table, other=0).to(tl.int64)
             else:
                 pos = column + delta + tl.zeros([DIMS_P2, BLOCK], dtype=tl.int64)
             tl.store(out_ptr + d * out_row_stride + qs + i, pos, mask=valid)
@@ -106,6 +110,7 @@ def launch_prepare_positions(prefill_positions, prefill_delta, idx_mapping, quer
     _prepare_positions_kernel[(num_reqs, splits)](
         out, out.stride(0), prefill_positions, prefill_positions.stride(0), prefill_delta, idx_mapping,
         query_start_loc, prefill_lens, num_computed_tokens,
+        prefill_positions.shape[0] // num_dims, prefill_positions.shape[1], out.shape[1],
         NUM_DIMS=num_dims, DIMS_P2=triton.next_power_of_2(num_dims), BLOCK=block, PDL=pdl, **extra,
     )
 

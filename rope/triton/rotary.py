@@ -118,7 +118,7 @@ def _lane_axes(freq, sec0, sec1, sec2, NUM_DIMS: tl.constexpr, INTERLEAVED: tl.c
 
 
 @triton.jit
-def _gather_cos_sin(cache_ptr, cache_row_stride, pos_ptr, pos_row_stride, token, num_tokens, freq, half,
+def _gather_cos_sin(cache_ptr, cache_row_stride, cache_rows, pos_ptr, pos_row_stride, token, num_tokens, freq, half,
                     sec0, sec1, sec2, NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_T: tl.constexpr,
                     BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr, POS_RUN: tl.constexpr, GATHER_3D: tl.constexpr):
     """cos = cache[positions[axis(i), t], i], sin = cache[..., half + i] for the tile's tokens, as
@@ -140,6 +140,9 @@ def _gather_cos_sin(cache_ptr, cache_row_stride, pos_ptr, pos_row_stride, token,
     for d in tl.static_range(1, NUM_DIMS):
         pos_d = tl.load(pos_ptr + d * pos_row_stride + token, mask=token_ok, other=0).to(tl.int64)
         pos = tl.where(axis[None, :] == d, pos_d[:, None], pos)
+    # Positions are not range-checked on a GPU (a host sync; rope.spec.checks_values): clamp them to
+    # the cache's rows, so a bad position reads a wrong row of the cache, never past it.
+    pos = tl.minimum(tl.maximum(pos, 0), cache_rows - 1)
     offs = pos * cache_row_stride + freq[None, :]
     lane_ok = freq_ok[None, :]
     if GATHER_3D:
@@ -157,10 +160,11 @@ def _gather_cos_sin(cache_ptr, cache_row_stride, pos_ptr, pos_row_stride, token,
 
 # Head counts, sections, the token count and the positions row stride vary per call but do not
 # affect memory alignment: do not let Triton specialize (and recompile) on them.
-@triton.jit(do_not_specialize=["pos_row_stride", "num_tokens", "num_q_heads", "num_kv_heads", "sec0", "sec1", "sec2"])
+@triton.jit(do_not_specialize=["pos_row_stride", "num_tokens", "num_q_heads", "num_kv_heads", "sec0", "sec1", "sec2",
+                               "cache_rows"])
 def _rotary_kernel(
     q_ptr, k_ptr, cache_ptr, pos_ptr,
-    q_row_stride, k_row_stride, cache_row_stride, pos_row_stride,
+    q_row_stride, k_row_stride, cache_row_stride, pos_row_stride, cache_rows,
     num_tokens, num_q_heads, num_kv_heads, head_size, half, sec0, sec1, sec2,
     NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, IS_NEOX: tl.constexpr, HAS_KEY: tl.constexpr, OUT_BF16: tl.constexpr,
     SPLIT_QK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr,
@@ -215,8 +219,8 @@ def _rotary_kernel(
     x_rows = x_ptr + token * x_stride
     x1, x2 = _load_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half,
                         IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
-    cos, sin = _gather_cos_sin(cache_ptr, cache_row_stride, pos_ptr, pos_row_stride, token, num_tokens,
-                               freq, half, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN, GATHER_3D)
+    cos, sin = _gather_cos_sin(cache_ptr, cache_row_stride, cache_rows, pos_ptr, pos_row_stride, token,
+                               num_tokens, freq, half, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN, GATHER_3D)
     # Rotate and store: NeoX pairs (i, i + half), GPT-J pairs (2i, 2i + 1).
     _rotate_store_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half, x1, x2, cos, sin,
                        IS_NEOX, OUT_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
@@ -311,7 +315,7 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
     _rotary_kernel[grid](
         query, key if key is not None else query, cos_sin_cache, positions,
         query.stride(0), key.stride(0) if key is not None else 0, cos_sin_cache.stride(0), pos_row_stride,
-        num_tokens, num_q, num_k, spec.head_size, spec.num_freqs, sec0, sec1, sec2,
+        cos_sin_cache.shape[0], num_tokens, num_q, num_k, spec.head_size, spec.num_freqs, sec0, sec1, sec2,
         NUM_DIMS=spec.num_dims, INTERLEAVED=spec.layout == "interleaved", IS_NEOX=spec.is_neox_style, HAS_KEY=key is not None,
         OUT_BF16=query.dtype == torch.bfloat16,
         SPLIT_QK=split_qk, BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_F=block_f,
