@@ -28,7 +28,7 @@ from rope.harness.position_ids import (
 )
 from rope.harness.position_ids import cases
 from rope.harness.position_ids.diagnosis import LABELS, compare
-from rope.harness.suite import subprocess_env
+from rope.harness.suite import plugin_args, subprocess_env, suite_dir
 
 MUTANTS = "properties.mutants.broken_position_ids"
 PROMPTS = {name: (family, batch) for name, family, batch in KNOWN_BUG_PROMPTS}
@@ -256,9 +256,13 @@ def test_cli_repro_exit_codes(tmp_path, monkeypatch):
 
 def test_pytest_repro_replays_a_position_ids_case(tmp_path, monkeypatch):
     path, _ = _write_case(tmp_path, monkeypatch)
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rope-repro", str(path),
+    # Run in the suite's root with the suite's replay module named, so the rootdir (and the plugin,
+    # where it is not installed) come from there, not from the case file's directory.
+    root = suite_dir().parent
+    run = subprocess.run([sys.executable, "-m", "pytest", *plugin_args(), "-q", "-p", "no:cacheprovider",
+                          str(suite_dir() / "test_repro.py"), f"--rope-repro={path}",
                           "--rope-position-ids-impl", f"{MUTANTS}:temporal_scale_truncated",
-                          "-k", "position_ids"], capture_output=True, text=True, timeout=300,
+                          "-k", "position_ids"], capture_output=True, text=True, timeout=300, cwd=root,
                          env={**subprocess_env(), "ROPE_CASES_DIR": "off", "ROPE_NO_REPORT": "1"})
     assert run.returncode == 1 and "1 failed" in run.stdout, run.stdout[-2000:]
 
