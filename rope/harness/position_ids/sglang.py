@@ -39,6 +39,7 @@ from reference.position_ids import (
 )
 from rope.backends import require
 from rope.harness.position_ids import KnownDeviation, PromptBatch
+from rope.harness.position_ids.vocabulary import PAD_TOKEN_ID, TEXT_TOKEN_ID, TIMESTAMP_TOKEN_ID
 
 # SGLang's own switch for a GPU-less host (as rope/backends/sglang.py): without it the rotary
 # package reaches for CUDA ops at import.
@@ -64,7 +65,6 @@ QWEN_IDS = {"vision_start": 151652, "vision_end": 151653, "image": 151655, "vide
 GLM_IMAGE_TOKEN_ID, GLM_VIDEO_START_TOKEN_ID, GLM_VIDEO_END_TOKEN_ID = 151343, 151341, 151342
 GLM_IDS = {"vision_start": 151339, "vision_end": 151340, "video_start": GLM_VIDEO_START_TOKEN_ID,
            "video_end": GLM_VIDEO_END_TOKEN_ID, "image": GLM_IMAGE_TOKEN_ID, "video": GLM_IMAGE_TOKEN_ID}
-TEXT_TOKEN_ID, TIMESTAMP_TOKEN_ID, PAD_TOKEN_ID = 1000, 27, 0
 
 
 def token_ids(family: str, roles) -> list[int]:

@@ -43,6 +43,7 @@ from reference.position_ids import (
 )
 from rope.backends import require
 from rope.harness.position_ids import KnownDeviation, PromptBatch
+from rope.harness.position_ids.vocabulary import PAD_TOKEN_ID, hunyuan_config_kwargs, token_ids
 
 transformers = require("transformers", distribution="transformers", install="pip install '.[oracle]'")
 TRANSFORMERS_VERSION = Version(transformers.__version__)
@@ -58,45 +59,25 @@ class Model:
     model: str
     config_module: str
     config: str
-    token_ids: tuple = ()                      # (role, config attribute or literal id) pairs
     config_kwargs: dict = dataclasses.field(default_factory=dict)
-
-
-_QWEN_IDS = (("vision_start", "vision_start_token_id"), ("vision_end", "vision_end_token_id"),
-             ("image", "image_token_id"), ("video", "video_token_id"))
-# HunyuanOCR: head_dim 128, xdrope_section [16]*4 (P, W, H, T); the 3-row variant takes [16, 24, 24].
-# <image_start>/<image_end> ids live in the tokenizer, not the config: any distinct ids do.
-_HUNYUAN_IDS = (("vision_start", 120118), ("vision_end", 120119), ("image", "image_token_id"))
-
-
-def _hunyuan_text_config(sections):
-    return {"text_config": {"head_dim": 128, "rope_parameters": {
-        "rope_type": "default", "rope_theta": 10000.0, "mrope_section": list(sections)}}}
 
 
 MODELS = {
     "qwen2_vl": Model("transformers.models.qwen2_vl.modeling_qwen2_vl", "Qwen2VLModel",
-                      "transformers.models.qwen2_vl.configuration_qwen2_vl", "Qwen2VLConfig", _QWEN_IDS),
+                      "transformers.models.qwen2_vl.configuration_qwen2_vl", "Qwen2VLConfig"),
     # Qwen2.5-VL checkpoints set vision_config.tokens_per_second = 2 (the config class default is 4).
     "qwen2_5_vl": Model("transformers.models.qwen2_5_vl.modeling_qwen2_5_vl", "Qwen2_5_VLModel",
-                        "transformers.models.qwen2_5_vl.configuration_qwen2_5_vl", "Qwen2_5_VLConfig", _QWEN_IDS,
+                        "transformers.models.qwen2_5_vl.configuration_qwen2_5_vl", "Qwen2_5_VLConfig",
                         {"vision_config": {"tokens_per_second": QWEN2_5_VL_TOKENS_PER_SECOND}}),
     "qwen3_vl": Model("transformers.models.qwen3_vl.modeling_qwen3_vl", "Qwen3VLModel",
-                      "transformers.models.qwen3_vl.configuration_qwen3_vl", "Qwen3VLConfig", _QWEN_IDS),
-    # GLM writes video frames with the image token; mm_token_type_ids says video (processor rule).
+                      "transformers.models.qwen3_vl.configuration_qwen3_vl", "Qwen3VLConfig"),
     "glm4v": Model("transformers.models.glm4v.modeling_glm4v", "Glm4vModel",
-                   "transformers.models.glm4v.configuration_glm4v", "Glm4vConfig",
-                   (("vision_start", "image_start_token_id"), ("vision_end", "image_end_token_id"),
-                    ("video_start", "video_start_token_id"), ("video_end", "video_end_token_id"),
-                    ("image", "image_token_id"), ("video", "image_token_id"))),
-    "hunyuan_ocr": Model("transformers.models.hunyuan_vl.modeling_hunyuan_vl", "HunYuanVLModel",
-                         "transformers.models.hunyuan_vl.configuration_hunyuan_vl", "HunYuanVLConfig",
-                         _HUNYUAN_IDS, _hunyuan_text_config((16, 16, 16, 16))),
-    "hunyuan_ocr_3d": Model("transformers.models.hunyuan_vl.modeling_hunyuan_vl", "HunYuanVLModel",
-                            "transformers.models.hunyuan_vl.configuration_hunyuan_vl", "HunYuanVLConfig",
-                            _HUNYUAN_IDS, _hunyuan_text_config((16, 24, 24))),
+                   "transformers.models.glm4v.configuration_glm4v", "Glm4vConfig"),
+    **{family: Model("transformers.models.hunyuan_vl.modeling_hunyuan_vl", "HunYuanVLModel",
+                     "transformers.models.hunyuan_vl.configuration_hunyuan_vl", "HunYuanVLConfig",
+                     hunyuan_config_kwargs(family))
+       for family in ("hunyuan_ocr", "hunyuan_ocr_3d")},
 }
-TEXT_TOKEN_ID, TIMESTAMP_TOKEN_ID, PAD_TOKEN_ID = 1000, 27, 0
 HELPERS = ("get_rope_index", "get_vision_position_ids")
 
 
@@ -125,14 +106,6 @@ def _model(family: str, spatial_merge_size: int):
     dummy = type(f"Dummy{model.model}", (), methods)()
     dummy.config = config
     return dummy.get_rope_index, config
-
-
-def token_ids(family: str, config, roles) -> list[int]:
-    """The token id of each role (``reference.ROLES``) in the family's vocabulary."""
-    ids = {"text": TEXT_TOKEN_ID, "timestamp": TIMESTAMP_TOKEN_ID}
-    for role, source in MODELS[family].token_ids:
-        ids[role] = source if isinstance(source, int) else getattr(config, source)
-    return [ids[r] for r in roles]
 
 
 def _batch(family: str, batch: PromptBatch) -> list[tuple[torch.Tensor, int]]:

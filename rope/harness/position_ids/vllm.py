@@ -51,6 +51,7 @@ from reference.position_ids import (
     prompt_positions,
 )
 from rope.backends import require
+from rope.harness.position_ids.vocabulary import hunyuan_config_kwargs, token_ids
 
 # Same rule as rope/backends/vllm.py: on a GPU-less host say so before vLLM is imported.
 if not torch.cuda.is_available():
@@ -71,46 +72,29 @@ class Model:
     cls: str
     config_module: str                         # transformers
     config: str
-    token_ids: tuple = ()                      # (role, config attribute or literal id) pairs
     config_kwargs: dict = dataclasses.field(default_factory=dict)
     hf_model: tuple | None = None              # Transformers backend: (module, class) of the HF model
 
 
-_QWEN_IDS = (("vision_start", "vision_start_token_id"), ("vision_end", "vision_end_token_id"),
-             ("image", "image_token_id"), ("video", "video_token_id"))
-# <image_start>/<image_end> ids live in HunYuanVL's tokenizer, not its config: any distinct ids do.
-_HUNYUAN_IDS = (("vision_start", 120118), ("vision_end", 120119), ("image", "image_token_id"))
 _HUNYUAN_HF = ("transformers.models.hunyuan_vl.modeling_hunyuan_vl", "HunYuanVLModel")
-
-
-def _hunyuan_text_config(sections):
-    return {"text_config": {"head_dim": 128, "rope_parameters": {
-        "rope_type": "default", "rope_theta": 10000.0, "mrope_section": list(sections)}}}
-
 
 MODELS = {
     "qwen2_vl": Model("qwen2_vl", "Qwen2VLForConditionalGeneration",
-                      "transformers.models.qwen2_vl.configuration_qwen2_vl", "Qwen2VLConfig", _QWEN_IDS),
+                      "transformers.models.qwen2_vl.configuration_qwen2_vl", "Qwen2VLConfig"),
     "qwen2_5_vl": Model("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration",
-                        "transformers.models.qwen2_5_vl.configuration_qwen2_5_vl", "Qwen2_5_VLConfig", _QWEN_IDS,
+                        "transformers.models.qwen2_5_vl.configuration_qwen2_5_vl", "Qwen2_5_VLConfig",
                         {"vision_config": {"tokens_per_second": QWEN2_5_VL_TOKENS_PER_SECOND}}),
     "qwen3_vl": Model("qwen3_vl", "Qwen3VLForConditionalGeneration",
-                      "transformers.models.qwen3_vl.configuration_qwen3_vl", "Qwen3VLConfig", _QWEN_IDS),
+                      "transformers.models.qwen3_vl.configuration_qwen3_vl", "Qwen3VLConfig"),
     # vLLM's GLM processor writes video frames with the image token (its `frame_embed_token_id`).
     "glm4v": Model("glm4_1v", "Glm4vForConditionalGeneration",
-                   "transformers.models.glm4v.configuration_glm4v", "Glm4vConfig",
-                   (("vision_start", "image_start_token_id"), ("vision_end", "image_end_token_id"),
-                    ("video_start", "video_start_token_id"), ("video_end", "video_end_token_id"),
-                    ("image", "image_token_id"), ("video", "image_token_id"))),
-    "hunyuan_ocr": Model("transformers", "TransformersMultiModalForCausalLM",
-                         "transformers.models.hunyuan_vl.configuration_hunyuan_vl", "HunYuanVLConfig",
-                         _HUNYUAN_IDS, _hunyuan_text_config((16, 16, 16, 16)), _HUNYUAN_HF),
-    "hunyuan_ocr_3d": Model("transformers", "TransformersMultiModalForCausalLM",
-                            "transformers.models.hunyuan_vl.configuration_hunyuan_vl", "HunYuanVLConfig",
-                            _HUNYUAN_IDS, _hunyuan_text_config((16, 24, 24)), _HUNYUAN_HF),
+                   "transformers.models.glm4v.configuration_glm4v", "Glm4vConfig"),
+    **{family: Model("transformers", "TransformersMultiModalForCausalLM",
+                     "transformers.models.hunyuan_vl.configuration_hunyuan_vl", "HunYuanVLConfig",
+                     hunyuan_config_kwargs(family), _HUNYUAN_HF)
+       for family in ("hunyuan_ocr", "hunyuan_ocr_3d")},
 }
 HF_ARCHITECTURE = "HunYuanVLForConditionalGeneration"
-TEXT_TOKEN_ID, TIMESTAMP_TOKEN_ID = 1000, 27
 
 
 def family_unavailable(family: str) -> str | None:
@@ -146,14 +130,6 @@ def _model(family: str, spatial_merge_size: int):
         hf.config = config
         stub.__dict__["model"] = hf
     return stub, config
-
-
-def token_ids(family: str, config, roles) -> list[int]:
-    """The token id of each role (``reference.ROLES``) in the family's vocabulary."""
-    ids = {"text": TEXT_TOKEN_ID, "timestamp": TIMESTAMP_TOKEN_ID}
-    for role, source in MODELS[family].token_ids:
-        ids[role] = source if isinstance(source, int) else getattr(config, source)
-    return [ids[r] for r in roles]
 
 
 def _runs(modality: list[int]):
