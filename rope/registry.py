@@ -92,17 +92,25 @@ def get_implementation(name: str) -> Callable:
     return fn
 
 
-def get_recorded_implementation(name: str, *, source: str, trusted: tuple[str, ...] = ()) -> Callable:
-    """The implementation a case file names.  A case file is data from someone else, so only a
-    registered name resolves; an import path stored in it is never imported (that would run code a
-    data file names): the ValueError shows it, with the option that runs it on the user's word.
-    ``trusted`` lists packages whose paths may resolve (the suite's own mutants, for its corpus)."""
-    if isinstance(name, str) and (name in _ROTATIONS or any(
+def resolve_recorded(name: str, *, source: str, registered, get: Callable, option: str,
+                     trusted: tuple[str, ...] = ()) -> Callable:
+    """The implementation a case file names, through ``get``.  A case file is data from someone
+    else, so only a name in ``registered`` resolves; an import path stored in it is never imported
+    (that would run code a data file names): the ValueError shows it, with the option (``option``,
+    the pytest one) that runs it on the user's word.  ``trusted`` lists packages whose paths may
+    resolve (the suite's own mutants, for its corpus)."""
+    if isinstance(name, str) and (name in registered or any(
             name.split(":", 1)[0] == package or name.startswith(package + ".") for package in trusted)):
-        return get_implementation(name)
-    raise ValueError(f"{source}: implementation={name!r} is not a registered name ({', '.join(sorted(_ROTATIONS))}); "
+        return get(name)
+    raise ValueError(f"{source}: implementation={name!r} is not a registered name ({', '.join(sorted(registered))}); "
                      f"a replay never imports a module path stored in a case file. To run it, name it yourself: "
-                     f"--impl {name} (rope-harness repro) or --rope-impl {name} (pytest)")
+                     f"--impl {name} (rope-harness repro) or {option} {name} (pytest)")
+
+
+def get_recorded_implementation(name: str, *, source: str, trusted: tuple[str, ...] = ()) -> Callable:
+    """The rotation implementation a case file names (:func:`resolve_recorded`)."""
+    return resolve_recorded(name, source=source, registered=_ROTATIONS, get=get_implementation,
+                            option="--rope-impl", trusted=trusted)
 
 
 def implementations() -> dict[str, Callable]:

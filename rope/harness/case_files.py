@@ -107,16 +107,16 @@ def case_id(implementation: str, device: str, case: dict) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def implementation_path(name: str, fn) -> str:
-    """A string ``get_implementation`` resolves to ``fn``: ``name`` when it does, else
-    ``module:qualname`` when that does, else ``name`` (a replay then needs ``--impl``)."""
+def implementation_path(name: str, fn, resolve=get_implementation) -> str:
+    """A string ``resolve`` (default ``get_implementation``) resolves to ``fn``: ``name`` when it
+    does, else ``module:qualname`` when that does, else ``name`` (a replay then needs ``--impl``)."""
     candidates = [name]
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
     if module and qualname and module != "__main__" and "<locals>" not in qualname:
         candidates.append(f"{module}:{qualname}")
     for candidate in candidates:
         try:
-            if get_implementation(candidate) is fn:
+            if resolve(candidate) is fn:
                 return candidate
         except ValueError:
             continue
@@ -250,16 +250,13 @@ class CaseFile:
         return Diagnosis.from_dict(self.record["diagnosis"])
 
 
-def _is_int(v) -> bool:
+def is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def load_case(path: Path | str) -> CaseFile:
-    """Read and validate a case file.  Any problem is a ``ValueError`` naming the file and the
-    field: unreadable or corrupt JSON, a missing field, a wrong type or value, a schema version
-    newer than this code understands."""
-    path = Path(path)
-
+def read_record(path: Path) -> dict:
+    """A case file's JSON object; any problem is a ValueError naming the file: unreadable, corrupt
+    or truncated JSON, something other than an object."""
     def bad(problem: str) -> ValueError:
         return ValueError(f"case file {path}: {problem}")
 
@@ -276,10 +273,23 @@ def load_case(path: Path | str) -> CaseFile:
         raise bad(f"not readable as JSON ({exc})") from None
     if not isinstance(record, dict):
         raise bad(f"must hold a JSON object (got {type(record).__name__})")
+    return record
+
+
+def load_case(path: Path | str) -> CaseFile:
+    """Read and validate a case file.  Any problem is a ``ValueError`` naming the file and the
+    field: unreadable or corrupt JSON, a missing field, a wrong type or value, a schema version
+    newer than this code understands."""
+    path = Path(path)
+
+    def bad(problem: str) -> ValueError:
+        return ValueError(f"case file {path}: {problem}")
+
+    record = read_record(path)
     if "schema_version" not in record:
         raise bad("missing field 'schema_version'")
     version = record["schema_version"]
-    if not _is_int(version) or version < 1:
+    if not is_int(version) or version < 1:
         raise bad(f"schema_version={version!r}: must be an int >= 1")
     if version > SCHEMA_VERSION:
         raise bad(f"schema_version={version}: newer than this rope-harness understands ({SCHEMA_VERSION}); "
@@ -318,17 +328,17 @@ def load_case(path: Path | str) -> CaseFile:
     unknown = set(c) - set(CASE_FIELDS)
     if unknown:
         raise bad(f"case: unknown fields {sorted(unknown)}")
-    for name, ok, rule in (("num_tokens", _is_int(c["num_tokens"]) and 0 <= c["num_tokens"] <= MAX_TOKENS,
+    for name, ok, rule in (("num_tokens", is_int(c["num_tokens"]) and 0 <= c["num_tokens"] <= MAX_TOKENS,
                             f"an int in [0, {MAX_TOKENS}]"),
-                           ("num_q_heads", _is_int(c["num_q_heads"]) and 1 <= c["num_q_heads"] <= MAX_HEADS,
+                           ("num_q_heads", is_int(c["num_q_heads"]) and 1 <= c["num_q_heads"] <= MAX_HEADS,
                             f"an int in [1, {MAX_HEADS}]"),
-                           ("num_kv_heads", _is_int(c["num_kv_heads"]) and 0 <= c["num_kv_heads"] <= MAX_HEADS,
+                           ("num_kv_heads", is_int(c["num_kv_heads"]) and 0 <= c["num_kv_heads"] <= MAX_HEADS,
                             f"an int in [0, {MAX_HEADS}]"),
                            ("dtype", c["dtype"] in DTYPES, f"one of {tuple(DTYPES)}"),
                            ("positions_kind", c["positions_kind"] in POSITION_KINDS, f"one of {POSITION_KINDS}"),
                            ("packed_qkv", isinstance(c["packed_qkv"], bool), "true or false"),
                            ("nonfinite", isinstance(c["nonfinite"], bool), "true or false"),
-                           ("seed", _is_int(c["seed"]) and 0 <= c["seed"] <= MAX_SEED, f"an int in [0, 2**64 - 1]")):
+                           ("seed", is_int(c["seed"]) and 0 <= c["seed"] <= MAX_SEED, "an int in [0, 2**64 - 1]")):
         if not ok:
             value = repr(c[name]) if len(repr(c[name])) <= 40 else f"{repr(c[name])[:20]}...({len(repr(c[name]))} chars)"
             raise bad(f"case.{name}={value}: must be {rule}")

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Callable
 
 from reference.position_ids import FAMILIES, Image, Prompt, Text, Video
+from rope import registry
 from rope.harness import case_files
 from rope.harness.position_ids import (
     ADAPTERS,
@@ -94,19 +95,8 @@ def case_id(implementation: str, family: str, batch: PromptBatch) -> str:
 
 
 def implementation_path(name: str, fn: Callable) -> str:
-    """A string :func:`get_position_ids_implementation` resolves to ``fn``: ``name`` when it does,
-    else ``module:qualname`` when that does, else ``name``."""
-    candidates = [name]
-    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
-    if module and qualname and module != "__main__" and "<locals>" not in qualname:
-        candidates.append(f"{module}:{qualname}")
-    for candidate in candidates:
-        try:
-            if get_position_ids_implementation(candidate) is fn:
-                return candidate
-        except ValueError:
-            continue
-    return name
+    """A string :func:`get_position_ids_implementation` resolves to ``fn`` (case_files' rule)."""
+    return case_files.implementation_path(name, fn, resolve=get_position_ids_implementation)
 
 
 def case_record(*, implementation: str, fn: Callable, family: str, batch: PromptBatch, index: int,
@@ -127,10 +117,10 @@ def is_position_ids_case(path: Path | str) -> bool:
     """Whether ``path`` holds a position-id case file (its ``kind``); False for anything unreadable
     (the rotation loader then says what is wrong with it)."""
     try:
-        record = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        record = case_files.read_record(Path(path))
+    except ValueError:
         return False
-    return isinstance(record, dict) and record.get("kind") == KIND
+    return record.get("kind") == KIND
 
 
 # ------------------------------------------------------------------------------------------ check
@@ -200,20 +190,16 @@ def assert_matches(name: str, fn: Callable, family: str, batch: PromptBatch) -> 
 
 
 # ------------------------------------------------------------------------------------------ load
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def _segment(where: str, raw) -> Text | Image | Video:
     if not isinstance(raw, dict) or len(set(raw) & {"text", "image", "video"}) != 1:
         raise ValueError(f"{where}: must be an object with exactly one of 'text', 'image', 'video'")
     if "text" in raw:
-        if set(raw) != {"text"} or not _is_int(raw["text"]) or not 0 <= raw["text"] <= MAX_TEXT:
+        if set(raw) != {"text"} or not case_files.is_int(raw["text"]) or not 0 <= raw["text"] <= MAX_TEXT:
             raise ValueError(f"{where}.text={raw.get('text')!r}: must be an int in [0, {MAX_TEXT}] and alone")
         return Text(raw["text"])
     key = "image" if "image" in raw else "video"
     grid = raw[key]
-    if not isinstance(grid, list) or len(grid) != 3 or not all(_is_int(v) for v in grid):
+    if not isinstance(grid, list) or len(grid) != 3 or not all(case_files.is_int(v) for v in grid):
         raise ValueError(f"{where}.{key}={grid!r}: must be a list [t, h, w] of ints")
     t, h, w = grid
     if not (1 <= t <= MAX_FRAMES and 1 <= h <= MAX_SIDE and 1 <= w <= MAX_SIDE):
@@ -228,7 +214,7 @@ def _segment(where: str, raw) -> Text | Image | Video:
     spg, ts = raw.get("second_per_grid", 1.0), raw.get("timestamp_tokens", 1)
     if isinstance(spg, bool) or not isinstance(spg, (int, float)) or not math.isfinite(spg) or not 0 < spg <= 1e6:
         raise ValueError(f"{where}.second_per_grid={spg!r}: must be a finite number in (0, 1e6]")
-    if not _is_int(ts) or not 0 <= ts <= 64:
+    if not case_files.is_int(ts) or not 0 <= ts <= 64:
         raise ValueError(f"{where}.timestamp_tokens={ts!r}: must be an int in [0, 64]")
     return Video(tuple(grid), second_per_grid=float(spg), timestamp_tokens=ts)
 
@@ -237,7 +223,7 @@ def prompt_from_dict(where: str, raw) -> Prompt:
     if not isinstance(raw, dict) or set(raw) != {"spatial_merge_size", "segments"}:
         raise ValueError(f"{where}: must be an object with 'spatial_merge_size' and 'segments'")
     merge, segments = raw["spatial_merge_size"], raw["segments"]
-    if not _is_int(merge) or not 1 <= merge <= 16:
+    if not case_files.is_int(merge) or not 1 <= merge <= 16:
         raise ValueError(f"{where}.spatial_merge_size={merge!r}: must be an int in [1, 16]")
     if not isinstance(segments, list) or not 1 <= len(segments) <= MAX_SEGMENTS:
         raise ValueError(f"{where}.segments: must be a list of 1 to {MAX_SEGMENTS} segments")
@@ -282,14 +268,7 @@ def load(path: Path | str) -> PositionIdsCase:
     def bad(problem: str) -> ValueError:
         return ValueError(f"case file {path}: {problem}")
 
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise bad(f"cannot read it ({exc})") from None
-    except ValueError as exc:
-        raise bad(f"not valid JSON ({exc})") from None
-    if not isinstance(record, dict):
-        raise bad(f"must hold a JSON object (got {type(record).__name__})")
+    record = case_files.read_record(path)
     for name in FIELDS:
         if name not in record:
             raise bad(f"missing field {name!r}")
@@ -320,7 +299,7 @@ def load(path: Path | str) -> PositionIdsCase:
     except ValueError as exc:
         raise bad(str(exc)) from None
     index = record["prompt_index"]
-    if not _is_int(index) or not 0 <= index < len(prompts):
+    if not case_files.is_int(index) or not 0 <= index < len(prompts):
         raise bad(f"prompt_index={index!r}: must be an int in [0, {len(prompts)})")
     diagnosis = record["diagnosis"]
     if not isinstance(diagnosis, dict) or diagnosis.get("label") not in LABELS:
@@ -332,11 +311,8 @@ def load(path: Path | str) -> PositionIdsCase:
 def resolve_recorded(name: str, source: str, trusted: tuple[str, ...] = ()) -> Callable:
     """A registered adapter only: a module path stored in a case file is never imported
     (``trusted`` packages excepted: the suite's own mutants, for its corpus)."""
-    if name in ADAPTERS or any(name.split(":", 1)[0] == p or name.startswith(p + ".") for p in trusted):
-        return get_position_ids_implementation(name)
-    raise ValueError(f"{source}: implementation={name!r} is not a registered name ({', '.join(sorted(ADAPTERS))}); "
-                     f"a replay never imports a module path stored in a case file. To run it, name it yourself: "
-                     f"--impl {name} (rope-harness repro) or --rope-position-ids-impl {name} (pytest)")
+    return registry.resolve_recorded(name, source=source, registered=ADAPTERS, get=get_position_ids_implementation,
+                                     option="--rope-position-ids-impl", trusted=trusted)
 
 
 def replay(path: Path | str, *, impl: str | None = None) -> tuple[PositionIdsCase, str, BatchCheck]:

@@ -117,10 +117,6 @@ def compare(family: str, prompt: Prompt, got: torch.Tensor, got_delta: int, expe
                                label, sentence)
 
 
-def diagnose(mismatch: PositionIdsMismatch) -> tuple[str, str]:
-    return mismatch.label, mismatch.sentence
-
-
 # ------------------------------------------------------------------------------------------ rules
 def _diagnose_delta(positions: torch.Tensor, got: int, want: int) -> tuple[str, str]:
     if want < 0 and got == 0:
