@@ -209,7 +209,8 @@ _POSITION_DTYPES = (torch.int64, torch.int32)
 # 130 us a call on an H200) and makes the call impossible to capture in a CUDA graph, so there the
 # public entries check shapes, dtypes, devices and aliasing only, and the kernels stay in bounds
 # whatever the values (docs/implementations.md).  ROPE_CHECK_VALUES=1 (the debug switch) checks the
-# values on every device; 0 checks them nowhere.
+# values on every device; 0 skips them on the CPU too.  Callers that pass check_values=True (the
+# reference, native, the external adapters) check them whatever the switch says.
 VALUE_CHECKS_ENV = "ROPE_CHECK_VALUES"
 
 
