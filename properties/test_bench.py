@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 
 from rope.harness import bench
@@ -24,40 +23,72 @@ def test_check_sample_flags_a_broken_implementation(device):
     import torch
     pos, q, k = bench._inputs(spec, 8, 4, 2, torch.bfloat16, device)
     cache = __import__("rope").cos_sin_cache(spec, torch.bfloat16, q.device)
-    assert bench.check_sample(spec, bench.rotate_native, pos, q, k, cache).startswith("ok")
+    from rope.native import rotate_native
+    assert bench.check_sample(spec, rotate_native, pos, q, k, cache).startswith("ok")
     assert bench.check_sample(spec, neox_for_gptj, pos, q, k, cache).startswith("MISMATCH")
 
 
-@pytest.mark.slow
-def test_bench_smoke_writes_reports(tmp_path):
-    from rope.devices import triton_runs_on
-    impls = ("triton", "native") if triton_runs_on("cpu") else ("native",)
-    data = bench.run(models=("glm-4.1v-9b",), tokens=(1, 2), device="cpu", positions=(),
-                     progress=lambda s: None, only=impls)
-    paths = bench.write_reports(data, tmp_path)
-    assert [p.name for p in paths] == ["bench.json", "bench.md", "bench.png"]
-    loaded = json.loads(paths[0].read_text())
-    assert {r["impl"] for r in loaded["results"]} == set(impls)
-    assert all(r["checked"].startswith("ok") for r in loaded["results"])
-    assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "| glm-4.1v-9b | 1 | native |" in paths[1].read_text()
+def test_bench_on_the_cpu_as_a_user_types_it(tmp_path):
+    # `rope-harness bench --device cpu` with its defaults: small sizes, a minute at most, Triton rows
+    # (the interpreter) checked and labelled, never timed; torch.compile whole, one graph per shape;
+    # the reports written.  Run as a user runs it: the installed command, in another directory.
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import time
+    exe = shutil.which("rope-harness") or os.path.join(os.path.dirname(sys.executable), "rope-harness")
+    start = time.monotonic()
+    proc = subprocess.run([exe, "bench", "--device", "cpu", "--out", str(tmp_path)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    took = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "bench.json").read_text())
+    rows = data["results"]
+    assert {r["tokens"] for r in rows if r["kind"] == "rotation"} == set(bench.CPU_TOKENS)
+    assert {r["model"] for r in rows if r["kind"] == "rotation"} == set(bench.DEFAULT_MODELS)
+    assert all(r["checked"].startswith("ok") for r in rows), [r for r in rows if not r["checked"].startswith("ok")]
+    interpreted = [r for r in rows if r["impl"] in ("triton", "triton-public")]
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        assert interpreted and all(r["ms"] != r["ms"] and r["timing"].startswith("interpreter") for r in interpreted)
+        assert max(r["tokens"] for r in interpreted if r["kind"] == "rotation") <= bench.INTERPRETER_CHECK_TOKENS
+    compiled = [r for r in rows if r["impl"] == "torch-compile"]
+    assert len(compiled) == len(bench.CPU_TOKENS) * len(bench.DEFAULT_MODELS)
+    assert all(r["note"] == "1 Dynamo graph, fullgraph" for r in compiled), [r["note"] for r in compiled]
+    assert {r["model"] for r in rows if r["kind"] == "positions"} == {f"{n}x{c}" for n, c in bench.CPU_POSITION_SHAPES}
+    md = (tmp_path / "bench.md").read_text()
+    assert "interpreter: checked, not timed" in md and "| qwen2.5-vl-72b | 256 | native |" in md
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert took < 180, f"the CPU bench took {took:.0f} s with its defaults"
 
 
-@pytest.mark.slow
-def test_bench_positions_checks_times_and_plots(tmp_path):
-    # The position half of `rope-harness bench` on the CPU (small steps: decode, and prefill chunks
-    # over two blocks), so that it cannot rot where CI has no GPU; its panel joins the plot.
-    from rope.devices import triton_runs_on
-    if not triton_runs_on("cpu"):
-        pytest.skip("Triton does not run on the CPU here")
-    data = bench.run(models=(), device="cpu", positions=((3, 1), (2, 300)), progress=lambda s: None,
-                     only=("native",))
-    assert [(r["model"], r["impl"]) for r in data["results"]] == [
-        ("3x1", "native"), ("3x1", "triton"), ("2x300", "native"), ("2x300", "triton")]
-    assert all(r["checked"].startswith("ok") and r["ms"] > 0 for r in data["results"]), data["results"]
-    paths = bench.write_reports(data, tmp_path)
-    assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "| 2x300 | 600 | triton |" in paths[1].read_text()
+def _row(impl, ms, checked="ok", ours=False, tokens=4096):
+    return bench.Result("rotation", impl, "qwen2.5-vl-72b", tokens, "bfloat16", ms, 1, 1.0, 1.0, checked=checked,
+                        ours=ours)
+
+
+def test_race_takes_the_fastest_peer_that_passed_its_check():
+    nan = float("nan")
+    rows = [_row("triton", 0.040, ours=True), _row("triton-public", 0.030, ours=True),
+            _row("vllm-cuda", 0.020, checked="MISMATCH q[0, 3]"), _row("liger-pregathered", nan),
+            _row("liger", 0.050), _row("torch-compile", 0.080), _row("native", 0.5),
+            _row("triton", nan, ours=True, tokens=1), _row("native", 0.1, tokens=1)]
+    assert bench.race(rows) == [{"model": "qwen2.5-vl-72b", "tokens": 4096, "dtype": "bfloat16", "ours_ms": 0.040,
+                                 "best_peer": "liger", "best_peer_ms": 0.050, "ratio": 0.040 / 0.050}]
+    md = bench.race_markdown({"race": bench.race(rows), "device": "cuda"})
+    assert "| qwen2.5-vl-72b | 4096 | bfloat16 | 40.0 | liger | 50.0 | 0.80 |" in md
+
+
+def test_a_contender_is_checked_on_the_call_that_is_timed():
+    # The bound call is what gets checked: a peer whose engine call is wrong is a MISMATCH row.
+    from properties.mutants.broken_rotations import neox_for_gptj
+    from rope.harness.bench_contenders import Contender
+    spec = get_model("glm-4.1v-9b").spec
+    pos, q, k = bench._inputs(spec, 8, 4, 2, torch.float32, "cpu")
+    cache = __import__("rope").cos_sin_cache(spec, torch.float32, "cpu")
+    broken = Contender("broken", False, lambda *a: (lambda: neox_for_gptj(*a)), "float32")
+    ms, how, checked, note = bench.race_rotation(broken, spec, pos, q, k, cache, "cpu", bench._timer("cpu"), 8, 1)
+    assert checked.startswith("MISMATCH") and ms > 0 and how == "wall"
 
 
 def test_input_sets_span_the_l2_and_stay_bounded(monkeypatch):

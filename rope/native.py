@@ -22,12 +22,15 @@ def _axis_tensor(axis_map: tuple[int, ...], device: torch.device) -> torch.Tenso
     return torch.tensor(axis_map, device=device)
 
 
-def select_cos_sin(spec: RopeSpec, positions: torch.Tensor, cache: torch.Tensor):
-    """cos, sin [T, rotary_dim/2] in the cache's dtype, each frequency from its axis row."""
+def select_cos_sin(spec: RopeSpec, positions: torch.Tensor, cache: torch.Tensor, axis: torch.Tensor | None = None):
+    """cos, sin [T, rotary_dim/2] in the cache's dtype, each frequency from its axis row.  ``axis``:
+    the axis map as a tensor on the cache's device, where the caller holds one (a compiled caller
+    passes it in: the cached lookup below is a graph break for Dynamo)."""
     cos, sin = cache[positions.long()].chunk(2, dim=-1)     # [T, half] or [D, T, half]
     if spec.num_dims == 1:
         return cos, sin
-    axis = _axis_tensor(spec.axis_map(), cache.device)
+    if axis is None:
+        axis = _axis_tensor(spec.axis_map(), cache.device)
     index = axis.view(1, 1, -1).expand(1, cos.shape[1], -1)
     return cos.gather(0, index).squeeze(0), sin.gather(0, index).squeeze(0)
 
@@ -57,11 +60,11 @@ def rotate_native(spec: RopeSpec, positions, query, key, cos_sin_cache):
     return rotate_native_unchecked(spec, positions, query, key, cos_sin_cache)
 
 
-def rotate_native_unchecked(spec: RopeSpec, positions, query, key, cos_sin_cache):
+def rotate_native_unchecked(spec: RopeSpec, positions, query, key, cos_sin_cache, axis: torch.Tensor | None = None):
     """The hot path without validation (no host sync): what a serving engine runs, and what
-    the benchmark times and torch.compile traces."""
+    the benchmark times and torch.compile traces (with ``axis`` passed in: see select_cos_sin)."""
     cache = cos_sin_cache.to(query.dtype)
-    cos, sin = select_cos_sin(spec, positions, cache)
+    cos, sin = select_cos_sin(spec, positions, cache, axis)
     q_out = apply_rotation(spec, query, cos, sin)
     k_out = apply_rotation(spec, key, cos, sin) if key is not None else None
     return q_out, k_out

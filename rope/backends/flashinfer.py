@@ -20,12 +20,22 @@ _rope = require("flashinfer.rope", distribution="flashinfer-python",
                 install="pip install flashinfer-python (needs a CUDA GPU)")
 
 
+def engine_call(spec: RopeSpec, positions, query, key, cos_sin_cache):
+    """FlashInfer's call on these inputs, bound once: a function of no arguments returning (q, k).
+    The float32 cache is made here, once, as an engine holds it."""
+    k_in = key if key is not None else query.new_zeros(query.shape[0], spec.head_size)
+    cache = cos_sin_cache.to(torch.float32)
+
+    def rotate():
+        q_out, k_out = _rope.apply_rope_with_cos_sin_cache(positions, query, k_in, spec.head_size, cache,
+                                                           is_neox=spec.is_neox_style)
+        return q_out, (k_out if key is not None else None)
+    return rotate
+
+
 def rotate_flashinfer(spec: RopeSpec, positions, query, key, cos_sin_cache):
     check_rotation_inputs(spec, positions, query, key, cos_sin_cache, check_values=True)
-    k_in = key if key is not None else query.new_zeros(query.shape[0], spec.head_size)
-    q_out, k_out = _rope.apply_rope_with_cos_sin_cache(
-        positions, query, k_in, spec.head_size, cos_sin_cache.to(torch.float32), is_neox=spec.is_neox_style)
-    return q_out, (k_out if key is not None else None)
+    return engine_call(spec, positions, query, key, cos_sin_cache)()
 
 
 def _reason(spec: RopeSpec, dtype, device: str) -> str | None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from rope.backends import declare, heads, require, triton_reason
+from rope.backends import declare, require, triton_reason
 from rope.spec import RopeSpec, check_rotation_inputs
 
 _mrope = require("liger_kernel.transformers.qwen2vl_mrope", distribution="liger-kernel",
@@ -42,15 +42,27 @@ def liger_cos_sin(cache: torch.Tensor, positions: torch.Tensor) -> tuple[torch.T
     return torch.cat((cos, cos), -1).unsqueeze(1), torch.cat((sin, sin), -1).unsqueeze(1)
 
 
-def rotate_liger(spec: RopeSpec, positions, query, key, cos_sin_cache):
-    check_rotation_inputs(spec, positions, query, key, cos_sin_cache, check_values=True)
+def engine_call(spec: RopeSpec, positions, query, key, cos_sin_cache, *, pregathered: bool = False):
+    """Liger's call on these inputs, bound once: a function of no arguments returning (q, k).  The
+    cos/sin gather into Liger's ``[3, 1, T, rotary_dim]`` layout runs inside the call, as a model
+    patched with Liger runs it, or once here (``pregathered``: the kernel alone is timed)."""
     hs = spec.head_size
     # Liger always rotates a key; without one it gets a one-head scratch key that is thrown away.
     k_in = key if key is not None else query.new_zeros(query.shape[0], hs)
-    cos, sin = liger_cos_sin(cos_sin_cache, positions)
-    q_out, k_out = _mrope.liger_multimodal_rotary_pos_emb(
-        to_liger(query, hs), to_liger(k_in, hs), cos, sin, list(spec.sections))
-    return from_liger(q_out), (from_liger(k_out) if key is not None else None)
+    q_l, k_l, sections = to_liger(query, hs), to_liger(k_in, hs), list(spec.sections)
+
+    def rotate(cos, sin):
+        q_out, k_out = _mrope.liger_multimodal_rotary_pos_emb(q_l, k_l, cos, sin, sections)
+        return from_liger(q_out), (from_liger(k_out) if key is not None else None)
+    if pregathered:
+        cos, sin = liger_cos_sin(cos_sin_cache, positions)
+        return lambda: rotate(cos, sin)
+    return lambda: rotate(*liger_cos_sin(cos_sin_cache, positions))
+
+
+def rotate_liger(spec: RopeSpec, positions, query, key, cos_sin_cache):
+    check_rotation_inputs(spec, positions, query, key, cos_sin_cache, check_values=True)
+    return engine_call(spec, positions, query, key, cos_sin_cache)()
 
 
 def _reason(spec: RopeSpec, dtype, device: str) -> str | None:

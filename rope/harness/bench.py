@@ -39,8 +39,8 @@ from rope.harness.atomic import atomic_write
 from rope.cache import cos_sin_cache
 from rope.devices import synchronize, torch_device
 from rope.models import load_models
-from rope.native import rotate_native
-from rope.registry import get_implementation, working_precision
+from rope.harness.bench_contenders import CONTENDERS, contenders, runs_here, timed_here
+from rope.registry import working_precision
 from rope.spec import RopeSpec
 from rope.harness.tolerance import compare_rotation
 from rope.triton.pdl import HAS_PDL, pdl_available
@@ -51,6 +51,9 @@ if HAS_PDL:     # _empty_kernel's PDL variant calls these by their global names
 
 TOKENS = (1, 16, 256, 4096, 16384, 65536)
 POSITION_SHAPES = ((256, 1), (64, 256), (16, 4096))    # (requests, tokens each): decode, mixed, prefill
+CPU_TOKENS = (1, 16, 256)                               # off the GPU: what a CPU times in seconds
+CPU_POSITION_SHAPES = ((16, 1), (4, 64))
+INTERPRETER_CHECK_TOKENS = 16   # the Triton interpreter (CPU) checks up to this size: ~20 s a call at 256 tokens
 DEFAULT_MODELS = ("qwen2.5-vl-72b", "qwen3-vl-8b", "glm-4.1v-9b", "hunyuan-ocr")
 GRAPH_MAX_TOKENS = 256          # CUDA graphs below this size
 CHECK_TOKENS = 64               # tokens compared with the reference before timing
@@ -69,7 +72,9 @@ class Result:
     frac_copy: float
     speedup_vs_native: float | None = None
     checked: str = ""            # "ok (worst error/bound 0.61)" or the failure
-    timing: str = ""             # "cudagraph" | "rotating+graph" | "rotating" | "wall"
+    timing: str = ""             # "cudagraph" | "rotating+graph" | "rotating" | "wall" | "interpreter: ..."
+    ours: bool = False
+    note: str = ""               # e.g. torch-compile's Dynamo graph count
 
 
 # ------------------------------------------------------------------------------------ bytes
@@ -220,36 +225,7 @@ def empty_launch_ms(device: str, pdl: bool = False) -> float:
     return ms
 
 
-# ------------------------------------------------------------------------------------ impls
-def _transformers_rotation():
-    """transformers' own NeoX rotation (apply_rotary_pos_emb on [T, H, D] with cat(f, f) cos/sin)."""
-    try:
-        from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb
-    except ImportError:
-        return None
-
-    def hf(spec, positions, query, key, cache):
-        cos, sin = _selected_cos_sin(spec, positions, cache.to(query.dtype))
-        cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
-        t = query.shape[0]
-        q = query.view(t, -1, spec.head_size)
-        k = key.view(t, -1, spec.head_size)
-        rd = spec.rotary_dim
-        q_rot, k_rot = apply_rotary_pos_emb(q[..., :rd], k[..., :rd], cos, sin, unsqueeze_dim=1)
-        return (torch.cat((q_rot, q[..., rd:]), -1).view(t, -1), torch.cat((k_rot, k[..., rd:]), -1).view(t, -1))
-    hf.working_precision = "activation"
-    hf.supports = lambda spec, dtype, device: spec.is_neox_style
-    return hf
-
-
-def _selected_cos_sin(spec, positions, cache):
-    from rope.native import select_cos_sin
-    return select_cos_sin(spec, positions, cache)
-
-
-BUILTIN_IMPLS = ("triton", "triton-public", "native", "native-compile", "transformers")
-
-
+# ------------------------------------------------------------------------------------ running
 def public_entry(fn):
     """``fn`` as a user calls it: the same callable and declarations without ``unchecked``, so the
     bench times the public entry (its checks included) beside the unchecked launch."""
@@ -261,30 +237,6 @@ def public_entry(fn):
     return public
 
 
-def implementations_to_time(extra: list[str], only=BUILTIN_IMPLS) -> dict:
-    impls = {}
-    if "triton" in only:
-        impls["triton"] = get_implementation("triton")
-    if "triton-public" in only:
-        impls["triton-public"] = public_entry(get_implementation("triton"))
-    if "native" in only:
-        impls["native"] = rotate_native
-    if "native-compile" in only:
-        # One specialization per shape (dynamic=False), so allow one per model x size.
-        import torch._dynamo
-        torch._dynamo.config.recompile_limit = 256
-        compiled = torch.compile(rotate_native.unchecked, dynamic=False)
-        compiled.working_precision = "activation"
-        impls["native-compile"] = compiled
-    hf = _transformers_rotation() if "transformers" in only else None
-    if hf is not None:
-        impls["transformers"] = hf
-    for name in extra:
-        impls[name] = get_implementation(name)
-    return impls
-
-
-# ------------------------------------------------------------------------------------ running
 def _inputs(spec, tokens, num_q, num_kv, dtype, device, seed=0):
     gen = torch.Generator().manual_seed(seed)
     dev = torch_device(device)
@@ -297,25 +249,65 @@ def _inputs(spec, tokens, num_q, num_kv, dtype, device, seed=0):
     return pos.to(dev), q.to(dev), k.to(dev)
 
 
-def check_sample(spec, fn, positions, q, k, cache) -> str:
-    """Run ``fn`` once and compare a sample of its tokens with the float64 reference."""
-    out_q, out_k = fn(spec, positions, q.clone(), k.clone(), cache)
+def check_outputs(spec, positions, q, k, cache, out_q, out_k, precision: str) -> str:
+    """Compare a sample of tokens of ``out_q``/``out_k`` (computed from ``q``/``k``) with the
+    float64 reference."""
     t = q.shape[0]
     idx = torch.linspace(0, t - 1, min(t, CHECK_TOKENS)).round().long().unique().to(q.device)
     pos = positions[..., idx]
     sub_q, sub_k = q[idx].cpu(), k[idx].cpu()
     ref_q, ref_k = reference.rotate(spec, pos.cpu(), sub_q, sub_k, cache.cpu())
     result = compare_rotation(spec, pos.cpu(), sub_q, sub_k, cache.cpu(), out_q[idx].cpu(), out_k[idx].cpu(),
-                              ref_q, ref_k, working_precision(fn))
+                              ref_q, ref_k, precision)
     if not result.ok:
         return "MISMATCH " + result.message().splitlines()[0]
     return f"ok (worst error/bound {result.worst_ratio:.2f})"
 
 
-def run(models=DEFAULT_MODELS, tokens=TOKENS, dtypes=("bfloat16",), device="cuda", extra_impls=(),
-        positions=POSITION_SHAPES, progress=print, only=BUILTIN_IMPLS) -> dict:
-    """Time every implementation on ``models`` x ``tokens`` x ``dtypes``, then the position
-    preparation on the ragged steps ``positions`` ((requests, tokens each); empty: none)."""
+def check_sample(spec, fn, positions, q, k, cache) -> str:
+    """Run the implementation ``fn`` once (on copies) and compare a sample of its tokens with the reference."""
+    out_q, out_k = fn(spec, positions, q.clone(), k.clone(), cache)
+    return check_outputs(spec, positions, q, k, cache, out_q, out_k, working_precision(fn))
+
+
+def _bound_sets(contender, spec, positions, q, k, cache, sets: int):
+    return [contender.bind(spec, positions.clone(), q.clone(), k.clone(), cache) for _ in range(sets)]
+
+
+def race_rotation(contender, spec, positions, q, k, cache, device, time_fn, tokens, nbytes) -> tuple[float, str, str, str]:
+    """Check one contender on these inputs, then time it where its time means something:
+    ``(ms, timing, checked, note)``; ms is NaN for a check without timing (the Triton interpreter)."""
+    graphs_before = contender.graphs() if contender.graphs else 0
+    out_q, out_k = contender.bind(spec, positions, q.clone(), k.clone(), cache)()
+    checked = check_outputs(spec, positions, q, k, cache, out_q, out_k, contender.working_precision)
+    if not timed_here(contender, device):
+        ms, how = float("nan"), "interpreter: checked, not timed"
+    else:
+        calls = _bound_sets(contender, spec, positions, q, k, cache, input_sets(device, nbytes, tokens))
+        ms, how = time_fn(calls, tokens)
+        del calls
+    note = ""
+    if contender.graphs:
+        graphs = contender.graphs() - graphs_before
+        note = f"{graphs} Dynamo graph{'s' * (graphs != 1)}, fullgraph"
+    return ms, how, checked, note
+
+
+def defaults(device: str) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
+    """Token counts and position steps timed by default: off the GPU, small ones (a minute in all)."""
+    if device in ("cuda", "rocm"):
+        return TOKENS, POSITION_SHAPES
+    return CPU_TOKENS, CPU_POSITION_SHAPES
+
+
+def run(models=DEFAULT_MODELS, tokens=None, dtypes=("bfloat16",), device="cuda", extra_impls=(),
+        positions=None, progress=print, only=CONTENDERS) -> dict:
+    """Race every contender (``rope.harness.bench_contenders``) on ``models`` x ``tokens`` x
+    ``dtypes``, then time the position preparation on the ragged steps ``positions`` ((requests,
+    tokens each); empty: none).  ``tokens``/``positions`` None: the device's defaults."""
+    default_tokens, default_positions = defaults(device)
+    tokens = default_tokens if tokens is None else tokens
+    positions = default_positions if positions is None else positions
     models_db = load_models()
     time_fn = _timer(device)
     ceiling = copy_bandwidth(device)
@@ -323,9 +315,14 @@ def run(models=DEFAULT_MODELS, tokens=TOKENS, dtypes=("bfloat16",), device="cuda
     empty_pdl = empty_launch_ms(device, pdl=True)
     progress(f"device {device}: copy bandwidth {ceiling:.0f} GB/s, empty launch {empty * 1e3:.1f} us"
              + (f" ({empty_pdl * 1e3:.1f} us with PDL)" if empty_pdl == empty_pdl else ""))
-    if device == "cpu":      # what the public entry adds on a GPU (host syncs) is not there to time
-        only = tuple(n for n in only if n != "triton-public")
-    impls = implementations_to_time(list(extra_impls), only)
+    found, absent = contenders(only, list(extra_impls))
+    for c in found:
+        if not runs_here(c, device):
+            absent[c.name] = f"Triton kernels do not run on {device} here (no GPU, TRITON_INTERPRET unset)"
+    found = [c for c in found if runs_here(c, device)]
+    for name, why in absent.items():
+        progress(f"  not raced: {name}: {why}")
+    skipped: dict[str, set[str]] = {}      # contender -> why it skipped some shapes
     results: list[Result] = []
     for key in models:
         model = models_db[key]
@@ -338,34 +335,56 @@ def run(models=DEFAULT_MODELS, tokens=TOKENS, dtypes=("bfloat16",), device="cuda
                 positions_t, q, k = _inputs(spec, t, num_q, num_kv, dtype, device)
                 nbytes = rotation_bytes(spec, t, num_q, num_kv, dtype.itemsize)
                 row = {}
-                for name, fn in impls.items():
-                    supports = getattr(fn, "supports", None)
-                    if supports is not None and not supports(spec, dtype, device):
+                for contender in found:
+                    why = contender.reason(spec, dtype, device)
+                    if why is not None:
+                        skipped.setdefault(contender.name, set()).add(f"{key} {dtype_name}: {why}")
                         continue
+                    if not timed_here(contender, device) and t > INTERPRETER_CHECK_TOKENS:
+                        continue        # the interpreter checks at small sizes; its time means nothing
                     try:
-                        checked = check_sample(spec, fn, positions_t, q, k, cache)
-                        hot = getattr(fn, "unchecked", fn)   # validated once above; time the hot path
-                        sets = [(positions_t.clone(), q.clone(), k.clone())
-                                for _ in range(input_sets(device, nbytes, t))]
-                        ms, how = time_fn([functools.partial(hot, spec, *s, cache) for s in sets], t)
-                        del sets
+                        ms, how, checked, note = race_rotation(contender, spec, positions_t, q, k, cache, device,
+                                                               time_fn, t, nbytes)
                     except Exception as exc:       # recorded, the run goes on
-                        progress(f"  {key} {t:>6} {name}: error {type(exc).__name__}: {exc}")
+                        progress(f"  {key} {t:>6} {contender.name}: error {type(exc).__name__}: {exc}")
                         continue
                     gbps = nbytes / (ms * 1e-3) / 1e9
-                    row[name] = Result("rotation", name, key, t, dtype_name, ms, nbytes, gbps, gbps / ceiling,
-                                       checked=checked, timing=how)
+                    row[contender.name] = Result("rotation", contender.name, key, t, dtype_name, ms, nbytes, gbps,
+                                                 gbps / ceiling, checked=checked, timing=how, ours=contender.ours,
+                                                 note=note)
                 base = row.get("native")
                 for r in row.values():
-                    r.speedup_vs_native = base.ms / r.ms if base else None
+                    r.speedup_vs_native = base.ms / r.ms if base and r.ms == r.ms else None
                     results.append(r)
-                    progress(f"  {key:<16} {t:>6} {r.impl:<15} {r.ms * 1e3:>9.1f} us {r.gbps:>7.0f} GB/s "
-                             f"{100 * r.frac_copy:>5.1f}% {r.checked}")
+                    shown = f"{r.ms * 1e3:>9.1f} us {r.gbps:>7.0f} GB/s {100 * r.frac_copy:>5.1f}%" if r.ms == r.ms \
+                        else f"{'(' + r.timing + ')':>31}"
+                    progress(f"  {key:<16} {t:>6} {r.impl:<17} {shown} {r.checked}")
     if positions:
         results += bench_positions(device, time_fn, ceiling, progress, shapes=positions)
     return {"device": device, "device_name": _device_name(device), "copy_gbps": ceiling,
             "empty_launch_ms": empty, "empty_launch_pdl_ms": empty_pdl, "torch": torch.__version__,
-            "host": platform.node(), "results": [asdict(r) for r in results]}
+            "host": platform.node(), "absent": absent,
+            "skipped": {name: sorted(whys) for name, whys in skipped.items()}, "results": [asdict(r) for r in results],
+            "race": race(results)}
+
+
+def race(results: list[Result]) -> list[dict]:
+    """Per model, size and dtype: our unchecked launch against the fastest peer whose output passed
+    its check (NaN-timed rows, the interpreter's, take no part)."""
+    out = []
+    groups: dict[tuple, list[Result]] = {}
+    for r in results:
+        if r.kind == "rotation":
+            groups.setdefault((r.model, r.tokens, r.dtype), []).append(r)
+    for (model, tokens, dtype), rows in groups.items():
+        ours = next((r for r in rows if r.impl == "triton" and r.ms == r.ms), None)
+        peers = [r for r in rows if not r.ours and r.ms == r.ms and r.checked.startswith("ok")]
+        if ours is None or not peers:
+            continue
+        best = min(peers, key=lambda r: r.ms)
+        out.append({"model": model, "tokens": tokens, "dtype": dtype, "ours_ms": ours.ms, "best_peer": best.impl,
+                    "best_peer_ms": best.ms, "ratio": ours.ms / best.ms})
+    return out
 
 
 def position_inputs(device: str, num_reqs: int, chunk: int, dims: int = 3):
@@ -411,15 +430,19 @@ def bench_positions(device, time_fn, ceiling, progress, shapes=POSITION_SHAPES) 
             if expected is None:
                 checked = "ok (same as native)" if name == "native" or torch.equal(o.cpu(), row["native"][1]) else "MISMATCH"
             fn = getattr(fn, "unchecked", fn)
-            sets = [([a.clone() for a in args], o.clone()) for _ in range(input_sets(device, nbytes, tokens))]
-            ms, how = time_fn([functools.partial(fn, *a, dims, dst) for a, dst in sets], tokens)
+            if name != "native" and device == "cpu":      # the Triton interpreter: checked, not timed
+                ms, how = float("nan"), "interpreter: checked, not timed"
+            else:
+                sets = [([a.clone() for a in args], o.clone()) for _ in range(input_sets(device, nbytes, tokens))]
+                ms, how = time_fn([functools.partial(fn, *a, dims, dst) for a, dst in sets], tokens)
             gbps = nbytes / (ms * 1e-3) / 1e9
             row[name] = (Result("positions", name, f"{num_reqs}x{chunk}", tokens, "int64", ms, nbytes, gbps,
-                                gbps / ceiling, checked=checked, timing=how), o.cpu())
+                                gbps / ceiling, checked=checked, timing=how, ours=name != "native"), o.cpu())
         for name, (r, _) in row.items():
-            r.speedup_vs_native = row["native"][0].ms / r.ms
+            r.speedup_vs_native = row["native"][0].ms / r.ms if r.ms == r.ms else None
             out.append(r)
-            progress(f"  positions {r.model:<10} {name:<8} {r.ms * 1e3:>9.1f} us  speedup {r.speedup_vs_native:.1f}x {r.checked}")
+            shown = f"{r.ms * 1e3:>9.1f} us  speedup {r.speedup_vs_native:.1f}x" if r.ms == r.ms else f"({r.timing})"
+            progress(f"  positions {r.model:<10} {name:<13} {shown} {r.checked}")
     return out
 
 
@@ -447,21 +470,69 @@ def _pdl_note(data: dict) -> str:
             f"is up to {PDL_MAX_TOKENS} tokens here)")
 
 
+def _us(ms: float) -> str:
+    return "-" if ms != ms else f"{ms * 1e3:.1f}"
+
+
+def race_markdown(data: dict) -> list[str]:
+    """Our unchecked launch against the fastest peer, per model and size."""
+    if not data.get("race"):
+        if data["device"] == "cpu":
+            return ["Our Triton kernels run under the interpreter here: checked, not raced. "
+                    "`rope-harness bench --device cuda` races them.", ""]
+        return []
+    lines = ["## Ours against the fastest peer", "",
+             "`triton` (our unchecked launch) against the fastest other contender whose output passed its "
+             "check, at each size: below 1 we are faster.", "",
+             "| model | tokens | dtype | ours (us) | fastest peer | its time (us) | ours / peer |",
+             "|---|---:|---|---:|---|---:|---:|"]
+    for r in data["race"]:
+        lines.append(f"| {r['model']} | {r['tokens']} | {r['dtype']} | {_us(r['ours_ms'])} | {r['best_peer']} | "
+                     f"{_us(r['best_peer_ms'])} | {r['ratio']:.2f} |")
+    return lines + [""]
+
+
 def markdown(data: dict) -> str:
     lines = [f"# Benchmark on {data['device_name']} ({data['device']})", "",
              f"Copy bandwidth (measured): {data['copy_gbps']:.0f} GB/s; empty Triton launch: "
-             f"{data['empty_launch_ms'] * 1e3:.1f} us{_pdl_note(data)}; torch {data['torch']}.", "",
+             f"{_us(data['empty_launch_ms'])} us{_pdl_note(data)}; torch {data['torch']}.", "",
              "Timing: `cudagraph` = triton's do_bench_cudagraph on one input set (<= 256 tokens); "
              "`rotating+graph` = back-to-back calls cycling through copies of the inputs (one pass moves "
              "four L2 caches of bytes), one round captured in a CUDA graph (`rotating`: launched from Python where "
-             "capture failed), device events, median of 7; `wall` = host clock (CPU).", "",
-             "| model | tokens | impl | time (us) | GB/s | % of copy | vs native | timing | check |",
-             "|---|---:|---|---:|---:|---:|---:|---|---|"]
+             "capture failed), device events, median of 7; `wall` = host clock (CPU); `interpreter: checked, not "
+             "timed` = a Triton kernel run by the CPU interpreter: its output is checked, its time would mean nothing.", ""]
+    for name, why in data.get("absent", {}).items():
+        lines.append(f"- not raced: `{name}`: {why}")
+    for name, whys in data.get("skipped", {}).items():
+        lines.append(f"- `{name}` skipped {'; '.join(whys)}")
+    lines += ["", *race_markdown(data), "## Every contender", "",
+              "| model | tokens | impl | time (us) | GB/s | % of copy | vs native | timing | check |",
+              "|---|---:|---|---:|---:|---:|---:|---|---|"]
     for r in data["results"]:
         sp = f"{r['speedup_vs_native']:.2f}x" if r["speedup_vs_native"] else "-"
-        lines.append(f"| {r['model']} | {r['tokens']} | {r['impl']} | {r['ms'] * 1e3:.1f} | {r['gbps']:.0f} | "
-                     f"{100 * r['frac_copy']:.1f} | {sp} | {r['timing']} | {r['checked']} |")
+        timed = r["ms"] == r["ms"]
+        gbps, frac = (f"{r['gbps']:.0f}", f"{100 * r['frac_copy']:.1f}") if timed else ("-", "-")
+        timing = r["timing"] + (f"; {r['note']}" if r.get("note") else "")
+        lines.append(f"| {r['model']} | {r['tokens']} | {r['impl']} | {_us(r['ms'])} | {gbps} | "
+                     f"{frac} | {sp} | {timing} | {r['checked']} |")
     return "\n".join(lines) + "\n"
+
+
+def _plot_race(ax, race_rows: list[dict]) -> None:
+    """Our time over the fastest peer's, per model against tokens, each point labelled with that peer."""
+    for i, model in enumerate(dict.fromkeys(r["model"] for r in race_rows)):
+        pts = sorted((r["tokens"], r["ratio"], r["best_peer"]) for r in race_rows if r["model"] == model)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=model, color=f"C{i}")
+        for x, y, peer in pts:
+            ax.annotate(peer, (x, y), textcoords="offset points", xytext=(0, 5), fontsize=6, ha="center",
+                        color=f"C{i}")
+    ax.axhline(1.0, color="k", linestyle="--", label="as fast as the fastest peer")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("our time / fastest peer's time (below 1: faster)")
+    ax.set_title("ours against the fastest peer")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
 
 
 def _plot_positions(ax, pos: list[dict], data: dict, colors: dict) -> None:
@@ -480,7 +551,9 @@ def _plot_positions(ax, pos: list[dict], data: dict, colors: dict) -> None:
     ax.set_xticks([s + width * (len(names) - 1) / 2 for s in range(len(steps))],
                   [f"{step}\n(requests x tokens)" for step in steps], fontsize=8)
     ax.set_yscale("log")
-    ax.set_ylim(top=max(r["ms"] * 1e3 for r in pos) * 8)       # room for the legend above the bars
+    timed = [r["ms"] * 1e3 for r in pos if r["ms"] == r["ms"]]
+    if timed:
+        ax.set_ylim(top=max(timed) * 8)                        # room for the legend above the bars
     ax.set_ylabel("us per step")
     ax.set_title("position preparation")
     ax.grid(True, which="both", axis="y", alpha=0.3)
@@ -498,15 +571,23 @@ def plot(data: dict) -> bytes:
     pos = [r for r in data["results"] if r["kind"] == "positions"]
     models = sorted({r["model"] for r in rot})
     impls = sorted({r["impl"] for r in rot} | {r["impl"] for r in pos})
-    colors = {impl: f"C{i}" for i, impl in enumerate(impls)}      # one colour per implementation
-    panels = max(1, len(models) + bool(pos))
+    palette = plt.get_cmap("tab20").colors
+    colors = {impl: palette[i % len(palette)] for i, impl in enumerate(impls)}   # one colour per implementation
+    race_rows = data.get("race") or []
+    panels = max(1, len(models) + bool(race_rows) + bool(pos))
     fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4), squeeze=False)
     if pos:
         _plot_positions(axes[0][-1], pos, data, colors)
+    if race_rows:
+        _plot_race(axes[0][len(models)], race_rows)
     for ax, model in zip(axes[0], models):
         for impl in sorted({r["impl"] for r in rot if r["model"] == model}):
-            pts = sorted((r["tokens"], r["gbps"]) for r in rot if r["model"] == model and r["impl"] == impl)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl, color=colors[impl])
+            pts = sorted((r["tokens"], r["gbps"]) for r in rot
+                         if r["model"] == model and r["impl"] == impl and r["ms"] == r["ms"])
+            if pts:                         # interpreter rows are checks without a time
+                ours = any(r["ours"] for r in rot if r["impl"] == impl)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl, color=colors[impl],
+                        linewidth=2.5 if ours else 1.2)
         ax.axhline(data["copy_gbps"], color="k", linestyle="--", label="measured copy bandwidth")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

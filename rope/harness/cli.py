@@ -4,8 +4,9 @@
                        [--position-ids-impl NAME ...] [--profile dev|ci|deep] [-- PYTEST ARGS]
         Run the equivalence suite (every implementation against the float64 reference) on every
         available device, in parallel workers, and print the outcome.
-    rope-harness bench [--device cuda] [--models K,...] [--tokens N,...] [--dtype bfloat16,...]
-        Time the rotation and position kernels against the measured copy bandwidth; writes
+    rope-harness bench [--device cuda] [--models K,...] [--tokens N,...] [--dtype bfloat16,...] [--only C,...]
+        Race the rotation kernels against the installed peers (vLLM, Liger, SGLang, FlashInfer,
+        torch.compile) and time the position kernels, against the measured copy bandwidth; writes
         reports/bench.json, bench.md and bench.png.
     rope-harness devices
         List the devices found and whether Triton runs on each.
@@ -120,11 +121,17 @@ def cmd_bench(args) -> int:
     from rope.harness import bench
     from rope.devices import available_devices
     device = args.device or available_devices()[-1]
-    tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else bench.TOKENS
+    tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else None    # None: the device's
     models = tuple(args.models.split(",")) if args.models else bench.DEFAULT_MODELS
     dtypes = tuple(args.dtype.split(","))
+    only = tuple(args.only.split(",")) if args.only else bench.CONTENDERS
+    unknown = sorted(set(only) - set(bench.CONTENDERS))
+    if unknown:
+        print(f"rope-harness bench: --only: unknown contender(s) {', '.join(unknown)} "
+              f"(known: {', '.join(bench.CONTENDERS)})", file=sys.stderr)
+        return 2
     data = bench.run(models=models, tokens=tokens, dtypes=dtypes, device=device, extra_impls=args.impl,
-                     positions=() if args.no_positions else bench.POSITION_SHAPES)
+                     positions=() if args.no_positions else None, only=only)
     from rope.harness.report import reports_dir
     for path in bench.write_reports(data, Path(args.out) if args.out else reports_dir()):
         print(f"wrote {path}")
@@ -171,7 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="time the kernels against the memory floor")
     bench.add_argument("--device", default=None, help="device to time on (default: the GPU, else cpu)")
     bench.add_argument("--models", default=None, help="comma-separated models.yaml keys")
-    bench.add_argument("--tokens", default=None, help="comma-separated token counts (default 1,16,256,4096,16384,65536)")
+    bench.add_argument("--tokens", default=None, help="comma-separated token counts (default 1,16,256,4096,16384,65536 "
+                       "on a GPU, 1,16,256 on the CPU)")
+    bench.add_argument("--only", default=None, help="comma-separated contenders to race (default all installed: "
+                       "triton, triton-public, vllm-cuda, liger, liger-pregathered, sglang-triton, flashinfer, "
+                       "torch-compile, native, transformers)")
     bench.add_argument("--dtype", default="bfloat16", help="comma-separated dtypes (bfloat16, float16, float32)")
     bench.add_argument("--impl", action="append", default=[], help="extra implementation (module:callable)")
     bench.add_argument("--no-positions", action="store_true", help="skip the position-preparation kernels")
