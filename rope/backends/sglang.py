@@ -40,22 +40,29 @@ def _module(spec: RopeSpec, dtype: torch.dtype):
         mrope_interleaved=spec.layout == "interleaved")
 
 
-def _call(method: str, spec: RopeSpec, positions, query, key, cos_sin_cache):
-    check_rotation_inputs(spec, positions, query, key, cos_sin_cache, check_values=True)
+def _bind(method: str, spec: RopeSpec, positions, query, key, cos_sin_cache):
+    """SGLang's ``method`` on these inputs, bound once: a function of no arguments returning (q, k)."""
     if spec.ntk_alpha is not None:
         raise ValueError(f"ntk_alpha={spec.ntk_alpha}: SGLang's MRotaryEmbedding has no NTK-alpha base")
     op = _module(spec, query.dtype)
-    op.cos_sin_cache = cos_sin_cache
     k_in = key if key is not None else query.new_zeros(query.shape[0], spec.head_size)
-    q_out, k_out = getattr(op, method)(positions, query, k_in)
-    return q_out, (k_out if key is not None else None)
+    forward = getattr(op, method)
+
+    def rotate():
+        op.cos_sin_cache = cos_sin_cache        # the module is shared by every caller of this spec
+        q_out, k_out = forward(positions, query, k_in)
+        return q_out, (k_out if key is not None else None)
+    return rotate
 
 
 def rotate_sglang(spec: RopeSpec, positions, query, key, cos_sin_cache):
-    return _call("forward_native", spec, positions, query, key, cos_sin_cache)
+    check_rotation_inputs(spec, positions, query, key, cos_sin_cache, check_values=True)
+    return _bind("forward_native", spec, positions, query, key, cos_sin_cache)()
 
 
-def rotate_sglang_triton(spec: RopeSpec, positions, query, key, cos_sin_cache):
+def engine_call(spec: RopeSpec, positions, query, key, cos_sin_cache):
+    """``forward_triton`` (the fused gather and rotation) on these inputs, bound once: what the
+    bench times as SGLang runs it."""
     if spec.sections is None:
         raise ValueError("sections=None: forward_triton is the M-RoPE kernel (1-D goes through forward_native)")
     # The kernel addresses cache row p as ``cos_sin_cache_ptr + p * rotary_dim`` (no stride argument):
@@ -66,7 +73,12 @@ def rotate_sglang_triton(spec: RopeSpec, positions, query, key, cos_sin_cache):
     # get a copy where that does not hold (q/k are rotated in place; every harness layout has it).
     if positions.stride(-1) != 1:
         positions = positions.contiguous()
-    return _call("forward_triton", spec, positions, query, key, cos_sin_cache.contiguous())
+    return _bind("forward_triton", spec, positions, query, key, cos_sin_cache.contiguous())
+
+
+def rotate_sglang_triton(spec: RopeSpec, positions, query, key, cos_sin_cache):
+    check_rotation_inputs(spec, positions, query, key, cos_sin_cache, check_values=True)
+    return engine_call(spec, positions, query, key, cos_sin_cache)()
 
 
 def _spec_reason(spec: RopeSpec) -> str | None:
