@@ -64,29 +64,40 @@ def _xd_op(spec: RopeSpec, dtype: torch.dtype):
                              spec.ntk_alpha if spec.ntk_alpha is not None else 1.0, dtype, list(spec.sections))
 
 
-def _call(op, method: str, spec: RopeSpec, positions, query, key, cos_sin_cache):
-    op.cos_sin_cache = cos_sin_cache
+def _bind(op, method: str, spec: RopeSpec, positions, query, key, cos_sin_cache):
+    """``op.method`` on these inputs, bound once: a function of no arguments returning (q, k)."""
     k_in = key if key is not None else query.new_zeros(query.shape[0], spec.head_size)
-    with torch.no_grad():
-        q_out, k_out = getattr(op, method)(positions, query, k_in)
-    return q_out, (k_out if key is not None else None)
+    forward = getattr(op, method)
+
+    def rotate():
+        op.cos_sin_cache = cos_sin_cache        # the op is shared by every caller of this spec and dtype
+        with torch.no_grad():
+            q_out, k_out = forward(positions, query, k_in)
+        return q_out, (k_out if key is not None else None)
+    return rotate
+
+
+def engine_call(spec: RopeSpec, positions, query, key, cos_sin_cache):
+    """``forward_cuda`` on these inputs, bound once: the cos/sin gather and ``triton_mrope`` as vLLM
+    runs them, what the bench times."""
+    return _bind(_mrope_op(spec, query.dtype), "forward_cuda", spec, positions, query, key, cos_sin_cache)
 
 
 def rotate_vllm_native(spec: RopeSpec, positions, query, key, cos_sin_cache):
     check_rotation_inputs(spec, positions, query, key, cos_sin_cache, check_values=True)
-    return _call(_mrope_op(spec, query.dtype), "forward_native", spec, positions, query, key, cos_sin_cache)
+    return _bind(_mrope_op(spec, query.dtype), "forward_native", spec, positions, query, key, cos_sin_cache)()
 
 
 def rotate_vllm_cuda(spec: RopeSpec, positions, query, key, cos_sin_cache):
     check_rotation_inputs(spec, positions, query, key, cos_sin_cache, check_values=True)
-    return _call(_mrope_op(spec, query.dtype), "forward_cuda", spec, positions, query, key, cos_sin_cache)
+    return engine_call(spec, positions, query, key, cos_sin_cache)()
 
 
 def rotate_vllm_xd(spec: RopeSpec, positions, query, key, cos_sin_cache):
     check_rotation_inputs(spec, positions, query, key, cos_sin_cache, check_values=True)
     if XDRotaryEmbedding is None:
         raise ValueError(f"vllm {_version()} has no XDRotaryEmbedding")
-    return _call(_xd_op(spec, query.dtype), "forward_native", spec, positions, query, key, cos_sin_cache)
+    return _bind(_xd_op(spec, query.dtype), "forward_native", spec, positions, query, key, cos_sin_cache)()
 
 
 def _mrope_reason(spec: RopeSpec) -> str | None:

@@ -55,6 +55,8 @@ CPU_TOKENS = (1, 16, 256)                               # off the GPU: what a CP
 CPU_POSITION_SHAPES = ((16, 1), (4, 64))
 INTERPRETER_CHECK_TOKENS = 16   # the Triton interpreter (CPU) checks up to this size: ~20 s a call at 256 tokens
 DEFAULT_MODELS = ("qwen2.5-vl-72b", "qwen3-vl-8b", "glm-4.1v-9b", "hunyuan-ocr")
+# On a GPU also the MoE model of interleaved M-RoPE and a 1-D model (FlashInfer's only kind).
+GPU_MODELS = DEFAULT_MODELS + ("qwen3-vl-30b-a3b", "qwen2-7b")
 GRAPH_MAX_TOKENS = 256          # CUDA graphs below this size
 CHECK_TOKENS = 64               # tokens compared with the reference before timing
 
@@ -293,19 +295,20 @@ def race_rotation(contender, spec, positions, q, k, cache, device, time_fn, toke
     return ms, how, checked, note
 
 
-def defaults(device: str) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
-    """Token counts and position steps timed by default: off the GPU, small ones (a minute in all)."""
+def defaults(device: str) -> tuple[tuple[str, ...], tuple[int, ...], tuple[tuple[int, int], ...]]:
+    """Models, token counts and position steps timed by default: off the GPU, small sizes (a minute in all)."""
     if device in ("cuda", "rocm"):
-        return TOKENS, POSITION_SHAPES
-    return CPU_TOKENS, CPU_POSITION_SHAPES
+        return GPU_MODELS, TOKENS, POSITION_SHAPES
+    return DEFAULT_MODELS, CPU_TOKENS, CPU_POSITION_SHAPES
 
 
-def run(models=DEFAULT_MODELS, tokens=None, dtypes=("bfloat16",), device="cuda", extra_impls=(),
+def run(models=None, tokens=None, dtypes=("bfloat16",), device="cuda", extra_impls=(),
         positions=None, progress=print, only=CONTENDERS) -> dict:
     """Race every contender (``rope.harness.bench_contenders``) on ``models`` x ``tokens`` x
     ``dtypes``, then time the position preparation on the ragged steps ``positions`` ((requests,
-    tokens each); empty: none).  ``tokens``/``positions`` None: the device's defaults."""
-    default_tokens, default_positions = defaults(device)
+    tokens each); empty: none).  ``models``/``tokens``/``positions`` None: the device's defaults."""
+    default_models, default_tokens, default_positions = defaults(device)
+    models = default_models if models is None else models
     tokens = default_tokens if tokens is None else tokens
     positions = default_positions if positions is None else positions
     models_db = load_models()

@@ -122,7 +122,7 @@ def cmd_bench(args) -> int:
     from rope.devices import available_devices
     device = args.device or available_devices()[-1]
     tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else None    # None: the device's
-    models = tuple(args.models.split(",")) if args.models else bench.DEFAULT_MODELS
+    models = tuple(args.models.split(",")) if args.models else None                      # None: the device's
     dtypes = tuple(args.dtype.split(","))
     only = tuple(args.only.split(",")) if args.only else bench.CONTENDERS
     unknown = sorted(set(only) - set(bench.CONTENDERS))
