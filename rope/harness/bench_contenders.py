@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 
 from rope.devices import triton_runs_on
-from rope.native import rotate_native_unchecked
+from rope.native import apply_rotation, rotate_native_unchecked
 from rope.registry import get_implementation, working_precision
 from rope.spec import RopeSpec
 
@@ -79,17 +79,31 @@ def _ours() -> list[Contender]:
 
 
 # ------------------------------------------------------------------------------------ plain torch
+def rotate_for_the_compiler(spec: RopeSpec, positions, query, key, cos_sin_cache, freq_rows):
+    """The rotation in plain torch, written the way a compiler can fuse it: each frequency's cos/sin
+    read straight from the cache at its position row (``freq_rows[f]``: the axis of frequency f), an
+    indexed load per output element instead of gathering ``[rows, T, rotary_dim]`` and selecting from
+    it (native's formulation, which Inductor turns into three passes over the gathered rows)."""
+    half = spec.rotary_dim // 2
+    pos = positions.reshape(-1, positions.shape[-1])[freq_rows].t()      # [T, half]: row of each frequency
+    freqs = torch.arange(half, device=positions.device)
+    cache = cos_sin_cache.to(query.dtype)
+    cos, sin = cache[pos, freqs], cache[pos, freqs + half]              # [T, half] each
+    return apply_rotation(spec, query, cos, sin), (apply_rotation(spec, key, cos, sin) if key is not None else None)
+
+
 def _compiled() -> Contender:
     import torch._dynamo
     from torch._dynamo.utils import counters
 
     torch._dynamo.config.recompile_limit = 256     # one graph per model x size (dynamic=False)
-    compiled = torch.compile(rotate_native_unchecked, fullgraph=True, dynamic=False)
+    compiled = torch.compile(rotate_for_the_compiler, fullgraph=True, dynamic=False)
 
     def bind(spec, positions, q, k, cache):
-        # The axis map goes in as a tensor held by the caller, as an engine holds its section masks.
-        axis = torch.tensor(spec.axis_map(), device=cache.device) if spec.num_dims > 1 else None
-        return lambda: compiled(spec, positions, q, k, cache, axis)
+        # The frequency-to-row map goes in as a tensor held by the caller, as an engine holds its
+        # section masks (a cached lookup inside would be a graph break).
+        freq_rows = torch.tensor(spec.axis_map(), device=cache.device)
+        return lambda: compiled(spec, positions, q, k, cache, freq_rows)
     return Contender("torch-compile", False, bind, "activation",
                      graphs=lambda: int(counters["stats"]["unique_graphs"]))
 
@@ -123,8 +137,25 @@ def _engine(name: str, module: str, *, bind_kwargs: dict | None = None, label: s
     fn = get_implementation(name)          # ValueError naming the package where it is missing
     engine_call = importlib.import_module(module).engine_call
     kwargs = bind_kwargs or {}
+    reason = _supports_reason(fn)
+    if name == "vllm-cuda":
+        reason = _vllm_reason(reason)
     return Contender(label or name, False, lambda *args: engine_call(*args, **kwargs), working_precision(fn),
-                     _supports_reason(fn), triton=name != "flashinfer")
+                     reason, triton=name != "flashinfer")
+
+
+def _vllm_reason(reason):
+    """vLLM's CUDA path for 1-D positions is its compiled ``rotary_embedding`` op (``vllm._C``); where
+    that is not importable (a trimmed carry: tools/vllm_carry.sh) forward_cuda falls back to torch
+    ops, which is not what vLLM runs, so 1-D is not raced there."""
+    import importlib.util
+    compiled = importlib.util.find_spec("vllm._C") is not None
+
+    def why(spec, dtype, device):
+        if spec.num_dims == 1 and not compiled:
+            return "vLLM's 1-D CUDA path is its compiled op (vllm._C), not importable here"
+        return reason(spec, dtype, device)
+    return why
 
 
 ENGINES = (("vllm-cuda", "rope.backends.vllm", None, None),
