@@ -23,8 +23,10 @@ paths=$site
 [ -d "$root/.sgl/site" ] && paths=$root/.sgl/site:$paths
 export PYTHONPATH=$paths:$root${PYTHONPATH:+:$PYTHONPATH}
 if [ -d "$root/.fi/site" ]; then
+    shell_options=$(set +o)                         # the sourced script sets -euo pipefail: not for the caller
     . "$root/tools/flashinfer_gpu_check.sh"          # defines fi_env only, when sourced
     fi_env "$root"
+    eval "$shell_options"
 fi
 rope-harness() { python3 -m rope.harness.cli "$@"; }
 python3 - <<'PY'
