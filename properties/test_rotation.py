@@ -72,15 +72,50 @@ def test_text_tokens_reduce_to_1d(impl_name, device, kind, data):
     # read rows with the wrong stride or mix lanes across rows.
     case = data.draw(rotation_cases(dtype="float32", kind=kind, min_tokens=1))
     case = RotationCase(**{**case.__dict__, "positions_kind": "text"})
-    spec_1d = _as_1d(case.spec)
     skip_if_unsupported(impl_name, impl, case.spec, case.dtype, device)
-    skip_if_unsupported(impl_name, impl, spec_1d, case.dtype, device)
+    skip_if_unsupported(impl_name, impl, _as_1d(case.spec), case.dtype, device)
+    check_text_tokens_reduce_to_1d(impl_name, impl, case, device)
+
+
+def check_text_tokens_reduce_to_1d(impl_name, impl, case: RotationCase, device: str) -> None:
+    spec_1d = _as_1d(case.spec)
+    if getattr(impl, "separate_1d_kernel", False):
+        # Two kernels by design (vLLM: triton_mrope for rows, another kernel for [T]): bit-for-bit
+        # agreement is not promised, so each is held to the reference on the same text tokens.
+        assert_matches_reference(impl_name, impl, case, device)
+        assert_matches_reference(impl_name, impl, RotationCase(**{**case.__dict__, "spec": spec_1d}), device)
+        return
     inputs, q_multi, k_multi = run_rotation(impl, case, device)
     fresh = build_rotation_inputs(case, device)
     q_1d, k_1d = call_rotation(impl, spec_1d, fresh.positions[0].contiguous(), fresh.query, fresh.key, fresh.cache)
     assert torch.equal(q_multi.cpu(), q_1d.cpu())
     if case.num_kv_heads:
         assert torch.equal(k_multi.cpu(), k_1d.cpu())
+
+
+@pytest.mark.parametrize("broken_path", ["rows", "1d"])
+def test_a_separate_1d_kernel_is_still_held_to_the_reference(broken_path, monkeypatch, tmp_path):
+    # An implementation declaring separate_1d_kernel escapes the bit-for-bit comparison, not the
+    # check: a wrong kernel on either path fails the text-token property.
+    from hypothesis import settings
+    from properties.mutants.broken_rotations import neox_for_gptj
+    from rope.native import rotate_native
+    monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))
+
+    def two_kernels(spec, positions, query, key, cache):
+        broken = (positions.dim() == 2) == (broken_path == "rows")
+        return (neox_for_gptj if broken else rotate_native)(spec, positions, query, key, cache)
+    two_kernels.working_precision = "activation"
+    two_kernels.separate_1d_kernel = True
+
+    @settings(max_examples=100, derandomize=True, database=None, deadline=None, print_blob=False)
+    @given(case=rotation_cases(dtype="float32", kind="chunked3", min_tokens=1))
+    def text_tokens(case):
+        case = RotationCase(**{**case.__dict__, "positions_kind": "text"})
+        check_text_tokens_reduce_to_1d("two_kernels", two_kernels, case, "cpu")
+
+    with pytest.raises(AssertionError, match="does not match the reference"):
+        text_tokens()
 
 
 @given(case=rotation_cases(kind="interleaved", min_tokens=1))
