@@ -19,15 +19,15 @@
 #                       ~4700 Python files are dropped (39 MB wheel -> 39 .py files, ~0.5 MB).
 #   site/sglang/...     extracted: modules the chain reaches that the box cannot import whole (their
 #                       other definitions need msgspec, orjson, pybase64, starlette, pyzmq, ...),
-#                       generated here from the wheel's own file (RECORD-checked): only the
-#                       top-level names tools/sglang_keep.txt lists and, transitively, the top-level
-#                       statements they use, as byte-identical source segments (imports cut down to
-#                       the names kept), under a generated docstring saying so.  The package
-#                       __init__s of sglang (__version__), sglang.kernels(.ops(.attention)) and
-#                       sglang.srt.utils, kernels/fused_op.py (BaseFusedOp), kernels/spec.py
-#                       (KernelBackend), kernels/jit/utils/compile/__init__.py and srt/utils/common.py
-#                       (device probes, get_bool_env_var, direct_register_custom_op, ...: 18 of its
-#                       220 functions).
+#                       generated here by tools/carry_extract.py from the wheel's own file
+#                       (RECORD-checked): only the top-level names tools/sglang_keep.txt lists and,
+#                       transitively, the top-level statements they use, as byte-identical source
+#                       segments (imports cut down to the names kept), under a generated docstring
+#                       saying so.  The package __init__s of sglang (__version__),
+#                       sglang.kernels(.ops(.attention)) and sglang.srt.utils, kernels/fused_op.py
+#                       (BaseFusedOp), kernels/spec.py (KernelBackend),
+#                       kernels/jit/utils/compile/__init__.py and srt/utils/common.py (device probes,
+#                       get_bool_env_var, direct_register_custom_op, ...: 18 of its 220 functions).
 #   site/sglang/...     stubs, tools/sglang_stubs/sglang/ laid over that tree: our own small code,
 #                       not SGLang's, where the carry deliberately behaves differently: srt/platforms
 #                       (current_platform: in-tree, Triton on a GPU), srt/runtime_context.py (no
@@ -80,7 +80,7 @@ echo "wheel: $WHEEL"
 STAGE=$(mktemp -d)
 trap 'rm -rf "$STAGE"' EXIT
 python3 - "$WHEEL" tools/sglang_stubs tools/sglang_keep.txt "$STAGE/sgl" "$SGL_VERSION" <<'PY'
-import ast, base64, hashlib, os, shutil, sys, zipfile
+import base64, hashlib, os, shutil, sys, zipfile
 
 whl, stubs, keep_list, out, version = sys.argv[1:]
 site = f'{out}/site'
@@ -156,190 +156,19 @@ for n in sorted(names):
         manifest.append(('meta', n, hashlib.sha256(z.read(n)).hexdigest()))
 
 
-# --- extraction: the named top-level definitions of a wheel module and what they use ------------
-def bound(stmt):
-    """Names a top-level statement binds ('*' for a star import); for a statement that only
-    mutates a module-level object (x.a = ..., x[k] = ..., x += ...), that object's name."""
-    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return {stmt.name}
-    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
-        return {a.asname or a.name.split('.')[0] for a in stmt.names}
-    if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
-        if isinstance(stmt, ast.AnnAssign) and stmt.value is None:
-            return set()                                     # a bare annotation binds nothing
-        out = set()
-        for t in stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]:
-            while isinstance(t, (ast.Attribute, ast.Subscript, ast.Starred)):
-                t = t.value
-            out |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
-        return out
-    if isinstance(stmt, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
-        out = set()                                          # bindings in any branch
-        for field in ('body', 'orelse', 'finalbody'):
-            for s in getattr(stmt, field, []):
-                out |= bound(s)
-        for h in getattr(stmt, 'handlers', []):
-            out |= {h.name} if h.name else set()
-            for s in h.body:
-                out |= bound(s)
-        if isinstance(stmt, ast.For):
-            out |= {n.id for n in ast.walk(stmt.target) if isinstance(n, ast.Name)}
-        if isinstance(stmt, ast.With):
-            out |= {n.id for i in stmt.items if i.optional_vars for n in ast.walk(i.optional_vars)
-                    if isinstance(n, ast.Name)}
-        return out
-    return set()                                             # expressions, asserts, ...: dropped
-
-def global_refs(stmt, lazy_annotations):
-    """Module-level names a top-level statement reads (at import or when its functions run).
-    Function, lambda, comprehension and class scopes are followed; annotations are skipped under
-    `from __future__ import annotations`."""
-    refs = set()
-    def stores(nodes):
-        out, glob = set(), set()
-        for node in nodes:
-            for n in ast.walk(node):
-                if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
-                    out.add(n.id)
-                elif isinstance(n, ast.arg):
-                    out.add(n.arg)
-                elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                    out.add(n.name)
-                elif isinstance(n, (ast.Import, ast.ImportFrom)):
-                    out |= {a.asname or a.name.split('.')[0] for a in n.names}
-                elif isinstance(n, ast.ExceptHandler) and n.name:
-                    out.add(n.name)
-                elif isinstance(n, (ast.Global, ast.Nonlocal)):
-                    glob |= set(n.names)
-        return out - glob
-    def visit(node, local):                  # local: the names of the enclosing function scopes
-        if node is None:
-            return
-        if isinstance(node, list):
-            for n in node:
-                visit(n, local)
-            return
-        if isinstance(node, ast.Name):
-            if isinstance(node.ctx, ast.Load) and node.id not in local:
-                refs.add(node.id)
-            return
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            visit(node.args.defaults + node.args.kw_defaults, local)
-            if not isinstance(node, ast.Lambda):
-                visit(node.decorator_list, local)
-                if not lazy_annotations:
-                    a = node.args
-                    visit([x.annotation for x in a.posonlyargs + a.args + a.kwonlyargs
-                           + [a.vararg, a.kwarg] if x is not None] + [node.returns], local)
-            body = node.body if isinstance(node.body, list) else [node.body]
-            visit(body, local | stores([node.args] + body))
-            return
-        if isinstance(node, ast.ClassDef):
-            visit(node.decorator_list + node.bases + [k.value for k in node.keywords], local)
-            # the class body runs in its own scope: names it assigns shadow the module's there only
-            class_local = local | {n.id for s in node.body for n in ast.walk(s)
-                                   if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
-                                   and not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
-            for s in node.body:
-                visit(s, local if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) else class_local)
-            return
-        if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
-            inner = local | {n.id for g in node.generators for n in ast.walk(g.target)
-                             if isinstance(n, ast.Name)}
-            visit(node.generators[0].iter, local)
-            for g in node.generators:
-                visit(g.ifs + ([g.iter] if g is not node.generators[0] else []), inner)
-            visit([node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt], inner)
-            return
-        if isinstance(node, ast.AnnAssign):
-            if not lazy_annotations:
-                visit(node.annotation, local)
-            visit([node.target, node.value], local)
-            return
-        for child in ast.iter_child_nodes(node):
-            visit(child, local)
-    visit(stmt, frozenset())
-    return refs
-
-def extract_module(path, roots, unbound):
-    """The text of `path` cut down to `roots` and what they use, with a generated header."""
-    src = read(path).decode()
-    lines = src.splitlines(keepends=True)
-    tree = ast.parse(src)
-    future = [s for s in tree.body if isinstance(s, ast.ImportFrom) and s.module == '__future__']
-    lazy = any(a.name == 'annotations' for s in future for a in s.names)
-    body = [s for s in tree.body if s not in future]
-    binds = [bound(s) for s in body]
-    defined = set().union(*binds) if binds else set()
-    for r in roots:
-        if r not in defined:
-            sys.exit(f'{keep_list}: {path} binds no top-level {r!r}')
-    for u in unbound:
-        if u not in defined:
-            sys.exit(f'{keep_list}: {path} binds no top-level {u!r}')
-    needed, todo, kept, used_unbound = set(), list(roots), set(), set()
-    while todo:
-        name = todo.pop()
-        if name in needed:
-            continue
-        needed.add(name)
-        for i, (s, b) in enumerate(zip(body, binds)):
-            if name in b and i not in kept:
-                kept.add(i)
-                if not isinstance(s, (ast.Import, ast.ImportFrom)):
-                    for r in global_refs(s, lazy) & defined:
-                        if r in unbound:
-                            used_unbound.add(r)
-                        else:
-                            todo.append(r)
-    if unbound - used_unbound:
-        sys.exit(f'{keep_list}: {path}: {sorted(unbound - used_unbound)} not referred to by the names kept')
-    if unbound & needed:
-        sys.exit(f'{keep_list}: {path}: {sorted(unbound & needed)} both kept and left unbound')
-    pieces = []
-    for i in sorted(kept):
-        s = body[i]
-        first = min([s.lineno] + [d.lineno for d in getattr(s, 'decorator_list', [])])
-        segment = ''.join(lines[first - 1:s.end_lineno])
-        others = [t for t in tree.body if t is not s and t.lineno <= s.end_lineno and t.end_lineno >= first]
-        if others or s.col_offset:
-            sys.exit(f'{path}:{first}: statement shares its lines with another')
-        if isinstance(s, (ast.Import, ast.ImportFrom)):
-            aliases = [a for a in s.names if (a.asname or a.name.split('.')[0]) in needed]
-            if len(aliases) < len(s.names):                  # cut down: generated, not a segment
-                segment = ast.unparse(type(s)(names=aliases, **({'module': s.module, 'level': s.level}
-                                      if isinstance(s, ast.ImportFrom) else {}))) + '\n'
-        pieces.append((isinstance(s, (ast.Import, ast.ImportFrom)), segment))
-    listed = ('the package itself, none of its names (its carried submodules import through it)'
-              if not roots else 'its star imports' if roots == ['*'] else 'only ' + ' '.join(roots))
-    pulled = sorted(needed - set(roots) - {'*'})
-    doc = (f'Generated by tools/sglang_carry.sh from {path} of the sglang {version} wheel: {listed}'
-           + (f'; with the top-level names those use: {" ".join(pulled)}' if pulled else '')
-           + (f'; left unbound (used only on paths the carry does not take): {" ".join(sorted(unbound))}'
-              if unbound else '')
-           + '. Every statement below is a byte-identical source segment of that file, except'
-             ' import statements cut down to the names kept (tools/sglang_keep.txt). Do not edit:'
-             ' rebuilt from the wheel on each run.')
-    wrapped, line = [], ''
-    for word in doc.split():
-        if line and len(line) + 1 + len(word) > 96:
-            wrapped.append(line)
-            line = word
-        else:
-            line = f'{line} {word}' if line else word
-    text = '"""' + '\n'.join(wrapped + [line]) + '\n"""\n'
-    text += ''.join('\n' + ast.get_source_segment(src, s) + '\n' for s in future)
-    prev_import = None
-    for is_import, segment in pieces:
-        text += '\n' if prev_import is None else '' if is_import and prev_import else '\n\n'
-        text += segment
-        prev_import = is_import
-    compile(text, path, 'exec')
-    return text, pulled
+# --- extraction (tools/carry_extract.py): the named top-level definitions of a wheel module -----
+sys.dont_write_bytecode = True
+sys.path.insert(0, 'tools')                              # the repository root is the cwd
+from carry_extract import ExtractError, extract_module
 
 extracted = {}
 for path, (roots, unbound) in extract.items():
-    text, pulled = extract_module(path, roots, unbound)
+    try:
+        text, pulled = extract_module(read(path).decode(), path, tool='tools/sglang_carry.sh',
+                                      package='sglang', version=version, keep_list=keep_list,
+                                      roots=roots, unbound=unbound)
+    except ExtractError as e:
+        sys.exit(str(e))
     os.makedirs(os.path.dirname(os.path.join(site, path)), exist_ok=True)
     with open(os.path.join(site, path), 'w') as f:
         f.write(text)

@@ -16,17 +16,18 @@
 #                     importlib.metadata.version("vllm") = 0.33.0, which vLLM's platform detection reads.
 #   site/vllm/...     extracted: modules the chain reaches that the box cannot import whole (their
 #                     other definitions need pydantic, compiled vLLM kernels, NCCL communicators, the
-#                     model registry), generated here from the wheel's own file (RECORD-checked): only
-#                     the top-level names listed and, transitively, the top-level statements they use,
-#                     as byte-identical source segments (imports cut down to the names kept), under a
-#                     generated docstring saying so.  vllm.platforms.cuda (CudaPlatform: vLLM's
-#                     NvmlCudaPlatform / NonNvmlCudaPlatform, less the import of the compiled
-#                     vllm._C_stable_libtorch), vllm.config.vllm (set_current_vllm_config & co.),
-#                     vllm.config.compilation (CompilationMode, CUDAGraphMode),
-#                     vllm.distributed(.parallel_state) (rank checks, tensor-parallel getters),
-#                     vllm.model_executor.models(.interfaces) (SupportsMRoPE).  vLLM's real platform
-#                     detection (NVML, vllm/platforms/__init__.py) picks that CudaPlatform on a GPU
-#                     host, so CustomOp dispatches forward_cuda to vLLM's Triton kernel triton_mrope.
+#                     model registry), generated here by tools/carry_extract.py from the wheel's own
+#                     file (RECORD-checked): only the top-level names listed and, transitively, the
+#                     top-level statements they use, as byte-identical source segments (imports cut
+#                     down to the names kept), under a generated docstring saying so.
+#                     vllm.platforms.cuda (CudaPlatform: vLLM's NvmlCudaPlatform /
+#                     NonNvmlCudaPlatform, less the import of the compiled vllm._C_stable_libtorch),
+#                     vllm.config.vllm (set_current_vllm_config & co.), vllm.config.compilation
+#                     (CompilationMode, CUDAGraphMode), vllm.distributed(.parallel_state) (rank
+#                     checks, tensor-parallel getters), vllm.model_executor.models(.interfaces)
+#                     (SupportsMRoPE).  vLLM's real platform detection (NVML,
+#                     vllm/platforms/__init__.py) picks that CudaPlatform on a GPU host, so CustomOp
+#                     dispatches forward_cuda to vLLM's Triton kernel triton_mrope.
 #   site/vllm/...     stubs, tools/vllm_stubs/vllm/ laid over that tree: our own small code, not
 #                     vLLM's, where vLLM's definitions cannot be used: vllm/config/__init__.py
 #                     (VllmConfig, DeviceConfig, CompilationConfig: pydantic dataclasses in vLLM; plain
@@ -77,7 +78,7 @@ fi
 STAGE=$(mktemp -d)
 trap 'rm -rf "$STAGE"' EXIT
 python3 - "$SRC" "$VLLM_VERSION" tools/vllm_keep.txt tools/vllm_stubs "$STAGE/vllm" <<'PY'
-import ast, base64, hashlib, os, shutil, sys, zipfile
+import base64, hashlib, os, sys, zipfile
 
 src, version, keep_list, stubs, out = sys.argv[1:]
 dist = f'vllm-{version}.dist-info'
@@ -165,200 +166,19 @@ for n in keep + meta:
     lines.append(f'{"meta" if n in meta else "real"} {hashlib.sha256(data).hexdigest()} {n}')
 
 
-# --- extraction: the named top-level definitions of a wheel module and what they use ------------
-def bound(stmt):
-    """Names a top-level statement binds ('*' for a star import); for a statement that only
-    mutates a module-level object (x.a = ..., x[k] = ..., x += ...), that object's name."""
-    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return {stmt.name}
-    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
-        return {a.asname or a.name.split('.')[0] for a in stmt.names}
-    if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
-        if isinstance(stmt, ast.AnnAssign) and stmt.value is None:
-            return set()                                     # a bare annotation binds nothing
-        out = set()
-        for t in stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]:
-            while isinstance(t, (ast.Attribute, ast.Subscript, ast.Starred)):
-                t = t.value
-            out |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
-        return out
-    if isinstance(stmt, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
-        out = set()                                          # bindings in any branch
-        for field in ('body', 'orelse', 'finalbody'):
-            for s in getattr(stmt, field, []):
-                out |= bound(s)
-        for h in getattr(stmt, 'handlers', []):
-            out |= {h.name} if h.name else set()
-            for s in h.body:
-                out |= bound(s)
-        if isinstance(stmt, ast.For):
-            out |= {n.id for n in ast.walk(stmt.target) if isinstance(n, ast.Name)}
-        if isinstance(stmt, ast.With):
-            out |= {n.id for i in stmt.items if i.optional_vars for n in ast.walk(i.optional_vars)
-                    if isinstance(n, ast.Name)}
-        return out
-    return set()                                             # expressions, asserts, ...: dropped
-
-def global_refs(stmt, lazy_annotations):
-    """Module-level names a top-level statement reads (at import or when its functions run).
-    Function, lambda, comprehension and class scopes are followed; annotations are skipped under
-    `from __future__ import annotations`."""
-    refs = set()
-    def stores(nodes):
-        out, glob = set(), set()
-        for node in nodes:
-            for n in ast.walk(node):
-                if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
-                    out.add(n.id)
-                elif isinstance(n, ast.arg):
-                    out.add(n.arg)
-                elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                    out.add(n.name)
-                elif isinstance(n, (ast.Import, ast.ImportFrom)):
-                    out |= {a.asname or a.name.split('.')[0] for a in n.names}
-                elif isinstance(n, ast.ExceptHandler) and n.name:
-                    out.add(n.name)
-                elif isinstance(n, (ast.Global, ast.Nonlocal)):
-                    glob |= set(n.names)
-        return out - glob
-    def visit(node, local):                  # local: the names of the enclosing function scopes
-        if node is None:
-            return
-        if isinstance(node, list):
-            for n in node:
-                visit(n, local)
-            return
-        if isinstance(node, ast.Name):
-            if isinstance(node.ctx, ast.Load) and node.id not in local:
-                refs.add(node.id)
-            return
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            visit(node.args.defaults + node.args.kw_defaults, local)
-            if not isinstance(node, ast.Lambda):
-                visit(node.decorator_list, local)
-                if not lazy_annotations:
-                    a = node.args
-                    visit([x.annotation for x in a.posonlyargs + a.args + a.kwonlyargs
-                           + [a.vararg, a.kwarg] if x is not None] + [node.returns], local)
-            body = node.body if isinstance(node.body, list) else [node.body]
-            visit(body, local | stores([node.args] + body))
-            return
-        if isinstance(node, ast.ClassDef):
-            visit(node.decorator_list + node.bases + [k.value for k in node.keywords], local)
-            # the class body runs in its own scope: names it assigns shadow the module's there only
-            class_local = local | {n.id for s in node.body for n in ast.walk(s)
-                                   if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
-                                   and not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
-            for s in node.body:
-                visit(s, local if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) else class_local)
-            return
-        if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
-            inner = local | {n.id for g in node.generators for n in ast.walk(g.target)
-                             if isinstance(n, ast.Name)}
-            visit(node.generators[0].iter, local)
-            for g in node.generators:
-                visit(g.ifs + ([g.iter] if g is not node.generators[0] else []), inner)
-            visit([node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt], inner)
-            return
-        if isinstance(node, ast.AnnAssign):
-            if not lazy_annotations:
-                visit(node.annotation, local)
-            visit([node.target, node.value], local)
-            return
-        for child in ast.iter_child_nodes(node):
-            visit(child, local)
-    visit(stmt, frozenset())
-    return refs
-
-
-def extract_module(path, roots, unbound, add_future):
-    """The text of `path` cut down to `roots` and what they use, with a generated header."""
-    src = read(path).decode()
-    lines = src.splitlines(keepends=True)
-    tree = ast.parse(src)
-    future = [s for s in tree.body if isinstance(s, ast.ImportFrom) and s.module == '__future__']
-    lazy = any(a.name == 'annotations' for s in future for a in s.names)
-    if add_future and lazy:
-        sys.exit(f'{keep_list}: {path} has `from __future__ import annotations` already')
-    lazy = lazy or add_future
-    body = [s for s in tree.body if s not in future]
-    binds = [bound(s) for s in body]
-    defined = set().union(*binds) if binds else set()
-    for r in roots:
-        if r not in defined:
-            sys.exit(f'{keep_list}: {path} binds no top-level {r!r}')
-    for u in unbound:
-        if u not in defined:
-            sys.exit(f'{keep_list}: {path} binds no top-level {u!r}')
-    needed, todo, kept, used_unbound = set(), list(roots), set(), set()
-    while todo:
-        name = todo.pop()
-        if name in needed:
-            continue
-        needed.add(name)
-        for i, (s, b) in enumerate(zip(body, binds)):
-            if name in b and i not in kept:
-                kept.add(i)
-                if not isinstance(s, (ast.Import, ast.ImportFrom)):
-                    for r in global_refs(s, lazy) & defined:
-                        if r in unbound:
-                            used_unbound.add(r)
-                        else:
-                            todo.append(r)
-    if unbound - used_unbound:
-        sys.exit(f'{keep_list}: {path}: {sorted(unbound - used_unbound)} not referred to by the names kept')
-    if unbound & needed:
-        sys.exit(f'{keep_list}: {path}: {sorted(unbound & needed)} both kept and left unbound')
-    pieces = []
-    for i in sorted(kept):
-        s = body[i]
-        first = min([s.lineno] + [d.lineno for d in getattr(s, 'decorator_list', [])])
-        segment = ''.join(lines[first - 1:s.end_lineno])
-        others = [t for t in tree.body if t is not s and t.lineno <= s.end_lineno and t.end_lineno >= first]
-        if others or s.col_offset:
-            sys.exit(f'{path}:{first}: statement shares its lines with another')
-        if isinstance(s, (ast.Import, ast.ImportFrom)):
-            aliases = [a for a in s.names if (a.asname or a.name.split('.')[0]) in needed]
-            if len(aliases) < len(s.names):                  # cut down: generated, not a segment
-                segment = ast.unparse(type(s)(names=aliases, **({'module': s.module, 'level': s.level}
-                                      if isinstance(s, ast.ImportFrom) else {}))) + '\n'
-        pieces.append((isinstance(s, (ast.Import, ast.ImportFrom)), segment))
-    listed = ('its star imports' if roots == ['*'] else 'only ' + ' '.join(roots) if roots else
-              'the package itself, none of its names (its carried submodules import through it)'
-              if path.endswith('/__init__.py') else
-              'none of its names (an empty module: what imports it uses none of them on this path)')
-    pulled = sorted(needed - set(roots) - {'*'})
-    doc = (f'Generated by tools/vllm_carry.sh from {path} of the vllm {version} wheel: {listed}'
-           + (f'; with the top-level names those use: {" ".join(pulled)}' if pulled else '')
-           + (f'; left unbound (used only on paths the carry does not take): {" ".join(sorted(unbound))}'
-              if unbound else '')
-           + '. Every statement below is a byte-identical source segment of that file, except'
-             ' import statements cut down to the names kept'
-           + (' and the `from __future__ import annotations` line, added here so that the annotations'
-              ' naming definitions not kept stay unevaluated' if add_future else '')
-           + ' (tools/vllm_keep.txt). Do not edit: rebuilt from the wheel on each run.')
-    wrapped, line = [], ''
-    for word in doc.split():
-        if line and len(line) + 1 + len(word) > 96:
-            wrapped.append(line)
-            line = word
-        else:
-            line = f'{line} {word}' if line else word
-    text = '"""' + '\n'.join(wrapped + [line]) + '\n"""\n'
-    text += ''.join('\n' + ast.get_source_segment(src, s) + '\n' for s in future)
-    if add_future:
-        text += '\nfrom __future__ import annotations\n'
-    prev_import = None
-    for is_import, segment in pieces:
-        text += '\n' if prev_import is None else '' if is_import and prev_import else '\n\n'
-        text += segment
-        prev_import = is_import
-    compile(text, path, 'exec')
-    return text, pulled
+# --- extraction (tools/carry_extract.py): the named top-level definitions of a wheel module -----
+sys.dont_write_bytecode = True
+sys.path.insert(0, 'tools')                              # the repository root is the cwd
+import carry_extract
 
 extracted = {}
 for path, (roots, unbound, add_future) in extract.items():
-    text, pulled = extract_module(path, roots, unbound, add_future)
+    try:
+        text, pulled = carry_extract.extract_module(
+            read(path).decode(), path, tool='tools/vllm_carry.sh', package='vllm', version=version,
+            keep_list=keep_list, roots=roots, unbound=unbound, add_future=add_future)
+    except carry_extract.ExtractError as e:
+        sys.exit(str(e))
     write(path, text.encode())
     lines.append(f'extracted {hashlib.sha256(text.encode()).hexdigest()} {path}')
     extracted[path] = len(roots) + len(pulled)
