@@ -108,7 +108,7 @@ def test_a_separate_1d_kernel_is_still_held_to_the_reference(broken_path, monkey
     two_kernels.working_precision = "activation"
     two_kernels.separate_1d_kernel = True
 
-    @settings(max_examples=100, derandomize=True, database=None, deadline=None, print_blob=False)
+    @settings(max_examples=40, derandomize=True, database=None, deadline=None, print_blob=False)
     @given(case=rotation_cases(dtype="float32", kind="chunked3", min_tokens=1))
     def text_tokens(case):
         case = RotationCase(**{**case.__dict__, "positions_kind": "text"})
