@@ -200,15 +200,9 @@ print(f'sglang {version}: {len(keep)} real files ({real_bytes / 1e3:.0f} kB) of 
       f'{sum(1 for n in names if n.endswith(".py"))} .py in the wheel; {len(extract)} extracted '
       f'({sum(extracted.values())} top-level names); {len(stub_files)} stubs')
 PY
-rm -rf .sgl && mv "$STAGE/sgl" .sgl
-grep -qxF '.sgl/' .gitignore || echo "warning: .sgl/ is not in .gitignore" >&2
-
-# 3. Size: .sgl travels with the working tree.
-bytes=$(du -sb .sgl | cut -f1)
-echo ".sgl: $(du -sh .sgl | cut -f1) ($bytes bytes)"
-if [ "$bytes" -gt $((MAX_MB * 1024 * 1024)) ]; then
-    echo "error: .sgl is over $MAX_MB MiB" >&2; exit 1
-fi
+# 3. In place, within its size (.sgl travels with the working tree).
+. tools/carry_swap_in.sh
+swap_in_carry .sgl "$STAGE/sgl" "$MAX_MB"
 
 [ "$CHECK" = 1 ] || exit 0
 
