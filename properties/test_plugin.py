@@ -123,3 +123,25 @@ def test_an_overwritten_init_stops_the_harness(tmp_path):
 def test_our_packages_carry_the_marker():
     from rope.harness.ownership import foreign_packages
     assert foreign_packages() == []
+
+
+def test_a_sticky_gpu_fault_skips_the_processes_later_gpu_tests(monkeypatch):
+    # One kernel's illegal address leaves the process's GPU context unusable; the later GPU tests of
+    # that worker are skipped naming the faulting test, CPU tests run on, ordinary errors change nothing.
+    from rope.harness import plugin
+    monkeypatch.setattr(plugin, "_LOST_CONTEXT", [])
+    fault = RuntimeError("CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be ...")
+    wrapped = AssertionError("liger on cuda does not match the reference")
+    wrapped.__cause__ = fault
+    assert plugin.sticky_device_error(wrapped) == "CUDA error: an illegal memory access was encountered"
+    assert plugin.sticky_device_error(ExceptionGroup("draws", [ValueError("x"), fault])) is not None
+    assert plugin.sticky_device_error(AssertionError("mismatch: an illegal memory access pattern")) is None
+
+    plugin.note_device_fault("test_a[cpu]", "cpu", fault)              # not a GPU test: nothing lost
+    plugin.note_device_fault("test_b[cuda:0]", "cuda:0", ValueError("wrong"))
+    assert plugin.lost_context_reason("cuda:0") is None
+    plugin.note_device_fault("test_c[cuda:0]", "cuda:0", wrapped)
+    plugin.note_device_fault("test_d[cuda:0]", "cuda:0", fault)         # the first fault is the one named
+    reason = plugin.lost_context_reason("cuda:1")
+    assert reason and "test_c[cuda:0] (CUDA error: an illegal memory access was encountered)" in reason
+    assert plugin.lost_context_reason("cpu") is None
