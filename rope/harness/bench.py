@@ -578,12 +578,17 @@ def plot(data: dict) -> bytes:
     colors = {impl: palette[i % len(palette)] for i, impl in enumerate(impls)}   # one colour per implementation
     race_rows = data.get("race") or []
     panels = max(1, len(models) + bool(race_rows) + bool(pos))
-    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4), squeeze=False)
+    cols = min(4, panels)                                   # rows of at most four panels
+    rows = math.ceil(panels / cols)
+    fig, grid = plt.subplots(rows, cols, figsize=(5 * cols, 4 * rows), squeeze=False)
+    axes = list(grid.flat)
+    for ax in axes[panels:]:
+        ax.set_visible(False)
     if pos:
-        _plot_positions(axes[0][-1], pos, data, colors)
+        _plot_positions(axes[panels - 1], pos, data, colors)
     if race_rows:
-        _plot_race(axes[0][len(models)], race_rows)
-    for ax, model in zip(axes[0], models):
+        _plot_race(axes[len(models)], race_rows)
+    for ax, model in zip(axes, models):
         for impl in sorted({r["impl"] for r in rot if r["model"] == model}):
             pts = sorted((r["tokens"], r["gbps"]) for r in rot
                          if r["model"] == model and r["impl"] == impl and r["ms"] == r["ms"])
@@ -600,7 +605,7 @@ def plot(data: dict) -> bytes:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"Rotary kernels vs the memory floor on {data['device_name']}"
-                 + (" (right: position preparation vs the launch floor)" if pos else ""))
+                 + (" (last: position preparation vs the launch floor)" if pos else ""))
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
