@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from rope.harness import bench
@@ -15,17 +16,6 @@ def test_rotation_bytes_floor_qwen25_vl_72b():
     # 4096 tokens x (64 + 8) heads x 128 channels x 2 bytes, read and written; cos+sin 128 x 2 bytes
     # per token; 3 int64 positions per token.
     assert bench.rotation_bytes(spec, 4096, 64, 8, 2) == 2 * 4096 * 72 * 128 * 2 + 4096 * 128 * 2 + 4096 * 3 * 8
-
-
-def test_check_sample_flags_a_broken_implementation(device):
-    from properties.mutants.broken_rotations import neox_for_gptj
-    spec = get_model("glm-4.1v-9b").spec
-    import torch
-    pos, q, k = bench._inputs(spec, 8, 4, 2, torch.bfloat16, device)
-    cache = __import__("rope").cos_sin_cache(spec, torch.bfloat16, q.device)
-    from rope.native import rotate_native
-    assert bench.check_sample(spec, rotate_native, pos, q, k, cache).startswith("ok")
-    assert bench.check_sample(spec, neox_for_gptj, pos, q, k, cache).startswith("MISMATCH")
 
 
 def test_bench_on_the_cpu_as_a_user_types_it(tmp_path):
@@ -82,16 +72,20 @@ def test_race_takes_the_fastest_peer_that_passed_its_check():
     assert "| qwen2.5-vl-72b | 4096 | bfloat16 | 40.0 | liger | 50.0 | 0.80 |" in md
 
 
-def test_a_contender_is_checked_on_the_call_that_is_timed():
-    # The bound call is what gets checked: a peer whose engine call is wrong is a MISMATCH row.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_contender_is_checked_on_the_call_that_is_timed(dtype):
+    # The bound call is what gets checked: native passes, a peer whose engine call pairs GPT-J
+    # NeoX-style (GLM-4.1V) is a MISMATCH row, and both are timed.
     from properties.mutants.broken_rotations import neox_for_gptj
     from rope.harness.bench_contenders import Contender
+    from rope.native import rotate_native
     spec = get_model("glm-4.1v-9b").spec
-    pos, q, k = bench._inputs(spec, 8, 4, 2, torch.float32, "cpu")
-    cache = __import__("rope").cos_sin_cache(spec, torch.float32, "cpu")
-    broken = Contender("broken", False, lambda *a: (lambda: neox_for_gptj(*a)), "float32")
-    ms, how, checked, note = bench.race_rotation(broken, spec, pos, q, k, cache, "cpu", bench._timer("cpu"), 8, 1)
-    assert checked.startswith("MISMATCH") and ms > 0 and how == "wall"
+    pos, q, k = bench._inputs(spec, 8, 4, 2, dtype, "cpu")
+    cache = __import__("rope").cos_sin_cache(spec, dtype, "cpu")
+    for fn, verdict in ((rotate_native, "ok"), (neox_for_gptj, "MISMATCH")):
+        contender = Contender(fn.__name__, False, lambda *a, fn=fn: (lambda: fn(*a)), "activation")
+        ms, how, checked, _ = bench.race_rotation(contender, spec, pos, q, k, cache, "cpu", bench._timer("cpu"), 8, 1)
+        assert checked.startswith(verdict) and ms > 0 and how == "wall", (fn.__name__, checked)
 
 
 def test_input_sets_span_the_l2_and_stay_bounded(monkeypatch):

@@ -40,7 +40,6 @@ from rope.cache import cos_sin_cache
 from rope.devices import synchronize, torch_device
 from rope.models import load_models
 from rope.harness.bench_contenders import CONTENDERS, contenders, runs_here, timed_here
-from rope.registry import working_precision
 from rope.spec import RopeSpec
 from rope.harness.tolerance import compare_rotation
 from rope.triton.pdl import HAS_PDL, pdl_available
@@ -264,12 +263,6 @@ def check_outputs(spec, positions, q, k, cache, out_q, out_k, precision: str) ->
     if not result.ok:
         return "MISMATCH " + result.message().splitlines()[0]
     return f"ok (worst error/bound {result.worst_ratio:.2f})"
-
-
-def check_sample(spec, fn, positions, q, k, cache) -> str:
-    """Run the implementation ``fn`` once (on copies) and compare a sample of its tokens with the reference."""
-    out_q, out_k = fn(spec, positions, q.clone(), k.clone(), cache)
-    return check_outputs(spec, positions, q, k, cache, out_q, out_k, working_precision(fn))
 
 
 def _bound_sets(contender, spec, positions, q, k, cache, sets: int):

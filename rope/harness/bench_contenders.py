@@ -31,7 +31,7 @@ import torch
 
 from rope.devices import triton_runs_on
 from rope.native import apply_rotation, rotate_native_unchecked
-from rope.registry import get_implementation, working_precision
+from rope.registry import get_implementation, unsupported_reason, working_precision
 from rope.spec import RopeSpec
 
 Bind = Callable[..., Callable[[], tuple]]
@@ -52,26 +52,15 @@ def _call_with(fn) -> Bind:
     return lambda spec, positions, q, k, cache: functools.partial(fn, spec, positions, q, k, cache)
 
 
-def _supports_reason(fn) -> Callable:
-    """An implementation's unsupported_reason, or a generic one from ``supports``."""
-    def reason(spec, dtype, device):
-        why = getattr(fn, "unsupported_reason", None)
-        if why is not None and why(spec, dtype, device):
-            return why(spec, dtype, device)
-        fault = getattr(fn, "known_fault", None)
-        if fault is not None and fault(spec, dtype, device):
-            return fault(spec, dtype, device)
-        supports = getattr(fn, "supports", None)
-        if supports is not None and not supports(spec, dtype, device):
-            return "not supported"
-        return None
-    return reason
+def _reason(name: str, fn) -> Callable:
+    """Why ``fn`` does not run a combination (unsupported or a known fault), as the suite says it."""
+    return lambda spec, dtype, device: unsupported_reason(name, fn, spec, dtype, device)
 
 
 # ------------------------------------------------------------------------------------ ours
 def _ours() -> list[Contender]:
     triton_fn = get_implementation("triton")
-    reason = _supports_reason(triton_fn)
+    reason = _reason("triton", triton_fn)
     public_reason = lambda spec, dtype, device: (   # noqa: E731
         "the public entry's device-side checks are what it adds on a GPU" if device == "cpu" else reason(spec, dtype, device))
     return [Contender("triton", True, _call_with(triton_fn.unchecked), "float32", reason, triton=True),
@@ -137,7 +126,7 @@ def _engine(name: str, module: str, *, bind_kwargs: dict | None = None, label: s
     fn = get_implementation(name)          # ValueError naming the package where it is missing
     engine_call = importlib.import_module(module).engine_call
     kwargs = bind_kwargs or {}
-    reason = _supports_reason(fn)
+    reason = _reason(name, fn)
     if name == "vllm-cuda":
         reason = _vllm_reason(reason)
     return Contender(label or name, False, lambda *args: engine_call(*args, **kwargs), working_precision(fn),
@@ -195,7 +184,7 @@ def contenders(only=CONTENDERS, extra: list[str] = ()) -> tuple[list[Contender],
     for name in extra:
         fn = get_implementation(name)
         found.append(Contender(name, False, _call_with(getattr(fn, "unchecked", fn)), working_precision(fn),
-                               _supports_reason(fn)))
+                               _reason(name, fn)))
     return found, absent
 
 
