@@ -40,21 +40,23 @@ def prompts(*, family: str, max_segments: int = 5, max_text: int = 4, max_side: 
                              ("max_side", max_side, 1), ("max_frames", max_frames, 1)):
         _check_bound(name, value, low)
 
-    @st.composite
-    def draw_prompt(draw):
-        merge = draw(st.sampled_from(spatial_merge_sizes))
-        side = st.integers(1, max_side).map(lambda n: n * merge)
-        texts = st.builds(Text, st.integers(1, max_text))
-        images = st.builds(lambda h, w: Image((1, h, w)), side, side)
-        videos = st.builds(
-            lambda t, h, w, spg, ts: Video((t, h, w), second_per_grid=spg, timestamp_tokens=ts),
-            st.integers(1, max_frames), side, side, st.sampled_from(SECONDS_PER_GRID), st.integers(0, 3),
-        )
-        kinds = [texts, images] if family in XDROPE_FAMILIES else [texts, images, videos]
-        segments = draw(st.lists(st.one_of(*kinds), min_size=1, max_size=max_segments))
-        return Prompt(tuple(segments), spatial_merge_size=merge)
+    return _draw_prompt(family, spatial_merge_sizes, max_segments, max_text, max_side, max_frames)
 
-    return draw_prompt()
+
+# The composites are defined once, at import: @st.composite reads its function's source when applied.
+@st.composite
+def _draw_prompt(draw, family, spatial_merge_sizes, max_segments, max_text, max_side, max_frames):
+    merge = draw(st.sampled_from(spatial_merge_sizes))
+    side = st.integers(1, max_side).map(lambda n: n * merge)
+    texts = st.builds(Text, st.integers(1, max_text))
+    images = st.builds(lambda h, w: Image((1, h, w)), side, side)
+    videos = st.builds(
+        lambda t, h, w, spg, ts: Video((t, h, w), second_per_grid=spg, timestamp_tokens=ts),
+        st.integers(1, max_frames), side, side, st.sampled_from(SECONDS_PER_GRID), st.integers(0, 3),
+    )
+    kinds = [texts, images] if family in XDROPE_FAMILIES else [texts, images, videos]
+    segments = draw(st.lists(st.one_of(*kinds), min_size=1, max_size=max_segments))
+    return Prompt(tuple(segments), spatial_merge_size=merge)
 
 
 def batches(*, family: str, max_batch: int = 3, max_pad: int = 3, **prompt_bounds):
@@ -62,13 +64,14 @@ def batches(*, family: str, max_batch: int = 3, max_pad: int = 3, **prompt_bound
     _check_bound("max_batch", max_batch, 1)
     _check_bound("max_pad", max_pad, 0)
 
-    @st.composite
-    def draw_batch(draw):
-        merge = draw(st.sampled_from(MERGE_SIZES))                 # one vision config per call
-        same_merge = prompts(family=family, spatial_merge_sizes=(merge,), **prompt_bounds)
-        batch = draw(st.lists(same_merge, min_size=1, max_size=max_batch))
-        pads = tuple(draw(st.integers(0, max_pad)) for _ in batch)
-        side = draw(st.sampled_from(("left", "right")))
-        return PromptBatch(tuple(batch), pads, side)
+    return _draw_batch(family, max_batch, max_pad, tuple(sorted(prompt_bounds.items())))
 
-    return draw_batch()
+
+@st.composite
+def _draw_batch(draw, family, max_batch, max_pad, prompt_bounds):
+    merge = draw(st.sampled_from(MERGE_SIZES))                 # one vision config per call
+    same_merge = prompts(family=family, spatial_merge_sizes=(merge,), **dict(prompt_bounds))
+    batch = draw(st.lists(same_merge, min_size=1, max_size=max_batch))
+    pads = tuple(draw(st.integers(0, max_pad)) for _ in batch)
+    side = draw(st.sampled_from(("left", "right")))
+    return PromptBatch(tuple(batch), pads, side)

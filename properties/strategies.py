@@ -9,6 +9,8 @@ positions, contiguous tensors, seed 0.
 
 from __future__ import annotations
 
+import functools
+
 from hypothesis import strategies as st
 
 from rope.harness.inputs import (  # noqa: F401  (the case model the strategies draw, re-exported for the tests)
@@ -26,6 +28,21 @@ from rope.harness.inputs import (  # noqa: F401  (the case model the strategies 
 )
 from rope.spec import RopeSpec
 
+def _memoized(factory):
+    """The strategy ``factory(**kwargs)`` built once per argument set: the properties draw
+    ``rotation_cases(...)`` inside each example, and a fresh strategy is validated again on
+    every draw (0.5-1 ms an example).  Strategies are immutable; unhashable arguments build anew."""
+    cached = functools.lru_cache(maxsize=256)(factory)
+
+    @functools.wraps(factory)
+    def strategy(*args, **kwargs):
+        try:
+            return cached(*args, **kwargs)
+        except TypeError:          # an unhashable argument (a list of head sizes, say)
+            return factory(*args, **kwargs)
+    return strategy
+
+
 # Per-rank head counts of real models under tensor parallelism (e.g. Qwen2-VL-7B 28/4 at tp=4 -> 7/1).
 REAL_HEAD_COUNTS = (28, 14, 7, 64, 32, 16, 8, 96, 48, 12, 6, 3, 2)
 BASES = (10000.0, 1000000.0, 5000000.0, 10000000.0, 500000.0)
@@ -35,6 +52,7 @@ KINDS = ("1d", "chunked3", "chunked4", "interleaved", "chunked1")
 KIND_ROWS = {"1d": 1, "chunked1": 1, "chunked3": 3, "chunked4": 4, "interleaved": 3}
 
 
+@_memoized
 @st.composite
 def sections(draw, *, total: int, parts: int):
     """Positive ints summing to ``total`` in ``parts`` pieces (any composition); shrinks to even-ish."""
@@ -47,6 +65,7 @@ def sections(draw, *, total: int, parts: int):
     return tuple(b - a for a, b in zip(edges, edges[1:]))
 
 
+@_memoized
 @st.composite
 def rope_specs(draw, *, kind: str = "chunked3", is_neox_style: bool | None = None,
                head_sizes=HEAD_SIZES, max_positions=MAX_POSITIONS):
@@ -74,21 +93,44 @@ def rope_specs(draw, *, kind: str = "chunked3", is_neox_style: bool | None = Non
                     ntk_alpha=alpha)
 
 
+_Q_HEADS = st.one_of(st.integers(1, 4), st.sampled_from(REAL_HEAD_COUNTS))
+
+
+def probe_specs(kind: str, is_neox_style: bool) -> list[RopeSpec]:
+    """One spec of ``kind`` per head size and rotary width (full, half, a quarter, an eighth):
+    the shapes rotation_cases draws, for asking an implementation up front whether it runs any."""
+    check_choice("kind", kind, KINDS)
+    rows = KIND_ROWS[kind]
+    min_half = 3 if kind in ("chunked3", "interleaved") else (4 if kind == "chunked4" else 1)
+    specs = []
+    for head_size in HEAD_SIZES:
+        for half in sorted({head_size // 2, head_size // 4, head_size // 8}, reverse=True):
+            if half < min_half:
+                continue
+            parts = 3 if kind == "interleaved" else rows
+            secs = None if kind == "1d" else tuple(half // parts + (i < half % parts) for i in range(parts))
+            specs.append(RopeSpec(head_size=head_size, rotary_dim=2 * half, is_neox_style=is_neox_style, sections=secs,
+                                  layout="interleaved" if kind == "interleaved" else "chunked", max_position=4096))
+    return specs
+
+
+@st.composite
+def _head_count_pairs(draw, key: bool | None):
+    nq = draw(_Q_HEADS)
+    has_key = draw(st.booleans().map(lambda b: not b)) if key is None else key
+    if not has_key:
+        return nq, 0
+    nkv = draw(st.one_of(st.just(nq), st.just(1), st.integers(1, max(1, nq))))
+    return nq, nkv
+
+
 def head_counts(*, key: bool | None = None):
-    """(num_q_heads, num_kv_heads): MHA, GQA, MQA and TP-sharded real counts; kv 0 = key absent."""
-    q = st.one_of(st.integers(1, 4), st.sampled_from(REAL_HEAD_COUNTS))
-
-    @st.composite
-    def pairs(draw):
-        nq = draw(q)
-        has_key = draw(st.booleans().map(lambda b: not b)) if key is None else key
-        if not has_key:
-            return nq, 0
-        nkv = draw(st.one_of(st.just(nq), st.just(1), st.integers(1, max(1, nq))))
-        return nq, nkv
-    return pairs()
+    """(num_q_heads, num_kv_heads): MHA, GQA, MQA and TP-sharded real counts; kv 0 = key absent.
+    (The composite is defined once: @st.composite reads its function's source when applied.)"""
+    return _head_count_pairs(key)
 
 
+@_memoized
 @st.composite
 def rotation_cases(draw, *, dtype: str = "float32", kind: str = "chunked3", is_neox_style: bool | None = None,
                    min_tokens: int = 0, max_tokens: int = 48, head_sizes=HEAD_SIZES, max_positions=MAX_POSITIONS,
@@ -132,6 +174,7 @@ def prefill_token_counts(thresholds=()):
     return st.one_of(st.sampled_from(boundary_token_counts(thresholds)), st.integers(1024, PREFILL_MAX_TOKENS))
 
 
+@_memoized
 @st.composite
 def prefill_cases(draw, *, tokens, small_heads: bool, nonfinite: bool = False):
     """A rotation case of ``tokens`` (a strategy) tokens, any layout, pairing and dtype.

@@ -52,3 +52,18 @@ def test_cache_is_identical_on_every_device(device):
 def test_cache_rejects_bad_dtype(bad):
     with pytest.raises(ValueError, match=r"dtype=.*must be a floating torch.dtype"):
         cos_sin_cache(RopeSpec(64, 64), bad)
+
+
+@given(requests=st.lists(st.tuples(st.sampled_from((2, 10, 64, 80)), st.sampled_from((1e4, 1e6)),
+                                   st.sampled_from((1, 7, 300, 2048, 4097)),
+                                   st.sampled_from((torch.float32, torch.float16, torch.bfloat16))),
+                         min_size=1, max_size=12))
+def test_the_harness_tables_are_the_cache_bit_for_bit(requests):
+    # The harness memoizes tables and serves shorter ones as prefixes of longer ones, in any
+    # order of requests: each must still be exactly what rope.cache builds for its spec.
+    from rope.harness.inputs import shared_table
+    for width, base, rows, dtype in requests:
+        spec = RopeSpec(head_size=128, rotary_dim=width, base=base, max_position=rows)
+        table = shared_table(spec, dtype)
+        assert table.dtype == dtype and table.is_contiguous()
+        assert torch.equal(table, cos_sin_cache(spec, dtype)), (width, base, rows, dtype)

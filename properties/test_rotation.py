@@ -7,9 +7,12 @@ import torch
 from hypothesis import given, strategies as st
 
 import reference
-from rope.harness.comparison import assert_matches_reference, call_rotation, run_rotation, skip_if_unsupported
+from rope.harness import report
+from rope.harness.comparison import (assert_matches_reference, call_rotation, run_rotation, skip_if_none_supported,
+                                     skip_if_unsupported)
 from properties.known_cases import KNOWN_BUG_CASES
-from properties.strategies import DTYPE_SHORT, DTYPES, KINDS, RotationCase, build_rotation_inputs, rotation_cases
+from properties.strategies import (DTYPE_SHORT, DTYPES, KINDS, RotationCase, build_rotation_inputs, probe_specs,
+                                   rotation_cases)
 from rope.registry import get_implementation
 from rope.spec import RopeSpec
 
@@ -26,6 +29,7 @@ def test_rotation_matches_reference(impl_name, device, dtype, kind, is_neox_styl
     # Rejects: wrong pairing, wrong axis map or sections, wrong partial strides, rounding or
     # precision worse than declared, writes outside q/k, NaN from out-of-range loads.
     impl = get_implementation(impl_name)
+    skip_if_none_supported(impl_name, impl, probe_specs(kind, is_neox_style), dtype, device)
     case = data.draw(rotation_cases(dtype=dtype, kind=kind, is_neox_style=is_neox_style, nonfinite=True), label="case")
     skip_if_unsupported(impl_name, impl, case.spec, dtype, device)
     assert_matches_reference(impl_name, impl, case, device)
@@ -101,6 +105,7 @@ def test_a_separate_1d_kernel_is_still_held_to_the_reference(broken_path, monkey
     from properties.mutants.broken_rotations import neox_for_gptj
     from rope.native import rotate_native
     monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))
+    monkeypatch.setenv(report.DISABLE_ENV, "1")     # deliberate mismatches: not findings of the run
 
     def two_kernels(spec, positions, query, key, cache):
         broken = (positions.dim() == 2) == (broken_path == "rows")
@@ -137,3 +142,19 @@ def test_known_bug_triggers_under_guards(impl_name, device, bug):
     case = KNOWN_BUG_CASES[bug]
     skip_if_unsupported(impl_name, impl, case.spec, case.dtype, device)
     assert_matches_reference_guarded(impl_name, impl, case, device)
+
+
+def test_a_kind_the_implementation_never_runs_is_skipped_before_drawing():
+    # Up-front skip only when no probed shape is supported; one supported head size keeps the test.
+    from properties.strategies import HEAD_SIZES
+
+    def neox_only(spec, positions, query, key, cache):
+        raise AssertionError("never called")
+    neox_only.supports = lambda spec, dtype, device: spec.is_neox_style
+    with pytest.raises(pytest.skip.Exception, match="does not run chunked3-gptj"):
+        skip_if_none_supported("neox_only", neox_only, probe_specs("chunked3", False), "float32", "cpu")
+    skip_if_none_supported("neox_only", neox_only, probe_specs("chunked3", True), "float32", "cpu")
+    neox_only.supports = lambda spec, dtype, device: spec.head_size == 96 and spec.rotary_dim < 96
+    skip_if_none_supported("neox_only", neox_only, probe_specs("interleaved", False), "float32", "cpu")
+    for kind in KINDS:
+        assert {s.head_size for s in probe_specs(kind, True)} == set(HEAD_SIZES)

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import reference
-from rope.harness.inputs import DTYPES, RotationCase, RotationInputs, build_rotation_inputs
-from rope.harness import case_files, report
+from rope.harness.inputs import DTYPES, RotationCase, RotationInputs, build_rotation_inputs, build_rotation_pair
+from rope.harness import case_files, profiling, report
 from rope.harness.deadline import ImplementationHung, call_timeout, deadline
 from rope.devices import synchronize
 from rope.harness.placement import device_label
@@ -43,6 +43,17 @@ def skip_if_unsupported(impl_name: str, fn, spec, dtype: str, device: str) -> No
     from hypothesis import reject
     REJECTED_UNSUPPORTED[reason] = REJECTED_UNSUPPORTED.get(reason, 0) + 1
     reject()
+
+
+def skip_if_none_supported(impl_name: str, fn, specs, dtype: str, device: str) -> None:
+    """Skip a test up front, with the reasons, when the implementation supports none of ``specs``
+    (the shapes its draws come from): otherwise Hypothesis draws and rejects example after
+    example until it gives up (for an engine's kernel that pairs NeoX-style only, say, most of
+    a GPT-J test's time)."""
+    reasons = [unsupported_reason(impl_name, fn, spec, DTYPES[dtype], device) for spec in specs]
+    if reasons and all(reasons):
+        shown = sorted(set(reasons))
+        pytest.skip("; ".join(shown[:3]) + (f" (and {len(shown) - 3} more shapes)" if len(shown) > 3 else ""))
 
 
 def skip_unless_builtin(impl_name: str, *, kind: str = "rotation") -> None:
@@ -104,14 +115,17 @@ def wrong_positions(out: torch.Tensor, expected: torch.Tensor, *, shown: int = 5
 RAISED = "the implementation raised"
 
 
-def contained_rotation(fn, case: RotationCase, device: str, *, on_hang=None):
+def contained_rotation(fn, case: RotationCase, device: str, *, on_hang=None, inputs: RotationInputs | None = None):
     """:func:`run_rotation` for an implementation that is not trusted to behave: returns (inputs,
     q_out, k_out, failure), where ``failure`` says what it raised, or what it returned instead of
     ``(query_out, key_out)``, and the outputs are then None.  The call runs under the call
-    deadline (rope.harness.deadline): past it ``on_hang()`` runs and ImplementationHung is raised."""
-    inputs = build_rotation_inputs(case, device)
+    deadline (rope.harness.deadline): past it ``on_hang()`` runs and ImplementationHung is raised.
+    ``inputs``: the case's tensors on ``device`` when the caller built them already."""
+    if inputs is None:
+        with profiling.phase("inputs"):
+            inputs = build_rotation_inputs(case, device)
     try:
-        with deadline(call_timeout(), on_hang):
+        with deadline(call_timeout(), on_hang), profiling.call_phase():
             result = fn(case.spec, inputs.positions, inputs.query, inputs.key, inputs.cache)
             synchronize(device)
     except Exception as exc:     # noqa: BLE001 - the implementation's failure is the finding
@@ -187,28 +201,42 @@ def evaluate_case(impl_name: str, fn, case: RotationCase, device: str) -> CaseRu
     deadline raises ImplementationHung (after writing its case file): Hypothesis does not shrink
     through it, so the test fails on the first hang instead of waiting out one per shrink step."""
     hang = _HangReport(impl_name, fn, case, device)
+    with profiling.phase("inputs"):
+        # One generation: the device copy for the implementation, the CPU tensors it was copied
+        # from (untouched, same strides) for the reference and the read-only checks.
+        inputs, ref_in = build_rotation_pair(case, device)
     try:
-        inputs, q_out, k_out, failure = contained_rotation(fn, case, device, on_hang=hang.write)
+        inputs, q_out, k_out, failure = contained_rotation(fn, case, device, on_hang=hang.write, inputs=inputs)
     except ImplementationHung:
         raise ImplementationHung(hang.message()) from None
-    ref_in = build_rotation_inputs(case, "cpu")        # untouched inputs, regenerated bit-identically
-    ref_q, ref_k = reference.rotate(case.spec, ref_in.positions, ref_in.query, ref_in.key, ref_in.cache)
+    with profiling.phase("reference"):
+        ref_q, ref_k = reference.rotate(case.spec, ref_in.positions, ref_in.query, ref_in.key, ref_in.cache)
     if failure is not None:      # nothing to compare: the failure is the mismatch (and gets a case file)
         result = Comparison(case.spec, problems=[failure])
     else:
-        result = compare_rotation(case.spec, ref_in.positions, ref_in.query, ref_in.key, ref_in.cache,
-                                  q_out, k_out, ref_q, ref_k, working_precision(fn), device=inputs.query.device)
-    # Only q and k may be written (in place); positions and the cache are read-only.
+        with profiling.phase("compare"):
+            result = compare_rotation(case.spec, ref_in.positions, ref_in.query, ref_in.key, ref_in.cache,
+                                      q_out, k_out, ref_q, ref_k, working_precision(fn), device=inputs.query.device)
+    with profiling.phase("checks"):
+        result.problems += read_only_problems(case, inputs, ref_in)
+    return CaseRun(inputs, ref_in, q_out, k_out, ref_q, ref_k, result, failure=failure)
+
+
+def read_only_problems(case: RotationCase, inputs: RotationInputs, ref_in: RotationInputs) -> list[str]:
+    """What the implementation wrote that it may not: only q and k may be written (in place);
+    positions, the cache and the value slice of a packed qkv tensor are read-only.  The cache
+    (up to 128 MiB) is compared on its own device with the table it was copied from."""
+    problems = []
     if not torch.equal(inputs.positions.cpu(), ref_in.positions):
-        result.problems.append("positions were modified by the implementation")
-    if not torch.equal(inputs.cache.cpu(), ref_in.cache):
-        result.problems.append("cos_sin_cache was modified by the implementation")
+        problems.append("positions were modified by the implementation")
+    pristine = inputs.pristine_cache if inputs.pristine_cache is not None else ref_in.cache
+    if not torch.equal(inputs.cache if inputs.pristine_cache is not None else inputs.cache.cpu(), pristine):
+        problems.append("cos_sin_cache was modified by the implementation")
     if case.packed_qkv:
-        # The value slice of a packed qkv tensor is not the implementation's to touch.
         width = (case.num_q_heads + case.num_kv_heads) * case.spec.head_size
         if not torch.equal(inputs.storage[:, width:].cpu(), ref_in.storage[:, width:]):
-            result.problems.append("value slice of the packed qkv tensor was modified (write outside q/k)")
-    return CaseRun(inputs, ref_in, q_out, k_out, ref_q, ref_k, result, failure=failure)
+            problems.append("value slice of the packed qkv tensor was modified (write outside q/k)")
+    return problems
 
 
 def assert_matches_reference(impl_name: str, fn, case: RotationCase, device: str) -> Comparison:
@@ -240,9 +268,11 @@ def assert_matches_reference(impl_name: str, fn, case: RotationCase, device: str
 def _record(impl_name: str, case: RotationCase, device: str, run: CaseRun) -> None:
     """One line of the run report (rope.harness.report): never lets reporting break a check."""
     try:
-        report.record_comparison(test=os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0],
-                                 impl=impl_name, device=device_label(device), dtype=case.dtype, variant=case.spec.variant(),
-                                 comparison=run.comparison, case_file=run.case_file, tokens=case.num_tokens)
+        with profiling.phase("record"):
+            report.record_comparison(test=os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0],
+                                     impl=impl_name, device=device_label(device), dtype=case.dtype,
+                                     variant=case.spec.variant(), comparison=run.comparison,
+                                     case_file=run.case_file, tokens=case.num_tokens)
     except Exception:   # noqa: BLE001 - the report is best effort, the assertion is not
         pass
 

@@ -11,11 +11,13 @@ as plain lists.  The Hypothesis strategies that draw both live in the test suite
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import asdict, dataclass
 
 import torch
 
 from rope.cache import cos_sin_cache
+from rope.harness import profiling
 from rope.devices import torch_device
 from rope.spec import RopeSpec
 
@@ -59,14 +61,95 @@ class RotationCase:
 
 
 # --------------------------------------------------------------------------- tensors
-@functools.lru_cache(maxsize=4)
-def _cached_table(base: float, rotary_dim: int, max_position: int, dtype: torch.dtype) -> torch.Tensor:
-    return cos_sin_cache(RopeSpec(rotary_dim, rotary_dim, base=base, max_position=max_position), dtype, "cpu")
+class _TableMemo:
+    """cos/sin tables by (base, rotary_dim, length, dtype, device), least recently used dropped
+    first past ``budget`` bytes per device kind: a campaign draws caches of up to 131,072 rows
+    (128 MiB) again and again, and rebuilding or re-copying one costs more than the check."""
+
+    def __init__(self, budget: int):
+        self.budget, self.tables, self.held = budget, {}, {}    # held: bytes memoized per device
+
+    def get(self, key, build):
+        table = self.tables.pop(key, None)
+        device = key[-1]
+        if table is None:
+            table = build()
+        else:
+            self.held[device] -= table.numel() * table.element_size()
+        size = table.numel() * table.element_size()
+        if size <= self.budget:
+            while self.held.get(device, 0) + size > self.budget:
+                oldest = next(k for k in self.tables if k[-1] == device)     # least recently used first
+                gone = self.tables.pop(oldest)
+                self.held[device] -= gone.numel() * gone.element_size()
+            self.tables[key] = table
+            self.held[device] = self.held.get(device, 0) + size
+        return table
+
+    def drop(self, key) -> None:
+        table = self.tables.pop(key, None)
+        if table is not None:
+            self.held[key[-1]] -= table.numel() * table.element_size()
 
 
-def _cpu_cache(spec: RopeSpec, dtype: torch.dtype) -> torch.Tensor:
-    """The spec's cache; memoized on what it depends on (base, rotary_dim, length, dtype) only."""
-    return _cached_table(spec.effective_base, spec.rotary_dim, spec.max_position, dtype)
+def _table_budget() -> int:
+    """Bytes of tables a process keeps per device: a quarter of the machine's memory shared by the
+    test processes (pytest-xdist workers), between 256 MiB and 4 GiB.  A campaign draws 131,072-row
+    tables of many widths; a budget that holds too few of them rebuilds one every few examples."""
+    import os
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = 8 << 30
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
+    return int(min(4 << 30, max(256 << 20, memory // (4 * workers))))
+
+
+_TABLES = _TableMemo(budget=_table_budget())
+
+
+def _float32_table(base: float, rotary_dim: int, rows: int) -> torch.Tensor:
+    """The float32 cos/sin rows 0..rows-1 (rope.cache's recipe), timed as a profile entry."""
+    started = time.perf_counter()
+    table = cos_sin_cache(RopeSpec(rotary_dim, rotary_dim, base=base, max_position=rows), torch.float32, "cpu")
+    profiling.add("table_builds", time.perf_counter() - started)
+    return table
+
+
+@functools.lru_cache(maxsize=1)
+def _rows_are_position_independent() -> bool:
+    """Whether this machine's cos/sin give row p the same bits in a table of any length (checked
+    once per process against fresh builds).  Then a table of fewer rows is a prefix of a longer
+    one, and one build of 131,072 rows serves every shorter table of the same base and width."""
+    for rotary_dim, base in ((2, 10000.0), (80, 1e6), (126, 5e5)):
+        long = cos_sin_cache(RopeSpec(rotary_dim, rotary_dim, base=base, max_position=4099))
+        for rows in (1, 7, 300, 4096):
+            if not torch.equal(long[:rows], cos_sin_cache(RopeSpec(rotary_dim, rotary_dim, base=base,
+                                                                   max_position=rows))):
+                return False
+    return True
+
+
+def shared_table(spec: RopeSpec, dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
+    """The spec's cache on ``device``, bit-identical to ``rope.cache.cos_sin_cache(spec, dtype)``
+    and memoized on what it depends on (base, rotary_dim, length, dtype).  Shared: the harness
+    reads it, and it is never handed to an implementation."""
+    dev = torch_device(device)
+    base, width, rows = spec.effective_base, spec.rotary_dim, spec.max_position
+    key = (base, width, rows, dtype, str(dev))
+    if dev.type != "cpu":
+        return _TABLES.get(key, lambda: shared_table(spec, dtype, "cpu").to(dev))
+    if not _rows_are_position_independent():
+        return _TABLES.get(key, lambda: _float32_table(base, width, rows).to(dtype))
+    # Every table of this base and width is a prefix of the longest float32 table built so far.
+    prefix_key = (base, width, "float32 prefix", "cpu")
+    longest = _TABLES.get(prefix_key, lambda: _float32_table(base, width, rows))
+    if longest.shape[0] < rows:
+        _TABLES.drop(prefix_key)
+        longest = _TABLES.get(prefix_key, lambda: _float32_table(base, width, rows))
+    if dtype == torch.float32:
+        return longest[:rows]
+    return _TABLES.get(key, lambda: longest[:rows].to(dtype, copy=True))
 
 
 def make_positions(spec: RopeSpec, num_tokens: int, kind: str, gen: torch.Generator) -> torch.Tensor:
@@ -101,6 +184,7 @@ class RotationInputs:
     key: torch.Tensor | None
     cache: torch.Tensor
     storage: torch.Tensor        # the tensor q and k live in (packed qkv or q itself)
+    pristine_cache: torch.Tensor | None = None   # the shared table ``cache`` was copied from (same device)
 
 
 def inject_nonfinite(t: torch.Tensor, gen: torch.Generator) -> None:
@@ -116,35 +200,57 @@ def inject_nonfinite(t: torch.Tensor, gen: torch.Generator) -> None:
     t[flat // cols, flat % cols] = values[torch.randint(0, 3, (count,), generator=gen)]
 
 
-def build_rotation_inputs(case: RotationCase, device: str = "cpu") -> RotationInputs:
-    """Regenerate the case's tensors bit-identically (CPU generator), then move them to ``device``."""
+def _generate(case: RotationCase) -> RotationInputs:
+    """The case's tensors on the CPU, from its seed (the cache: the shared table, not a copy)."""
     spec, hs = case.spec, case.spec.head_size
     dtype = DTYPES[case.dtype]
     gen = torch.Generator().manual_seed(case.seed)
     positions = make_positions(spec, case.num_tokens, case.positions_kind, gen)
     q_width, k_width = case.num_q_heads * hs, case.num_kv_heads * hs
-    dev = torch_device(device)
     if case.packed_qkv:
         storage = torch.randn(case.num_tokens, q_width + 2 * k_width, generator=gen).to(dtype)
-        parts = [storage[:, :q_width], storage[:, q_width:q_width + k_width] if k_width else None]
+        query, key = storage[:, :q_width], storage[:, q_width:q_width + k_width] if k_width else None
     else:
-        parts = [torch.randn(case.num_tokens, q_width, generator=gen).to(dtype),
-                 torch.randn(case.num_tokens, k_width, generator=gen).to(dtype) if k_width else None]
-        storage = parts[0]
+        query = torch.randn(case.num_tokens, q_width, generator=gen).to(dtype)
+        key = torch.randn(case.num_tokens, k_width, generator=gen).to(dtype) if k_width else None
+        storage = query
     if case.nonfinite:
-        for t in parts:
+        for t in (query, key):
             if t is not None:
                 inject_nonfinite(t, gen)
+    return RotationInputs(positions, query, key, shared_table(spec, dtype, "cpu"), storage)
+
+
+def _place(case: RotationCase, x: RotationInputs, device: str) -> RotationInputs:
+    """A private copy of CPU inputs ``x`` on ``device`` with the same strides (q and k as views
+    of one packed tensor where the case packs them), and a private copy of the cache."""
+    dev = torch_device(device)
+    q_width, k_width = case.num_q_heads * case.spec.head_size, case.num_kv_heads * case.spec.head_size
     if case.packed_qkv:
-        storage = storage.to(dev)
+        storage = x.storage.to(dev, copy=True)
         query = storage[:, :q_width]
         key = storage[:, q_width:q_width + k_width] if k_width else None
     else:
-        query, key = (t.to(dev) if t is not None else None for t in parts)
+        query = x.query.to(dev, copy=True)
+        key = x.key.to(dev, copy=True) if x.key is not None else None
         storage = query
-    # A private copy: the memoized table must not be shared with (and writable by) the implementation.
-    cache = _cpu_cache(spec, dtype).to(dev, copy=True)
-    return RotationInputs(positions.to(dev), query, key, cache, storage)
+    # The implementation gets its own copy: the memoized table must not be writable by it.
+    pristine = shared_table(case.spec, DTYPES[case.dtype], device)
+    return RotationInputs(x.positions.to(dev, copy=True), query, key, pristine.clone(), storage, pristine)
+
+
+def build_rotation_inputs(case: RotationCase, device: str = "cpu") -> RotationInputs:
+    """Regenerate the case's tensors bit-identically (CPU generator), then copy them to ``device``:
+    every tensor, the cache included, is the caller's own."""
+    return _place(case, _generate(case), device)
+
+
+def build_rotation_pair(case: RotationCase, device: str) -> tuple[RotationInputs, RotationInputs]:
+    """(inputs on ``device`` for an implementation, the untouched CPU tensors they were copied
+    from, same strides) from one generation.  The CPU side's cache is the shared table: the
+    harness reads it and never hands it on."""
+    cpu = _generate(case)
+    return _place(case, cpu, device), cpu
 
 
 # --------------------------------------------------------------------------- ragged batches

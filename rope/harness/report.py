@@ -18,6 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from rope.harness.atomic import atomic_write
+from rope.harness import profiling
 
 RUN_ENV = "ROPE_REPORT_RUN"          # the record directory of the current run
 DISABLE_ENV = "ROPE_NO_REPORT"       # set to skip recording (e.g. nested runs of deliberate mutants)
@@ -133,7 +134,11 @@ def summarize(records: list[dict]) -> dict:
     declared = {}                              # (impl, device) -> switch token counts
     tokens = defaultdict(set)                  # (impl, device) -> token counts compared
     placed = defaultdict(lambda: {"examples": 0, "workers": set()})
+    profiles = []
     for r in records:
+        if r.get("kind") == "profile":
+            profiles.append(r)
+            continue
         if r.get("kind") == "skip":
             skips[(r.get("test", ""), r.get("reason", ""))] += 1
             continue
@@ -170,7 +175,8 @@ def summarize(records: list[dict]) -> dict:
             "placement": [{"device": d, "examples": p["examples"], "workers": sorted(p["workers"], key=_worker_order)}
                           for d, p in sorted(placed.items())],
             "examples": sum(c["examples"] for c in cells.values()),
-            "failures": sum(c["failures"] for c in cells.values())}
+            "failures": sum(c["failures"] for c in cells.values()),
+            "profile": profiling.combine(profiles)}
 
 
 def _worker_order(name: str):
@@ -202,6 +208,11 @@ def markdown(summary: dict, plots: list[str]) -> str:
     if summary["skips"]:
         lines += ["", "## Skipped", "", "| test | reason | count |", "|---|---|---:|"]
         lines += [f"| {s['test']} | {s['reason']} | {s['count']} |" for s in summary["skips"]]
+    if summary.get("profile"):
+        lines += ["", "## Where the time went", "",
+                  f"Summed over {summary['profile']['processes']} test processes "
+                  f"({summary['profile']['calls']} implementation calls):", ""]
+        lines += profiling.markdown_rows(summary["profile"])
     failures = [f for c in summary["matrix"] for f in c["case_files"]]
     if failures:
         lines += ["", "## Case files", ""] + [f"- `{f}`: replay with `rope-harness repro {f}`" for f in sorted(set(failures))]
