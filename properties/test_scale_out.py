@@ -216,6 +216,49 @@ def test_campaign_rounds_share_one_example_database(tmp_path):
     assert "database" not in campaign_profile({})           # outside a campaign: Hypothesis' default
 
 
+def test_campaign_rounds_come_from_the_environment():
+    from rope.harness.campaign import ROUNDS_ENV, campaign_rounds
+    assert campaign_rounds({ROUNDS_ENV: "20:7, 80:9"}) == [(20, 7), (80, 9)]
+    assert campaign_rounds({}) == []
+    for bad in ("20", "x:1", "0:3", "20:1,80"):
+        with pytest.raises(ValueError, match=ROUNDS_ENV):
+            campaign_rounds({ROUNDS_ENV: bad})
+
+
+@pytest.mark.parametrize("nodeid,expected", [
+    ("t.py::t[round0-native-cpu]", "t.py::t[native-cpu]"), ("t.py::t[native-round12]", "t.py::t[native]"),
+    ("t.py::t[round3]", "t.py::t"), ("t.py::t[background1-x]", "t.py::t[background1-x]")])
+def test_a_rounds_database_key_is_the_test_without_its_round(nodeid, expected):
+    assert plugin.without_campaign_round(nodeid) == expected
+
+
+def test_campaign_rounds_run_in_one_session_with_their_own_examples(tmp_path):
+    # Two rounds of 3 and 5 examples: each Hypothesis test runs once per round, in round order,
+    # with that round's examples (8 comparisons); the fixed cases run once.
+    from rope.harness.campaign import CAMPAIGN_ENV, EXAMPLES_ENV, ROUNDS_ENV
+    run_dir = tmp_path / "records"
+    env = {**os.environ, CAMPAIGN_ENV: "1", EXAMPLES_ENV: "3", ROUNDS_ENV: "3:11,5:12", report.RUN_ENV: str(run_dir),
+           "ROPE_CASES_DIR": "off"}
+    env.pop(report.DISABLE_ENV, None)
+    args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--hypothesis-profile=campaign",
+            "--rope-impl", "native", "--rope-device", "cpu", "properties/test_rotation.py", "-k",
+            "test_rotation_matches_reference and fp32-chunked3-neox or test_large_batches or "
+            "test_known_bug_triggers_match_reference and qwen3vl"]
+    proc = subprocess.run(args + ["-v"], env=env, capture_output=True, text=True, timeout=600,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ran = [line.split(" ")[0] for line in proc.stdout.splitlines() if " PASSED" in line]
+    assert [t.split("[")[1][:7] for t in ran if "matches_reference[round" in t] == ["round0-", "round1-"]
+    rounds = [int(t.split("[round")[1].split("-")[0]) for t in ran if "[round" in t]
+    assert rounds == sorted(rounds) == [0, 0, 1, 1], ran        # every test's round 0 before any round 1
+    assert sum("known_bug" in t for t in ran) == 1
+    records = [r for r in report.load_records(run_dir) if r.get("kind") == "comparison"
+               and "test_rotation_matches_reference" in r["test"]]
+    assert len(records) == 3 + 5
+    profiles = [r for r in report.load_records(run_dir) if r.get("kind") == "profile"]
+    assert len(profiles) == 1 and profiles[0]["counts"]["call"] + profiles[0]["counts"].get("jit", 0) >= 8
+
+
 def test_campaign_rejects_bad_budgets():
     from rope.harness.campaign import run_campaign
     with pytest.raises(ValueError, match="minutes=0"):
@@ -235,7 +278,7 @@ def test_campaign_on_cpu_stops_on_time_and_merges_every_workers_records(tmp_path
                      seed=7, pytest_args=["-k", "test_rotation_matches_reference and native"], show_progress=False)
     wall = time.monotonic() - began
     assert wall < budget_s + GRACE_S + 15, f"campaign took {wall:.0f} s for a {budget_s:.0f} s budget"
-    assert c.rounds and c.rounds[-1].interrupted or all(r.exit_code == 0 for r in c.rounds)
+    assert c.runs and c.runs[-1].interrupted or all(r.exit_code == 0 for r in c.runs)
     data = json.loads((tmp_path / "c" / "campaign.json").read_text())
     summary = json.loads((tmp_path / "c" / "summary.json").read_text())
     assert data["examples"] == summary["examples"] > 0 and data["failures"] == 0

@@ -2,10 +2,15 @@
 
 The campaign is pytest-xdist doing what it does best, in rounds:
 
-* every round is one ``pytest -n W`` run of the equivalence properties with the ``campaign``
-  Hypothesis profile, a fresh ``--hypothesis-seed`` and more examples than the last
-  (20, 80, 320, ... up to ``--max-examples``, the ``deep`` profile's 2000 by default), so a short
-  budget still covers every test and a long one digs deep;
+* every round runs each Hypothesis test of the equivalence properties with a fresh seed and
+  more examples than the last (20, 80, 320, ... up to ``--max-examples``, the ``deep``
+  profile's 2000 by default), so a short budget still covers every test and a long one digs
+  deep; the fixed cases (known-bug triggers, real model configurations) run once;
+* the rounds run inside one ``pytest -n W`` session (the plugin gives each Hypothesis test one
+  copy per round, ordered by round): the workers, their compiled Triton kernels and memoized
+  tables live through every round (a session per round spent most of a short campaign starting
+  processes and compiling kernels again); a session that ends before the deadline is followed by
+  another, with new seeds;
 * the workers spread over the GPUs (rope.harness.placement: each GPU test is assigned a GPU, each worker
   has its own default GPU);
 * all workers and rounds share one Hypothesis example database (``<out>/hypothesis-db``): a
@@ -29,12 +34,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rope.harness import report
+from rope.harness import profiling, report
 from rope.harness.atomic import atomic_write
 from rope.harness.suite import suite_path
 
 CAMPAIGN_ENV = "ROPE_CAMPAIGN"                 # set in the rounds: conftest records, the campaign merges
-EXAMPLES_ENV = "ROPE_CAMPAIGN_EXAMPLES"        # examples per test of the round (the campaign profile)
+EXAMPLES_ENV = "ROPE_CAMPAIGN_EXAMPLES"        # examples per test outside the rounds (the campaign profile)
+ROUNDS_ENV = "ROPE_CAMPAIGN_ROUNDS"            # a session's rounds: "examples:seed,examples:seed,..."
+ROUNDS_PER_RUN = 8
 DATABASE_ENV = "ROPE_HYPOTHESIS_DB"            # the shared example database directory
 DEFAULT_TESTS = ("test_rotation.py", "test_model_rotation.py", "test_runner_positions.py")
 GRACE_S = 30.0                                 # after SIGINT, how long a round may take to wind down
@@ -50,6 +57,22 @@ def campaign_profile(env) -> dict:
     return out
 
 
+def campaign_rounds(env) -> list[tuple[int, int]]:
+    """A campaign session's rounds from its environment: (examples per test, seed) each."""
+    raw = env.get(ROUNDS_ENV, "")
+    rounds = []
+    for part in filter(None, (p.strip() for p in raw.split(","))):
+        examples, sep, seed = part.partition(":")
+        try:
+            rounds.append((int(examples), int(seed)))
+            if not sep or rounds[-1][0] < 1:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"{ROUNDS_ENV}={raw!r}: must be examples:seed pairs with examples >= 1, "
+                             f"comma-separated") from None
+    return rounds
+
+
 def examples_schedule(max_examples: int, start: int = 20, factor: int = 4):
     """Examples per test for round 0, 1, 2, ...: start, start*factor, ... capped at max_examples."""
     n = min(start, max_examples)
@@ -59,9 +82,10 @@ def examples_schedule(max_examples: int, start: int = 20, factor: int = 4):
 
 
 @dataclass
-class Round:
-    seed: int
-    examples_per_test: int
+class Run:
+    """One pytest session of the campaign: its rounds' seeds and examples per test."""
+    seeds: list[int]
+    examples_per_test: list[int]
     exit_code: int | None = None
     wall_s: float = 0.0
     interrupted: bool = False
@@ -75,7 +99,7 @@ class Campaign:
     workers: str
     tests: list[str]
     out: str
-    rounds: list[Round] = field(default_factory=list)
+    runs: list[Run] = field(default_factory=list)
     wall_s: float = 0.0
     examples: int = 0
     failures: int = 0
@@ -87,9 +111,15 @@ class Campaign:
         return asdict(self)
 
 
-def _pytest_command(c: Campaign, r: Round, extra: list[str]) -> list[str]:
+def _pytest_command(c: Campaign, run: Run, extra: list[str], *, searches_only: bool = False) -> list[str]:
+    """One session's pytest command.  ``searches_only``: only the Hypothesis tests (pytest's
+    ``hypothesis`` marker): the fixed cases (known-bug triggers, real model configurations) are
+    the same in every session, so the sessions after the first leave them out (unless the user's
+    own ``-m`` says otherwise)."""
     cmd = [sys.executable, "-m", "pytest", *c.tests, "-q", "-p", "no:cacheprovider",
-           "--hypothesis-profile=campaign", f"--hypothesis-seed={r.seed}"]
+           "--hypothesis-profile=campaign", f"--hypothesis-seed={run.seeds[0]}"]
+    if searches_only and not any(a == "-m" or a.startswith("-m") for a in extra):
+        cmd += ["-m", "hypothesis"]
     if c.workers != "0":
         cmd += ["-n", c.workers]
     for d in c.devices:
@@ -160,34 +190,37 @@ def run_campaign(minutes: float, *, devices: list[str] | None = None, workers: s
     start = time.monotonic()
     deadline = start + minutes * 60.0
     progress = _Progress(minutes * 60.0, devices) if show_progress else None
+    schedule = examples_schedule(max_examples)
     try:
-        for n, examples in enumerate(examples_schedule(max_examples)):
-            if time.monotonic() >= deadline - 1.0:
-                break
-            r = Round(seed=rng.randrange(2**32), examples_per_test=examples, log=str(out / f"round-{n:02d}.log"))
-            c.rounds.append(r)
+        n = 0
+        while time.monotonic() < deadline - 1.0:
+            rounds = [(next(schedule), rng.randrange(2**32)) for _ in range(ROUNDS_PER_RUN)]
+            run = Run(seeds=[s for _, s in rounds], examples_per_test=[e for e, _ in rounds],
+                      log=str(out / f"session-{n:02d}.log"))
+            c.runs.append(run)
+            run_env = {**env, EXAMPLES_ENV: str(rounds[0][0]), ROUNDS_ENV: ",".join(f"{e}:{s}" for e, s in rounds)}
             began = time.monotonic()
-            with open(r.log, "wb") as log:
-                proc = subprocess.Popen(_pytest_command(c, r, list(pytest_args or [])),
-                                        env={**env, EXAMPLES_ENV: str(examples)}, stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+            with open(run.log, "wb") as log:
+                proc = subprocess.Popen(_pytest_command(c, run, list(pytest_args or []), searches_only=n > 0),
+                                        env=run_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
                 while proc.poll() is None:
                     if time.monotonic() >= deadline:
-                        r.interrupted = True
+                        run.interrupted = True
                         _stop(proc)
                         break
                     time.sleep(0.5)
                     counter.poll()
                     if progress:
-                        progress.update(time.monotonic() - start, n, examples, counter)
-            r.exit_code, r.wall_s = proc.returncode, time.monotonic() - began
-            # pytest: 0 passed, 1 some test failed; an interrupted round exits 2 and is not a failure.
-            c.test_failures |= r.exit_code == 1 or (r.exit_code not in (0, 1, 2, 5) and not r.interrupted)
+                        progress.update(time.monotonic() - start, n, counter)
+            run.exit_code, run.wall_s = proc.returncode, time.monotonic() - began
+            # pytest: 0 passed, 1 some test failed; an interrupted session exits 2 and is not a failure.
+            c.test_failures |= run.exit_code == 1 or (run.exit_code not in (0, 1, 2, 5) and not run.interrupted)
+            n += 1
     finally:
         c.wall_s = time.monotonic() - start
         counter.poll()
         if progress:
-            progress.update(c.wall_s, len(c.rounds) - 1, c.rounds[-1].examples_per_test if c.rounds else 0, counter)
+            progress.update(c.wall_s, max(len(c.runs) - 1, 0), counter)
             progress.stop()
         _finish(c, run_dir, out)
     return c
@@ -205,6 +238,7 @@ def _finish(c: Campaign, run_dir: Path, out: Path) -> None:
     c.case_files = sorted({f for cell in summary["matrix"] for f in cell["case_files"]})
     data = c.to_dict()
     data["examples_per_s"] = round(c.examples / wall, 2)
+    data["profile"] = summary.get("profile")
     atomic_write(out / "campaign.json", (json.dumps(data, indent=1) + "\n").encode())
     atomic_write(out / "campaign.md", markdown(data).encode())
 
@@ -212,16 +246,22 @@ def _finish(c: Campaign, run_dir: Path, out: Path) -> None:
 def markdown(data: dict) -> str:
     lines = ["# rope-harness campaign", "",
              f"{data['minutes']} minutes on {', '.join(data['devices'])} with `-n {data['workers']}`: "
-             f"{len(data['rounds'])} rounds, {data['examples']} comparisons against the float64 reference "
+             f"{len(data['runs'])} pytest sessions, {data['examples']} comparisons against the float64 reference "
              f"({data['examples_per_s']}/s), {data['failures']} failed"
              + ("; some tests failed (see the round logs)" if data["test_failures"] else "") + ".", "",
              "| device | examples | examples/s | workers |", "|---|---:|---:|---|"]
     for device, p in data["per_device"].items():
         lines.append(f"| {device} | {p['examples']} | {p['examples_per_s']} | {report.worker_ranges(p['workers'])} |")
-    lines += ["", "| round | seed | examples per test | wall s | exit | interrupted |", "|---:|---:|---:|---:|---:|---|"]
-    for i, r in enumerate(data["rounds"]):
-        lines.append(f"| {i} | {r['seed']} | {r['examples_per_test']} | {r['wall_s']:.1f} | {r['exit_code']} | "
-                     f"{'yes' if r['interrupted'] else ''} |")
+    lines += ["", "| session | rounds: examples per test | seeds | wall s | exit | interrupted |",
+              "|---:|---|---|---:|---:|---|"]
+    for i, r in enumerate(data["runs"]):
+        lines.append(f"| {i} | {', '.join(map(str, r['examples_per_test']))} | {', '.join(map(str, r['seeds']))} | "
+                     f"{r['wall_s']:.1f} | {r['exit_code']} | {'yes' if r['interrupted'] else ''} |")
+    if data.get("profile"):
+        lines += ["", "## Where the time went", "",
+                  f"Summed over the {data['profile']['processes']} test processes of all sessions; "
+                  f"{sum(r['wall_s'] for r in data['runs']):.0f} s of sessions:", ""]
+        lines += profiling.markdown_rows(data["profile"])
     if data["case_files"]:
         lines += ["", "## Case files", ""] + [f"- `{f}`: replay with `rope-harness repro {f}`" for f in data["case_files"]]
     lines += ["", "Matrix and plots: summary.md beside this file."]
@@ -234,15 +274,14 @@ class _Progress:
     def __init__(self, budget_s: float, devices: list[str]):
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
         self.progress = Progress(TextColumn(f"[bold]campaign on {', '.join(devices)}"), BarColumn(),
-                                 TextColumn("round {task.fields[round]} ({task.fields[per_test]}/test)"),
+                                 TextColumn("session {task.fields[session]}"),
                                  TextColumn("{task.fields[examples]} examples, {task.fields[rate]}/s"),
                                  TextColumn("[red]{task.fields[failures]} failed"), TimeElapsedColumn())
         self.progress.start()
-        self.task = self.progress.add_task("campaign", total=budget_s, round=0, per_test=0, examples=0, rate="0",
-                                           failures=0)
+        self.task = self.progress.add_task("campaign", total=budget_s, session=0, examples=0, rate="0", failures=0)
 
-    def update(self, elapsed: float, round_no: int, per_test: int, counter: _RecordCounter) -> None:
-        self.progress.update(self.task, completed=elapsed, round=round_no, per_test=per_test,
+    def update(self, elapsed: float, session: int, counter: _RecordCounter) -> None:
+        self.progress.update(self.task, completed=elapsed, session=session,
                              examples=counter.examples, failures=counter.failures,
                              rate=f"{counter.examples / max(elapsed, 1e-9):.1f}")
 
@@ -293,7 +332,7 @@ def cmd_campaign(args) -> int:
         return 2
     wall = max(c.wall_s, 1e-9)
     print(f"campaign: {c.examples} examples in {c.wall_s:.0f} s ({c.examples / wall:.1f}/s), {c.failures} failed, "
-          f"{len(c.rounds)} rounds")
+          f"{len(c.runs)} pytest sessions")
     for device, p in c.per_device.items():
         print(f"  {device}: {p['examples']} examples, {p['examples_per_s']}/s")
     print(f"report: {Path(c.out) / 'campaign.md'} (summary.md, plots and case files beside it)")

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -221,6 +222,7 @@ def pytest_generate_tests(metafunc):
     ids are integers computed on the host) for every position-id implementation."""
     if not _rope_test(metafunc):
         return
+    _parametrize_campaign_rounds(metafunc)
     if "position_ids_impl_name" in metafunc.fixturenames:
         names = list(selected_position_ids_implementations(metafunc.config))
         if not names:       # nothing installed to check: one skipped test says so
@@ -242,6 +244,59 @@ def pytest_generate_tests(metafunc):
     elif "device" in metafunc.fixturenames:
         devices = selected_devices(metafunc.config)
         metafunc.parametrize("device", _device_params(metafunc.config, [(d,) for d in devices], devices))
+
+
+# ------------------------------------------------------------------ campaign rounds in one session
+CAMPAIGN_ROUND = "rope_campaign_round"
+
+
+def without_campaign_round(nodeid: str) -> str:
+    """A test id without its campaign round: ``t[round2-native-cpu]`` -> ``t[native-cpu]``."""
+    nodeid = re.sub(r"(?<=[\[-])round\d+(?:-|(?=\]))", "", nodeid)
+    return nodeid.replace("[]", "").replace("-]", "]")
+
+
+@pytest.fixture(autouse=True)
+def rope_campaign_round(request):
+    """The campaign round of this test copy (None outside a campaign): rope.harness.campaign runs
+    its rounds in one session, each Hypothesis test once per round (pytest_generate_tests)."""
+    return getattr(request, "param", None)
+
+
+def _parametrize_campaign_rounds(metafunc) -> None:
+    """In a campaign session, every Hypothesis test once per round: the processes, their compiled
+    kernels and memoized tables live through all rounds instead of starting again per round."""
+    from rope.harness.campaign import campaign_rounds
+    rounds = campaign_rounds(os.environ)
+    if len(rounds) > 1 and getattr(metafunc.function, "is_hypothesis_test", False):
+        metafunc.parametrize(CAMPAIGN_ROUND, range(len(rounds)), ids=[f"round{i}" for i in range(len(rounds))],
+                             indirect=True)
+
+
+def _campaign_round_of(item) -> int:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get(CAMPAIGN_ROUND, 0) if callspec is not None else 0
+
+
+def _order_campaign_rounds(items) -> None:
+    """Campaign rounds in order: every test's round 0, then every test's round 1, ...  (a stable
+    sort, after the suite's own ordering in properties/conftest.py: within a round it holds)."""
+    if any(_campaign_round_of(item) for item in items):
+        items.sort(key=_campaign_round_of)
+
+
+def _apply_campaign_round(item):
+    """The round's examples and seed for this copy of a Hypothesis test, and the database key of
+    the test without the round (a failure saved by one round is replayed first by the next);
+    returns the function's settings and seed to restore."""
+    from rope.harness.campaign import campaign_rounds
+    examples, seed = campaign_rounds(os.environ)[_campaign_round_of(item)]
+    fn = getattr(item.obj, "__func__", item.obj)
+    saved = (fn._hypothesis_internal_use_settings, fn._hypothesis_internal_use_seed)
+    fn._hypothesis_internal_use_settings = settings(parent=saved[0], max_examples=examples)
+    fn._hypothesis_internal_use_seed = seed
+    item.obj.hypothesis.inner_test._hypothesis_internal_add_digest = without_campaign_round(item.nodeid).encode()
+    return fn, saved
 
 
 def _gpu_copy_key(item) -> str:
@@ -346,13 +401,16 @@ def pytest_pyfunc_call(pyfuncitem):
         return (yield)
     from hypothesis.errors import Unsatisfiable
 
-    from rope.harness import comparison, report
+    from rope.harness import comparison, profiling, report
     callspec = getattr(pyfuncitem, "callspec", None)
     device = str(callspec.params.get("device", "")) if callspec is not None else ""
     lost = lost_context_reason(device)
     if lost:
         pytest.skip(lost)
     comparison.REJECTED_UNSUPPORTED.clear()
+    restore = _apply_campaign_round(pyfuncitem) if CAMPAIGN_ROUND in getattr(
+        getattr(pyfuncitem, "callspec", None), "params", {}) else None
+    started, calls_before = time.perf_counter(), profiling.calls()
     try:
         result = yield
     except Unsatisfiable:
@@ -362,6 +420,11 @@ def pytest_pyfunc_call(pyfuncitem):
     except BaseException as exc:
         note_device_fault(pyfuncitem.nodeid, device, exc)
         raise
+    finally:
+        profiling.add_test(pyfuncitem.nodeid.split("[")[0], time.perf_counter() - started,
+                           profiling.calls() - calls_before)
+        if restore is not None:
+            fn, (fn._hypothesis_internal_use_settings, fn._hypothesis_internal_use_seed) = restore
     for reason, count in sorted(comparison.REJECTED_UNSUPPORTED.items()):
         report.record(kind="skip", test=pyfuncitem.nodeid.split("[")[0],
                       reason=f"{reason} ({count} Hypothesis draws rejected)")
@@ -375,6 +438,7 @@ def pytest_collection_modifyitems(config, items):
     _keep_only_replays(config, items)
     _keep_shard(config, items)
     _set_test_timeouts(config, items)
+    _order_campaign_rounds(items)
 
 
 def _profile(config) -> str:
@@ -481,7 +545,24 @@ def pytest_runtest_logreport(report):
         run_report.record(kind="skip", test=report.nodeid.split("[")[0], reason=str(report.longrepr[2]))
 
 
+def pytest_sessionstart(session):
+    session.config._rope_session_start = time.perf_counter()
+
+
+def _record_profile(config) -> None:
+    """This process's time per phase (rope.harness.profiling) as one record of the run report."""
+    from rope.harness import profiling, report
+    started = getattr(config, "_rope_session_start", None)
+    totals = profiling.snapshot()
+    if started is None or not totals["counts"].get("tests"):
+        return
+    totals["seconds"]["session"] = round(time.perf_counter() - started, 6)
+    report.record(kind="profile", **totals)
+
+
 def pytest_sessionfinish(session, exitstatus):
+    if is_active(session.config):
+        _record_profile(session.config)
     run_dir = getattr(session.config, "_rope_run_dir", None)
     if run_dir is None or not _is_controller(session.config):
         return
