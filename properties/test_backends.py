@@ -335,3 +335,29 @@ def test_flashinfer_adapter_declares_its_faults(monkeypatch):
         assert why.startswith("unsupported: flashinfer") and "float16/bfloat16" in why
     finally:
         sys.modules.pop("rope.backends.flashinfer", None)
+
+
+def test_sglang_triton_declares_its_padding_lane_fault_on_gpus(monkeypatch):
+    # Measured on an H200: the qwen35 trigger (head 256, rotary 64, interleaved) and the suite's
+    # interleaved draws faulted with an illegal address; chunked and padding-free shapes run.
+    # (No SGLang needed: its module is stubbed; the adapter only binds it.)
+    import importlib
+    import sys
+    import types
+    from rope.backends.known_faults import sglang_triton_fault
+    for name in ("sglang", "sglang.srt", "sglang.srt.layers", "sglang.srt.layers.rotary_embedding",
+                 "sglang.srt.layers.rotary_embedding.mrope"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.delitem(sys.modules, "rope.backends.sglang", raising=False)
+    adapter = importlib.import_module("rope.backends.sglang")
+    monkeypatch.delitem(sys.modules, "rope.backends.sglang")
+    assert adapter.rotate_sglang_triton.known_fault is sglang_triton_fault
+    qwen35 = RopeSpec(256, 64, True, (11, 11, 10), layout="interleaved")
+    why = unsupported_reason("sglang-triton", adapter.rotate_sglang_triton, qwen35, torch.bfloat16, "cuda")
+    assert why.startswith("known fault: sglang-triton") and "padding lanes 32..127" in why
+    assert sglang_triton_fault(qwen35, torch.bfloat16, "cpu") is None           # the interpreter: traced, not run
+    assert sglang_triton_fault(RopeSpec(128, 128, True, (24, 20, 20), layout="interleaved"),
+                               torch.bfloat16, "cuda") is None                 # Qwen3-VL: no padding lanes
+    assert sglang_triton_fault(RopeSpec(80, 80, False, (14, 13, 13), layout="interleaved"),
+                               torch.float32, "cuda") is not None              # head 80 pads to 128
+    assert sglang_triton_fault(RopeSpec(128, 64, False, (8, 12, 12)), torch.bfloat16, "cuda") is None   # chunked

@@ -29,6 +29,8 @@ def test_bench_on_the_cpu_as_a_user_types_it(tmp_path):
     import sys
     import time
     exe = shutil.which("rope-harness") or os.path.join(os.path.dirname(sys.executable), "rope-harness")
+    if not os.path.exists(exe):
+        pytest.skip("the rope-harness command is not installed here (a checkout on PYTHONPATH): pip install .")
     start = time.monotonic()
     models = ("qwen2.5-vl-72b", "glm-4.1v-9b")
     proc = subprocess.run([exe, "bench", "--device", "cpu", "--models", ",".join(models), "--out", str(tmp_path)],

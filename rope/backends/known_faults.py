@@ -90,3 +90,20 @@ FLASHINFER_WRONG_SHAPES = (
     (8, 8, False),       # 3.77: the vector covers the next head
     (32, 8, False),      # 1.92: pass-through channels 8-15 rotated (property run, case 1afb378aa6ab428d)
 )
+
+
+def sglang_triton_fault(spec: RopeSpec, dtype: torch.dtype, device: str) -> str | None:
+    """SGLang 0.5.23 ``_triton_mrope_forward_fused`` on a GPU: its interleaved branch loads cos/sin for
+    the padding lanes [rotary_dim/2, next_power_of_2(head_size)/2) (docs/upstream-sglang-mrope-padding-
+    lanes.md); at the last cache rows those loads run past the cache allocation.  On an H200 the
+    qwen35 trigger and the suite's interleaved draws ended in a CUDA illegal-address fault (the
+    interpreter's memory tracer pins the same reads on the CPU: properties/regressions/backends/
+    sglang-triton)."""
+    if not str(device).startswith(("cuda", "rocm")) or spec.layout != "interleaved":
+        return None
+    padded = 1 << max(0, spec.head_size - 1).bit_length()
+    if padded <= spec.rotary_dim:
+        return None
+    return (f"CUDA illegal-address fault: the interleaved branch reads cos/sin for padding lanes "
+            f"{spec.rotary_dim // 2}..{padded // 2 - 1} past the cache row (head {spec.head_size}, rotary_dim "
+            f"{spec.rotary_dim}; docs/upstream-sglang-mrope-padding-lanes.md)")

@@ -23,6 +23,7 @@ import os
 import torch
 
 from rope.backends import declare, require, triton_reason
+from rope.backends.known_faults import sglang_triton_fault
 from rope.spec import RopeSpec, check_rotation_inputs
 
 # SGLang's own switch for a GPU-less host: without it the module reaches for vLLM's CUDA ops.
@@ -102,4 +103,5 @@ def _triton_reason(spec: RopeSpec, dtype, device: str) -> str | None:
 
 
 rotate_sglang = declare(rotate_sglang, working_precision="activation", reason=_native_reason)
-rotate_sglang_triton = declare(rotate_sglang_triton, working_precision="activation", reason=_triton_reason)
+rotate_sglang_triton = declare(rotate_sglang_triton, working_precision="activation", reason=_triton_reason,
+                               fault=sglang_triton_fault)
