@@ -145,3 +145,65 @@ def test_a_sticky_gpu_fault_skips_the_processes_later_gpu_tests(monkeypatch):
     reason = plugin.lost_context_reason("cuda:1")
     assert reason and "test_c[cuda:0] (CUDA error: an illegal memory access was encountered)" in reason
     assert plugin.lost_context_reason("cpu") is None
+
+
+# ------------------------------------------------------------------ fail-fast runs
+def test_a_fail_fast_run_gives_every_search_a_first_pass(tmp_path):
+    # -x: each Hypothesis test twice, round0 (FIRST_PASS_EXAMPLES examples) for all before any
+    # round1 (the profile's); a full run keeps one copy per test.
+    args = ["--collect-only", "-q", "--pyargs", "properties.test_rotation", "--rope-impl", "native",
+            "-k", "test_rotation_matches_reference and fp32"]
+    quick = _pytest(["-x", *args], tmp_path).stdout.splitlines()
+    ids = [line for line in quick if "::" in line]
+    rounds = [int(line.split("[round")[1][0]) for line in ids]
+    assert len(ids) == 20 and rounds == sorted(rounds) == [0] * 10 + [1] * 10, ids
+    full = [line for line in _pytest(args, tmp_path).stdout.splitlines() if "::" in line]
+    assert len(full) == 10 and not any("round" in line for line in full)
+
+
+def test_a_fail_fast_run_caps_shrinking():
+    from hypothesis.internal.conjecture import engine
+
+    from rope.harness.plugin import FAIL_FAST_SHRINK_S, _cap_shrinking
+    before = engine.MAX_SHRINKING_SECONDS
+    try:
+        _cap_shrinking(FAIL_FAST_SHRINK_S)
+        assert engine.MAX_SHRINKING_SECONDS == min(before, FAIL_FAST_SHRINK_S)
+    finally:
+        engine.MAX_SHRINKING_SECONDS = before
+
+
+def test_a_stopped_run_skips_the_next_check(tmp_path, monkeypatch):
+    from rope.harness import comparison, plugin, stop
+    from rope.harness.inputs import RotationCase
+    from rope.native import rotate_native
+    from rope.spec import RopeSpec
+    case = RotationCase(RopeSpec(64, 64, True, None), 2, 1, 1, "float32")
+    monkeypatch.setenv(stop.STOP_FILE_ENV, str(tmp_path / "stop"))
+    assert comparison.evaluate_case("native", rotate_native, case, "cpu").comparison.ok     # not stopped
+    # The controller stops the workers at --maxfail failures, not before.
+    monkeypatch.setattr(plugin, "_STOP_AFTER", [2, 0])
+    failed = type("Report", (), {"failed": True, "when": "call"})()
+    plugin._note_failure_for_stop(failed)
+    assert not stop.stop_requested()
+    plugin._note_failure_for_stop(failed)
+    assert stop.stop_requested()
+    with pytest.raises(pytest.skip.Exception, match="stopped at another worker's failure"):
+        comparison.evaluate_case("native", rotate_native, case, "cpu")
+
+
+def test_a_fail_fast_run_ends_at_the_first_failure_not_the_other_workers_test():
+    # The GLM-4.1V trigger fails in seconds on one worker while the other sits in a long
+    # interpreted case; without the stop the run ended 99.6 s later (tools/first_failure.py).
+    import time
+    root = Path(__file__).resolve().parent.parent
+    began = time.monotonic()
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-x", "-n", "2", "-q", "-p", "no:cacheprovider", "properties/test_rotation.py",
+         "properties/test_model_rotation.py", "--rope-impl", "tools.first_failure:head_31_unrotated"],
+        cwd=root, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "CI": "true", "ROPE_CASES_DIR": "off", "ROPE_NO_REPORT": "1",
+             "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    took = time.monotonic() - began
+    assert "FAILED properties/test_rotation.py::test_known_bug_triggers_match_reference" in run.stdout, run.stdout[-3000:]
+    assert took < 50, f"the run ended {took:.0f} s after it started"

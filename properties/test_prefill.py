@@ -98,7 +98,12 @@ def test_power_of_two_boundaries_match_reference(impl_name, device, log2):
     # failure hears of it one interpreted case (seconds at 4096 tokens) sooner.
     impl = get_implementation(impl_name)
     ran = 0
-    for num_tokens in (1 << log2, (1 << log2) + 1, (1 << log2) - 1):
+    counts = (1 << log2, (1 << log2) + 1, (1 << log2) - 1)
+    if _small_heads(device) and (1 << log2) > CPU_KEY_MAX_TOKENS:
+        # Under the interpreter, 16,384 tokens alone: its +-1 differ from it only by a partial last
+        # tile, the code every smaller boundary's +-1 runs (33 s a case; a GPU runs all three).
+        counts = counts[:1]
+    for num_tokens in counts:
         index = POWER_OF_TWO_BOUNDARIES.index(num_tokens)
         ran += _check(impl_name, impl, boundary_case(index, num_tokens, device), device)
     if not ran:

@@ -15,6 +15,7 @@ import reference
 from rope.harness.inputs import DTYPES, RotationCase, RotationInputs, build_rotation_inputs, build_rotation_pair
 from rope.harness import case_files, profiling, report
 from rope.harness.deadline import ImplementationHung, call_timeout, deadline
+from rope.harness.stop import skip_if_stopped
 from rope.devices import synchronize
 from rope.harness.placement import device_label
 from rope.harness.diagnosis import Diagnosis, diagnose
@@ -200,6 +201,7 @@ def evaluate_case(impl_name: str, fn, case: RotationCase, device: str) -> CaseRu
     """:func:`compare_case`, keeping the tensors.  A call that does not return within the call
     deadline raises ImplementationHung (after writing its case file): Hypothesis does not shrink
     through it, so the test fails on the first hang instead of waiting out one per shrink step."""
+    skip_if_stopped()          # a fail-fast run ended by another worker's failure: no more examples
     hang = _HangReport(impl_name, fn, case, device)
     with profiling.phase("inputs"):
         # One generation: the device copy for the implementation, the CPU tensors it was copied

@@ -263,11 +263,35 @@ def rope_campaign_round(request):
     return getattr(request, "param", None)
 
 
-def _parametrize_campaign_rounds(metafunc) -> None:
-    """In a campaign session, every Hypothesis test once per round: the processes, their compiled
-    kernels and memoized tables live through all rounds instead of starting again per round."""
+# A run that stops at its first failure (-x, --maxfail: a kernel engineer's quick check, the mutation
+# runner) first gives every Hypothesis test FIRST_PASS_EXAMPLES examples, then the profile's: a bug
+# that shows in one variant is found when the scheduler reaches that variant's first pass, not after
+# the full searches of every test before it; and Hypothesis shrinks for at most FAIL_FAST_SHRINK_S.
+FIRST_PASS_EXAMPLES = 3
+FAIL_FAST_SHRINK_S = 20
+
+
+def fail_fast(config) -> bool:
+    return bool(config.getoption("maxfail", 0))
+
+
+def test_rounds(config) -> list[tuple[int | None, int | None]]:
+    """(examples, seed) per copy of each Hypothesis test: a campaign's rounds, the fail-fast first
+    pass and then the profile's own examples (None: the profile's examples, its own seed), or none."""
     from rope.harness.campaign import campaign_rounds
     rounds = campaign_rounds(os.environ)
+    if rounds:
+        return rounds
+    if fail_fast(config) and not config.getoption("--rope-repro"):
+        return [(FIRST_PASS_EXAMPLES, None), (None, None)]
+    return []
+
+
+def _parametrize_campaign_rounds(metafunc) -> None:
+    """In a campaign session, every Hypothesis test once per round: the processes, their compiled
+    kernels and memoized tables live through all rounds instead of starting again per round.  In
+    a fail-fast run, a first pass of a few examples, then the search."""
+    rounds = test_rounds(metafunc.config)
     if len(rounds) > 1 and getattr(metafunc.function, "is_hypothesis_test", False):
         metafunc.parametrize(CAMPAIGN_ROUND, range(len(rounds)), ids=[f"round{i}" for i in range(len(rounds))],
                              indirect=True)
@@ -289,12 +313,13 @@ def _apply_campaign_round(item):
     """The round's examples and seed for this copy of a Hypothesis test, and the database key of
     the test without the round (a failure saved by one round is replayed first by the next);
     returns the function's settings and seed to restore."""
-    from rope.harness.campaign import campaign_rounds
-    examples, seed = campaign_rounds(os.environ)[_campaign_round_of(item)]
+    examples, seed = test_rounds(item.config)[_campaign_round_of(item)]
     fn = getattr(item.obj, "__func__", item.obj)
     saved = (fn._hypothesis_internal_use_settings, fn._hypothesis_internal_use_seed)
-    fn._hypothesis_internal_use_settings = settings(parent=saved[0], max_examples=examples)
-    fn._hypothesis_internal_use_seed = seed
+    if examples is not None:
+        fn._hypothesis_internal_use_settings = settings(parent=saved[0], max_examples=examples)
+    if seed is not None:
+        fn._hypothesis_internal_use_seed = seed
     item.obj.hypothesis.inner_test._hypothesis_internal_add_digest = without_campaign_round(item.nodeid).encode()
     return fn, saved
 
@@ -407,6 +432,8 @@ def pytest_pyfunc_call(pyfuncitem):
     lost = lost_context_reason(device)
     if lost:
         pytest.skip(lost)
+    from rope.harness.stop import skip_if_stopped
+    skip_if_stopped()
     comparison.REJECTED_UNSUPPORTED.clear()
     restore = _apply_campaign_round(pyfuncitem) if CAMPAIGN_ROUND in getattr(
         getattr(pyfuncitem, "callspec", None), "params", {}) else None
@@ -501,6 +528,9 @@ def pytest_configure(config):
     if not is_active(config):
         return
     _configure_call_timeout(config)
+    if fail_fast(config):
+        _cap_shrinking(FAIL_FAST_SHRINK_S)
+        _arm_stop_file(config)
     from rope.devices import configure_triton
     configure_triton()          # before any kernel of the suite is defined (no GPU: the interpreter)
     config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:triton.*")
@@ -516,6 +546,15 @@ def pytest_configure(config):
     if (_is_controller(config) and not os.environ.get(report.DISABLE_ENV) and not config.getoption("--rope-repro")
             and not os.environ.get("ROPE_CAMPAIGN")):   # a campaign round records into the campaign's run
         config._rope_run_dir = report.start_run()
+
+
+def _cap_shrinking(seconds: float) -> None:
+    """Hypothesis shrinks a failure for up to 5 minutes (its MAX_SHRINKING_SECONDS; under the Triton
+    interpreter every step is a kernel run): a fail-fast run reports after ``seconds`` with the
+    smallest example found so far.  A Hypothesis without that constant keeps its own limit."""
+    from hypothesis.internal.conjecture import engine
+    if isinstance(getattr(engine, "MAX_SHRINKING_SECONDS", None), (int, float)):
+        engine.MAX_SHRINKING_SECONDS = min(engine.MAX_SHRINKING_SECONDS, seconds)
 
 
 def _configure_call_timeout(config) -> None:
@@ -536,7 +575,32 @@ def _configure_call_timeout(config) -> None:
         raise pytest.UsageError(str(exc).replace(CALL_TIMEOUT_ENV, "--rope-call-timeout")) from None
 
 
+def _arm_stop_file(config) -> None:
+    """The controller of a fail-fast run names the stop file (rope.harness.stop) for its workers."""
+    from rope.harness.stop import STOP_FILE_ENV
+    if _is_controller(config) and fail_fast(config) and not os.environ.get(STOP_FILE_ENV):
+        import tempfile
+        config._rope_stop_file = os.path.join(tempfile.gettempdir(), f"rope-stop-{os.getpid()}-{time.time_ns()}")
+        os.environ[STOP_FILE_ENV] = config._rope_stop_file      # the workers, started later, inherit it
+        _STOP_AFTER[:] = [config.getoption("maxfail"), 0]
+
+
+_STOP_AFTER = [0, 0]      # [--maxfail, failures seen] in the controller of a fail-fast run
+
+
+def _note_failure_for_stop(report) -> None:
+    """The controller counts failures; at --maxfail it tells the workers to stop (rope.harness.stop)."""
+    if not _STOP_AFTER[0] or os.environ.get("PYTEST_XDIST_WORKER") is not None:
+        return
+    if report.failed and report.when == "call":
+        _STOP_AFTER[1] += 1
+        if _STOP_AFTER[1] >= _STOP_AFTER[0]:
+            from rope.harness.stop import request_stop
+            request_stop()
+
+
 def pytest_runtest_logreport(report):
+    _note_failure_for_stop(report)
     # Under xdist both the worker and the controller see every report: the controller records.
     if os.environ.get("PYTEST_XDIST_WORKER") or not os.environ.get("ROPE_REPORT_RUN"):
         return
@@ -563,6 +627,13 @@ def _record_profile(config) -> None:
 def pytest_sessionfinish(session, exitstatus):
     if is_active(session.config):
         _record_profile(session.config)
+    stop_file = getattr(session.config, "_rope_stop_file", None)
+    if stop_file:
+        from rope.harness.stop import STOP_FILE_ENV
+        os.environ.pop(STOP_FILE_ENV, None)
+        _STOP_AFTER[:] = [0, 0]
+        if os.path.exists(stop_file):
+            os.remove(stop_file)
     run_dir = getattr(session.config, "_rope_run_dir", None)
     if run_dir is None or not _is_controller(session.config):
         return
