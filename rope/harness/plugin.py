@@ -589,8 +589,9 @@ _STOP_AFTER = [0, 0]      # [--maxfail, failures seen] in the controller of a fa
 
 
 def _note_failure_for_stop(report) -> None:
-    """The controller counts failures; at --maxfail it tells the workers to stop (rope.harness.stop)."""
-    if not _STOP_AFTER[0] or os.environ.get("PYTEST_XDIST_WORKER") is not None:
+    """The controller counts failures; at --maxfail it tells the workers to stop (rope.harness.stop).
+    (Only a fail-fast run's controller arms the count: workers and other runs return at once.)"""
+    if not _STOP_AFTER[0]:
         return
     if report.failed and report.when == "call":
         _STOP_AFTER[1] += 1
