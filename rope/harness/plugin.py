@@ -275,7 +275,7 @@ def fail_fast(config) -> bool:
     return bool(config.getoption("maxfail", 0))
 
 
-def test_rounds(config) -> list[tuple[int | None, int | None]]:
+def hypothesis_rounds(config) -> list[tuple[int | None, int | None]]:
     """(examples, seed) per copy of each Hypothesis test: a campaign's rounds, the fail-fast first
     pass and then the profile's own examples (None: the profile's examples, its own seed), or none."""
     from rope.harness.campaign import campaign_rounds
@@ -291,7 +291,7 @@ def _parametrize_campaign_rounds(metafunc) -> None:
     """In a campaign session, every Hypothesis test once per round: the processes, their compiled
     kernels and memoized tables live through all rounds instead of starting again per round.  In
     a fail-fast run, a first pass of a few examples, then the search."""
-    rounds = test_rounds(metafunc.config)
+    rounds = hypothesis_rounds(metafunc.config)
     if len(rounds) > 1 and getattr(metafunc.function, "is_hypothesis_test", False):
         metafunc.parametrize(CAMPAIGN_ROUND, range(len(rounds)), ids=[f"round{i}" for i in range(len(rounds))],
                              indirect=True)
@@ -313,7 +313,7 @@ def _apply_campaign_round(item):
     """The round's examples and seed for this copy of a Hypothesis test, and the database key of
     the test without the round (a failure saved by one round is replayed first by the next);
     returns the function's settings and seed to restore."""
-    examples, seed = test_rounds(item.config)[_campaign_round_of(item)]
+    examples, seed = hypothesis_rounds(item.config)[_campaign_round_of(item)]
     fn = getattr(item.obj, "__func__", item.obj)
     saved = (fn._hypothesis_internal_use_settings, fn._hypothesis_internal_use_seed)
     if examples is not None:
