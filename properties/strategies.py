@@ -28,6 +28,7 @@ from rope.harness.inputs import (  # noqa: F401  (the case model the strategies 
 )
 from rope.spec import RopeSpec
 
+
 def _memoized(factory):
     """The strategy ``factory(**kwargs)`` built once per argument set: the properties draw
     ``rotation_cases(...)`` inside each example, and a fresh strategy is validated again on

@@ -196,15 +196,10 @@ def test_a_fail_fast_run_ends_at_the_first_failure_not_the_other_workers_test():
     # The GLM-4.1V trigger fails in seconds on one worker while the other sits in a long
     # interpreted case; without the stop the run ended 99.6 s later (tools/first_failure.py).
     import time
-    root = Path(__file__).resolve().parent.parent
     began = time.monotonic()
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-x", "-n", "2", "-q", "-p", "no:cacheprovider", "properties/test_rotation.py",
-         "properties/test_model_rotation.py", "--rope-impl", "tools.first_failure:head_31_unrotated"],
-        cwd=root, capture_output=True, text=True, timeout=600,
-        env={**{k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT"))},
-             "CI": "true", "ROPE_CASES_DIR": "off", "ROPE_NO_REPORT": "1",
-             "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    run = _pytest(["-x", "-n", "2", "-q", "properties/test_rotation.py", "properties/test_model_rotation.py",
+                   "--rope-impl", "tools.first_failure:head_31_unrotated"], Path(__file__).resolve().parent.parent,
+                  CI="true", ROPE_CASES_DIR="off", ROPE_NO_REPORT="1")
     took = time.monotonic() - began
     assert "FAILED properties/test_rotation.py::test_known_bug_triggers_match_reference" in run.stdout, run.stdout[-3000:]
     assert took < 50, f"the run ended {took:.0f} s after it started"

@@ -229,7 +229,7 @@ def test_campaign_rounds_come_from_the_environment():
     ("t.py::t[round0-native-cpu]", "t.py::t[native-cpu]"), ("t.py::t[native-round12]", "t.py::t[native]"),
     ("t.py::t[round3]", "t.py::t"), ("t.py::t[background1-x]", "t.py::t[background1-x]")])
 def test_a_rounds_database_key_is_the_test_without_its_round(nodeid, expected):
-    assert plugin.without_campaign_round(nodeid) == expected
+    assert plugin.without_round(nodeid) == expected
 
 
 def test_campaign_rounds_run_in_one_session_with_their_own_examples(tmp_path):

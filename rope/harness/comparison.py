@@ -231,8 +231,11 @@ def read_only_problems(case: RotationCase, inputs: RotationInputs, ref_in: Rotat
     problems = []
     if not torch.equal(inputs.positions.cpu(), ref_in.positions):
         problems.append("positions were modified by the implementation")
-    pristine = inputs.pristine_cache if inputs.pristine_cache is not None else ref_in.cache
-    if not torch.equal(inputs.cache if inputs.pristine_cache is not None else inputs.cache.cpu(), pristine):
+    if inputs.pristine_cache is not None:          # the table the cache was cloned from, on its device
+        cache_kept = torch.equal(inputs.cache, inputs.pristine_cache)
+    else:
+        cache_kept = torch.equal(inputs.cache.cpu(), ref_in.cache)
+    if not cache_kept:
         problems.append("cos_sin_cache was modified by the implementation")
     if case.packed_qkv:
         width = (case.num_q_heads + case.num_kv_heads) * case.spec.head_size

@@ -222,7 +222,7 @@ def pytest_generate_tests(metafunc):
     ids are integers computed on the host) for every position-id implementation."""
     if not _rope_test(metafunc):
         return
-    _parametrize_campaign_rounds(metafunc)
+    _parametrize_rounds(metafunc)
     if "position_ids_impl_name" in metafunc.fixturenames:
         names = list(selected_position_ids_implementations(metafunc.config))
         if not names:       # nothing installed to check: one skipped test says so
@@ -246,20 +246,21 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("device", _device_params(metafunc.config, [(d,) for d in devices], devices))
 
 
-# ------------------------------------------------------------------ campaign rounds in one session
-CAMPAIGN_ROUND = "rope_campaign_round"
+# ------------------------------------------------------------------ rounds: copies of each Hypothesis test
+# A campaign (rope.harness.campaign) and a fail-fast run give every Hypothesis test one copy per
+# round ([round0-...], [round1-...]), ordered by round, each copy with its round's examples and seed.
+ROUND = "rope_round"
 
 
-def without_campaign_round(nodeid: str) -> str:
-    """A test id without its campaign round: ``t[round2-native-cpu]`` -> ``t[native-cpu]``."""
+def without_round(nodeid: str) -> str:
+    """A test id without its round: ``t[round2-native-cpu]`` -> ``t[native-cpu]``."""
     nodeid = re.sub(r"(?<=[\[-])round\d+(?:-|(?=\]))", "", nodeid)
     return nodeid.replace("[]", "").replace("-]", "]")
 
 
 @pytest.fixture(autouse=True)
-def rope_campaign_round(request):
-    """The campaign round of this test copy (None outside a campaign): rope.harness.campaign runs
-    its rounds in one session, each Hypothesis test once per round (pytest_generate_tests)."""
+def rope_round(request):
+    """The round of this copy of a Hypothesis test (None in a run without rounds)."""
     return getattr(request, "param", None)
 
 
@@ -287,41 +288,44 @@ def hypothesis_rounds(config) -> list[tuple[int | None, int | None]]:
     return []
 
 
-def _parametrize_campaign_rounds(metafunc) -> None:
+def _parametrize_rounds(metafunc) -> None:
     """In a campaign session, every Hypothesis test once per round: the processes, their compiled
     kernels and memoized tables live through all rounds instead of starting again per round.  In
     a fail-fast run, a first pass of a few examples, then the search."""
     rounds = hypothesis_rounds(metafunc.config)
     if len(rounds) > 1 and getattr(metafunc.function, "is_hypothesis_test", False):
-        metafunc.parametrize(CAMPAIGN_ROUND, range(len(rounds)), ids=[f"round{i}" for i in range(len(rounds))],
+        metafunc.parametrize(ROUND, range(len(rounds)), ids=[f"round{i}" for i in range(len(rounds))],
                              indirect=True)
 
 
-def _campaign_round_of(item) -> int:
+def _round_of(item) -> int:
     callspec = getattr(item, "callspec", None)
-    return callspec.params.get(CAMPAIGN_ROUND, 0) if callspec is not None else 0
+    return callspec.params.get(ROUND, 0) if callspec is not None else 0
 
 
-def _order_campaign_rounds(items) -> None:
-    """Campaign rounds in order: every test's round 0, then every test's round 1, ...  (a stable
+def _order_rounds(items) -> None:
+    """Rounds in order: every test's round 0, then every test's round 1, ...  (a stable
     sort, after the suite's own ordering in properties/conftest.py: within a round it holds)."""
-    if any(_campaign_round_of(item) for item in items):
-        items.sort(key=_campaign_round_of)
+    if any(_round_of(item) for item in items):
+        items.sort(key=_round_of)
 
 
-def _apply_campaign_round(item):
-    """The round's examples and seed for this copy of a Hypothesis test, and the database key of
+def _apply_round(item):
+    """Set the round's examples and seed on this copy of a Hypothesis test, and the database key of
     the test without the round (a failure saved by one round is replayed first by the next);
-    returns the function's settings and seed to restore."""
-    examples, seed = hypothesis_rounds(item.config)[_campaign_round_of(item)]
+    returns the function that puts the test's own settings and seed back."""
+    examples, seed = hypothesis_rounds(item.config)[_round_of(item)]
     fn = getattr(item.obj, "__func__", item.obj)
     saved = (fn._hypothesis_internal_use_settings, fn._hypothesis_internal_use_seed)
     if examples is not None:
         fn._hypothesis_internal_use_settings = settings(parent=saved[0], max_examples=examples)
     if seed is not None:
         fn._hypothesis_internal_use_seed = seed
-    item.obj.hypothesis.inner_test._hypothesis_internal_add_digest = without_campaign_round(item.nodeid).encode()
-    return fn, saved
+    item.obj.hypothesis.inner_test._hypothesis_internal_add_digest = without_round(item.nodeid).encode()
+
+    def restore():
+        fn._hypothesis_internal_use_settings, fn._hypothesis_internal_use_seed = saved
+    return restore
 
 
 def _gpu_copy_key(item) -> str:
@@ -435,8 +439,7 @@ def pytest_pyfunc_call(pyfuncitem):
     from rope.harness.stop import skip_if_stopped
     skip_if_stopped()
     comparison.REJECTED_UNSUPPORTED.clear()
-    restore = _apply_campaign_round(pyfuncitem) if CAMPAIGN_ROUND in getattr(
-        getattr(pyfuncitem, "callspec", None), "params", {}) else None
+    restore = _apply_round(pyfuncitem) if callspec is not None and ROUND in callspec.params else None
     started, calls_before = time.perf_counter(), profiling.calls()
     try:
         result = yield
@@ -451,7 +454,7 @@ def pytest_pyfunc_call(pyfuncitem):
         profiling.add_test(pyfuncitem.nodeid.split("[")[0], time.perf_counter() - started,
                            profiling.calls() - calls_before)
         if restore is not None:
-            fn, (fn._hypothesis_internal_use_settings, fn._hypothesis_internal_use_seed) = restore
+            restore()
     for reason, count in sorted(comparison.REJECTED_UNSUPPORTED.items()):
         report.record(kind="skip", test=pyfuncitem.nodeid.split("[")[0],
                       reason=f"{reason} ({count} Hypothesis draws rejected)")
@@ -465,7 +468,7 @@ def pytest_collection_modifyitems(config, items):
     _keep_only_replays(config, items)
     _keep_shard(config, items)
     _set_test_timeouts(config, items)
-    _order_campaign_rounds(items)
+    _order_rounds(items)
 
 
 def _profile(config) -> str:
@@ -578,7 +581,7 @@ def _configure_call_timeout(config) -> None:
 def _arm_stop_file(config) -> None:
     """The controller of a fail-fast run names the stop file (rope.harness.stop) for its workers."""
     from rope.harness.stop import STOP_FILE_ENV
-    if _is_controller(config) and fail_fast(config) and not os.environ.get(STOP_FILE_ENV):
+    if _is_controller(config) and not os.environ.get(STOP_FILE_ENV):
         import tempfile
         config._rope_stop_file = os.path.join(tempfile.gettempdir(), f"rope-stop-{os.getpid()}-{time.time_ns()}")
         os.environ[STOP_FILE_ENV] = config._rope_stop_file      # the workers, started later, inherit it
