@@ -10,6 +10,7 @@ A backend whose package is missing is skipped with the import error and the inst
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from properties.known_cases import KNOWN_BUG_CASES
 from properties.strategies import DTYPE_SHORT, DTYPES, KINDS, RotationCase, rotation_cases
 from rope.backends import BACKENDS
 from rope.backends.known_faults import FLASHINFER_WRONG_SHAPES, flashinfer_wrong
-from rope.registry import get_implementation, unsupported_reason
+from rope.registry import get_implementation, known_defect, unsupported_reason
 from rope.harness.case_files import load_case
 from rope.spec import RopeSpec
 
@@ -41,13 +42,13 @@ CASE_FILES = sorted(REGRESSIONS.glob("*/*.json"))
 KNOWN_MISMATCHES = {
     "transformers": lambda spec: spec.num_dims == 4 or spec.ntk_alpha is not None,
 }
-# Known wrong shapes of a backend, whatever the positions: the property draws around them and
-# test_backend_known_wrong_shapes_still_mismatch pins them (strict).
-KNOWN_WRONG_SHAPES = {"flashinfer": flashinfer_wrong}
+# The adapters declare their measured defects (rope/backends/known_faults.py: FlashInfer's wrong
+# shapes, whatever the positions; the 0-token raises below): the property draws around them,
+# test_backend_known_wrong_shapes_still_mismatch and test_backend_empty_batch_raises pin them (strict),
+# and test_adapters_declare_the_pinned_defects checks that the declarations cover what is pinned.
 # forward_native does query.view(num_tokens, -1, head_size): with 0 tokens the -1 is ambiguous and it
 # raises (SGLang's forward_cuda returns early on 0 tokens; vLLM's Triton path copes); FlashInfer's
-# apply_rope_with_cos_sin_cache reshapes the same way before its kernel.  Pinned in
-# test_backend_empty_batch_raises; the property then draws >= 1 token for these.
+# apply_rope_with_cos_sin_cache reshapes the same way before its kernel.
 EMPTY_BATCH_RAISES = {
     "vllm-native": "known mismatch: vLLM 0.33.0 MRotaryEmbedding.forward_native raises on 0 tokens",
     "vllm-cuda": "known mismatch: vLLM 0.33.0 MRotaryEmbedding.forward_cuda ([T] positions) raises on 0 tokens",
@@ -84,11 +85,9 @@ def test_backend_rotation_matches_reference(backend, device, dtype, kind, is_neo
         pytest.skip(why)
     case = data.draw(rotation_cases(dtype=dtype, kind=kind, is_neox_style=is_neox_style, nonfinite=True),
                      label="case")
-    if backend in EMPTY_BATCH_RAISES:
-        assume(case.num_tokens > 0)
     if KNOWN_MISMATCHES.get(backend, lambda spec: False)(case.spec):
         assume(case.positions_kind == "text")
-    assume(not KNOWN_WRONG_SHAPES.get(backend, lambda spec: False)(case.spec))
+    assume(known_defect(backend, impl, case.spec, case.num_tokens, DTYPES[dtype], device) is None)
     assume(unsupported_reason(backend, impl, case.spec, DTYPES[dtype], device) is None)
     assert_matches_reference(backend, impl, case, device)
 
@@ -361,3 +360,94 @@ def test_sglang_triton_declares_its_padding_lane_fault_on_gpus(monkeypatch):
     assert sglang_triton_fault(RopeSpec(80, 80, False, (14, 13, 13), layout="interleaved"),
                                torch.float32, "cuda") is not None              # head 80 pads to 128
     assert sglang_triton_fault(RopeSpec(128, 64, False, (8, 12, 12)), torch.bfloat16, "cuda") is None   # chunked
+
+
+def _stubbed_adapters(monkeypatch) -> dict:
+    """The FlashInfer, SGLang and vLLM adapters imported with their external packages stubbed (they
+    only bind the external code at import): name -> the adapter's rotation function."""
+    import importlib
+    import sys
+    import types
+    for name in ("flashinfer", "flashinfer.rope", "sglang", "sglang.srt", "sglang.srt.layers",
+                 "sglang.srt.layers.rotary_embedding", "sglang.srt.layers.rotary_embedding.mrope", "vllm",
+                 "vllm.model_executor", "vllm.model_executor.layers", "vllm.model_executor.layers.rotary_embedding",
+                 "vllm.model_executor.layers.rotary_embedding.mrope", "vllm.config"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", ""))   # the vLLM adapter may set it
+    adapters = {}
+    for module in ("flashinfer", "sglang", "vllm"):
+        monkeypatch.delitem(sys.modules, f"rope.backends.{module}", raising=False)
+        adapters[module] = importlib.import_module(f"rope.backends.{module}")
+        monkeypatch.delitem(sys.modules, f"rope.backends.{module}")
+    return {"flashinfer": adapters["flashinfer"].rotate_flashinfer, "sglang": adapters["sglang"].rotate_sglang,
+            "sglang-triton": adapters["sglang"].rotate_sglang_triton,
+            "vllm-native": adapters["vllm"].rotate_vllm_native, "vllm-cuda": adapters["vllm"].rotate_vllm_cuda}
+
+
+def test_adapters_declare_the_pinned_defects(monkeypatch):
+    # What test_backend_empty_batch_raises and the FlashInfer pins measure is what the adapters
+    # declare (so --rope-known-defects avoid keeps off exactly that, and nothing else): the 0-token
+    # raise where it is pinned (vLLM's forward_cuda: only its [T] path), FlashInfer's wrong shapes.
+    fns = _stubbed_adapters(monkeypatch)
+    one_d, rows = RopeSpec(64, 64, True, None), RopeSpec(64, 64, True, (16, 8, 8))
+    for name, fn in fns.items():
+        spec = one_d if unsupported_reason(name, fn, one_d, torch.bfloat16, "cuda") is None else rows
+        empty = known_defect(name, fn, spec, 0, torch.bfloat16, "cuda")
+        assert (empty is not None) == (name in EMPTY_BATCH_RAISES), (name, empty)
+        assert empty is None or (empty.startswith(f"known defect: {name} on ") and "raises on 0 tokens" in empty)
+        assert known_defect(name, fn, spec, 5, torch.bfloat16, "cuda") is None, name
+    assert known_defect("vllm-cuda", fns["vllm-cuda"], rows, 0, torch.bfloat16, "cuda") is None   # triton_mrope copes
+    for head, rd, neox in FLASHINFER_WRONG_SHAPES:
+        why = known_defect("flashinfer", fns["flashinfer"], RopeSpec(head, rd, neox, None), 7, torch.bfloat16, "cuda")
+        assert why is not None and "wrong values" in why, (head, rd, neox)
+    assert known_defect("flashinfer", fns["flashinfer"], RopeSpec(128, 128, True, None), 7, torch.bfloat16,
+                        "cuda") is None
+
+
+@pytest.mark.parametrize("mode", ["check", "avoid"])
+def test_known_defects_are_checked_unless_avoided(mode, monkeypatch, tmp_path):
+    # By default a declared defect is checked like every call (an upstream fix shows, and the
+    # property fails on it); --rope-known-defects avoid rejects those draws, lists them for the
+    # report, and searches on.
+    from hypothesis import given, settings
+    from rope.backends import declare
+    from rope.harness import comparison, report
+    from rope.native import rotate_native
+    monkeypatch.setenv(comparison.KNOWN_DEFECTS_ENV, mode)
+    monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))
+    monkeypatch.setenv(report.DISABLE_ENV, "1")
+    calls: list = []
+
+    def broken(spec, positions, query, key, cache):
+        calls.append(query.shape[0])
+        q, k = rotate_native(spec, positions, query, key, cache)
+        return (q + 1 if query.shape[0] == 3 else q), k
+    broken = declare(broken, working_precision="activation", reason=lambda spec, dtype, device: None,
+                     defect=lambda spec, n, dtype, device: "wrong on 3 tokens" if n == 3 else None)
+
+    @settings(max_examples=30, database=None, derandomize=True, deadline=None)
+    @given(tokens=st.sampled_from([3, 5]))
+    def prop(tokens):
+        case = RotationCase(RopeSpec(64, 64, True, None), tokens, 1, 0, "float32", "uniform", False, 1)
+        assert_matches_reference("broken", broken, case, "cpu")
+
+    comparison.REJECTED_UNSUPPORTED.clear()
+    try:
+        if mode == "check":
+            with pytest.raises(AssertionError, match="does not match the reference"):
+                prop()
+            assert 3 in calls
+        else:
+            prop()
+            assert calls and set(calls) == {5}, calls
+            assert any(r.startswith("known defect: broken on ") and r.endswith("wrong on 3 tokens")
+                       for r in comparison.REJECTED_UNSUPPORTED)
+    finally:
+        comparison.REJECTED_UNSUPPORTED.clear()
+
+
+def test_known_defects_mode_is_validated(monkeypatch):
+    from rope.harness import comparison
+    monkeypatch.setenv(comparison.KNOWN_DEFECTS_ENV, "skip")
+    with pytest.raises(ValueError, match="ROPE_KNOWN_DEFECTS='skip'"):
+        comparison.known_defects_mode()

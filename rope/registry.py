@@ -174,3 +174,14 @@ def unsupported_reason(name: str, fn: Callable, spec, dtype, device: str) -> str
     fault = getattr(fn, "known_fault", None)          # asked only of what the code claims to support
     why = fault(spec, dtype, device) if fault is not None else None
     return None if why is None else f"known fault: {name} on {what}: {why}"
+
+
+def known_defect(name: str, fn: Callable, spec, num_tokens: int, dtype, device: str) -> str | None:
+    """Why ``fn`` is known to answer a call of ``num_tokens`` tokens on the combination wrongly (or to
+    raise on it), as its adapter declares (``declare(..., defect=...)``: a measured upstream defect), or
+    None.  An implementation from outside the project declares nothing: its every call is checked."""
+    defect = getattr(fn, "known_defect", None)
+    why = defect(spec, num_tokens, dtype, device) if defect is not None else None
+    if why is None:
+        return None
+    return f"known defect: {name} on {spec.variant()} {str(dtype).replace('torch.', '')} on {device}: {why}"

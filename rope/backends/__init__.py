@@ -48,15 +48,21 @@ def require(module: str, *, distribution: str, install: str):
                           f"install it with: {install}") from exc
 
 
-def declare(fn: Callable, *, working_precision: str, reason: Callable, fault: Callable | None = None) -> Callable:
+def declare(fn: Callable, *, working_precision: str, reason: Callable, fault: Callable | None = None,
+            defect: Callable | None = None) -> Callable:
     """Attach the registry attributes: ``reason(spec, dtype, device)`` returns why a combination is not
     supported (None when it is).  ``fault(spec, dtype, device)``: why the external code is known to
     crash on a combination it claims (rope/backends/known_faults.py).  ``supports`` is true when
-    neither answers (the benchmark, say, must not run a faulting shape either)."""
+    neither answers (the benchmark, say, must not run a faulting shape either).
+    ``defect(spec, num_tokens, dtype, device)``: why the external code is known to return wrong values
+    or raise on a call it claims (a measured upstream defect, pinned by a regression case): the suite
+    still checks those calls, and a run that asks to avoid known defects draws around them."""
     fn.working_precision = working_precision
     fn.unsupported_reason = reason
     if fault is not None:
         fn.known_fault = fault
+    if defect is not None:
+        fn.known_defect = defect
     fn.supports = lambda spec, dtype, device: (reason(spec, dtype, device) is None
                                                and (fault is None or fault(spec, dtype, device) is None))
     return fn

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from rope.backends import declare, require
-from rope.backends.known_faults import flashinfer_fault
+from rope.backends.known_faults import flashinfer_defect, flashinfer_fault
 from rope.spec import RopeSpec, check_rotation_inputs
 
 _rope = require("flashinfer.rope", distribution="flashinfer-python",
@@ -49,4 +49,5 @@ def _reason(spec: RopeSpec, dtype, device: str) -> str | None:
     return None
 
 
-rotate_flashinfer = declare(rotate_flashinfer, working_precision="float32", reason=_reason, fault=flashinfer_fault)
+rotate_flashinfer = declare(rotate_flashinfer, working_precision="float32", reason=_reason, fault=flashinfer_fault,
+                            defect=flashinfer_defect)

@@ -107,3 +107,31 @@ def sglang_triton_fault(spec: RopeSpec, dtype: torch.dtype, device: str) -> str 
     return (f"CUDA illegal-address fault: the interleaved branch reads cos/sin for padding lanes "
             f"{spec.rotary_dim // 2}..{padded // 2 - 1} past the cache row (head {spec.head_size}, rotary_dim "
             f"{spec.rotary_dim}; docs/upstream-sglang-mrope-padding-lanes.md)")
+
+
+# Known defects: calls an adapter claims that the external code answers wrongly or raises on,
+# measured and pinned (properties/test_backends.py, properties/regressions/backends/).  The suite
+# checks them like any call (so a fix upstream shows); ``--rope-known-defects avoid`` draws around
+# them, for a long run that is to find what is not known yet.
+
+def empty_batch_raises(what: str, *, one_row_only: bool = False):
+    """The defect of code that does ``query.view(num_tokens, -1, head_size)`` before its kernel: with
+    0 tokens the -1 is ambiguous and it raises ("cannot reshape tensor of 0 elements").
+    ``one_row_only``: only its path for [T] positions does so."""
+    def defect(spec: RopeSpec, num_tokens: int, dtype: torch.dtype, device: str) -> str | None:
+        if num_tokens or (one_row_only and spec.sections is not None):
+            return None
+        return f"{what} raises on 0 tokens (view(num_tokens, -1, head_size) cannot infer -1)"
+    return defect
+
+
+def flashinfer_defect(spec: RopeSpec, num_tokens: int, dtype: torch.dtype, device: str) -> str | None:
+    """FlashInfer 0.7.4 ``apply_rope_with_cos_sin_cache``: wrong values on the shapes of
+    :func:`flashinfer_wrong`, and a raise on 0 tokens."""
+    why = flashinfer_wrong(spec)
+    if why is not None:
+        what = ("straddles the rotary half" if why == FLASHINFER_STRADDLE
+                else "runs past rotary_dim, racing another write")
+        return (f"wrong values: a thread's vector {what} (head {spec.head_size}, rotary_dim {spec.rotary_dim}; "
+                f"docs/upstream-flashinfer-rope-shapes.md)")
+    return empty_batch_raises("apply_rope_with_cos_sin_cache")(spec, num_tokens, dtype, device)

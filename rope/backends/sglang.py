@@ -23,7 +23,7 @@ import os
 import torch
 
 from rope.backends import declare, require, triton_reason
-from rope.backends.known_faults import sglang_triton_fault
+from rope.backends.known_faults import empty_batch_raises, sglang_triton_fault
 from rope.spec import RopeSpec, check_rotation_inputs
 
 # SGLang's own switch for a GPU-less host: without it the module reaches for vLLM's CUDA ops.
@@ -102,6 +102,7 @@ def _triton_reason(spec: RopeSpec, dtype, device: str) -> str | None:
     return _spec_reason(spec) or triton_reason(device, dtype, bf16_arithmetic=True)
 
 
-rotate_sglang = declare(rotate_sglang, working_precision="activation", reason=_native_reason)
+rotate_sglang = declare(rotate_sglang, working_precision="activation", reason=_native_reason,
+                        defect=empty_batch_raises("SGLang 0.5.23 MRotaryEmbedding.forward_native"))
 rotate_sglang_triton = declare(rotate_sglang_triton, working_precision="activation", reason=_triton_reason,
                                fault=sglang_triton_fault)

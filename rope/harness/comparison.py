@@ -19,7 +19,7 @@ from rope.harness.stop import skip_if_stopped
 from rope.devices import synchronize
 from rope.harness.placement import device_label
 from rope.harness.diagnosis import Diagnosis, diagnose
-from rope.registry import BUILTIN_POSITIONS, BUILTIN_ROTATIONS, unsupported_reason, working_precision
+from rope.registry import BUILTIN_POSITIONS, BUILTIN_ROTATIONS, known_defect, unsupported_reason, working_precision
 from rope.harness.tolerance import Comparison, compare_rotation
 
 
@@ -34,8 +34,35 @@ def skip_if_unsupported(impl_name: str, fn, spec, dtype: str, device: str) -> No
     implementation does support (a skip would end the whole test at the first unsupported draw:
     an implementation without partial rotary, say, would then hardly be tested at all)."""
     reason = unsupported_reason(impl_name, fn, spec, DTYPES[dtype], device)
-    if not reason:
+    if reason:
+        _skip_or_reject(reason)
+
+
+KNOWN_DEFECTS_ENV = "ROPE_KNOWN_DEFECTS"       # "avoid" (--rope-known-defects avoid) or "check", the default
+KNOWN_DEFECT_CHOICES = ("check", "avoid")
+
+
+def known_defects_mode() -> str:
+    """What the run does with the adapters' declared defects (rope.registry.known_defect): ``check``
+    them like every call (the default: an upstream fix shows), or ``avoid`` them (a long run that is
+    to find what is not known yet: a test whose every search ends at a known defect checks nothing else)."""
+    mode = os.environ.get(KNOWN_DEFECTS_ENV, "").strip() or "check"
+    if mode not in KNOWN_DEFECT_CHOICES:
+        raise ValueError(f"{KNOWN_DEFECTS_ENV}={mode!r}: must be one of {', '.join(KNOWN_DEFECT_CHOICES)}")
+    return mode
+
+
+def skip_if_known_defect(impl_name: str, fn, case: RotationCase, device: str) -> None:
+    """In a run that avoids known defects, skip (or, inside Hypothesis, reject) a case the
+    implementation's adapter declares it answers wrongly; the rejections are listed in the report."""
+    if known_defects_mode() != "avoid":
         return
+    reason = known_defect(impl_name, fn, case.spec, case.num_tokens, DTYPES[case.dtype], device)
+    if reason:
+        _skip_or_reject(reason)
+
+
+def _skip_or_reject(reason: str) -> None:
     try:
         from hypothesis.control import current_build_context
         current_build_context()
@@ -250,6 +277,7 @@ def assert_matches_reference(impl_name: str, fn, case: RotationCase, device: str
     replaying the case file written to reports/cases (rope.harness.case_files; ROPE_CASES_DIR=off skips it).
     While Hypothesis is still searching or shrinking, only the plain report is built.  Nothing that
     goes wrong while reporting may hide the mismatch: failures become a line of the message."""
+    skip_if_known_defect(impl_name, fn, case, device)
     run = evaluate_case(impl_name, fn, case, device)                    # run and compare
     if run.comparison.ok:
         _record(impl_name, case, device, run)

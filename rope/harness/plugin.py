@@ -134,6 +134,10 @@ def pytest_addoption(parser):
     group.addoption("--rope-test-timeout", default=None, type=float, metavar="SECONDS",
                     help="per-test timeout through pytest-timeout (default 900; 3600 in the deep and campaign "
                          "profiles; 0: none); --timeout / PYTEST_TIMEOUT take precedence")
+    group.addoption("--rope-known-defects", default=None, choices=("check", "avoid"),
+                    help="the measured upstream defects the adapters declare (wrong values or a raise on some calls): "
+                         "check them like every call (default), or avoid them, so a long run of an external "
+                         "kernel searches for what is not known yet")
 
 
 def _keep_only_replays(config, items):
@@ -531,6 +535,7 @@ def pytest_configure(config):
     if not is_active(config):
         return
     _configure_call_timeout(config)
+    _configure_known_defects(config)
     if fail_fast(config):
         _cap_shrinking(FAIL_FAST_SHRINK_S)
         _arm_stop_file(config)
@@ -576,6 +581,14 @@ def _configure_call_timeout(config) -> None:
         else:
             os.environ[CALL_TIMEOUT_ENV] = previous
         raise pytest.UsageError(str(exc).replace(CALL_TIMEOUT_ENV, "--rope-call-timeout")) from None
+
+
+def _configure_known_defects(config) -> None:
+    """--rope-known-defects reaches every process (xdist workers, subprocesses) through the environment."""
+    from rope.harness.comparison import KNOWN_DEFECTS_ENV
+    value = config.getoption("--rope-known-defects")
+    if value is not None:
+        os.environ[KNOWN_DEFECTS_ENV] = value
 
 
 def _arm_stop_file(config) -> None:
