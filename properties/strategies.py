@@ -69,14 +69,15 @@ def sections(draw, *, total: int, parts: int):
 @_memoized
 @st.composite
 def rope_specs(draw, *, kind: str = "chunked3", is_neox_style: bool | None = None,
-               head_sizes=HEAD_SIZES, max_positions=MAX_POSITIONS):
-    """A valid RopeSpec of the given kind; shrinks to head 64, full rotary, base 1e4."""
+               head_sizes=HEAD_SIZES, max_positions=MAX_POSITIONS, full_rotary_only: bool = False):
+    """A valid RopeSpec of the given kind; shrinks to head 64, full rotary, base 1e4.
+    ``full_rotary_only``: the whole head rotates (for an implementation without partial rotary)."""
     check_choice("kind", kind, KINDS)
     rows = KIND_ROWS[kind]
     head_size = draw(st.sampled_from(head_sizes))
     half_max = head_size // 2
     min_half = 3 if kind in ("chunked3", "interleaved") else (4 if kind == "chunked4" else 1)
-    half = draw(st.one_of(
+    half = half_max if full_rotary_only else draw(st.one_of(
         st.sampled_from([h for h in (half_max, half_max // 2, half_max // 4) if h >= min_half] or [half_max]),
         st.integers(min_half, half_max)))
     if half < min_half:
@@ -115,6 +116,30 @@ def probe_specs(kind: str, is_neox_style: bool) -> list[RopeSpec]:
     return specs
 
 
+@functools.lru_cache(maxsize=1024)
+def supported_shapes(impl_name: str, impl, kind: str, is_neox_style: bool, dtype: str, device: str) -> dict | None:
+    """``rotation_cases`` arguments that keep the draws of ``kind`` to the shapes the implementation
+    runs, from its answers on :func:`probe_specs`: the head sizes of the probes it supports, and the
+    whole head only when it runs no partial-rotary probe; None when it runs no probe at all.  An
+    implementation that runs every probe (the harness's own kernels) gets ``{}``: its draws are
+    the full strategy, unchanged.  (Each draw is still asked of the implementation: this only keeps
+    an engine's kernel, NeoX-only and whole-head only, say, from rejecting most of its search.)"""
+    from rope.registry import unsupported_reason
+    probes = probe_specs(kind, is_neox_style)
+    ok = [s for s in probes if unsupported_reason(impl_name, impl, s, DTYPES[dtype], device) is None]
+    if not ok:
+        return None
+    if len(ok) == len(probes):
+        return {}
+    narrowed = {}
+    sizes = {s.head_size for s in ok}
+    if sizes != set(HEAD_SIZES):
+        narrowed["head_sizes"] = tuple(h for h in HEAD_SIZES if h in sizes)
+    if all(s.rotary_dim == s.head_size for s in ok):
+        narrowed["full_rotary_only"] = True
+    return narrowed
+
+
 @st.composite
 def _head_count_pairs(draw, key: bool | None):
     nq = draw(_Q_HEADS)
@@ -135,7 +160,7 @@ def head_counts(*, key: bool | None = None):
 @st.composite
 def rotation_cases(draw, *, dtype: str = "float32", kind: str = "chunked3", is_neox_style: bool | None = None,
                    min_tokens: int = 0, max_tokens: int = 48, head_sizes=HEAD_SIZES, max_positions=MAX_POSITIONS,
-                   nonfinite: bool = False):
+                   nonfinite: bool = False, full_rotary_only: bool = False):
     """A full rotation case; shrinks to one token, one head, uniform positions, contiguous q/k.
     ``nonfinite`` (opt in; the rotation properties do) also draws cases with NaN and infinities
     planted in q and k: the output must then have NaN where the reference has NaN, the same
@@ -144,7 +169,7 @@ def rotation_cases(draw, *, dtype: str = "float32", kind: str = "chunked3", is_n
     if not 0 <= min_tokens <= max_tokens:
         raise ValueError(f"min_tokens={min_tokens}: must be in [0, max_tokens={max_tokens}]")
     spec = draw(rope_specs(kind=kind, is_neox_style=is_neox_style, head_sizes=head_sizes,
-                           max_positions=max_positions))
+                           max_positions=max_positions, full_rotary_only=full_rotary_only))
     num_tokens = draw(st.integers(min(max(1, min_tokens), max_tokens), max_tokens) | st.just(min_tokens))
     nq, nkv = draw(head_counts())
     # Keep interpreter runs cheap: large real head counts with big heads only for few tokens.
@@ -153,6 +178,24 @@ def rotation_cases(draw, *, dtype: str = "float32", kind: str = "chunked3", is_n
     return RotationCase(spec=spec, num_tokens=num_tokens, num_q_heads=nq, num_kv_heads=nkv, dtype=dtype,
                         positions_kind=draw(st.sampled_from(POSITION_KINDS)), packed_qkv=draw(st.booleans()),
                         seed=draw(st.integers(0, 2 ** 32 - 1)), nonfinite=nonfinite and draw(st.booleans()))
+
+
+@st.composite
+def _batch_of(draw, shape: RotationCase):
+    num_tokens = draw(st.integers(0, 48))
+    if shape.num_q_heads * shape.spec.head_size * max(1, num_tokens) > 64 * 1024:     # as rotation_cases
+        num_tokens = min(num_tokens, 4)
+    return RotationCase(spec=shape.spec, num_tokens=num_tokens, num_q_heads=shape.num_q_heads,
+                        num_kv_heads=shape.num_kv_heads, dtype=shape.dtype,
+                        positions_kind=draw(st.sampled_from(POSITION_KINDS)), packed_qkv=draw(st.booleans()),
+                        seed=draw(st.integers(0, 2 ** 32 - 1)), nonfinite=draw(st.booleans()))
+
+
+def batches_of(shape: RotationCase):
+    """Another batch through ``shape``'s compiled kernel: the same spec, head counts and dtype, any
+    token count (0-48), positions, packing, seed, and NaN/infinities planted or not; shrinks to one
+    uniform, contiguous, finite token.  (The composite is defined once, as for head_counts.)"""
+    return _batch_of(shape)
 
 
 # Prefill: an engine's max batched tokens (2,048 to 16,384) is where kernels switch tiles, grids

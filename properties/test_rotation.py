@@ -11,8 +11,8 @@ from rope.harness import report
 from rope.harness.comparison import (assert_matches_reference, call_rotation, run_rotation, skip_if_none_supported,
                                      skip_if_unsupported)
 from properties.known_cases import KNOWN_BUG_CASES
-from properties.strategies import (DTYPE_SHORT, DTYPES, KINDS, RotationCase, build_rotation_inputs, probe_specs,
-                                   rotation_cases)
+from properties.strategies import (DTYPE_SHORT, DTYPES, KINDS, RotationCase, batches_of, build_rotation_inputs,
+                                   probe_specs, rotation_cases, supported_shapes)
 from rope.registry import get_implementation
 from rope.spec import RopeSpec
 
@@ -29,10 +29,53 @@ def test_rotation_matches_reference(impl_name, device, dtype, kind, is_neox_styl
     # Rejects: wrong pairing, wrong axis map or sections, wrong partial strides, rounding or
     # precision worse than declared, writes outside q/k, NaN from out-of-range loads.
     impl = get_implementation(impl_name)
-    skip_if_none_supported(impl_name, impl, probe_specs(kind, is_neox_style), dtype, device)
-    case = data.draw(rotation_cases(dtype=dtype, kind=kind, is_neox_style=is_neox_style, nonfinite=True), label="case")
+    narrowed = _supported_or_skip(impl_name, impl, kind, is_neox_style, dtype, device)
+    case = data.draw(rotation_cases(dtype=dtype, kind=kind, is_neox_style=is_neox_style, nonfinite=True, **narrowed),
+                     label="case")
     skip_if_unsupported(impl_name, impl, case.spec, dtype, device)
     assert_matches_reference(impl_name, impl, case, device)
+
+
+def _supported_or_skip(impl_name, impl, kind, is_neox_style, dtype, device) -> dict:
+    """The rotation_cases arguments drawing only shapes the implementation runs (strategies.supported_shapes);
+    the test is skipped, with the reasons, when it runs none of them."""
+    narrowed = supported_shapes(impl_name, impl, kind, is_neox_style, dtype, device)
+    if narrowed is None:
+        skip_if_none_supported(impl_name, impl, probe_specs(kind, is_neox_style), dtype, device)
+    return narrowed
+
+
+def _supported_variants(impl_name, impl, device, dtypes) -> list[tuple]:
+    """(dtype, kind, is_neox_style, narrowed rotation_cases arguments) for every variant the
+    implementation runs some shape of; the test is skipped when there is none."""
+    variants = [(dtype, kind, neox, narrowed) for dtype in dtypes for kind in KINDS for neox in (True, False)
+                if (narrowed := supported_shapes(impl_name, impl, kind, neox, dtype, device)) is not None]
+    if not variants:
+        pytest.skip(f"{impl_name} runs none of the probed shapes of any kind in {', '.join(dtypes)} on {device}")
+    return variants
+
+
+@pytest.mark.parametrize("dtype", DTYPE_PARAMS)
+@given(data=st.data())
+def test_one_shape_many_batches_match_reference(impl_name, device, dtype, data):
+    # An engine compiles its rotary kernel once per shape (head counts, head size, rotary width and
+    # sections are constexprs of every Triton M-RoPE kernel checked here) and serves every batch of
+    # a model with it.  One shape, then 1-12 batches through it, each held to the reference: bugs
+    # that depend on the batch (token count, positions, packing, NaN) are searched within one
+    # compiled shape, and an engine kernel's compile (about 100 ms on an H200, against a few ms per
+    # check) is paid once for many checks.  Rejects what test_rotation_matches_reference rejects,
+    # and state carried from one call to the next (a cached table or launch setting keyed on the shape).
+    impl = get_implementation(impl_name)
+    variants = _supported_variants(impl_name, impl, device, [dtype])
+    _, kind, neox, narrowed = data.draw(st.sampled_from(variants), label="variant")
+    shape = data.draw(rotation_cases(dtype=dtype, kind=kind, is_neox_style=neox, nonfinite=True, **narrowed),
+                      label="shape")
+    skip_if_unsupported(impl_name, impl, shape.spec, dtype, device)
+    # On the CPU, where the Triton interpreter runs one program at a time, two batches per shape.
+    batches = data.draw(st.lists(batches_of(shape), min_size=1, max_size=2 if device == "cpu" else 12),
+                        label="batches")
+    for batch in batches:
+        assert_matches_reference(impl_name, impl, batch, device)
 
 
 @given(data=st.data())
@@ -44,10 +87,11 @@ def test_large_batches_match_reference(impl_name, device, data):
     # default wired wrong (a grid computed before its default: half the rows never rotated), a
     # token tile running past the batch, a program count that overflows a grid dimension.
     impl = get_implementation(impl_name)
-    kind = data.draw(st.sampled_from(KINDS), label="kind")
-    dtype = data.draw(st.sampled_from(list(DTYPES)), label="dtype")
-    case = data.draw(rotation_cases(dtype=dtype, kind=kind, min_tokens=128, max_tokens=128,
-                                    head_sizes=(16, 32, 64)), label="case")
+    dtype, kind, neox, narrowed = data.draw(st.sampled_from(_supported_variants(impl_name, impl, device, list(DTYPES))),
+                                            label="variant")
+    small = tuple(h for h in narrowed.get("head_sizes", (16, 32, 64)) if h <= 64) or narrowed["head_sizes"][:1]
+    case = data.draw(rotation_cases(dtype=dtype, kind=kind, is_neox_style=neox, min_tokens=128, max_tokens=128,
+                                    **{**narrowed, "head_sizes": small}), label="case")
     case = RotationCase(**{**case.__dict__, "num_tokens": data.draw(st.integers(128, 640), label="tokens"),
                            "num_q_heads": min(case.num_q_heads, 4), "num_kv_heads": min(case.num_kv_heads, 2)})
     skip_if_unsupported(impl_name, impl, case.spec, dtype, device)
@@ -74,6 +118,8 @@ def test_text_tokens_reduce_to_1d(impl_name, device, kind, data):
     impl = get_implementation(impl_name)
     # With all position rows equal, every layout is 1-D RoPE, bit for bit.  Rejects kernels that
     # read rows with the wrong stride or mix lanes across rows.
+    skip_if_none_supported(impl_name, impl, probe_specs(kind, True) + probe_specs(kind, False), "float32", device)
+    skip_if_none_supported(impl_name, impl, probe_specs("1d", True) + probe_specs("1d", False), "float32", device)
     case = data.draw(rotation_cases(dtype="float32", kind=kind, min_tokens=1))
     case = RotationCase(**{**case.__dict__, "positions_kind": "text"})
     skip_if_unsupported(impl_name, impl, case.spec, case.dtype, device)
@@ -158,3 +204,29 @@ def test_a_kind_the_implementation_never_runs_is_skipped_before_drawing():
     skip_if_none_supported("neox_only", neox_only, probe_specs("interleaved", False), "float32", "cpu")
     for kind in KINDS:
         assert {s.head_size for s in probe_specs(kind, True)} == set(HEAD_SIZES)
+
+
+def test_draws_keep_to_the_shapes_the_implementation_runs():
+    # An engine's kernel that pairs NeoX-style only and rotates whole heads of 64 and 128 gets
+    # draws of exactly those (every draw was rejected or run before: most of a search rejected);
+    # the harness's own kernels get the full strategy, unchanged; a kind run on no probe is None.
+    from hypothesis import HealthCheck, settings
+    from rope.backends import declare
+
+    def whole_heads(spec, positions, query, key, cache):
+        raise AssertionError("not called")
+    whole_heads = declare(whole_heads, working_precision="activation", reason=lambda spec, dtype, device: (
+        None if spec.rotary_dim == spec.head_size and spec.head_size in (64, 128) and spec.is_neox_style else "no"))
+    narrowed = supported_shapes("whole_heads", whole_heads, "chunked3", True, "float32", "cpu")
+    assert narrowed == {"head_sizes": (64, 128), "full_rotary_only": True}
+    assert supported_shapes("whole_heads", whole_heads, "chunked3", False, "float32", "cpu") is None
+    assert supported_shapes("triton", get_implementation("triton"), "chunked3", False, "float32", "cpu") == {}
+    seen = set()
+
+    @settings(max_examples=60, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(case=rotation_cases(kind="chunked3", is_neox_style=True, **narrowed))
+    def draws(case):
+        assert case.spec.rotary_dim == case.spec.head_size and case.spec.head_size in (64, 128), case.spec
+        seen.add(case.spec.head_size)
+    draws()
+    assert seen == {64, 128}
