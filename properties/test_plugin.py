@@ -152,7 +152,7 @@ def test_a_fail_fast_run_gives_every_search_a_first_pass(tmp_path):
     # -x: each Hypothesis test twice, round0 (FIRST_PASS_EXAMPLES examples) for all before any
     # round1 (the profile's); a full run keeps one copy per test.
     args = ["--collect-only", "-q", "--pyargs", "properties.test_rotation", "--rope-impl", "native",
-            "-k", "test_rotation_matches_reference and fp32"]
+            "--rope-device", "cpu", "-k", "test_rotation_matches_reference and fp32"]
     quick = _pytest(["-x", *args], tmp_path).stdout.splitlines()
     ids = [line for line in quick if "::" in line]
     rounds = [int(line.split("[round")[1][0]) for line in ids]

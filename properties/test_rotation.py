@@ -220,7 +220,7 @@ def test_draws_keep_to_the_shapes_the_implementation_runs():
     narrowed = supported_shapes("whole_heads", whole_heads, "chunked3", True, "float32", "cpu")
     assert narrowed == {"head_sizes": (64, 128), "full_rotary_only": True}
     assert supported_shapes("whole_heads", whole_heads, "chunked3", False, "float32", "cpu") is None
-    assert supported_shapes("triton", get_implementation("triton"), "chunked3", False, "float32", "cpu") == {}
+    assert supported_shapes("native", get_implementation("native"), "chunked3", False, "float32", "cpu") == {}
     seen = set()
 
     @settings(max_examples=60, database=None, derandomize=True, suppress_health_check=list(HealthCheck))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from hypothesis import example, given
@@ -10,7 +12,9 @@ import reference
 from properties.strategies import OUT_SENTINEL, RaggedBatch, affine_table, prefill_steps, ragged_batches
 from rope.devices import synchronize, torch_device
 from rope.registry import get_positions_implementation, positions_unsupported_reason
+from rope.harness import report
 from rope.harness.comparison import call_positions, skip_unless_builtin, wrong_positions
+from rope.harness.placement import device_label
 
 # vllm#10388 / #10403: a 40-token prompt in chunks of 32 then 8, then decode with the full-prompt delta.
 _PROMPT = [0, 1, 2, 3] + [4] * 12 + [5 + i for i in range(24)]          # 40 tokens, max position 28
@@ -34,8 +38,20 @@ def assert_positions_match(name: str, fn, batch: RaggedBatch, device: str) -> No
     expected = reference.prepare_positions(**batch.tensors("cpu"))
     n = batch.num_tokens
     wrong = wrong_positions(out[:, :n], expected)
+    if not wrong and not torch.all(out[:, n:] == OUT_SENTINEL):
+        wrong = f"wrote columns past the step's {n} tokens"
+    _record(name, device, batch, wrong)
     assert not wrong, f"{name} on {device}: {wrong}"
-    assert torch.all(out[:, n:] == OUT_SENTINEL), f"{name} on {device} wrote columns past the step's {n} tokens"
+
+
+def _record(name: str, device: str, batch: RaggedBatch, wrong: str | None) -> None:
+    """The check in the run report (a campaign counts it): never lets reporting break the check."""
+    try:
+        report.record_exact_check(test=os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0], impl=name,
+                                  device=device_label(device), what=f"positions-{batch.num_dims}rows", ok=not wrong,
+                                  elements=batch.num_dims * batch.num_tokens, problem=wrong, tokens=batch.num_tokens)
+    except Exception:   # noqa: BLE001 - the report is best effort, the assertion is not
+        pass
 
 
 def positions_impl_or_skip(name: str, device: str):
@@ -185,3 +201,26 @@ def test_vllm_positions_adapter_is_optional():
     else:
         assert callable(fn) and callable(fn.supports)
 
+
+
+def test_position_checks_are_in_the_run_report(monkeypatch, tmp_path):
+    # A campaign counts the comparisons in the report: a position check that is not recorded
+    # is a check the campaign never reports (a positions campaign counted 0 examples).
+    from properties.mutants.broken_positions import BROKEN_POSITIONS
+    monkeypatch.setenv(report.RUN_ENV, str(tmp_path))
+    monkeypatch.delenv(report.DISABLE_ENV, raising=False)
+    fn = get_positions_implementation("native")
+    broken = next(iter(BROKEN_POSITIONS.values()))
+    assert_positions_match("native", fn, LONG_3D, "cpu")
+    failed = None
+    for batch in (LONG_1D, LONG_3D):
+        try:
+            assert_positions_match("broken", broken, batch, "cpu")
+        except AssertionError as exc:
+            failed = exc
+    assert failed is not None
+    records = [r for r in report.load_records(tmp_path) if r["kind"] == "comparison"]
+    assert records[0]["impl"] == "native" and records[0]["ok"] and records[0]["variant"] == "positions-3rows"
+    assert records[0]["tokens"] == LONG_3D.num_tokens and records[0]["dtype"] == "int64"
+    assert any(r["impl"] == "broken" and not r["ok"] and r["problems"] for r in records)
+    assert report.summarize(records)["examples"] == len(records) >= 2

@@ -91,6 +91,16 @@ def record_comparison(*, test: str, impl: str, device: str, dtype: str, variant:
            tokens=tokens)
 
 
+def record_exact_check(*, test: str, impl: str, device: str, what: str, ok: bool, elements: int,
+                       problem: str | None = None, tokens: int | None = None) -> None:
+    """One check held to exact equality (the position step's positions against the reference):
+    a comparison record like a rotation's, so the matrix and a campaign's example count include it
+    (dtype int64; the worst ratio is 0, or inf where a value differs)."""
+    record(kind="comparison", test=test, impl=impl, device=device, dtype="int64", variant=what, ok=ok,
+           worst_ratio=0.0 if ok else "inf", mismatched=0 if ok else None, elements=elements,
+           problems=[problem] if problem else [], case_file=None, heat=None, tokens=tokens)
+
+
 def _finite(x: float):
     return x if math.isfinite(x) else "inf"
 
