@@ -177,7 +177,7 @@ def test_strided_vector_inputs_are_read_by_value(positions_impl_name, device):
     assert torch.equal(out[:, :8].cpu(), expected) and torch.all(out[:, 8:].cpu() == OUT_SENTINEL)
 
 
-def test_outside_implementations_are_called_positionally():
+def test_outside_implementations_are_called_positionally(monkeypatch):
     # docs/implementations.md: the step's arguments come positionally in the documented order, so an
     # implementation may name its parameters as it likes (or take them positional-only).
     seen = []
@@ -185,6 +185,7 @@ def test_outside_implementations_are_called_positionally():
     def own_names(table, delta, mapping, starts, lens, computed, dims, dst, /):
         seen.append(dims)
         get_positions_implementation("native")(table, delta, mapping, starts, lens, computed, dims, dst)
+    monkeypatch.setenv(report.DISABLE_ENV, "1")      # a stand-in of this test: not a finding of the run
     assert_positions_match("own-names", own_names, CHUNK_2, "cpu")
     assert seen == [3]
 
