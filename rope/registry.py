@@ -179,7 +179,7 @@ def unsupported_reason(name: str, fn: Callable, spec, dtype, device: str) -> str
 def known_defect(name: str, fn: Callable, spec, num_tokens: int, dtype, device: str) -> str | None:
     """Why ``fn`` is known to answer a call of ``num_tokens`` tokens on the combination wrongly (or to
     raise on it), as its adapter declares (``declare(..., defect=...)``: a measured upstream defect), or
-    None.  An implementation from outside the project declares nothing: its every call is checked."""
+    None.  An implementation that declares no ``known_defect`` has every call checked."""
     defect = getattr(fn, "known_defect", None)
     why = defect(spec, num_tokens, dtype, device) if defect is not None else None
     if why is None:
