@@ -230,3 +230,31 @@ def test_draws_keep_to_the_shapes_the_implementation_runs():
         seen.add(case.spec.head_size)
     draws()
     assert seen == {64, 128}
+
+
+_FIRST_POSITIONS: dict = {}
+
+
+def positions_kept_per_shape(spec, positions, query, key, cache):
+    """A stand-in for an engine that keeps a buffer per shape (captured once, as for a CUDA graph)
+    and refreshes it only when a batch outgrows it: a smaller batch reads the first batch's positions."""
+    from rope.native import rotate_native
+    kept = _FIRST_POSITIONS.get(spec)
+    if kept is None or kept.shape[-1] < positions.shape[-1]:
+        kept = _FIRST_POSITIONS[spec] = positions.clone()
+    return rotate_native(spec, kept[..., :positions.shape[-1]].contiguous(), query, key, cache)
+
+
+positions_kept_per_shape.working_precision = "activation"
+
+
+def test_one_shape_many_batches_catches_state_kept_per_shape(monkeypatch, tmp_path):
+    # The one-shape property runs batches through one shape back to back: state an implementation
+    # keeps per shape is caught there, where independent draws rarely meet the same shape twice.
+    from rope.harness import report
+    monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))
+    monkeypatch.setenv(report.DISABLE_ENV, "1")     # a deliberate mismatch: not a finding of the run
+    _FIRST_POSITIONS.clear()
+    with pytest.raises(AssertionError, match="does not match the reference"):
+        test_one_shape_many_batches_match_reference(impl_name=f"{__name__}:positions_kept_per_shape", device="cpu",
+                                                    dtype="float32")
