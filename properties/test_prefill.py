@@ -12,7 +12,8 @@ by token count, flashinfer#609 -> #619; grids overflow 65,535 programs in a dime
   dtype and layout of q/k, as many as fit the property's time budget.
 
 On the CPU (Triton under its interpreter runs one program at a time, ~10 ms each) the cases have
-one query head of 32 channels and at most one kv head; on a GPU, real head counts.
+one query head of 32 channels and at most one kv head, and from 8,192 tokens the power of two
+runs without its +-1; on a GPU, real head counts and every boundary.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ PREFILL_BUDGET_S = {"cpu": 20.0}
 DEFAULT_PREFILL_BUDGET_S = 120.0
 GPU_HEADS = (28, 4)          # Qwen2.5-VL-7B per rank: 28 query heads, 4 kv heads, head 128
 CPU_KEY_MAX_TOKENS = 8192    # boundary cases under the interpreter carry a key below this count
+CPU_POWER_ALONE_FROM = 8192  # from this power of two the interpreter runs the power, not its +-1
 
 
 def _small_heads(device: str) -> bool:
@@ -99,9 +101,10 @@ def test_power_of_two_boundaries_match_reference(impl_name, device, log2):
     impl = get_implementation(impl_name)
     ran = 0
     counts = (1 << log2, (1 << log2) + 1, (1 << log2) - 1)
-    if _small_heads(device) and (1 << log2) > CPU_KEY_MAX_TOKENS:
-        # Under the interpreter, 16,384 tokens alone: its +-1 differ from it only by a partial last
-        # tile, the code every smaller boundary's +-1 runs (33 s a case; a GPU runs all three).
+    if _small_heads(device) and (1 << log2) >= CPU_POWER_ALONE_FROM:
+        # Under the interpreter, 8,192 and 16,384 tokens alone: their +-1 differ from them only by a
+        # partial last tile, the code every smaller boundary's +-1 runs (15-33 s a case; a GPU runs
+        # all three).
         counts = counts[:1]
     for num_tokens in counts:
         index = POWER_OF_TWO_BOUNDARIES.index(num_tokens)

@@ -272,7 +272,7 @@ def test_campaign_on_cpu_stops_on_time_and_merges_every_workers_records(tmp_path
     from rope.harness.campaign import GRACE_S, run_campaign
     monkeypatch.setenv("ROPE_REPORTS_DIR", str(tmp_path))
     monkeypatch.delenv("CI", raising=False)          # the campaign profile, not ci, in the rounds
-    budget_s = 25.0
+    budget_s = 15.0
     began = time.monotonic()
     c = run_campaign(budget_s / 60, devices=["cpu"], workers="2", tests=["test_rotation.py"], out=tmp_path / "c",
                      seed=7, pytest_args=["-k", "test_rotation_matches_reference and native"], show_progress=False)
