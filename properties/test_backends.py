@@ -446,8 +446,12 @@ def test_known_defects_are_checked_unless_avoided(mode, monkeypatch, tmp_path):
         comparison.REJECTED_UNSUPPORTED.clear()
 
 
-def test_known_defects_mode_is_validated(monkeypatch):
+def test_known_defects_mode_is_validated(monkeypatch, tmp_path):
+    from properties.test_plugin import _pytest
     from rope.harness import comparison
     monkeypatch.setenv(comparison.KNOWN_DEFECTS_ENV, "skip")
     with pytest.raises(ValueError, match="ROPE_KNOWN_DEFECTS='skip'"):
         comparison.known_defects_mode()
+    # A run with the bad value ends before any test, with a usage error naming it.
+    run = _pytest(["-q", "--pyargs", "properties.test_cache", "--rope-device", "cpu"], tmp_path)
+    assert run.returncode == 4 and "ROPE_KNOWN_DEFECTS='skip'" in run.stderr + run.stdout, run.stdout[-2000:]

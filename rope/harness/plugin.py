@@ -585,10 +585,14 @@ def _configure_call_timeout(config) -> None:
 
 def _configure_known_defects(config) -> None:
     """--rope-known-defects reaches every process (xdist workers, subprocesses) through the environment."""
-    from rope.harness.comparison import KNOWN_DEFECTS_ENV
+    from rope.harness.comparison import KNOWN_DEFECTS_ENV, known_defects_mode
     value = config.getoption("--rope-known-defects")
     if value is not None:
         os.environ[KNOWN_DEFECTS_ENV] = value
+    try:
+        known_defects_mode()            # a bad $ROPE_KNOWN_DEFECTS ends the run before any test
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _arm_stop_file(config) -> None:
