@@ -6,6 +6,7 @@ other projects' tests exactly as before."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +58,9 @@ def test_suite_runs_from_any_directory_and_reports_there(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     assert (tmp_path / "reports" / "summary.md").is_file(), run.stdout
     assert not (suite_dir().parent / "reports" / ".records" / "never").exists()
+    # The end of the run says how long it took: the report, and the time since the last test.
+    assert re.search(r"rope-harness report: .*summary\.md \(written in [0-9.]+ s, [0-9.]+ s after the last test\)",
+                     run.stdout), run.stdout[-1000:]
 
 
 def test_reports_dir_follows_the_environment(tmp_path):

@@ -620,8 +620,12 @@ def _note_failure_for_stop(report) -> None:
             request_stop()
 
 
+_LAST_REPORT_AT = [None]      # when this process last heard of a test (the end of a run's tests)
+
+
 def pytest_runtest_logreport(report):
     _note_failure_for_stop(report)
+    _LAST_REPORT_AT[0] = time.perf_counter()
     # Under xdist both the worker and the controller see every report: the controller records.
     if os.environ.get("PYTEST_XDIST_WORKER") or not os.environ.get("ROPE_REPORT_RUN"):
         return
@@ -659,13 +663,21 @@ def pytest_sessionfinish(session, exitstatus):
     if run_dir is None or not _is_controller(session.config):
         return
     from rope.harness import report
+    # How long the end of the run takes, said with the report: the workers' shutdown after the last
+    # test, then the report itself (a deep run's end must take seconds whatever its size).
+    began = time.perf_counter()
+    shutdown = began - _LAST_REPORT_AT[0] if _LAST_REPORT_AT[0] is not None else None
     try:
         session.config._rope_report_paths = report.write_summary(run_dir)
     except Exception as exc:   # noqa: BLE001 - a broken report must not change the test outcome
         session.config._rope_report_paths = [f"(report failed: {type(exc).__name__}: {exc})"]
+    session.config._rope_report_timing = (shutdown, time.perf_counter() - began)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     paths = getattr(config, "_rope_report_paths", None)
     if paths:
-        terminalreporter.write_line(f"rope-harness report: {paths[0]}")
+        shutdown, written = getattr(config, "_rope_report_timing", (None, None))
+        timing = "" if written is None else (
+            f" (written in {written:.1f} s" + ("" if shutdown is None else f", {shutdown:.1f} s after the last test") + ")")
+        terminalreporter.write_line(f"rope-harness report: {paths[0]}{timing}")
