@@ -95,3 +95,20 @@ def test_a_new_run_never_removes_a_run_in_progress(tmp_path, monkeypatch):
             os.environ.pop(report.RUN_ENV, None)
         else:
             os.environ[report.RUN_ENV] = previous
+
+
+def test_rejected_draws_add_up_per_test_and_reason(run_dir, tmp_path):
+    # One row per (test, reason) with the draws summed over its copies and rounds (a FlashInfer
+    # campaign listed 792 skip rows, one per count), apart from the skipped tests.
+    why = "known defect: f on 1d-neox bfloat16 on cuda: wrong values"
+    for draws in (1, 25, 43):
+        report.record(kind="rejected", test="t", reason=why, draws=draws)
+    report.record(kind="rejected", test="t", reason="unsupported: f does not run chunked3", draws=2)
+    report.record(kind="skip", test="u", reason="no GPU")
+    report.write_summary(run_dir, tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert sorted((r["reason"], r["draws"]) for r in summary["rejected"]) == [
+        (why, 69), ("unsupported: f does not run chunked3", 2)]
+    assert summary["skips"] == [{"test": "u", "reason": "no GPU", "count": 1}]
+    md = (tmp_path / "summary.md").read_text()
+    assert f"| t | {why} | 69 |" in md and "## Draws rejected" in md

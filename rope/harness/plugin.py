@@ -460,8 +460,7 @@ def pytest_pyfunc_call(pyfuncitem):
         if restore is not None:
             restore()
     for reason, count in sorted(comparison.REJECTED_UNSUPPORTED.items()):
-        report.record(kind="skip", test=pyfuncitem.nodeid.split("[")[0],
-                      reason=f"{reason} ({count} Hypothesis draws rejected)")
+        report.record(kind="rejected", test=pyfuncitem.nodeid.split("[")[0], reason=reason, draws=count)
     return result
 
 

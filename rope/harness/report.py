@@ -141,6 +141,7 @@ def summarize(records: list[dict]) -> dict:
     """Matrix implementation x device x dtype x variant, plus skips with reasons."""
     cells = defaultdict(lambda: {"examples": 0, "failures": 0, "worst_ratio": 0.0, "case_files": []})
     skips = defaultdict(int)
+    rejected = defaultdict(int)                # (test, reason) -> Hypothesis draws rejected, over its copies
     declared = {}                              # (impl, device) -> switch token counts
     tokens = defaultdict(set)                  # (impl, device) -> token counts compared
     placed = defaultdict(lambda: {"examples": 0, "workers": set()})
@@ -151,6 +152,9 @@ def summarize(records: list[dict]) -> dict:
             continue
         if r.get("kind") == "skip":
             skips[(r.get("test", ""), r.get("reason", ""))] += 1
+            continue
+        if r.get("kind") == "rejected":
+            rejected[(r.get("test", ""), r.get("reason", ""))] += int(r.get("draws", 0))
             continue
         if r.get("kind") == "switches":
             declared[(r["impl"], r["device"].split(":")[0])] = tuple(r["thresholds"])
@@ -182,6 +186,7 @@ def summarize(records: list[dict]) -> dict:
                              "crossed": below is not None and above is not None})
     return {"matrix": matrix, "switches": switches,
             "skips": [{"test": t, "reason": why, "count": n} for (t, why), n in sorted(skips.items())],
+            "rejected": [{"test": t, "reason": why, "draws": n} for (t, why), n in sorted(rejected.items())],
             "placement": [{"device": d, "examples": p["examples"], "workers": sorted(p["workers"], key=_worker_order)}
                           for d, p in sorted(placed.items())],
             "examples": sum(c["examples"] for c in cells.values()),
@@ -218,6 +223,12 @@ def markdown(summary: dict, plots: list[str]) -> str:
     if summary["skips"]:
         lines += ["", "## Skipped", "", "| test | reason | count |", "|---|---|---:|"]
         lines += [f"| {s['test']} | {s['reason']} | {s['count']} |" for s in summary["skips"]]
+    if summary.get("rejected"):
+        lines += ["", "## Draws rejected", "",
+                  "Hypothesis draws the implementation does not run (unsupported, a known fault, or a known "
+                  "defect the run avoids), summed over the test's copies; the search went on with the others.", "",
+                  "| test | reason | draws |", "|---|---|---:|"]
+        lines += [f"| {s['test']} | {s['reason']} | {s['draws']} |" for s in summary["rejected"]]
     if summary.get("profile"):
         lines += ["", "## Where the time went", "",
                   f"Summed over {summary['profile']['processes']} test processes "
