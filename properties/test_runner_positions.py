@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from hypothesis import example, given
@@ -13,8 +11,7 @@ from properties.strategies import OUT_SENTINEL, RaggedBatch, affine_table, prefi
 from rope.devices import synchronize, torch_device
 from rope.registry import get_positions_implementation, positions_unsupported_reason
 from rope.harness import report
-from rope.harness.comparison import call_positions, skip_unless_builtin, wrong_positions
-from rope.harness.placement import device_label
+from rope.harness.comparison import call_positions, record_positions_check, skip_unless_builtin, wrong_positions
 
 # vllm#10388 / #10403: a 40-token prompt in chunks of 32 then 8, then decode with the full-prompt delta.
 _PROMPT = [0, 1, 2, 3] + [4] * 12 + [5 + i for i in range(24)]          # 40 tokens, max position 28
@@ -40,18 +37,8 @@ def assert_positions_match(name: str, fn, batch: RaggedBatch, device: str) -> No
     wrong = wrong_positions(out[:, :n], expected)
     if not wrong and not torch.all(out[:, n:] == OUT_SENTINEL):
         wrong = f"wrote columns past the step's {n} tokens"
-    _record(name, device, batch, wrong)
+    record_positions_check(name, device, batch.num_dims, n, wrong)
     assert not wrong, f"{name} on {device}: {wrong}"
-
-
-def _record(name: str, device: str, batch: RaggedBatch, wrong: str | None) -> None:
-    """The check in the run report (a campaign counts it): never lets reporting break the check."""
-    try:
-        report.record_exact_check(test=os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0], impl=name,
-                                  device=device_label(device), what=f"positions-{batch.num_dims}rows", ok=not wrong,
-                                  elements=batch.num_dims * batch.num_tokens, problem=wrong, tokens=batch.num_tokens)
-    except Exception:   # noqa: BLE001 - the report is best effort, the assertion is not
-        pass
 
 
 def positions_impl_or_skip(name: str, device: str):

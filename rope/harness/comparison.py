@@ -23,9 +23,10 @@ from rope.registry import BUILTIN_POSITIONS, BUILTIN_ROTATIONS, known_defect, un
 from rope.harness.tolerance import Comparison, compare_rotation
 
 
-# Reasons of the Hypothesis draws rejected as unsupported in the test running now (conftest turns
-# an all-rejected test into a skip with these reasons, and records partial rejections in the report).
-REJECTED_UNSUPPORTED: dict[str, int] = {}
+# Reasons of the Hypothesis draws rejected in the test running now, with their counts: unsupported,
+# a known fault, or a known defect the run avoids (the plugin turns an all-rejected test into a
+# skip with these reasons, and records partial rejections in the report).
+REJECTED_DRAWS: dict[str, int] = {}
 
 
 def skip_if_unsupported(impl_name: str, fn, spec, dtype: str, device: str) -> None:
@@ -69,7 +70,7 @@ def _skip_or_reject(reason: str) -> None:
     except Exception:
         pytest.skip(reason)
     from hypothesis import reject
-    REJECTED_UNSUPPORTED[reason] = REJECTED_UNSUPPORTED.get(reason, 0) + 1
+    REJECTED_DRAWS[reason] = REJECTED_DRAWS.get(reason, 0) + 1
     reject()
 
 
@@ -298,11 +299,26 @@ def assert_matches_reference(impl_name: str, fn, case: RotationCase, device: str
     raise AssertionError(message)
 
 
+def _current_test() -> str:
+    return os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+
+
+def record_positions_check(impl_name: str, device: str, num_dims: int, num_tokens: int, wrong: str | None) -> None:
+    """A position step's check in the run report (a campaign counts it): never lets reporting break it."""
+    try:
+        with profiling.phase("record"):
+            report.record_exact_check(test=_current_test(), impl=impl_name, device=device_label(device),
+                                      what=f"positions-{num_dims}rows", ok=not wrong, elements=num_dims * num_tokens,
+                                      problem=wrong, tokens=num_tokens)
+    except Exception:   # noqa: BLE001 - the report is best effort, the assertion is not
+        pass
+
+
 def _record(impl_name: str, case: RotationCase, device: str, run: CaseRun) -> None:
     """One line of the run report (rope.harness.report): never lets reporting break a check."""
     try:
         with profiling.phase("record"):
-            report.record_comparison(test=os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0],
+            report.record_comparison(test=_current_test(),
                                      impl=impl_name, device=device_label(device), dtype=case.dtype,
                                      variant=case.spec.variant(), comparison=run.comparison,
                                      case_file=run.case_file, tokens=case.num_tokens)

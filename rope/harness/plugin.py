@@ -442,14 +442,14 @@ def pytest_pyfunc_call(pyfuncitem):
         pytest.skip(lost)
     from rope.harness.stop import skip_if_stopped
     skip_if_stopped()
-    comparison.REJECTED_UNSUPPORTED.clear()
+    comparison.REJECTED_DRAWS.clear()
     restore = _apply_round(pyfuncitem) if callspec is not None and ROUND in callspec.params else None
     started, calls_before = time.perf_counter(), profiling.calls()
     try:
         result = yield
     except Unsatisfiable:
-        if comparison.REJECTED_UNSUPPORTED:
-            pytest.skip("; ".join(sorted(comparison.REJECTED_UNSUPPORTED)))
+        if comparison.REJECTED_DRAWS:
+            pytest.skip("; ".join(sorted(comparison.REJECTED_DRAWS)))
         raise
     except BaseException as exc:
         note_device_fault(pyfuncitem.nodeid, device, exc)
@@ -459,7 +459,7 @@ def pytest_pyfunc_call(pyfuncitem):
                            profiling.calls() - calls_before)
         if restore is not None:
             restore()
-    for reason, count in sorted(comparison.REJECTED_UNSUPPORTED.items()):
+    for reason, count in sorted(comparison.REJECTED_DRAWS.items()):
         report.record(kind="rejected", test=pyfuncitem.nodeid.split("[")[0], reason=reason, draws=count)
     return result
 
