@@ -61,7 +61,7 @@ import torch
 import reference
 from properties.strategies import OUT_SENTINEL, RaggedBatch, RotationCase, build_rotation_inputs
 from rope.devices import is_interpreter, synchronize, torch_device
-from rope.harness.comparison import call_positions, call_rotation, wrong_positions
+from rope.harness.comparison import call_positions, call_rotation, record_positions_check, wrong_positions
 from rope.harness.diagnosis import Diagnosis, diagnose
 from rope.harness.tolerance import Comparison, compare_rotation
 from rope.registry import working_precision
@@ -545,4 +545,6 @@ def assert_positions_match_guarded(name: str, fn, batch: RaggedBatch, device: st
     expected = reference.prepare_positions(**batch.tensors("cpu"))
     wrong = wrong_positions(out, expected)
     problems = ([wrong] if wrong else []) + [f"guard violation: {v}" for v in violations]
+    # A check like the plain one (a campaign counts it): the reference comparison plus the guards.
+    record_positions_check(name, device, batch.num_dims, batch.num_tokens, "; ".join(problems) or None)
     assert not problems, f"{name} on {device} fails under guards\nbatch: {batch}\n" + "\n".join(problems)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 
 from hypothesis import strategies as st
+import torch
 
 from rope.harness.inputs import (  # noqa: F401  (the case model the strategies draw, re-exported for the tests)
     DTYPE_SHORT,
@@ -243,8 +244,9 @@ def prefill_cases(draw, *, tokens, small_heads: bool, nonfinite: bool = False):
 def affine_table(num_dims: int, slots: int, model_len: int, scale: int = 1) -> tuple:
     """A runner's prefill_positions, flattened [slots * num_dims][model_len]: an affine pattern,
     distinct per row and column (long prompts: no draw per entry)."""
-    return tuple(scale * c + 3 * (row % num_dims) + 1000 * (row // num_dims) for row in range(slots * num_dims)
-                 for c in range(model_len))
+    rows = torch.arange(slots * num_dims)
+    base = 3 * (rows % num_dims) + 1000 * (rows // num_dims)
+    return tuple((scale * torch.arange(model_len) + base[:, None]).flatten().tolist())
 
 
 @st.composite

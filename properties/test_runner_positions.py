@@ -193,13 +193,16 @@ def test_vllm_positions_adapter_is_optional():
 
 def test_position_checks_are_in_the_run_report(monkeypatch, tmp_path):
     # A campaign counts the comparisons in the report: a position check that is not recorded
-    # is a check the campaign never reports (a positions campaign counted 0 examples).
+    # is a check the campaign never reports (a positions campaign counted 0 examples; another
+    # counted the plain checks and not the guarded ones, half of its test time).
     from properties.mutants.broken_positions import BROKEN_POSITIONS
     monkeypatch.setenv(report.RUN_ENV, str(tmp_path))
     monkeypatch.delenv(report.DISABLE_ENV, raising=False)
     fn = get_positions_implementation("native")
     broken = next(iter(BROKEN_POSITIONS.values()))
     assert_positions_match("native", fn, LONG_3D, "cpu")
+    from properties.guards import assert_positions_match_guarded
+    assert_positions_match_guarded("native-guarded", fn, LONG_1D, "cpu")
     failed = None
     for batch in (LONG_1D, LONG_3D):
         try:
@@ -210,5 +213,6 @@ def test_position_checks_are_in_the_run_report(monkeypatch, tmp_path):
     records = [r for r in report.load_records(tmp_path) if r["kind"] == "comparison"]
     assert records[0]["impl"] == "native" and records[0]["ok"] and records[0]["variant"] == "positions-3rows"
     assert records[0]["tokens"] == LONG_3D.num_tokens and records[0]["dtype"] == "int64"
+    assert any(r["impl"] == "native-guarded" and r["ok"] and r["variant"] == "positions-1rows" for r in records)
     assert any(r["impl"] == "broken" and not r["ok"] and r["problems"] for r in records)
     assert report.summarize(records)["examples"] == len(records) >= 2
