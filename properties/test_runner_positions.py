@@ -10,7 +10,7 @@ import reference
 from properties.strategies import OUT_SENTINEL, RaggedBatch, affine_table, prefill_steps, ragged_batches
 from rope.devices import synchronize, torch_device
 from rope.registry import get_positions_implementation, positions_unsupported_reason
-from rope.harness import report
+from rope.harness import profiling, report
 from rope.harness.comparison import call_positions, record_positions_check, skip_unless_builtin, wrong_positions
 
 # vllm#10388 / #10403: a 40-token prompt in chunks of 32 then 8, then decode with the full-prompt delta.
@@ -32,7 +32,8 @@ def run_positions(fn, batch: RaggedBatch, device: str) -> torch.Tensor:
 
 def assert_positions_match(name: str, fn, batch: RaggedBatch, device: str) -> None:
     out = run_positions(fn, batch, device)
-    expected = reference.prepare_positions(**batch.tensors("cpu"))
+    with profiling.phase("reference"):
+        expected = reference.prepare_positions(**batch.tensors("cpu"))
     n = batch.num_tokens
     wrong = wrong_positions(out[:, :n], expected)
     if not wrong and not torch.all(out[:, n:] == OUT_SENTINEL):
@@ -216,3 +217,19 @@ def test_position_checks_are_in_the_run_report(monkeypatch, tmp_path):
     assert any(r["impl"] == "native-guarded" and r["ok"] and r["variant"] == "positions-1rows" for r in records)
     assert any(r["impl"] == "broken" and not r["ok"] and r["problems"] for r in records)
     assert report.summarize(records)["examples"] == len(records) >= 2
+
+
+def test_position_checks_are_profiled_by_phase():
+    # A positions campaign's profile had every second "outside the phases": the step's call, the
+    # reference and the comparison are timed as a rotation check's are.
+    from rope.harness import profiling
+    before = profiling.snapshot()["counts"]
+    assert_positions_match("native", get_positions_implementation("native"), LONG_3D, "cpu")
+    after = profiling.snapshot()["counts"]
+    grew = {k: after.get(k, 0) - before.get(k, 0) for k in ("call", "jit", "reference", "compare", "record")}
+    assert grew["call"] + grew["jit"] == 1 and grew["reference"] == 1 and grew["compare"] == 1, grew
+    no_calls = profiling.combine([{"seconds": {"tests": 2.0, "session": 3.0, "record": 1.0},
+                                   "counts": {"record": 3}, "compiles": 0, "tests": {}}])
+    rows = profiling.markdown_rows(no_calls)
+    assert "| record write | 1.0 | 50.0% | - |" in rows
+    assert "| between tests (collection, fixtures, scheduling) | 1.0 | - | - |" in rows

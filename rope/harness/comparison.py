@@ -121,7 +121,8 @@ POSITION_ARGUMENTS = ("prefill_positions", "prefill_delta", "idx_mapping", "quer
 def call_positions(fn, args: dict, out) -> None:
     """Call a position-step implementation the documented way: positionally, ``out`` last, under
     the call deadline (rope.harness.deadline: a hang fails the test with ImplementationHung)."""
-    with deadline(call_timeout(), what=f"the position-step implementation {getattr(fn, '__name__', fn)!r}"):
+    with deadline(call_timeout(), what=f"the position-step implementation {getattr(fn, '__name__', fn)!r}"), \
+            profiling.call_phase():
         fn(*(args[name] for name in POSITION_ARGUMENTS), out)
         synchronize(str(out.device.type) if isinstance(out, torch.Tensor) else "cpu")
 
@@ -130,7 +131,8 @@ def wrong_positions(out: torch.Tensor, expected: torch.Tensor, *, shown: int = 5
     """None when the step's positions ``out`` [num_dims, T] equal ``expected``, else what differs:
     the count, the first (row, column) pairs with their values, and the whole rows for a short step
     (a 16,384-token step would print 50,000 numbers)."""
-    bad = (out != expected).nonzero().tolist()
+    with profiling.phase("compare"):
+        bad = (out != expected).nonzero().tolist()
     if not bad:
         return None
     first = bad[:shown]

@@ -122,7 +122,8 @@ def combine(profiles: list[dict]) -> dict | None:
 
 def markdown_rows(combined: dict, top: int = 8) -> list[str]:
     """A table: each phase's seconds (summed over processes), share of test time, ms per call."""
-    s, calls = combined["seconds"], max(combined["calls"], 1)
+    s, calls = combined["seconds"], combined["calls"]
+    per_call = (lambda v: f"{1000 * v / calls:.2f}") if calls else (lambda v: "-")
     tests = s.get("tests", 0.0) or sum(s.get(k, 0.0) for k in PHASES) or 1e-9
     rows = [("building inputs", "inputs"), ("implementation call", "call"),
             (f"call with a Triton compile ({combined['compiles']} compiles)", "jit"),
@@ -131,19 +132,19 @@ def markdown_rows(combined: dict, top: int = 8) -> list[str]:
     lines = ["| phase | s (all processes) | share of test time | ms per implementation call |", "|---|---:|---:|---:|"]
     for label, key in rows:
         v = s.get(key, 0.0)
-        lines.append(f"| {label} | {v:.1f} | {100 * v / tests:.1f}% | {1000 * v / calls:.2f} |")
+        lines.append(f"| {label} | {v:.1f} | {100 * v / tests:.1f}% | {per_call(v)} |")
         if key == "inputs" and s.get("table_builds"):
             v = s["table_builds"]
             lines.append(f"| of which cos/sin tables built ({combined['counts'].get('table_builds', 0)}) | {v:.1f} | "
-                         f"{100 * v / tests:.1f}% | {1000 * v / calls:.2f} |")
+                         f"{100 * v / tests:.1f}% | {per_call(v)} |")
     out = combined["outside_phases"]
     lines.append(f"| Hypothesis, pytest and test code outside the phases | {out:.1f} | {100 * out / tests:.1f}% | "
-                 f"{1000 * out / calls:.2f} |")
+                 f"{per_call(out)} |")
     session = s.get("session", 0.0)
     if session:
         between = max(0.0, session - s.get("tests", 0.0))
         lines.append(f"| between tests (collection, fixtures, scheduling) | {between:.1f} | - | "
-                     f"{1000 * between / calls:.2f} |")
+                     f"{per_call(between)} |")
     slowest = list(combined.get("tests", {}).items())[:top]
     if slowest:
         lines += ["", f"The {len(slowest)} slowest test functions:", "",
