@@ -55,6 +55,26 @@ def test_deadline_leaves_a_call_that_returns_alone():
     time.sleep(0.05)     # no stray interrupt after the block
 
 
+def test_deadlines_nest_and_share_one_watchdog():
+    # An inner deadline expires inside an outer one that does not; the expiry's work is done
+    # before the block is left; a thousand more deadlines start no thread of their own.
+    import threading
+    fired = []
+    with deadline(5, lambda: fired.append("outer")):
+        with pytest.raises(ImplementationHung):
+            with deadline(0.3, lambda: (time.sleep(0.2), fired.append("inner"))):
+                time.sleep(600)
+        assert fired == ["inner"]
+    before = threading.active_count()
+    for _ in range(1000):
+        with deadline(5, lambda: fired.append("late")):
+            pass
+    assert threading.active_count() == before
+    assert [t.name for t in threading.enumerate()].count("rope-deadline") == 1
+    time.sleep(0.05)
+    assert fired == ["inner"]
+
+
 @pytest.mark.parametrize("raw, seconds", [("", 120.0), ("2.5", 2.5), ("0", None), ("off", None)])
 def test_call_timeout_setting(monkeypatch, raw, seconds):
     monkeypatch.setenv(CALL_TIMEOUT_ENV, raw)
