@@ -25,12 +25,11 @@ def select_cos_sin(spec: RopeSpec, positions: torch.Tensor, cos_sin_cache: torch
     ``axis_map`` (default ``spec.axis_map()``): the position row of each frequency."""
     rows = positions.long().reshape(spec.num_dims, -1)          # [num_dims, T]
     half = spec.num_freqs
-    cos = torch.empty(rows.shape[1], half, dtype=torch.float64, device=cos_sin_cache.device)
-    sin = torch.empty_like(cos)
-    for i, axis in enumerate(spec.axis_map() if axis_map is None else axis_map):
-        pos = rows[axis]                                          # [T]
-        cos[:, i] = cos_sin_cache[pos, i].to(torch.float64)      # gather, then upcast (exact)
-        sin[:, i] = cos_sin_cache[pos, half + i].to(torch.float64)
+    axes = torch.tensor(spec.axis_map() if axis_map is None else axis_map, dtype=torch.long)
+    pos = rows[axes.to(rows.device)].T                            # [T, half]: the row frequency i reads
+    i = torch.arange(half, device=cos_sin_cache.device)
+    cos = cos_sin_cache[pos, i].to(torch.float64)                 # gather, then upcast (exact)
+    sin = cos_sin_cache[pos, half + i].to(torch.float64)
     return cos, sin
 
 
