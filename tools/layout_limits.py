@@ -1,0 +1,170 @@
+"""Every layout against its memory limit, under both timers, in one run (notes: docs/perf-notes.md).
+
+For the layouts the kernel must serve (Qwen2.5-VL-72B chunked, Qwen3-VL-30B-A3B and Qwen3-VL-8B
+interleaved, HunyuanOCR XD-RoPE with 4 rows, GLM-4.1V-9B GPT-J partial) at each token count, it
+checks then times:
+
+* ours: the unchecked launch and the public entry (``get_implementation("triton")``);
+* the in-place stream of the same access pattern: every rotated channel of q and k read and
+  written once, nothing else (the whole q and k for whole-head rotary, the first ``rotary_dim``
+  channels of every head for partial rotary): what an in-place kernel of that pattern can reach;
+* Liger's M-RoPE kernel with cos/sin gathered outside the timed call, on the layouts it runs.
+
+Each is timed with the project's timer (rope.harness.bench: a CUDA graph up to 256 tokens, input
+rotation above) and with triton's ``do_bench`` (median; its CUDA-graph variant up to 256 tokens;
+the L2 flushed by a memset before each call otherwise).  Fractions are of the copy bandwidth
+(bench.copy_bandwidth) over ``bench.rotation_bytes`` (rotated channels read and written, cos/sin,
+positions) for the rotations and over the streamed bytes for the stream.  Writes layout_limits.md
+and .json to --out.
+
+    . tools/gpu_peers_env.sh; python3 tools/layout_limits.py --out $OUT
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rope.cache import cos_sin_cache                       # noqa: E402
+from rope.devices import synchronize, torch_device         # noqa: E402
+from rope.harness import bench                             # noqa: E402
+from rope.harness.bench_contenders import contenders      # noqa: E402
+from rope.models import load_models                        # noqa: E402
+
+LAYOUTS = (("qwen2.5-vl-72b", "chunked"), ("qwen3-vl-30b-a3b", "interleaved"), ("qwen3-vl-8b", "interleaved"),
+           ("hunyuan-ocr", "XD-RoPE 4 rows"), ("glm-4.1v-9b", "GPT-J partial"))
+TOKENS = (1, 256, 4096, 16384, 65536)
+
+
+@triton.jit
+def _stream_rows_inplace(x_ptr, rows, ROW: tl.constexpr, PREFIX: tl.constexpr, BLOCK_ROWS: tl.constexpr):
+    # The first PREFIX of every ROW elements (one head row), BLOCK_ROWS rows a program, in place.
+    r = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    offs = r[:, None] * ROW + tl.arange(0, PREFIX)[None, :]
+    mask = (r < rows)[:, None]
+    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+    tl.store(x_ptr + offs, (x * 1.0000001).to(x_ptr.dtype.element_ty), mask=mask)
+
+
+def stream_calls(q, k, head_size: int, rotary_dim: int):
+    """One call streaming the rotated channels of q and k in place (two launches), per input set."""
+    prefix = triton.next_power_of_2(rotary_dim)
+    assert prefix == rotary_dim, "the stream reads power-of-two row prefixes"
+    block_rows = max(1, 4096 // prefix)
+
+    def call():
+        for x in (q, k):
+            rows = x.numel() // head_size
+            _stream_rows_inplace[(triton.cdiv(rows, block_rows),)](x, rows, ROW=head_size, PREFIX=prefix,
+                                                                   BLOCK_ROWS=block_rows, num_warps=8)
+    return call
+
+
+def do_bench_ms(fn, tokens: int, device: str) -> float:
+    if device != "cuda":            # a smoke run on the CPU interpreter: the wall clock, like bench's timer
+        return bench._timer(device)([fn], tokens)[0]
+    import triton.testing as tt
+    if tokens <= bench.GRAPH_MAX_TOKENS:
+        try:
+            return tt.do_bench_cudagraph(fn, rep=50, return_mode="median")
+        except Exception:        # noqa: BLE001 - a capture that fails is timed launched
+            pass
+    return tt.do_bench(fn, warmup=10, rep=100, return_mode="median")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    p.add_argument("--models", default=",".join(m for m, _ in LAYOUTS))
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--out", default=os.environ.get("OUT", "reports"))
+    args = p.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"     # cpu: a smoke run (TRITON_INTERPRET=1)
+    dev = torch_device(device)
+    dtype = getattr(torch, args.dtype)
+    tokens = [int(t) for t in args.tokens.split(",")]
+    layouts = dict(LAYOUTS)
+    models = load_models()
+    timer = bench._timer(device)
+    copy = bench.copy_bandwidth(device)
+    empty = bench.empty_launch_ms(device)
+    print(f"copy {copy:.0f} GB/s, empty launch {empty * 1e3:.2f} us", flush=True)
+    found, absent = contenders(("triton", "triton-public", "liger-pregathered"))
+    by_name = {c.name: c for c in found}
+    rows = []
+    for key in args.models.split(","):
+        model = models[key]
+        spec = model.spec
+        nq, nkv = model.sharded(1)
+        cache = cos_sin_cache(spec, dtype, dev)
+        for t in tokens:
+            positions, q, k = bench._inputs(spec, t, nq, nkv, dtype, device)
+            nbytes = bench.rotation_bytes(spec, t, nq, nkv, dtype.itemsize)
+            sets = bench.input_sets(device, nbytes, t)
+            row = {"model": key, "layout": layouts.get(key, spec.layout), "tokens": t, "bytes": nbytes}
+            for name in ("triton", "triton-public", "liger-pregathered"):
+                c = by_name.get(name)
+                why = absent.get(name) if c is None else c.reason(spec, dtype, device)
+                if why:
+                    row[name] = {"skipped": why}
+                    continue
+                ms, how, checked, _ = bench.race_rotation(c, spec, positions, q, k, cache, device, timer, t, nbytes)
+                flushed = do_bench_ms(c.bind(spec, positions, q.clone(), k.clone(), cache), t, device)
+                row[name] = {"us": ms * 1e3, "frac": nbytes / (ms * 1e-3) / 1e9 / copy, "timing": how,
+                             "do_bench_us": flushed * 1e3, "do_bench_frac": nbytes / (flushed * 1e-3) / 1e9 / copy,
+                             "checked": checked}
+            streamed = 2 * t * (nq + nkv) * spec.rotary_dim * dtype.itemsize
+            calls = [stream_calls(q.clone(), k.clone(), spec.head_size, spec.rotary_dim) for _ in range(sets)]
+            ms, how = timer(calls, t)
+            flushed = do_bench_ms(calls[0], t, device)
+            row["stream"] = {"us": ms * 1e3, "frac": streamed / (ms * 1e-3) / 1e9 / copy, "timing": how,
+                             "do_bench_us": flushed * 1e3, "do_bench_frac": streamed / (flushed * 1e-3) / 1e9 / copy}
+            del calls, q, k
+            synchronize(device)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = {"copy_gbps": copy, "empty_launch_us": empty * 1e3,
+            "device": torch.cuda.get_device_name() if device == "cuda" else device,
+            "torch": torch.__version__, "triton": triton.__version__, "rows": rows}
+    (out / "layout_limits.json").write_text(json.dumps(data, indent=1))
+    (out / "layout_limits.md").write_text(markdown(data))
+    print(markdown(data))
+    return 0
+
+
+def _cell(r: dict | None, frac: bool = True) -> str:
+    if r is None:
+        return "-"
+    if "skipped" in r:
+        return "n/s"
+    if frac:
+        return f"{r['us']:.2f} us = {r['frac']:.3f} / {r['do_bench_us']:.2f} us = {r['do_bench_frac']:.3f}"
+    return f"{r['us']:.2f} / {r['do_bench_us']:.2f} us"
+
+
+def markdown(data: dict) -> str:
+    lines = [f"# Layouts at their limit ({data['device']}, torch {data['torch']}, Triton {data['triton']})", "",
+             f"Copy {data['copy_gbps']:.0f} GB/s, empty launch {data['empty_launch_us']:.2f} us. Each cell: the "
+             "project's timer, then triton's do_bench; a fraction is of the copy bandwidth.", "",
+             "| model (layout) | tokens | ours, unchecked | ours, public entry | in-place stream of the pattern | "
+             "Liger, cos/sin pre-gathered | ours / Liger (timer) |", "|---|---:|---|---|---|---|---:|"]
+    for r in data["rows"]:
+        liger, ours = r.get("liger-pregathered"), r.get("triton")
+        ratio = f"{ours['us'] / liger['us']:.2f}" if liger and "us" in liger and ours and "us" in ours else "-"
+        lines.append(f"| {r['model']} ({r['layout']}) | {r['tokens']} | {_cell(ours)} | {_cell(r.get('triton-public'))} "
+                     f"| {_cell(r.get('stream'))} | {_cell(liger)} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
