@@ -207,3 +207,41 @@ def test_a_fail_fast_run_ends_at_the_first_failure_not_the_other_workers_test():
     took = time.monotonic() - began
     assert "FAILED properties/test_rotation.py::test_known_bug_triggers_match_reference" in run.stdout, run.stdout[-3000:]
     assert took < 50, f"the run ended {took:.0f} s after it started"
+
+
+_STUCK_AT_EXIT = '''
+import threading
+
+def test_leaves_a_thread_the_exit_waits_for():
+    def stuck_at_exit():
+        threading.Event().wait()
+    threading.Thread(target=stuck_at_exit, daemon=False).start()
+'''
+
+
+def test_a_run_that_hangs_at_its_end_leaves_every_threads_stack(tmp_path):
+    # A deep run on a GPU printed [100%] and never exited: each process arms faulthandler's watchdog
+    # at its last teardown, and one still alive ROPE_END_STACKS_S later writes where it is.
+    import time
+    (tmp_path / "test_stuck.py").write_text(_STUCK_AT_EXIT)
+    (tmp_path / "test_fine.py").write_text("def test_fine():\n    pass\n")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "ROPE_", "TRITON_INTERPRET"))}
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *plugin_args(),
+            "--rope-device", "cpu"]
+    env = subprocess_env({**clean, "ROPE_END_STACKS_S": "2"})
+    fine = subprocess.run(args + ["test_fine.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert fine.returncode == 0, fine.stdout + fine.stderr
+    assert not list((tmp_path / "reports" / ".records").glob("*/end-stacks-*")), "a run that exits leaves no file"
+    proc = subprocess.Popen(args + ["test_stuck.py"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        stacks = ""
+        while time.monotonic() < deadline and "stuck_at_exit" not in stacks:
+            time.sleep(0.5)
+            stacks = "".join(p.read_text() for p in (tmp_path / "reports" / ".records").glob("*/end-stacks-main-*.txt"))
+        assert proc.poll() is None, "the run was to hang at its exit"
+    finally:
+        proc.kill()
+        out = proc.communicate()[0]
+    assert "stuck_at_exit" in stacks and "Thread" in stacks, out + stacks

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 
 import pytest
@@ -648,9 +649,65 @@ def _record_profile(config) -> None:
     report.record(kind="profile", **totals)
 
 
+END_STACKS_ENV = "ROPE_END_STACKS_S"
+END_STACKS_AFTER_S = 120.0
+_END_STACKS_FILE: list = []
+
+
+def _arm_end_stacks() -> None:
+    """A run that hangs at its end says where.  Each process, when the teardown of its last test
+    begins (session fixtures included) or else when its session ends (the xdist controller), arms
+    faulthandler's watchdog (a C thread: it fires even while Python is blocked in C code): if the
+    process is still alive ``$ROPE_END_STACKS_S`` seconds later (default 120; 0 or off: never),
+    every thread's Python stack goes to ``end-stacks-<worker>-<pid>.txt`` in the run's record
+    directory.  A process that gets as far as its exit handlers removes its empty file there and
+    points the watchdog at stderr for the rest of its shutdown."""
+    run = os.environ.get("ROPE_REPORT_RUN")
+    raw = os.environ.get(END_STACKS_ENV, "").strip().lower()
+    try:
+        seconds = END_STACKS_AFTER_S if not raw else 0.0 if raw == "off" else float(raw)
+    except ValueError:
+        return
+    if not run or not seconds > 0 or not os.path.isdir(run):
+        return
+    import atexit
+    import faulthandler
+    if _END_STACKS_FILE:
+        # Armed at the last teardown: again at the session's end (pytest's faulthandler_timeout,
+        # where set, cancels the watchdog after each test).
+        faulthandler.dump_traceback_later(seconds, repeat=False, file=_END_STACKS_FILE[0])
+        return
+    path = os.path.join(run, f"end-stacks-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-{os.getpid()}.txt")
+    try:
+        out = open(path, "w")           # noqa: SIM115 - held open for the watchdog until the exit handlers
+    except OSError:
+        return
+    _END_STACKS_FILE.append(out)
+    armed_at = time.monotonic()
+    faulthandler.dump_traceback_later(seconds, repeat=False, file=out)
+
+    def at_exit():
+        faulthandler.cancel_dump_traceback_later()
+        empty = os.fstat(out.fileno()).st_size == 0
+        out.close()
+        if empty:
+            os.remove(path)
+        left = seconds - (time.monotonic() - armed_at)
+        if left > 0 and sys.__stderr__ is not None:
+            faulthandler.dump_traceback_later(left, repeat=False, file=sys.__stderr__)
+    atexit.register(at_exit)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item, nextitem):
+    if nextitem is None and is_active(item.config):
+        _arm_end_stacks()
+
+
 def pytest_sessionfinish(session, exitstatus):
     if is_active(session.config):
         _record_profile(session.config)
+        _arm_end_stacks()
     stop_file = getattr(session.config, "_rope_stop_file", None)
     if stop_file:
         from rope.harness.stop import STOP_FILE_ENV
