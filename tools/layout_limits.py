@@ -29,7 +29,6 @@ from pathlib import Path
 
 import torch
 import triton
-import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -39,19 +38,11 @@ from rope.harness import bench                             # noqa: E402
 from rope.harness.bench_contenders import contenders      # noqa: E402
 from rope.models import load_models                        # noqa: E402
 
+from inplace_ceiling import _scale_row_prefix_inplace      # noqa: E402  (this folder: the stream kernel)
+
 LAYOUTS = (("qwen2.5-vl-72b", "chunked"), ("qwen3-vl-30b-a3b", "interleaved"), ("qwen3-vl-8b", "interleaved"),
            ("hunyuan-ocr", "XD-RoPE 4 rows"), ("glm-4.1v-9b", "GPT-J partial"))
 TOKENS = (1, 256, 4096, 16384, 65536)
-
-
-@triton.jit
-def _stream_rows_inplace(x_ptr, rows, ROW: tl.constexpr, PREFIX: tl.constexpr, BLOCK_ROWS: tl.constexpr):
-    # The first PREFIX of every ROW elements (one head row), BLOCK_ROWS rows a program, in place.
-    r = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    offs = r[:, None] * ROW + tl.arange(0, PREFIX)[None, :]
-    mask = (r < rows)[:, None]
-    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
-    tl.store(x_ptr + offs, (x * 1.0000001).to(x_ptr.dtype.element_ty), mask=mask)
 
 
 def stream_calls(q, k, head_size: int, rotary_dim: int):
@@ -63,7 +54,7 @@ def stream_calls(q, k, head_size: int, rotary_dim: int):
     def call():
         for x in (q, k):
             rows = x.numel() // head_size
-            _stream_rows_inplace[(triton.cdiv(rows, block_rows),)](x, rows, ROW=head_size, PREFIX=prefix,
+            _scale_row_prefix_inplace[(triton.cdiv(rows, block_rows),)](x, rows, ROW=head_size, PREFIX=prefix,
                                                                    BLOCK_ROWS=block_rows, num_warps=8)
     return call
 
