@@ -78,9 +78,7 @@ def rope_specs(draw, *, kind: str = "chunked3", is_neox_style: bool | None = Non
     head_size = draw(st.sampled_from(head_sizes))
     half_max = head_size // 2
     min_half = 3 if kind in ("chunked3", "interleaved") else (4 if kind == "chunked4" else 1)
-    half = half_max if full_rotary_only else draw(st.one_of(
-        st.sampled_from([h for h in (half_max, half_max // 2, half_max // 4) if h >= min_half] or [half_max]),
-        st.integers(min_half, half_max)))
+    half = half_max if full_rotary_only else draw(_rotary_halves(min_half, half_max))
     if half < min_half:
         half = half_max
     if kind == "1d":
@@ -96,7 +94,26 @@ def rope_specs(draw, *, kind: str = "chunked3", is_neox_style: bool | None = Non
                     ntk_alpha=alpha)
 
 
+@functools.lru_cache(maxsize=None)
+def _rotary_halves(min_half: int, half_max: int):
+    """rotary_dim / 2 of a head: whole, a half, a quarter, or any width (built once per bound pair:
+    a strategy built inside a draw is built and checked again on every example)."""
+    return st.one_of(st.sampled_from([h for h in (half_max, half_max // 2, half_max // 4) if h >= min_half] or [half_max]),
+                     st.integers(min_half, half_max))
+
+
 _Q_HEADS = st.one_of(st.integers(1, 4), st.sampled_from(REAL_HEAD_COUNTS))
+_HAS_KEY = st.booleans().map(lambda b: not b)       # shrinks towards a key
+
+
+@functools.lru_cache(maxsize=None)
+def _token_counts(min_tokens: int, max_tokens: int):
+    return st.integers(min(max(1, min_tokens), max_tokens), max_tokens) | st.just(min_tokens)
+
+
+@functools.lru_cache(maxsize=None)
+def _kv_heads(nq: int):
+    return st.one_of(st.just(nq), st.just(1), st.integers(1, max(1, nq)))
 
 
 def probe_specs(kind: str, is_neox_style: bool) -> list[RopeSpec]:
@@ -144,10 +161,10 @@ def supported_shapes(impl_name: str, impl, kind: str, is_neox_style: bool, dtype
 @st.composite
 def _head_count_pairs(draw, key: bool | None):
     nq = draw(_Q_HEADS)
-    has_key = draw(st.booleans().map(lambda b: not b)) if key is None else key
+    has_key = draw(_HAS_KEY) if key is None else key
     if not has_key:
         return nq, 0
-    nkv = draw(st.one_of(st.just(nq), st.just(1), st.integers(1, max(1, nq))))
+    nkv = draw(_kv_heads(nq))
     return nq, nkv
 
 
@@ -171,7 +188,7 @@ def rotation_cases(draw, *, dtype: str = "float32", kind: str = "chunked3", is_n
         raise ValueError(f"min_tokens={min_tokens}: must be in [0, max_tokens={max_tokens}]")
     spec = draw(rope_specs(kind=kind, is_neox_style=is_neox_style, head_sizes=head_sizes,
                            max_positions=max_positions, full_rotary_only=full_rotary_only))
-    num_tokens = draw(st.integers(min(max(1, min_tokens), max_tokens), max_tokens) | st.just(min_tokens))
+    num_tokens = draw(_token_counts(min_tokens, max_tokens))
     nq, nkv = draw(head_counts())
     # Keep interpreter runs cheap: large real head counts with big heads only for few tokens.
     if nq * spec.head_size * max(1, num_tokens) > 64 * 1024:
