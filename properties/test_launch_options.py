@@ -1,9 +1,11 @@
 """Launch options of the Triton rotation kernel change speed, never bits.
 
 ``launch_rotary``'s tiles (block_t, block_h, num_warps), the q/k split, the 3-D cos/sin gather,
-programmatic dependent launch (``pdl``), the q/k eviction hint and the grid order (``heads_fastest``)
-are picked per size from the H200 sweeps; the rotation properties run only the defaults, so a configuration a sweep prefers next could hide a masking or indexing bug
-(a token tile that runs past the batch, a head block past the heads).  Every drawn configuration
+programmatic dependent launch (``pdl``), the q/k eviction hint, the grid order (``heads_fastest``)
+and the bf16 rounding (by hand, or the compiled convert: GPU only) are picked per size from the
+H200 sweeps; the rotation properties run only the defaults, so a configuration a sweep prefers
+next could hide a masking or indexing bug (a token tile that runs past the batch, a head block
+past the heads, a rounding that differs).  Every drawn configuration
 must give the default launch's output bit for bit (the math per element is the same fp32 sequence;
 only which program computes it changes).  On the CPU the interpreter runs it (pdl falls back to an
 ordinary launch there); on a GPU, the compiled kernels.  The large-batch defaults themselves are
@@ -23,7 +25,7 @@ import reference
 from properties.strategies import (OUT_SENTINEL, KINDS, RaggedBatch, RotationCase, build_rotation_inputs,
                                    ragged_batches, rotation_cases)
 from rope.devices import synchronize, torch_device
-from rope.devices import triton_runs_on
+from rope.devices import is_interpreter, triton_runs_on
 from rope.models import load_models
 from rope.triton.positions import launch_prepare_positions
 from rope.triton.rotary import launch_rotary
@@ -37,6 +39,7 @@ LAUNCH_OPTIONS = st.fixed_dictionaries({
     "pdl": st.booleans(),
     "evict_first": st.booleans(),
     "heads_fastest": st.booleans(),
+    "bf16_rounding": st.sampled_from(["by_hand", "convert"]),
 })
 QWEN72 = load_models()["qwen2.5-vl-72b"].spec
 
@@ -51,6 +54,8 @@ QWEN72 = load_models()["qwen2.5-vl-72b"].spec
 def test_launch_options_give_the_default_bits(device, case, options):
     if not triton_runs_on(device):
         pytest.skip(f"Triton does not run on {device} here")
+    if is_interpreter():      # its fp32 -> bf16 convert truncates: a compiled kernel's rounding only
+        options = {**options, "bf16_rounding": "by_hand"}
     inputs = build_rotation_inputs(case, device)
     q0, k0 = inputs.query.clone(), inputs.key.clone() if inputs.key is not None else None
     launch_rotary(case.spec, inputs.positions, q0, k0, inputs.cache)
@@ -82,3 +87,10 @@ def test_position_launch_options_match_reference(device, batch, block, splits, p
     n = batch.num_tokens
     assert torch.equal(out[:, :n].cpu(), expected), (block, splits)
     assert torch.all(out[:, n:].cpu() == OUT_SENTINEL), f"wrote past the step's {n} tokens ({block=}, {splits=})"
+
+
+def test_unknown_bf16_rounding_is_refused():
+    with pytest.raises(ValueError, match=r"bf16_rounding='nearest': must be 'by_hand' or 'convert'"):
+        launch_rotary(QWEN72, torch.zeros(3, 1, dtype=torch.long), torch.zeros(1, 128), None,
+                      torch.zeros(8, 128), bf16_rounding="nearest")
+

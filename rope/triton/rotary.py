@@ -32,11 +32,13 @@ EVICT_FIRST_TOKENS = (SMALL_BATCH_TOKENS, 16384)   # q/k evict_first between the
 
 
 @triton.jit
-def _round_for_store(x, OUT_BF16: tl.constexpr):
-    """fp32 -> storage value.  For bf16: explicit round-to-nearest-even on the bits
-    (1) take the fp32 bits, (2) add 0x7FFF plus the lowest kept bit (ties to even),
-    (3) keep the high 16 bits; NaNs keep their sign and become quiet NaNs."""
-    if OUT_BF16:
+def _round_for_store(x, ROUND_BF16: tl.constexpr):
+    """fp32 -> storage value.  ROUND_BF16: round-to-nearest-even to bf16 on the bits, by hand
+    (the interpreter's fp32 -> bf16 convert truncates): (1) take the fp32 bits, (2) add 0x7FFF
+    plus the lowest kept bit (ties to even), (3) keep the high 16 bits; NaNs keep their sign and
+    become quiet NaNs.  Else the store's convert rounds (compiled: round-to-nearest-even, the same
+    bits for every non-NaN value)."""
+    if ROUND_BF16:
         bits = x.to(tl.uint32, bitcast=True)
         rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
         rounded = tl.where(x != x, (bits >> 16) | 0x40, rounded)
@@ -72,7 +74,7 @@ def _load_tile(row_ptrs, token_ok, heads, num_heads, head_size, freq, half,
 
 @triton.jit
 def _rotate_store_tile(row_ptrs, token_ok, heads, num_heads, head_size, freq, half, x1, x2, cos, sin,
-                       IS_NEOX: tl.constexpr, OUT_BF16: tl.constexpr,
+                       IS_NEOX: tl.constexpr, ROUND_BF16: tl.constexpr,
                        BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr, EVICT: tl.constexpr):
     """Rotate the loaded pairs in fp32 (cos/sin: [BLOCK_T, 1 or BLOCK_H, BLOCK_F]) and store them in place,
     under the same masks as :func:`_load_tile`."""
@@ -88,13 +90,13 @@ def _rotate_store_tile(row_ptrs, token_ok, heads, num_heads, head_size, freq, ha
     if IS_NEOX:
         mask = row_ok & (freq < half)[None, None, :]
         a_ptr = head_base + freq[None, None, :]
-        tl.store(a_ptr, _round_for_store(o1, OUT_BF16).to(out_ty), mask=mask, eviction_policy=EVICT)
-        tl.store(a_ptr + half, _round_for_store(o2, OUT_BF16).to(out_ty), mask=mask, eviction_policy=EVICT)
+        tl.store(a_ptr, _round_for_store(o1, ROUND_BF16).to(out_ty), mask=mask, eviction_policy=EVICT)
+        tl.store(a_ptr + half, _round_for_store(o2, ROUND_BF16).to(out_ty), mask=mask, eviction_policy=EVICT)
     else:
         chan = tl.arange(0, 2 * BLOCK_F)
         mask = row_ok & (chan < 2 * half)[None, None, :]
         o = tl.reshape(tl.join(o1, o2), (BLOCK_T, BLOCK_H, 2 * BLOCK_F))
-        tl.store(head_base + chan[None, None, :], _round_for_store(o, OUT_BF16).to(out_ty), mask=mask,
+        tl.store(head_base + chan[None, None, :], _round_for_store(o, ROUND_BF16).to(out_ty), mask=mask,
                  eviction_policy=EVICT)
 
 
@@ -170,7 +172,7 @@ def _rotary_kernel(
     q_ptr, k_ptr, cache_ptr, pos_ptr,
     q_row_stride, k_row_stride, cache_row_stride, pos_row_stride, cache_rows,
     num_tokens, num_q_heads, num_kv_heads, head_size, half, sec0, sec1, sec2,
-    NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, IS_NEOX: tl.constexpr, HAS_KEY: tl.constexpr, OUT_BF16: tl.constexpr,
+    NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, IS_NEOX: tl.constexpr, HAS_KEY: tl.constexpr, ROUND_BF16: tl.constexpr,
     SPLIT_QK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr,
     POS_RUN: tl.constexpr, GATHER_3D: tl.constexpr, PDL: tl.constexpr, QK_EVICT: tl.constexpr,
     HEADS_FASTEST: tl.constexpr,
@@ -227,13 +229,13 @@ def _rotary_kernel(
                                num_tokens, freq, half, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN, GATHER_3D)
     # Rotate and store: NeoX pairs (i, i + half), GPT-J pairs (2i, 2i + 1).
     _rotate_store_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half, x1, x2, cos, sin,
-                       IS_NEOX, OUT_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
+                       IS_NEOX, ROUND_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
     if not SPLIT_QK and HAS_KEY:
         k_rows = k_ptr + token * k_row_stride
         y1, y2 = _load_tile(k_rows, token_ok, heads, num_kv_heads, head_size, freq, half,
                             IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
         _rotate_store_tile(k_rows, token_ok, heads, num_kv_heads, head_size, freq, half, y1, y2, cos, sin,
-                           IS_NEOX, OUT_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
+                           IS_NEOX, ROUND_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
 
 
 def _position_run(spec: RopeSpec, cache_row_stride: int) -> int:
@@ -261,7 +263,7 @@ def _sections_constexprs(spec: RopeSpec) -> tuple[int, int, int]:
 def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block_h: int | None = None,
                   num_warps: int | None = None, block_t: int | None = None, split_qk: bool | None = None,
                   gather_3d: bool | None = None, pdl: bool | None = None, evict_first: bool | None = None,
-                  heads_fastest: bool | None = None):
+                  heads_fastest: bool | None = None, bf16_rounding: str | None = None):
     """Launch the kernel without validation (the caller has checked); returns (query, key).
 
     query/key must have unit stride in the last dim; they are rotated in place.  Tile sizes come
@@ -273,8 +275,12 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
     and stores hint evict_first (each byte is touched once; the cos/sin rows, read by position,
     keep their L2 lines); by default in the EVICT_FIRST_TOKENS range.  ``heads_fastest``: a 1-D
     grid, head blocks of a token block in consecutive programs; by default from SMALL_BATCH_TOKENS
-    up.  From the H200 measurements in docs/perf-notes.md §7.
+    up.  From the H200 measurements in docs/perf-notes.md §7.  ``bf16_rounding``: ``"by_hand"``
+    (the default: bit arithmetic, exact under the interpreter too) or ``"convert"`` (the compiled
+    store's round-to-nearest-even: the same bits on a GPU, truncated under the interpreter).
     """
+    if bf16_rounding not in (None, "by_hand", "convert"):
+        raise ValueError(f"bf16_rounding={bf16_rounding!r}: must be 'by_hand' or 'convert'")
     num_tokens = positions.shape[-1]
     if num_tokens == 0:
         return query, key
@@ -321,7 +327,7 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
         query.stride(0), key.stride(0) if key is not None else 0, cos_sin_cache.stride(0), pos_row_stride,
         cos_sin_cache.shape[0], num_tokens, num_q, num_k, spec.head_size, spec.num_freqs, sec0, sec1, sec2,
         NUM_DIMS=spec.num_dims, INTERLEAVED=spec.layout == "interleaved", IS_NEOX=spec.is_neox_style, HAS_KEY=key is not None,
-        OUT_BF16=query.dtype == torch.bfloat16,
+        ROUND_BF16=query.dtype == torch.bfloat16 and bf16_rounding != "convert",
         SPLIT_QK=split_qk, BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_F=block_f,
         POS_RUN=pos_run, GATHER_3D=gather_3d, PDL=pdl, QK_EVICT="evict_first" if evict_first else "",
         HEADS_FASTEST=bool(heads_fastest), **extra,
