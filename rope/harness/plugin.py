@@ -662,7 +662,8 @@ def _arm_end_stacks() -> None:
     every thread's Python stack goes to ``end-stacks-<worker>-<pid>.txt`` in the run's record
     directory.  A process that gets as far as its exit handlers removes its empty file there and
     points the watchdog at stderr for the rest of its shutdown."""
-    run = os.environ.get("ROPE_REPORT_RUN")
+    from rope.harness.report import RUN_ENV
+    run = os.environ.get(RUN_ENV)
     raw = os.environ.get(END_STACKS_ENV, "").strip().lower()
     try:
         seconds = END_STACKS_AFTER_S if not raw else 0.0 if raw == "off" else float(raw)
