@@ -61,8 +61,7 @@ import torch
 import reference
 from properties.strategies import OUT_SENTINEL, RaggedBatch, RotationCase, build_rotation_inputs
 from rope.devices import is_interpreter, synchronize, torch_device
-from rope.harness import profiling
-from rope.harness.comparison import call_positions, call_rotation, record_positions_check, wrong_positions
+from rope.harness.comparison import call_positions, call_rotation, check_positions
 from rope.harness.diagnosis import Diagnosis, diagnose
 from rope.harness.tolerance import Comparison, compare_rotation
 from rope.registry import working_precision
@@ -543,10 +542,5 @@ def run_positions_guarded(fn, batch: RaggedBatch, device: str = "cpu"):
 
 def assert_positions_match_guarded(name: str, fn, batch: RaggedBatch, device: str = "cpu") -> None:
     out, violations = run_positions_guarded(fn, batch, device)
-    with profiling.phase("reference"):
-        expected = reference.prepare_positions(**batch.tensors("cpu"))
-    wrong = wrong_positions(out, expected)
-    problems = ([wrong] if wrong else []) + [f"guard violation: {v}" for v in violations]
-    # A check like the plain one (a campaign counts it): the reference comparison plus the guards.
-    record_positions_check(name, device, batch.num_dims, batch.num_tokens, "; ".join(problems) or None)
+    problems = check_positions(name, device, batch.tensors("cpu"), out, [f"guard violation: {v}" for v in violations])
     assert not problems, f"{name} on {device} fails under guards\nbatch: {batch}\n" + "\n".join(problems)

@@ -11,7 +11,7 @@ from properties.strategies import OUT_SENTINEL, RaggedBatch, affine_table, prefi
 from rope.devices import synchronize, torch_device
 from rope.registry import get_positions_implementation, positions_unsupported_reason
 from rope.harness import profiling, report
-from rope.harness.comparison import call_positions, record_positions_check, skip_unless_builtin, wrong_positions
+from rope.harness.comparison import call_positions, check_positions, skip_unless_builtin
 
 # vllm#10388 / #10403: a 40-token prompt in chunks of 32 then 8, then decode with the full-prompt delta.
 _PROMPT = [0, 1, 2, 3] + [4] * 12 + [5 + i for i in range(24)]          # 40 tokens, max position 28
@@ -32,14 +32,10 @@ def run_positions(fn, batch: RaggedBatch, device: str) -> torch.Tensor:
 
 def assert_positions_match(name: str, fn, batch: RaggedBatch, device: str) -> None:
     out = run_positions(fn, batch, device)
-    with profiling.phase("reference"):
-        expected = reference.prepare_positions(**batch.tensors("cpu"))
     n = batch.num_tokens
-    wrong = wrong_positions(out[:, :n], expected)
-    if not wrong and not torch.all(out[:, n:] == OUT_SENTINEL):
-        wrong = f"wrote columns past the step's {n} tokens"
-    record_positions_check(name, device, batch.num_dims, n, wrong)
-    assert not wrong, f"{name} on {device}: {wrong}"
+    past = [] if torch.all(out[:, n:] == OUT_SENTINEL) else [f"wrote columns past the step's {n} tokens"]
+    problems = check_positions(name, device, batch.tensors("cpu"), out[:, :n], past)
+    assert not problems, f"{name} on {device}: " + "; ".join(problems)
 
 
 def positions_impl_or_skip(name: str, device: str):
@@ -222,7 +218,6 @@ def test_position_checks_are_in_the_run_report(monkeypatch, tmp_path):
 def test_position_checks_are_profiled_by_phase():
     # A positions campaign's profile had every second "outside the phases": the step's call, the
     # reference and the comparison are timed as a rotation check's are.
-    from rope.harness import profiling
     before = profiling.snapshot()["counts"]
     assert_positions_match("native", get_positions_implementation("native"), LONG_3D, "cpu")
     after = profiling.snapshot()["counts"]

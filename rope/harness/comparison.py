@@ -305,8 +305,20 @@ def _current_test() -> str:
     return os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
 
 
-def record_positions_check(impl_name: str, device: str, num_dims: int, num_tokens: int, wrong: str | None) -> None:
-    """A position step's check in the run report (a campaign counts it): never lets reporting break it."""
+def check_positions(impl_name: str, device: str, args: dict, out: torch.Tensor, more_problems=()) -> list[str]:
+    """What is wrong with a position step: ``out`` [num_dims, num_tokens] (on the CPU) against the
+    reference on ``args`` (the step's CPU inputs), then ``more_problems`` the caller found (guard
+    violations, writes past the step).  The check goes into the run report (a campaign counts it)."""
+    with profiling.phase("reference"):
+        expected = reference.prepare_positions(**args)
+    wrong = wrong_positions(out, expected)
+    problems = ([wrong] if wrong else []) + list(more_problems)
+    _record_positions_check(impl_name, device, args["num_dims"], out.shape[-1], "; ".join(problems) or None)
+    return problems
+
+
+def _record_positions_check(impl_name: str, device: str, num_dims: int, num_tokens: int, wrong: str | None) -> None:
+    """A position step's check in the run report: never lets reporting break it."""
     try:
         with profiling.phase("record"):
             report.record_exact_check(test=_current_test(), impl=impl_name, device=device_label(device),
