@@ -33,14 +33,20 @@ def device():
 '''
 
 
-def _pytest(args: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:
+def _pytest_command(args: list[str], **env) -> tuple[list[str], dict]:
+    """A fresh pytest run's command line and environment: this run's own settings left out, the
+    plugin loaded as an installed environment loads it (in a bare checkout: named with -p)."""
     clean = {k: v for k, v in os.environ.items()
              if k not in ("TRITON_INTERPRET", "ROPE_REPORT_RUN", "ROPE_NO_REPORT", "ROPE_REPORTS_DIR",
                           "ROPE_CASES_DIR", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT",
                           "PYTEST_CURRENT_TEST", "PYTEST_ADDOPTS")}
-    # The plugin as an installed environment loads it (in a bare checkout: named with -p).
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *plugin_args(), *args], cwd=cwd,
-                          env=subprocess_env({**clean, **env}), capture_output=True, text=True, timeout=600)
+    return ([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *plugin_args(), *args],
+            subprocess_env({**clean, **env}))
+
+
+def _pytest(args: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:
+    command, environment = _pytest_command(args, **env)
+    return subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=600)
 
 
 def test_plugin_is_inert_in_another_projects_run(tmp_path):
@@ -225,15 +231,12 @@ def test_a_run_that_hangs_at_its_end_leaves_every_threads_stack(tmp_path):
     import time
     (tmp_path / "test_stuck.py").write_text(_STUCK_AT_EXIT)
     (tmp_path / "test_fine.py").write_text("def test_fine():\n    pass\n")
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "ROPE_", "TRITON_INTERPRET"))}
-    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *plugin_args(),
-            "--rope-device", "cpu"]
-    env = subprocess_env({**clean, "ROPE_END_STACKS_S": "2"})
-    fine = subprocess.run(args + ["test_fine.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    fine = _pytest(["-q", "-p", "no:xdist", "--rope-device", "cpu", "test_fine.py"], tmp_path, ROPE_END_STACKS_S="2")
     assert fine.returncode == 0, fine.stdout + fine.stderr
     assert not list((tmp_path / "reports" / ".records").glob("*/end-stacks-*")), "a run that exits leaves no file"
-    proc = subprocess.Popen(args + ["test_stuck.py"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    command, env = _pytest_command(["-q", "-p", "no:xdist", "--rope-device", "cpu", "test_stuck.py"],
+                                   ROPE_END_STACKS_S="2")
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 60
         stacks = ""
