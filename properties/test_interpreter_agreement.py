@@ -1,5 +1,5 @@
 """On a GPU box: the Triton kernel on the GPU and under the interpreter on the CPU produce the
-same bits (docs/spec.md §3: fp32 compute without FMA contraction, explicit round-to-nearest-even)."""
+same bits (docs/spec.md §3: fp32 compute without FMA contraction, round-to-nearest-even at the store)."""
 
 from __future__ import annotations
 
