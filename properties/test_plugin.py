@@ -224,14 +224,29 @@ def test_leaves_a_thread_the_exit_waits_for():
     threading.Thread(target=stuck_at_exit, daemon=False).start()
 '''
 
+_SLOW_END = '''
+import time
+import pytest
+
+@pytest.fixture(scope="session")
+def slow_to_finish():
+    yield
+    time.sleep(2.5)
+
+def test_fine(slow_to_finish):
+    pass
+'''
+
 
 def test_a_run_that_hangs_at_its_end_leaves_every_threads_stack(tmp_path):
     # A deep run on a GPU printed [100%] and never exited: each process arms faulthandler's watchdog
     # at its last teardown, and one still alive ROPE_END_STACKS_S later writes where it is.
     import time
     (tmp_path / "test_stuck.py").write_text(_STUCK_AT_EXIT)
-    (tmp_path / "test_fine.py").write_text("def test_fine():\n    pass\n")
-    fine = _pytest(["-q", "-p", "no:xdist", "--rope-device", "cpu", "test_fine.py"], tmp_path, ROPE_END_STACKS_S="2")
+    # A run whose end is slow (a finalizer outlasting the watchdog: its stacks are written) but
+    # that exits, as an xdist worker done early and waiting for the controller does, leaves no file.
+    (tmp_path / "test_fine.py").write_text(_SLOW_END)
+    fine = _pytest(["-q", "-p", "no:xdist", "--rope-device", "cpu", "test_fine.py"], tmp_path, ROPE_END_STACKS_S="1")
     assert fine.returncode == 0, fine.stdout + fine.stderr
     assert not list((tmp_path / "reports" / ".records").glob("*/end-stacks-*")), "a run that exits leaves no file"
     command, env = _pytest_command(["-q", "-p", "no:xdist", "--rope-device", "cpu", "test_stuck.py"],

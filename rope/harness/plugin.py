@@ -37,6 +37,7 @@ set), deep (many examples, for a GPU box), explicit (the @example cases only), c
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -660,7 +661,9 @@ def _arm_end_stacks() -> None:
     faulthandler's watchdog (a C thread: it fires even while Python is blocked in C code): if the
     process is still alive ``$ROPE_END_STACKS_S`` seconds later (default 120; 0 or off: never),
     every thread's Python stack goes to ``end-stacks-<worker>-<pid>.txt`` in the run's record
-    directory.  A process that gets as far as its exit handlers removes its empty file there and
+    directory.  A process that gets as far as its exit handlers did not hang (Python joins the
+    threads that would hold it before it runs them): it removes its file there, written or not (an
+    xdist worker done early waits idle for the controller, and its stacks say only that), and
     points the watchdog at stderr for the rest of its shutdown."""
     from rope.harness.report import RUN_ENV
     run = os.environ.get(RUN_ENV)
@@ -689,9 +692,8 @@ def _arm_end_stacks() -> None:
 
     def at_exit():
         faulthandler.cancel_dump_traceback_later()
-        empty = os.fstat(out.fileno()).st_size == 0
         out.close()
-        if empty:
+        with contextlib.suppress(OSError):
             os.remove(path)
         left = seconds - (time.monotonic() - armed_at)
         if left > 0 and sys.__stderr__ is not None:
