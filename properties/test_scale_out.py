@@ -272,14 +272,19 @@ def test_campaign_on_cpu_stops_on_time_and_merges_every_workers_records(tmp_path
     from rope.harness.campaign import GRACE_S, run_campaign
     monkeypatch.setenv("ROPE_REPORTS_DIR", str(tmp_path))
     monkeypatch.delenv("CI", raising=False)          # the campaign profile, not ci, in the rounds
-    budget_s = 15.0
-    began = time.monotonic()
-    c = run_campaign(budget_s / 60, devices=["cpu"], workers="2", tests=["test_rotation.py"], out=tmp_path / "c",
-                     seed=7, pytest_args=["-k", "test_rotation_matches_reference and native"], show_progress=False)
-    wall = time.monotonic() - began
-    assert wall < budget_s + GRACE_S + 15, f"campaign took {wall:.0f} s for a {budget_s:.0f} s budget"
-    assert c.runs and c.runs[-1].interrupted or all(r.exit_code == 0 for r in c.runs)
-    data = json.loads((tmp_path / "c" / "campaign.json").read_text())
+    # On a machine busy with other work (a GPU box's suite on every core) the two workers may not
+    # reach their first example in 15 s: a longer budget then, each run held to its own.
+    for budget_s in (15.0, 45.0):
+        began = time.monotonic()
+        c = run_campaign(budget_s / 60, devices=["cpu"], workers="2", tests=["test_rotation.py"], out=tmp_path / "c",
+                         seed=7, pytest_args=["-k", "test_rotation_matches_reference and native"],
+                         show_progress=False)
+        wall = time.monotonic() - began
+        assert wall < budget_s + GRACE_S + 15, f"campaign took {wall:.0f} s for a {budget_s:.0f} s budget"
+        assert c.runs and c.runs[-1].interrupted or all(r.exit_code == 0 for r in c.runs)
+        data = json.loads((tmp_path / "c" / "campaign.json").read_text())
+        if data["examples"]:
+            break
     summary = json.loads((tmp_path / "c" / "summary.json").read_text())
     assert data["examples"] == summary["examples"] > 0 and data["failures"] == 0
     assert set(data["per_device"]["cpu"]["workers"]) == {"gw0", "gw1"}      # both workers' records merged
