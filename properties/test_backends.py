@@ -87,7 +87,8 @@ def test_backend_rotation_matches_reference(backend, device, dtype, kind, is_neo
                      label="case")
     if KNOWN_MISMATCHES.get(backend, lambda spec: False)(case.spec):
         assume(case.positions_kind == "text")
-    assume(known_defect(backend, impl, case.spec, case.num_tokens, DTYPES[dtype], device) is None)
+    assume(known_defect(backend, impl, case.spec, case.num_tokens, DTYPES[dtype], device, num_heads=case.num_q_heads,
+                        num_kv_heads=case.num_kv_heads) is None)
     assume(unsupported_reason(backend, impl, case.spec, DTYPES[dtype], device) is None)
     assert_matches_reference(backend, impl, case, device)
 
@@ -111,13 +112,23 @@ def test_backend_case_files_load_and_are_filed_right():
     # Every pinned case file loads here (the replay below needs the backend installed), is filed under
     # the implementation it pins, and the FlashInfer ones lie inside the region its predicates call
     # wrong (so the bounded property's assume() keeps off exactly what is pinned).
-    assert {p.parent.name for p in CASE_FILES} >= {"flashinfer", "sglang-triton", "transformers"}
+    from rope.backends import known_faults
+    assert {p.parent.name for p in CASE_FILES} >= {"flashinfer", "sglang-triton", "transformers", "vllm-cuda"}
     for path in CASE_FILES:
         loaded = load_case(path)
         assert loaded.implementation == path.parent.name, path
         if loaded.implementation == "flashinfer":
             assert flashinfer_wrong(loaded.case.spec), path
             assert loaded.device == "cuda" and loaded.case.dtype in ("float16", "bfloat16"), path
+        if loaded.implementation == "vllm-cuda":     # inside the declaration, where it was measured
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(known_faults, "cuda_capability", lambda device: (9, 0))
+                mp.setattr(known_faults, "triton_ptxas_version", lambda: (12, 8, 93))
+                case = loaded.case
+                assert known_faults.vllm_triton_mrope_defect(
+                    case.spec, case.num_tokens, DTYPES[case.dtype], "cuda", num_heads=case.num_q_heads,
+                    num_kv_heads=case.num_kv_heads), path
+            assert loaded.record["versions"]["triton"] == "3.6.0", path
 
 
 @pytest.mark.parametrize("path", CASE_FILES, ids=[f"{p.parent.name}-{p.stem}" for p in CASE_FILES])
@@ -132,6 +143,13 @@ def test_backend_regression_still_mismatches(device, path, monkeypatch, tmp_path
     why = unsupported_reason(backend, impl, loaded.case.spec, DTYPES[loaded.case.dtype], device)
     if why:
         pytest.skip(why)
+    case = loaded.case
+    if getattr(impl, "known_defect", None) is not None and not known_defect(
+            backend, impl, case.spec, case.num_tokens, DTYPES[case.dtype], device, num_heads=case.num_q_heads,
+            num_kv_heads=case.num_kv_heads):
+        # A defect that depends on more than the backend's version (vLLM's triton_mrope: the ptxas
+        # Triton compiles with, the GPU) replays where its declaration says it holds.
+        pytest.skip(f"{path.name}: the pinned defect's conditions do not hold here (declared by the adapter)")
     if loaded.diagnosis.label == "out_of_bounds_read":
         # Right values, reads outside the inputs (e.g. SGLang's padding-lane cos/sin loads, docs/spec.md §7.2):
         # only the interpreter's memory tracer sees them (on a GPU: compute-sanitizer).
@@ -367,6 +385,9 @@ def test_sglang_triton_declares_its_padding_lane_fault_on_gpus(monkeypatch):
     assert sglang_triton_fault(RopeSpec(128, 64, False, (8, 12, 12)), torch.bfloat16, "cuda") is None   # chunked
 
 
+HEADS = {"num_heads": 4, "num_kv_heads": 2}
+
+
 def test_adapters_declare_the_pinned_defects(monkeypatch):
     # What test_backend_empty_batch_raises and the FlashInfer pins measure is what the adapters
     # declare (so --rope-known-defects avoid keeps off exactly that, and nothing else): the 0-token
@@ -375,16 +396,46 @@ def test_adapters_declare_the_pinned_defects(monkeypatch):
     one_d, rows = RopeSpec(64, 64, True, None), RopeSpec(64, 64, True, (16, 8, 8))
     for name, fn in fns.items():
         spec = one_d if unsupported_reason(name, fn, one_d, torch.bfloat16, "cuda") is None else rows
-        empty = known_defect(name, fn, spec, 0, torch.bfloat16, "cuda")
+        empty = known_defect(name, fn, spec, 0, torch.bfloat16, "cuda", **HEADS)
         assert (empty is not None) == (name in EMPTY_BATCH_RAISES), (name, empty)
         assert empty is None or (empty.startswith(f"known defect: {name} on ") and "raises on 0 tokens" in empty)
-        assert known_defect(name, fn, spec, 5, torch.bfloat16, "cuda") is None, name
-    assert known_defect("vllm-cuda", fns["vllm-cuda"], rows, 0, torch.bfloat16, "cuda") is None   # triton_mrope copes
+        assert known_defect(name, fn, spec, 5, torch.bfloat16, "cuda", **HEADS) is None, name
+    assert known_defect("vllm-cuda", fns["vllm-cuda"], rows, 0, torch.bfloat16, "cuda", **HEADS) is None   # triton_mrope copes
     for head, rd, neox in FLASHINFER_WRONG_SHAPES:
-        why = known_defect("flashinfer", fns["flashinfer"], RopeSpec(head, rd, neox, None), 7, torch.bfloat16, "cuda")
+        why = known_defect("flashinfer", fns["flashinfer"], RopeSpec(head, rd, neox, None), 7, torch.bfloat16, "cuda",
+                           **HEADS)
         assert why is not None and "wrong values" in why, (head, rd, neox)
     assert known_defect("flashinfer", fns["flashinfer"], RopeSpec(128, 128, True, None), 7, torch.bfloat16,
-                        "cuda") is None
+                        "cuda", **HEADS) is None
+
+
+def test_vllm_declares_the_ptxas_spill_on_the_measured_launches_only(monkeypatch):
+    # vLLM's triton_mrope under ptxas 12.8 (Triton 3.6.0's): wrong keys measured on the H200 for GPT-J
+    # head 128, sections 3/1/60, one token, 28 or 32 query heads with 28 key heads, bf16; right for
+    # every neighbour measured, and with ptxas 12.9 or 13.0.  The declaration is that, and only that.
+    from rope.backends import known_faults
+    vllm_cuda = _stubbed_adapters(monkeypatch)["vllm-cuda"]
+    spec = RopeSpec(128, 128, False, (3, 1, 60))
+    monkeypatch.setattr(known_faults, "cuda_capability", lambda device: (9, 0))
+    monkeypatch.setattr(known_faults, "triton_ptxas_version", lambda: (12, 8, 93))
+
+    def declared(spec=spec, tokens=1, dtype=torch.bfloat16, device="cuda:0", heads=(28, 28)):
+        return known_defect("vllm-cuda", vllm_cuda, spec, tokens, dtype, device, num_heads=heads[0],
+                            num_kv_heads=heads[1])
+
+    for heads in ((28, 28), (32, 28)):
+        why = declared(heads=heads)
+        assert why is not None and "ptxas 12.8.93" in why and "key heads 16-23" in why, why
+    assert declared(tokens=2) is None and declared(heads=(8, 8)) is None and declared(heads=(28, 4)) is None
+    assert declared(spec=RopeSpec(128, 128, False, (16, 24, 24))) is None
+    assert declared(spec=RopeSpec(128, 128, True, (3, 1, 60))) is None
+    assert declared(dtype=torch.float16) is None and declared(device="cpu") is None
+    monkeypatch.setattr(known_faults, "cuda_capability", lambda device: (10, 0))
+    assert declared() is None                                      # measured on sm_90 only
+    monkeypatch.setattr(known_faults, "cuda_capability", lambda device: (9, 0))
+    for fixed in ((12, 9, 86), (13, 0, 88), None):
+        monkeypatch.setattr(known_faults, "triton_ptxas_version", lambda fixed=fixed: fixed)
+        assert declared() is None, fixed
 
 
 @pytest.mark.parametrize("mode", ["check", "avoid"])
@@ -406,7 +457,7 @@ def test_known_defects_are_checked_unless_avoided(mode, monkeypatch, tmp_path):
         q, k = rotate_native(spec, positions, query, key, cache)
         return (q + 1 if query.shape[0] == 3 else q), k
     broken = declare(broken, working_precision="activation", reason=lambda spec, dtype, device: None,
-                     defect=lambda spec, n, dtype, device: "wrong on 3 tokens" if n == 3 else None)
+                     defect=lambda spec, n, dtype, device, **heads: "wrong on 3 tokens" if n == 3 else None)
 
     @settings(max_examples=30, database=None, derandomize=True, deadline=None)
     @given(tokens=st.sampled_from([3, 5]))

@@ -176,12 +176,15 @@ def unsupported_reason(name: str, fn: Callable, spec, dtype, device: str) -> str
     return None if why is None else f"known fault: {name} on {what}: {why}"
 
 
-def known_defect(name: str, fn: Callable, spec, num_tokens: int, dtype, device: str) -> str | None:
-    """Why ``fn`` is known to answer a call of ``num_tokens`` tokens on the combination wrongly (or to
-    raise on it), as its adapter declares (``declare(..., defect=...)``: a measured upstream defect), or
-    None.  An implementation that declares no ``known_defect`` has every call checked."""
+def known_defect(name: str, fn: Callable, spec, num_tokens: int, dtype, device: str, *, num_heads: int,
+                 num_kv_heads: int) -> str | None:
+    """Why ``fn`` is known to answer a call of ``num_tokens`` tokens of ``num_heads`` query and
+    ``num_kv_heads`` key heads on the combination wrongly (or to raise on it), as its adapter declares
+    (``declare(..., defect=...)``: a measured upstream defect), or None.  An implementation that
+    declares no ``known_defect`` has every call checked."""
     defect = getattr(fn, "known_defect", None)
-    why = defect(spec, num_tokens, dtype, device) if defect is not None else None
+    why = (defect(spec, num_tokens, dtype, device, num_heads=num_heads, num_kv_heads=num_kv_heads)
+           if defect is not None else None)
     if why is None:
         return None
     return f"known defect: {name} on {spec.variant()} {str(dtype).replace('torch.', '')} on {device}: {why}"

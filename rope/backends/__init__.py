@@ -54,9 +54,10 @@ def declare(fn: Callable, *, working_precision: str, reason: Callable, fault: Ca
     supported (None when it is).  ``fault(spec, dtype, device)``: why the external code is known to
     crash on a combination it claims (rope/backends/known_faults.py).  ``supports`` is true when
     neither answers (the benchmark, say, must not run a faulting shape either).
-    ``defect(spec, num_tokens, dtype, device)``: why the external code is known to return wrong values
-    or raise on a call it claims (a measured upstream defect, pinned by a regression case): the suite
-    still checks those calls, and a run that asks to avoid known defects draws around them."""
+    ``defect(spec, num_tokens, dtype, device, *, num_heads, num_kv_heads)``: why the external code is
+    known to return wrong values or raise on a call it claims (a measured upstream defect, pinned by a
+    regression case): the suite still checks those calls, and a run that asks to avoid known defects
+    draws around them."""
     fn.working_precision = working_precision
     fn.unsupported_reason = reason
     if fault is not None:

@@ -114,18 +114,22 @@ def sglang_triton_fault(spec: RopeSpec, dtype: torch.dtype, device: str) -> str 
 # checks them like any call (so a fix upstream shows); ``--rope-known-defects avoid`` draws around
 # them, for a long run that is to find what is not known yet.
 
+# A defect predicate: defect(spec, num_tokens, dtype, device, *, num_heads, num_kv_heads) -> why or None.
+
 def empty_batch_raises(what: str, *, one_row_only: bool = False):
     """The defect of code that does ``query.view(num_tokens, -1, head_size)`` before its kernel: with
     0 tokens the -1 is ambiguous and it raises ("cannot reshape tensor of 0 elements").
     ``one_row_only``: only its path for [T] positions does so."""
-    def defect(spec: RopeSpec, num_tokens: int, dtype: torch.dtype, device: str) -> str | None:
+    def defect(spec: RopeSpec, num_tokens: int, dtype: torch.dtype, device: str, *, num_heads: int,
+               num_kv_heads: int) -> str | None:
         if num_tokens or (one_row_only and spec.sections is not None):
             return None
         return f"{what} raises on 0 tokens (view(num_tokens, -1, head_size) cannot infer -1)"
     return defect
 
 
-def flashinfer_defect(spec: RopeSpec, num_tokens: int, dtype: torch.dtype, device: str) -> str | None:
+def flashinfer_defect(spec: RopeSpec, num_tokens: int, dtype: torch.dtype, device: str, *, num_heads: int,
+                      num_kv_heads: int) -> str | None:
     """FlashInfer 0.7.4 ``apply_rope_with_cos_sin_cache``: wrong values on the shapes of
     :func:`flashinfer_wrong`, and a raise on 0 tokens."""
     why = flashinfer_wrong(spec)
@@ -134,4 +138,68 @@ def flashinfer_defect(spec: RopeSpec, num_tokens: int, dtype: torch.dtype, devic
                 else "runs past rotary_dim, racing another write")
         return (f"wrong values: a thread's vector {what} (head {spec.head_size}, rotary_dim {spec.rotary_dim}; "
                 f"docs/upstream-flashinfer-rope-shapes.md)")
-    return empty_batch_raises("apply_rope_with_cos_sin_cache")(spec, num_tokens, dtype, device)
+    return empty_batch_raises("apply_rope_with_cos_sin_cache")(spec, num_tokens, dtype, device, num_heads=num_heads,
+                                                               num_kv_heads=num_kv_heads)
+
+
+def first_defect(*defects):
+    """One predicate answering with the first of ``defects`` that applies."""
+    def defect(spec: RopeSpec, num_tokens: int, dtype: torch.dtype, device: str, *, num_heads: int,
+               num_kv_heads: int) -> str | None:
+        for each in defects:
+            why = each(spec, num_tokens, dtype, device, num_heads=num_heads, num_kv_heads=num_kv_heads)
+            if why is not None:
+                return why
+        return None
+    return defect
+
+
+# vLLM 0.33.0's triton_mrope (_triton_mrope_forward) under Triton 3.6.0, whose bundled ptxas is
+# 12.8.93: GPT-J pairs, head 128, whole rotary, sections 3/1/60, one token (Triton specializes
+# num_tokens == 1 to a constant), 28 or 32 query heads with 28 key heads.  ptxas spills one bf16 key
+# result per thread and schedules its reload (LDL.LU.S16 at 0x0cb0 of the sm_90a SASS) before the
+# spill (STL at 0x0cc0): the even channel of every fourth pair of key heads 16-23 is stored from a
+# stack slot nothing wrote (128 elements, garbage that changes from launch to launch).  The PTX is
+# right; ptxas 12.9.86 (Triton 3.9's) and 13.0 spill before they reload.  Measured on the H200:
+# 200 of 200 launches wrong with the bundled ptxas, 0 of 200 with TRITON_PTXAS_PATH at CUDA 13.0's,
+# the same launch with 8/8, 28/4 heads, 2 tokens or sections 16/24/24 right
+# (docs/upstream-triton-ptxas-spill-vllm-mrope.md; pinned in properties/regressions/backends/vllm-cuda/).
+PTXAS_SPILL_HEADS = ((28, 28), (32, 28))
+PTXAS_SPILL_FIXED = (12, 9)
+
+
+def triton_ptxas_version() -> tuple[int, int, int] | None:
+    """The version of the ptxas Triton compiles sm_90 kernels with here (TRITON_PTXAS_PATH or the one
+    it bundles), or None where that cannot be told (no NVIDIA backend, no ptxas)."""
+    import re
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas_version
+        found = re.search(r"V(\d+)\.(\d+)\.(\d+)", get_ptxas_version(90))
+    except Exception:   # noqa: BLE001 - any way of not finding it is "unknown"
+        return None
+    return tuple(int(g) for g in found.groups()) if found else None
+
+
+def cuda_capability(device: str) -> tuple[int, int] | None:
+    """The compute capability of a CUDA ``device`` (None on a build without CUDA or a ROCm one)."""
+    if torch.version.cuda is None or not torch.cuda.is_available():
+        return None
+    return tuple(torch.cuda.get_device_capability(torch.device(device)))
+
+
+def vllm_triton_mrope_defect(spec: RopeSpec, num_tokens: int, dtype: torch.dtype, device: str, *, num_heads: int,
+                             num_kv_heads: int) -> str | None:
+    """vLLM 0.33.0 ``forward_cuda`` for [3, T] positions (``triton_mrope``): wrong key values on the
+    launches ptxas < 12.9 miscompiles (above), measured on sm_90 in bf16."""
+    if (not str(device).startswith("cuda") or dtype != torch.bfloat16 or num_tokens != 1
+            or (num_heads, num_kv_heads) not in PTXAS_SPILL_HEADS or spec.is_neox_style
+            or (spec.head_size, spec.rotary_dim, spec.sections, spec.layout) != (128, 128, (3, 1, 60), "chunked")):
+        return None
+    if cuda_capability(device) != (9, 0):
+        return None
+    ptxas = triton_ptxas_version()
+    if ptxas is None or ptxas[:2] >= PTXAS_SPILL_FIXED:
+        return None
+    return (f"wrong key values: ptxas {'.'.join(map(str, ptxas))} (Triton's) reloads a spilled bf16 key result "
+            f"before spilling it, key heads 16-23 ({num_heads} query / {num_kv_heads} key heads, one token; "
+            f"docs/upstream-triton-ptxas-spill-vllm-mrope.md)")

@@ -22,7 +22,7 @@ import os
 import torch
 
 from rope.backends import declare, require, triton_reason
-from rope.backends.known_faults import empty_batch_raises
+from rope.backends.known_faults import empty_batch_raises, first_defect, vllm_triton_mrope_defect
 from rope.spec import RopeSpec, check_rotation_inputs
 
 # Without a GPU vLLM swaps Triton for a placeholder (no active driver), so the Triton M-RoPE kernel
@@ -133,8 +133,10 @@ def _xd_reason(spec: RopeSpec, dtype, device: str) -> str | None:
 rotate_vllm_native = declare(rotate_vllm_native, working_precision="activation", reason=_native_reason,
                              defect=empty_batch_raises("vLLM 0.33.0 MRotaryEmbedding.forward_native"))
 rotate_vllm_cuda = declare(rotate_vllm_cuda, working_precision="activation", reason=_cuda_reason,
-                           defect=empty_batch_raises("vLLM 0.33.0 MRotaryEmbedding.forward_cuda ([T] positions)",
-                                                     one_row_only=True))
+                           defect=first_defect(
+                               empty_batch_raises("vLLM 0.33.0 MRotaryEmbedding.forward_cuda ([T] positions)",
+                                                  one_row_only=True),
+                               vllm_triton_mrope_defect))
 # forward_cuda runs triton_mrope for [3, T] positions and another kernel for [T] (vLLM's compiled
 # rotary op, or ApplyRotaryEmb): text tokens through the two need not agree bit for bit (on the H200 their
 # float32 outputs differed below the printed digits), so the property holds each to the reference instead.

@@ -58,7 +58,8 @@ def skip_if_known_defect(impl_name: str, fn, case: RotationCase, device: str) ->
     implementation's adapter declares it answers wrongly; the rejections are listed in the report."""
     if known_defects_mode() != "avoid":
         return
-    reason = known_defect(impl_name, fn, case.spec, case.num_tokens, DTYPES[case.dtype], device)
+    reason = known_defect(impl_name, fn, case.spec, case.num_tokens, DTYPES[case.dtype], device,
+                          num_heads=case.num_q_heads, num_kv_heads=case.num_kv_heads)
     if reason:
         _skip_or_reject(reason)
 
