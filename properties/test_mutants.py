@@ -160,13 +160,16 @@ def test_rotation_property_catches_kernel_mutant(name, record_property):
 
 @pytest.mark.parametrize("name", sorted(PREFILL_ONLY))
 def test_prefill_boundaries_catch_kernel_mutant(name, record_property, monkeypatch, tmp_path):
-    # A bug only a prefill-size batch shows: test_prefill.py's boundary cases, in order, until one fails.
+    # A bug only a prefill-size batch shows: test_prefill.py's boundary cases, in order, from the last
+    # one below the wrong path's start (the ones below it run the right path: under the interpreter
+    # they were 60% of this test's time), until one fails.
     from properties.strategies import POWER_OF_TWO_BOUNDARIES
     from properties.test_prefill import boundary_case
     monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))       # deliberate failures: keep reports/cases clean
     mutant = ROTARY_MUTANTS[name]
     start, found = time.perf_counter(), []
-    for index, tokens in enumerate(POWER_OF_TWO_BOUNDARIES):
+    first = max(i for i, tokens in enumerate(POWER_OF_TWO_BOUNDARIES) if tokens < PREFILL_ONLY[name])
+    for index, tokens in list(enumerate(POWER_OF_TWO_BOUNDARIES))[first:]:
         try:
             assert_matches_reference(name, mutant, boundary_case(index, tokens, "cpu"), "cpu")
         except AssertionError as exc:
@@ -174,7 +177,7 @@ def test_prefill_boundaries_catch_kernel_mutant(name, record_property, monkeypat
             break
     record_property("time_to_failure_s", round(time.perf_counter() - start, 2))
     assert found, f"{name}: no prefill boundary case fails"
-    assert found[0] in (4095, 4096, 4097) and "diagnosis: pairing_swapped" in found[1], found
+    assert found[0] in (4096, 4097) and "diagnosis: pairing_swapped" in found[1], found
 
 
 @pytest.mark.parametrize("name,known", KNOWN_PAIRS, ids=[f"{m}-{k}" for m, k in KNOWN_PAIRS])

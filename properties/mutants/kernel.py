@@ -233,9 +233,9 @@ def offsets_32bit():
     """
 
 
-# Mutants whose bug only a prefill-size batch shows: test_mutants.py searches them with the prefill
-# boundaries instead of its small-case search.
-PREFILL_ONLY = frozenset({"neox_pairs_from_4096_tokens"})
+# Mutants whose bug only a prefill-size batch shows, with the token count their wrong path starts
+# at: test_mutants.py searches them with the prefill boundaries instead of its small-case search.
+PREFILL_ONLY = {"neox_pairs_from_4096_tokens": 4096}
 # Mutants only a GPU shows, in the deep profile (q past 2^31 elements): outside ROTARY_MUTANTS, so the
 # CPU mutation run does not count them; tools/gpu_deep_mutants.sh runs them on a GPU.
 GPU_DEEP_MUTANTS = {m.name: m for m in (offsets_32bit,)}
