@@ -37,6 +37,23 @@ def _scale_row_prefix_inplace(x_ptr, rows, ROW: tl.constexpr, PREFIX: tl.constex
     tl.store(x_ptr + offs, (x * 1.0000001).to(x_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _scale_qk_row_prefix_inplace(q_ptr, k_ptr, q_rows, k_rows, ROW: tl.constexpr, PREFIX: tl.constexpr,
+                                 BLOCK_ROWS: tl.constexpr):
+    # The same pattern over q and k in one launch, as a rotation kernel launches: programs
+    # [0, cdiv(q_rows, BLOCK_ROWS)) take q's head rows, the rest k's.
+    q_blocks = tl.cdiv(q_rows, BLOCK_ROWS)
+    is_k = tl.program_id(0) >= q_blocks
+    x_ptr = tl.where(is_k, k_ptr, q_ptr)
+    rows = tl.where(is_k, k_rows, q_rows)
+    block = tl.program_id(0) - tl.where(is_k, q_blocks, 0)
+    r = block.to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    offs = r[:, None] * ROW + tl.arange(0, PREFIX)[None, :]
+    mask = (r < rows)[:, None]
+    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+    tl.store(x_ptr + offs, (x * 1.0000001).to(x_ptr.dtype.element_ty), mask=mask)
+
+
 def partial_rows(copy, timer):
     """GLM-4.1V-9B's bytes: the first 64 channels of each 128-channel head of q (32 heads) and
     k (2 heads), in place: what a partial-rotary kernel can reach (its floor counts only these)."""

@@ -7,8 +7,8 @@ checks then times:
 * ours: the unchecked launch and the public entry (``get_implementation("triton")``), and the
   unchecked launch with bf16 rounded by bit arithmetic (``bf16_rounding="by_hand"``, what the
   interpreter needs) instead of the compiled default, the store's own convert;
-* the in-place stream of the same access pattern: every rotated channel of q and k read and
-  written once, nothing else (the whole q and k for whole-head rotary, the first ``rotary_dim``
+* the in-place stream of the same access pattern, in one launch: every rotated channel of q and
+  k read and written once, nothing else (the whole q and k for whole-head rotary, the first ``rotary_dim``
   channels of every head for partial rotary): what an in-place kernel of that pattern can reach;
 * Liger's M-RoPE kernel with cos/sin gathered outside the timed call, on the layouts it runs.
 
@@ -41,7 +41,7 @@ from rope.harness.bench_contenders import Contender, contenders      # noqa: E40
 from rope.models import load_models                        # noqa: E402
 from rope.triton.rotary import launch_rotary               # noqa: E402
 
-from inplace_ceiling import _scale_row_prefix_inplace      # noqa: E402  (this folder: the stream kernel)
+from inplace_ceiling import _scale_qk_row_prefix_inplace   # noqa: E402  (this folder: the stream kernel)
 
 LAYOUTS = (("qwen2.5-vl-72b", "chunked"), ("qwen3-vl-30b-a3b", "interleaved"), ("qwen3-vl-8b", "interleaved"),
            ("hunyuan-ocr", "XD-RoPE 4 rows"), ("glm-4.1v-9b", "GPT-J partial"))
@@ -49,16 +49,17 @@ TOKENS = (1, 256, 4096, 16384, 65536)
 
 
 def stream_calls(q, k, head_size: int, rotary_dim: int):
-    """One call streaming the rotated channels of q and k in place (two launches), per input set."""
+    """One call streaming the rotated channels of q and k in place, in one launch (as the rotation
+    launches: at 1 and 256 tokens a second launch would be most of the time), per input set."""
     prefix = triton.next_power_of_2(rotary_dim)
     assert prefix == rotary_dim, "the stream reads power-of-two row prefixes"
     block_rows = max(1, 4096 // prefix)
+    q_rows, k_rows = q.numel() // head_size, k.numel() // head_size
+    grid = (triton.cdiv(q_rows, block_rows) + triton.cdiv(k_rows, block_rows),)
 
     def call():
-        for x in (q, k):
-            rows = x.numel() // head_size
-            _scale_row_prefix_inplace[(triton.cdiv(rows, block_rows),)](x, rows, ROW=head_size, PREFIX=prefix,
-                                                                   BLOCK_ROWS=block_rows, num_warps=8)
+        _scale_qk_row_prefix_inplace[grid](q, k, q_rows, k_rows, ROW=head_size, PREFIX=prefix, BLOCK_ROWS=block_rows,
+                                           num_warps=8)
     return call
 
 
