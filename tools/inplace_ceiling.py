@@ -16,10 +16,6 @@ import triton.language as tl
 import triton.testing as tt
 
 from rope.harness import bench
-from rope.triton.pdl import HAS_PDL
-
-if HAS_PDL:
-    from rope.triton.pdl import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -56,24 +52,6 @@ def _scale_qk_row_prefix_inplace(q_ptr, k_ptr, q_rows, k_rows, ROW: tl.constexpr
     mask = (r < rows)[:, None]
     x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
     tl.store(x_ptr + offs, (x * 1.0000001).to(x_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _one_token_chain(pos_ptr, cache_ptr, cache_row_stride, x_ptr, HALF: tl.constexpr, PDL: tl.constexpr):
-    # The least a rotation of one token must do, in one program: (wait for the kernel before it,)
-    # read the position, then the cos/sin row it selects (the second dependent round trip), and
-    # rotate one head's rotated channels in place (NeoX pairs).
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-    lanes = tl.arange(0, HALF)
-    row = cache_ptr + tl.load(pos_ptr).to(tl.int64) * cache_row_stride
-    cos = tl.load(row + lanes).to(tl.float32)
-    sin = tl.load(row + HALF + lanes).to(tl.float32)
-    x1 = tl.load(x_ptr + lanes).to(tl.float32)
-    x2 = tl.load(x_ptr + HALF + lanes).to(tl.float32)
-    tl.store(x_ptr + lanes, (x1 * cos - x2 * sin).to(x_ptr.dtype.element_ty))
-    tl.store(x_ptr + HALF + lanes, (x2 * cos + x1 * sin).to(x_ptr.dtype.element_ty))
 
 
 def partial_rows(copy, timer):

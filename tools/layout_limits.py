@@ -11,9 +11,9 @@ checks then times:
   k read and written once, nothing else (the whole q and k for whole-head rotary, the first ``rotary_dim``
   channels of every head for partial rotary): what an in-place kernel of that pattern can reach;
 * Liger's M-RoPE kernel with cos/sin gathered outside the timed call, on the layouts it runs;
-* at one token, the dependent chain alone (one program: the position, then the cos/sin row it
-  selects, one head rotated in place; launched with programmatic dependent launch where the
-  rotation is) and the empty launch: the floor under a one-token rotation.
+* the floor under a one-token rotation: the empty launch and the dependent chain alone
+  (tools/latency_floor.py: a position, then the cache row it selects, stored), each also launched
+  with programmatic dependent launch, as the rotation is at one token.
 
 Each is timed with the project's timer (rope.harness.bench: a CUDA graph up to 256 tokens, input
 rotation above) and with triton's ``do_bench`` (median; its CUDA-graph variant up to 256 tokens;
@@ -42,10 +42,10 @@ from rope.devices import synchronize, torch_device         # noqa: E402
 from rope.harness import bench                             # noqa: E402
 from rope.harness.bench_contenders import Contender, contenders      # noqa: E402
 from rope.models import load_models                        # noqa: E402
-from rope.triton.pdl import pdl_available                  # noqa: E402
 from rope.triton.rotary import launch_rotary               # noqa: E402
 
-from inplace_ceiling import _one_token_chain, _scale_qk_row_prefix_inplace   # noqa: E402  (this folder)
+from inplace_ceiling import _scale_qk_row_prefix_inplace   # noqa: E402  (this folder: the stream kernel)
+from latency_floor import chain_ms                          # noqa: E402  (this folder)
 
 LAYOUTS = (("qwen2.5-vl-72b", "chunked"), ("qwen3-vl-30b-a3b", "interleaved"), ("qwen3-vl-8b", "interleaved"),
            ("hunyuan-ocr", "XD-RoPE 4 rows"), ("glm-4.1v-9b", "GPT-J partial"))
@@ -64,16 +64,6 @@ def stream_calls(q, k, head_size: int, rotary_dim: int):
     def call():
         _scale_qk_row_prefix_inplace[grid](q, k, q_rows, k_rows, ROW=head_size, PREFIX=prefix, BLOCK_ROWS=block_rows,
                                            num_warps=8)
-    return call
-
-
-def chain_calls(positions, q, cache, rotary_dim: int):
-    """One call of the one-token dependent chain (one program), per input set."""
-    pdl = pdl_available(q.device)          # as launch_rotary launches one token (up to PDL_MAX_TOKENS)
-    extra = {"launch_pdl": True} if pdl else {}
-
-    def call():
-        _one_token_chain[(1,)](positions, cache, cache.stride(0), q, HALF=rotary_dim // 2, PDL=pdl, **extra)
     return call
 
 
@@ -105,7 +95,10 @@ def main(argv=None) -> int:
     timer = bench._timer(device)
     copy = bench.copy_bandwidth(device)
     empty, empty_pdl = bench.empty_launch_ms(device), bench.empty_launch_ms(device, pdl=True)
-    print(f"copy {copy:.0f} GB/s, empty launch {empty * 1e3:.2f} us ({empty_pdl * 1e3:.2f} us with PDL)", flush=True)
+    chain = chain_ms(device)
+    chain_pdl = chain_ms(device, pdl=True) if empty_pdl == empty_pdl else float("nan")    # NaN: no PDL here
+    print(f"copy {copy:.0f} GB/s, empty launch {empty * 1e3:.2f} us ({empty_pdl * 1e3:.2f} with PDL), "
+          f"position -> cache row -> store {chain * 1e3:.2f} us ({chain_pdl * 1e3:.2f} with PDL)", flush=True)
     found, absent = contenders(("triton", "triton-public", "liger-pregathered"))
     by_name = {c.name: c for c in found}
     if "triton" in by_name:      # the unchecked launch (inputs here are contiguous), the interpreter's rounding
@@ -141,12 +134,6 @@ def main(argv=None) -> int:
             flushed = do_bench_ms(calls[0], t, device)
             row["stream"] = {"us": ms * 1e3, "frac": streamed / (ms * 1e-3) / 1e9 / copy, "timing": how,
                              "do_bench_us": flushed * 1e3, "do_bench_frac": streamed / (flushed * 1e-3) / 1e9 / copy}
-            if t == 1:
-                chain = [chain_calls(positions[0] if positions.dim() == 2 else positions, q.clone(), cache,
-                                     spec.rotary_dim) for _ in range(sets)]
-                ms, how = timer(chain, t)
-                row["chain_floor"] = {"us": ms * 1e3, "timing": how, "do_bench_us": do_bench_ms(chain[0], t, device) * 1e3}
-                del chain
             del calls, q, k
             synchronize(device)
             rows.append(row)
@@ -154,6 +141,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     data = {"copy_gbps": copy, "empty_launch_us": empty * 1e3, "empty_launch_pdl_us": empty_pdl * 1e3,
+            "chain_us": chain * 1e3, "chain_pdl_us": chain_pdl * 1e3,
             "device": torch.cuda.get_device_name() if device == "cuda" else device,
             "torch": torch.__version__, "triton": triton.__version__, "rows": rows}
     (out / "layout_limits.json").write_text(json.dumps(data, indent=1))
@@ -176,7 +164,9 @@ def _cell(r: dict | None, frac: bool = True) -> str:
 
 def markdown(data: dict) -> str:
     lines = [f"# Layouts at their limit ({data['device']}, torch {data['torch']}, Triton {data['triton']})", "",
-             f"Copy {data['copy_gbps']:.0f} GB/s, empty launch {data['empty_launch_us']:.2f} us. Each cell: the "
+             f"Copy {data['copy_gbps']:.0f} GB/s, empty launch {data['empty_launch_us']:.2f} us "
+             f"({data['empty_launch_pdl_us']:.2f} us with PDL), the one-token floor (a position, then the cache row "
+             f"it selects, stored) {data['chain_us']:.2f} us ({data['chain_pdl_us']:.2f} us with PDL). Each cell: the "
              "project's timer, then triton's do_bench; a fraction is of the copy bandwidth.", "",
              "| model (layout) | tokens | ours, unchecked | ours, unchecked, bf16 rounded by hand | ours, public entry "
              "| in-place stream of the pattern | Liger, cos/sin pre-gathered | ours / Liger (timer) |",
@@ -187,14 +177,6 @@ def markdown(data: dict) -> str:
         lines.append(f"| {r['model']} ({r['layout']}) | {r['tokens']} | {_cell(ours)} | {_cell(r.get('triton-by-hand'))} "
                      f"| {_cell(r.get('triton-public'))} "
                      f"| {_cell(r.get('stream'))} | {_cell(liger)} | {ratio} |")
-    floors = [r for r in data["rows"] if "chain_floor" in r]
-    if floors:
-        lines += ["", f"One token: the dependent chain alone (position, then its cos/sin row, one head in place; one "
-                  f"program) and the empty launch ({data['empty_launch_us']:.2f} us, "
-                  f"{data.get('empty_launch_pdl_us', float('nan')):.2f} us with PDL), project's timer / do_bench:", "",
-                  "| model (layout) | ours, unchecked | the chain alone |", "|---|---|---|"]
-        lines += [f"| {r['model']} ({r['layout']}) | {_cell(r.get('triton'), frac=False)} "
-                  f"| {_cell(r['chain_floor'], frac=False)} |" for r in floors]
     return "\n".join(lines) + "\n"
 
 
