@@ -279,7 +279,7 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
     grid, head blocks of a token block in consecutive programs; by default from SMALL_BATCH_TOKENS
     up.  From the H200 measurements in docs/perf-notes.md §7.  ``bf16_rounding``: ``"convert"``
     (the compiled default: the store's own round-to-nearest-even, 30% fewer instructions than the
-    bit arithmetic and 5-13% faster at 4096+ tokens on the H200, docs/perf-notes.md §13) or
+    bit arithmetic and 5-13% faster at 4096+ tokens on the H200, docs/perf-notes.md §13-§14) or
     ``"by_hand"`` (bit arithmetic, the same bits; the default under the interpreter, whose convert
     truncates).
     """
