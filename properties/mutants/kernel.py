@@ -125,7 +125,7 @@ def cos_sin_unmasked():
      "    sin = tl.load(cache_ptr + half + offs, mask=lane_ok, other=0.0).to(tl.float32)\n",
      "    cos = tl.load(cache_ptr + offs).to(tl.float32)\n"
      "    sin = tl.load(cache_ptr + half + offs).to(tl.float32)\n"),
-    ("block_f = next_power_of_2(spec.num_freqs)", "block_f = next_power_of_2(spec.head_size) // 2"))
+    ("block_f = triton.next_power_of_2(spec.num_freqs)", "block_f = triton.next_power_of_2(spec.head_size) // 2"))
 def cos_sin_unmasked_head_padded():
     """(b') The upstream shape of docs/spec.md §7.2: lanes padded to next_pow2(head_size)/2 AND cos/sin
     loads unmasked, as in vLLM's kernel before 055e47c (pad_hd) and sglang before #30123.

@@ -20,7 +20,6 @@ import triton.language as tl
 from rope.devices import device_name, is_interpreter, triton_runs_on
 from rope.spec import RopeSpec, check_rotation_inputs
 
-from rope.triton.grid import cdiv, next_power_of_2
 from rope.triton.pdl import HAS_PDL, pdl_available
 
 if HAS_PDL:     # programmatic dependent launch: rope/triton/pdl.py
@@ -292,8 +291,8 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
         return query, key
     num_q = query.shape[1] // spec.head_size
     num_k = key.shape[1] // spec.head_size if key is not None else 0
-    block_f = next_power_of_2(spec.num_freqs)
-    max_heads = next_power_of_2(max(num_q, num_k))
+    block_f = triton.next_power_of_2(spec.num_freqs)
+    max_heads = triton.next_power_of_2(max(num_q, num_k))
     small = num_tokens < SMALL_BATCH_TOKENS
     # Defaults from the H200 sweeps (docs/perf-notes.md §4, §6).  q and k always in separate
     # programs (one tensor per program).  Few tokens: one token and 4 heads per program (more,
@@ -318,10 +317,10 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
         evict_first = EVICT_FIRST_TOKENS[0] <= num_tokens <= EVICT_FIRST_TOKENS[1]
     if heads_fastest is None:
         heads_fastest = not small
-    head_blocks = (cdiv(num_q, block_h) + cdiv(num_k, block_h) if split_qk
-                   else cdiv(max(num_q, num_k), block_h))
-    grid = ((cdiv(num_tokens, block_t) * head_blocks,) if heads_fastest
-            else (cdiv(num_tokens, block_t), head_blocks))
+    head_blocks = (triton.cdiv(num_q, block_h) + triton.cdiv(num_k, block_h) if split_qk
+                   else triton.cdiv(max(num_q, num_k), block_h))
+    grid = ((triton.cdiv(num_tokens, block_t) * head_blocks,) if heads_fastest
+            else (triton.cdiv(num_tokens, block_t), head_blocks))
     sec0, sec1, sec2 = _sections_constexprs(spec)
     pos_row_stride = positions.stride(0) if positions.dim() == 2 else 0
     pdl = bool(pdl) and pdl_available(query.device)
