@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
 from hypothesis import example, given, settings, strategies as st
 
 import reference
@@ -27,6 +28,7 @@ from properties.strategies import (OUT_SENTINEL, KINDS, RaggedBatch, RotationCas
 from rope.devices import synchronize, torch_device
 from rope.devices import is_interpreter, triton_runs_on
 from rope.models import load_models
+from rope.triton.grid import cdiv, next_power_of_2
 from rope.triton.positions import launch_prepare_positions
 from rope.triton.rotary import launch_rotary
 
@@ -94,3 +96,13 @@ def test_unknown_bf16_rounding_is_refused():
         launch_rotary(QWEN72, torch.zeros(3, 1, dtype=torch.long), torch.zeros(1, 128), None,
                       torch.zeros(8, 128), bf16_rounding="nearest")
 
+
+
+@given(n=st.integers(0, 1 << 40), b=st.integers(1, 1 << 20))
+@example(n=0, b=1)
+@example(n=1 << 31, b=3)
+def test_grid_arithmetic_is_tritons(n, b):
+    # The launches size their grids and tiles with rope.triton.grid's plain-int functions (Triton's
+    # cost about 2 us a call from Python); they must be Triton's functions exactly.
+    assert cdiv(n, b) == triton.cdiv(n, b)
+    assert next_power_of_2(n) == triton.next_power_of_2(n)

@@ -104,10 +104,10 @@ def neox_for_gptj():
 
 
 @_rotary((
-    "    cos = tl.load(cache_ptr + offs, mask=lane_ok, other=0.0).to(tl.float32)\n"
-    "    sin = tl.load(cache_ptr + half + offs, mask=lane_ok, other=0.0).to(tl.float32)\n",
-    "    cos = tl.load(cache_ptr + offs).to(tl.float32)\n"
-    "    sin = tl.load(cache_ptr + half + offs).to(tl.float32)\n"))
+    "    cos = tl.load(cache_ptr + offs, mask=lane_ok, other=0.0)\n"
+    "    sin = tl.load(cache_ptr + half + offs, mask=lane_ok, other=0.0)\n",
+    "    cos = tl.load(cache_ptr + offs)\n"
+    "    sin = tl.load(cache_ptr + half + offs)\n"))
 def cos_sin_unmasked():
     """(b) cos/sin loads cover the padding lanes [rotary_dim/2, BLOCK_F) (docs/spec.md §7.2).
 
@@ -121,11 +121,11 @@ def cos_sin_unmasked():
 
 
 @_rotary(
-    ("    cos = tl.load(cache_ptr + offs, mask=lane_ok, other=0.0).to(tl.float32)\n"
-     "    sin = tl.load(cache_ptr + half + offs, mask=lane_ok, other=0.0).to(tl.float32)\n",
-     "    cos = tl.load(cache_ptr + offs).to(tl.float32)\n"
-     "    sin = tl.load(cache_ptr + half + offs).to(tl.float32)\n"),
-    ("block_f = triton.next_power_of_2(spec.num_freqs)", "block_f = triton.next_power_of_2(spec.head_size) // 2"))
+    ("    cos = tl.load(cache_ptr + offs, mask=lane_ok, other=0.0)\n"
+     "    sin = tl.load(cache_ptr + half + offs, mask=lane_ok, other=0.0)\n",
+     "    cos = tl.load(cache_ptr + offs)\n"
+     "    sin = tl.load(cache_ptr + half + offs)\n"),
+    ("block_f = next_power_of_2(spec.num_freqs)", "block_f = next_power_of_2(spec.head_size) // 2"))
 def cos_sin_unmasked_head_padded():
     """(b') The upstream shape of docs/spec.md §7.2: lanes padded to next_pow2(head_size)/2 AND cos/sin
     loads unmasked, as in vLLM's kernel before 055e47c (pad_hd) and sglang before #30123.

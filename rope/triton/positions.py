@@ -19,6 +19,7 @@ import triton.language as tl
 from rope.spec import check_position_inputs
 from rope.devices import device_name, triton_runs_on
 from rope.runner_positions import check_out
+from rope.triton.grid import cdiv, next_power_of_2
 from rope.triton.pdl import HAS_PDL, pdl_available
 
 if HAS_PDL:     # programmatic dependent launch: rope/triton/pdl.py
@@ -91,7 +92,7 @@ def prepare_positions_triton(prefill_positions, prefill_delta, idx_mapping, quer
 def default_splits(num_reqs: int, capacity: int, block: int = BLOCK, target: int = TARGET_PROGRAMS) -> int:
     """Programs per request: ``target`` in all, but no more than the blocks of the longest
     request could need (the output's ``capacity`` columns bound every request's length)."""
-    return max(1, min(triton.cdiv(target, max(num_reqs, 1)), triton.cdiv(capacity, block)))
+    return max(1, min(cdiv(target, max(num_reqs, 1)), cdiv(capacity, block)))
 
 
 def launch_prepare_positions(prefill_positions, prefill_delta, idx_mapping, query_start_loc, prefill_lens,
@@ -111,7 +112,7 @@ def launch_prepare_positions(prefill_positions, prefill_delta, idx_mapping, quer
         out, out.stride(0), prefill_positions, prefill_positions.stride(0), prefill_delta, idx_mapping,
         query_start_loc, prefill_lens, num_computed_tokens,
         prefill_positions.shape[0] // num_dims, prefill_positions.shape[1], out.shape[1],
-        NUM_DIMS=num_dims, DIMS_P2=triton.next_power_of_2(num_dims), BLOCK=block, PDL=pdl, **extra,
+        NUM_DIMS=num_dims, DIMS_P2=next_power_of_2(num_dims), BLOCK=block, PDL=pdl, **extra,
     )
 
 

@@ -20,6 +20,7 @@ import triton.language as tl
 from rope.devices import device_name, is_interpreter, triton_runs_on
 from rope.spec import RopeSpec, check_rotation_inputs
 
+from rope.triton.grid import cdiv, next_power_of_2
 from rope.triton.pdl import HAS_PDL, pdl_available
 
 if HAS_PDL:     # programmatic dependent launch: rope/triton/pdl.py
@@ -130,10 +131,9 @@ def _gather_cos_sin(cache_ptr, cache_row_stride, cache_rows, pos_ptr, pos_row_st
     GATHER_3D: gathered straight into the tile's 3-D layout (each head lane loads its copy; the
     copies hit L1).  Runs of POS_RUN lanes share one position row and start aligned (see
     _position_run), so the offsets are declared contiguous in runs of POS_RUN and the loads
-    vectorize.  Else one gather per (token, lane) into [BLOCK_T, BLOCK_F], broadcast over heads:
-    Triton converts that layout through shared memory with three barriers, which serialized the
-    cos and sin loads behind each other (docs/perf-notes.md §6), but it issues one load per lane
-    where the 3-D gather issues one per lane and head lane (interleaved sections: POS_RUN 1).
+    vectorize.  Else one gather per (token, lane) into [BLOCK_T, BLOCK_F], broadcast over heads
+    (Triton converts that layout through shared memory), which issues one load per lane where the
+    3-D gather issues one per lane and head lane (interleaved sections: POS_RUN 1).
     Tokens past num_tokens read position 0 (a valid row) and store nothing; lanes >= half are
     padding and masked."""
     freq_ok = freq < half
@@ -157,12 +157,14 @@ def _gather_cos_sin(cache_ptr, cache_row_stride, cache_rows, pos_ptr, pos_row_st
             offs = tl.max_contiguous(tl.multiple_of(offs, [1, POS_RUN]), [1, POS_RUN])
         offs = tl.broadcast_to(offs[:, None, :], [BLOCK_T, BLOCK_H, BLOCK_F])
         lane_ok = tl.broadcast_to(freq_ok[None, None, :], [BLOCK_T, BLOCK_H, BLOCK_F])
-    cos = tl.load(cache_ptr + offs, mask=lane_ok, other=0.0).to(tl.float32)
-    sin = tl.load(cache_ptr + half + offs, mask=lane_ok, other=0.0).to(tl.float32)
+    cos = tl.load(cache_ptr + offs, mask=lane_ok, other=0.0)
+    sin = tl.load(cache_ptr + half + offs, mask=lane_ok, other=0.0)
     if not GATHER_3D:
-        cos = cos[:, None, :]
-        sin = sin[:, None, :]
-    return cos, sin
+        # cos and sin joined into one [BLOCK_T, 1, BLOCK_F, 2] tensor: one layout conversion (one
+        # barrier), and both loads issued before it (converted apart, sin's load waited for the
+        # barrier of cos's conversion: a third round trip; docs/perf-notes.md §13).
+        cos, sin = tl.split(tl.join(cos, sin)[:, None, :, :])
+    return cos.to(tl.float32), sin.to(tl.float32)
 
 
 # Head counts, sections, the token count and the positions row stride vary per call but do not
@@ -291,8 +293,8 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
         return query, key
     num_q = query.shape[1] // spec.head_size
     num_k = key.shape[1] // spec.head_size if key is not None else 0
-    block_f = triton.next_power_of_2(spec.num_freqs)
-    max_heads = triton.next_power_of_2(max(num_q, num_k))
+    block_f = next_power_of_2(spec.num_freqs)
+    max_heads = next_power_of_2(max(num_q, num_k))
     small = num_tokens < SMALL_BATCH_TOKENS
     # Defaults from the H200 sweeps (docs/perf-notes.md §4, §6).  q and k always in separate
     # programs (one tensor per program).  Few tokens: one token and 4 heads per program (more,
@@ -317,10 +319,10 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
         evict_first = EVICT_FIRST_TOKENS[0] <= num_tokens <= EVICT_FIRST_TOKENS[1]
     if heads_fastest is None:
         heads_fastest = not small
-    head_blocks = (triton.cdiv(num_q, block_h) + triton.cdiv(num_k, block_h) if split_qk
-                   else triton.cdiv(max(num_q, num_k), block_h))
-    grid = ((triton.cdiv(num_tokens, block_t) * head_blocks,) if heads_fastest
-            else (triton.cdiv(num_tokens, block_t), head_blocks))
+    head_blocks = (cdiv(num_q, block_h) + cdiv(num_k, block_h) if split_qk
+                   else cdiv(max(num_q, num_k), block_h))
+    grid = ((cdiv(num_tokens, block_t) * head_blocks,) if heads_fastest
+            else (cdiv(num_tokens, block_t), head_blocks))
     sec0, sec1, sec2 = _sections_constexprs(spec)
     pos_row_stride = positions.stride(0) if positions.dim() == 2 else 0
     pdl = bool(pdl) and pdl_available(query.device)
