@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import reference
 from rope.harness import report
@@ -255,6 +255,10 @@ def test_one_shape_many_batches_catches_state_kept_per_shape(monkeypatch, tmp_pa
     monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))
     monkeypatch.setenv(report.DISABLE_ENV, "1")     # a deliberate mismatch: not a finding of the run
     _FIRST_POSITIONS.clear()
+    # The property's own body under a fixed search (the suite's dev profile draws 20 random examples:
+    # two batches of one shape whose positions differ are not certain among them).
+    search = settings(max_examples=200, derandomize=True, database=None, deadline=None,
+                      suppress_health_check=list(HealthCheck))(
+        given(data=st.data())(test_one_shape_many_batches_match_reference.hypothesis.inner_test))
     with pytest.raises(AssertionError, match="does not match the reference"):
-        test_one_shape_many_batches_match_reference(impl_name=f"{__name__}:positions_kept_per_shape", device="cpu",
-                                                    dtype="float32")
+        search(impl_name=f"{__name__}:positions_kept_per_shape", device="cpu", dtype="float32")
