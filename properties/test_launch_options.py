@@ -1,8 +1,8 @@
 """Launch options of the Triton rotation kernel change speed, never bits.
 
 ``launch_rotary``'s tiles (block_t, block_h, num_warps), the q/k split, the 3-D cos/sin gather,
-programmatic dependent launch (``pdl``), the q/k eviction hint, the grid order (``heads_fastest``)
-and the bf16 rounding (by hand, or the compiled convert: GPU only) are picked per size from the
+programmatic dependent launch (``pdl``), the q/k eviction hint, the grid order (``heads_fastest``),
+the key programs' head block (``block_hk``) and the bf16 rounding (by hand, or the compiled convert: GPU only) are picked per size from the
 H200 sweeps; the rotation properties run only the defaults, so a configuration a sweep prefers
 next could hide a masking or indexing bug (a token tile that runs past the batch, a head block
 past the heads, a rounding that differs).  Every drawn configuration
@@ -42,6 +42,7 @@ LAUNCH_OPTIONS = st.fixed_dictionaries({
     "evict_first": st.booleans(),
     "heads_fastest": st.booleans(),
     "bf16_rounding": st.sampled_from(["by_hand", "convert"]),
+    "key_head_shift": st.sampled_from([None, 0, 1, 2, 3, 4]),    # block_hk = block_h >> shift
 })
 QWEN72 = load_models()["qwen2.5-vl-72b"].spec
 
@@ -53,11 +54,19 @@ QWEN72 = load_models()["qwen2.5-vl-72b"].spec
 @example(case=RotationCase(spec=QWEN72, num_tokens=3, num_q_heads=8, num_kv_heads=1, dtype="bfloat16",
                            positions_kind="grid"),
          options=dict(block_t=2, block_h=16, num_warps=4, split_qk=False, gather_3d=True, pdl=True))
+@example(case=RotationCase(spec=load_models()["glm-4.1v-9b"].spec, num_tokens=11, num_q_heads=6, num_kv_heads=2,
+                           dtype="bfloat16", positions_kind="grid"),
+         options=dict(block_t=2, block_h=8, num_warps=4, split_qk=True, gather_3d=True, heads_fastest=True,
+                      key_head_shift=2))
 def test_launch_options_give_the_default_bits(device, case, options):
     if not triton_runs_on(device):
         pytest.skip(f"Triton does not run on {device} here")
     if is_interpreter():      # its fp32 -> bf16 convert truncates: a compiled kernel's rounding only
         options = {**options, "bf16_rounding": "by_hand"}
+    options = dict(options)
+    shift = options.pop("key_head_shift", None)
+    if shift is not None:
+        options["block_hk"] = max(1, options["block_h"] >> shift)
     inputs = build_rotation_inputs(case, device)
     q0, k0 = inputs.query.clone(), inputs.key.clone() if inputs.key is not None else None
     launch_rotary(case.spec, inputs.positions, q0, k0, inputs.cache)
@@ -89,6 +98,13 @@ def test_position_launch_options_match_reference(device, batch, block, splits, p
     n = batch.num_tokens
     assert torch.equal(out[:, :n].cpu(), expected), (block, splits)
     assert torch.all(out[:, n:].cpu() == OUT_SENTINEL), f"wrote past the step's {n} tokens ({block=}, {splits=})"
+
+
+@pytest.mark.parametrize("block_hk", [0, 3, 16])
+def test_a_key_head_block_not_dividing_the_head_block_is_refused(block_hk):
+    with pytest.raises(ValueError, match=rf"block_hk={block_hk}: must be a power of two dividing block_h=8"):
+        launch_rotary(QWEN72, torch.zeros(3, 1, dtype=torch.long), torch.zeros(1, 128), torch.zeros(1, 128),
+                      torch.zeros(8, 128), block_h=8, block_hk=block_hk)
 
 
 def test_unknown_bf16_rounding_is_refused():

@@ -115,7 +115,8 @@ def test_power_of_two_boundaries_match_reference(impl_name, device, log2):
 
 def test_declared_switches_match_reference(impl_name, device):
     # Each count an implementation declares it switches at, +-1 (the Triton kernel: PDL off above
-    # 64 tokens, large tiles and the heads-fastest grid from 128, evict_first off above 16,384).
+    # 64 tokens, large tiles and the heads-fastest grid from 128, evict_first off and key programs of
+    # the key's head count above 16,384).
     impl = get_implementation(impl_name)
     thresholds = switch_tokens(impl_name, impl)
     if not thresholds:
@@ -168,7 +169,10 @@ def test_prefill_batches_match_reference(impl_name, device):
 # harness's kernel (past the 65,535 of a grid dimension); 262,160 tokens at 64 heads of 128 hold
 # 2^31 + 131,072 elements in q (4 GiB of bf16), past every 32-bit element offset.
 HUGE_CASES = [pytest.param(70_000, 28, 4, id="grid-past-65535"),
-              pytest.param(262_160, 64, 8, id="q-past-2^31-elements")]
+              pytest.param(262_160, 64, 8, id="q-past-2^31-elements"),
+              # 4 key heads: the Triton kernel's key programs then take 4 heads x twice the tokens,
+              # and q its own program order (rope/triton/rotary.py, BLOCK_HK): 64-bit offsets there too.
+              pytest.param(262_160, 64, 4, id="q-past-2^31-elements-4-kv-heads")]
 HUGE_CHUNK_TOKENS = 8192
 
 

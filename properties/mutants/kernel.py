@@ -219,10 +219,12 @@ ROTARY_MUTANTS = {m.name: m for m in (
     neox_for_gptj, cos_sin_unmasked, cos_sin_unmasked_head_padded, partial_rotary_head_half,
     interleaved_h_bound_off_by_one, interleaved_thw_order_swapped, positions_rows_packed,
     positions_rows_at_token_offsets, neox_pairs_from_4096_tokens)}
-@_rotary(("    token = token_block.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)\n",
-           "    token = token_block * BLOCK_T + tl.arange(0, BLOCK_T)\n"),
-          ("        x_stride = tl.where(is_k, k_row_stride, q_row_stride).to(tl.int64)\n",
-           "        x_stride = tl.where(is_k, k_row_stride, q_row_stride)\n"))
+@_rotary(("        token = token_block.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)\n",
+           "        token = token_block * BLOCK_T + tl.arange(0, BLOCK_T)\n"),
+          ("            x_stride = tl.where(is_k, k_row_stride, q_row_stride).to(tl.int64)\n",
+           "            x_stride = tl.where(is_k, k_row_stride, q_row_stride)\n"),
+          ("(group * R + slot // q_blocks).to(tl.int64) * BLOCK_T", "(group * R + slot // q_blocks) * BLOCK_T"),
+          ("group.to(tl.int64) * (R * BLOCK_T)", "group * (R * BLOCK_T)"))
 def offsets_32bit():
     """(h) Row offsets computed in 32 bits: token * row_stride wraps past 2^31 elements of q
     (docs/spec.md §7.10; Liger#804, and the 32-bit program-id offsets of Liger's and vLLM's M-RoPE
@@ -237,6 +239,6 @@ def offsets_32bit():
 # at: test_mutants.py searches them with the prefill boundaries instead of its small-case search.
 PREFILL_ONLY = {"neox_pairs_from_4096_tokens": 4096}
 # Mutants only a GPU shows, in the deep profile (q past 2^31 elements): outside ROTARY_MUTANTS, so the
-# CPU mutation run does not count them; tools/gpu_deep_mutants.sh runs them on a GPU.
+# CPU mutation run does not count them; `rope-harness mutants` runs them where a GPU is (needs: gpu-deep).
 GPU_DEEP_MUTANTS = {m.name: m for m in (offsets_32bit,)}
 POSITIONS_MUTANTS = {m.name: m for m in (positions_store_unmasked,)}

@@ -31,6 +31,7 @@ MAX_TILE = 1024            # tokens x heads x frequency pairs handled by one pro
 SMALL_BATCH_TOKENS = 128   # below this, split heads over more programs (decode latency)
 PDL_MAX_TOKENS = 64        # up to this, launch with programmatic dependent launch (docs/perf-notes.md §7: 127 tokens lost 3%)
 EVICT_FIRST_TOKENS = (SMALL_BATCH_TOKENS, 16384)   # q/k evict_first between these (docs/perf-notes.md §7: 65536 gained nothing)
+KEY_HEAD_BLOCK_TOKENS = 16384  # above this, key programs take the key's head count (docs/perf-notes.md §17)
 
 
 @triton.jit
@@ -167,6 +168,30 @@ def _gather_cos_sin(cache_ptr, cache_row_stride, cache_rows, pos_ptr, pos_row_st
     return cos.to(tl.float32), sin.to(tl.float32)
 
 
+@triton.jit
+def _rotate_tile(x_ptr, x_stride, token, heads, x_heads, cache_ptr, cache_row_stride, cache_rows, pos_ptr,
+                 pos_row_stride, num_tokens, head_size, half, sec0, sec1, sec2,
+                 NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, IS_NEOX: tl.constexpr, ROUND_BF16: tl.constexpr,
+                 BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr, POS_RUN: tl.constexpr,
+                 GATHER_3D: tl.constexpr, QK_EVICT: tl.constexpr):
+    """Rotate the given tokens [BLOCK_T] (int64) x heads [BLOCK_H] of one tensor in place; returns the
+    tile's cos/sin, for the other tensor's heads of the same tokens."""
+    freq = tl.arange(0, BLOCK_F)
+    token_ok = token < num_tokens
+    # The q (or k) loads depend on nothing and are written first; ptxas still issues them after
+    # the position loads (pinning them first with a barrier measured slower: docs/perf-notes.md §6).
+    x_rows = x_ptr + token * x_stride
+    x1, x2 = _load_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half,
+                        IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
+    cos, sin = _gather_cos_sin(cache_ptr, cache_row_stride, cache_rows, pos_ptr, pos_row_stride, token,
+                               num_tokens, freq, half, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, BLOCK_T, BLOCK_H, BLOCK_F,
+                               POS_RUN, GATHER_3D)
+    # Rotate and store: NeoX pairs (i, i + half), GPT-J pairs (2i, 2i + 1).
+    _rotate_store_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half, x1, x2, cos, sin,
+                       IS_NEOX, ROUND_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
+    return cos, sin
+
+
 # Head counts, sections, the token count and the positions row stride vary per call but do not
 # affect memory alignment: do not let Triton specialize (and recompile) on them.
 @triton.jit(do_not_specialize=["pos_row_stride", "num_tokens", "num_q_heads", "num_kv_heads", "sec0", "sec1", "sec2",
@@ -178,7 +203,7 @@ def _rotary_kernel(
     NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, IS_NEOX: tl.constexpr, HAS_KEY: tl.constexpr, ROUND_BF16: tl.constexpr,
     SPLIT_QK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr,
     POS_RUN: tl.constexpr, GATHER_3D: tl.constexpr, PDL: tl.constexpr, QK_EVICT: tl.constexpr,
-    HEADS_FASTEST: tl.constexpr,
+    HEADS_FASTEST: tl.constexpr, BLOCK_HK: tl.constexpr,
 ):
     # PDL (launched with programmatic dependent launch): wait for the previous kernel in the stream
     # to finish and flush before reading anything (positions, the cache and q/k may all be its
@@ -195,50 +220,75 @@ def _rotary_kernel(
     # HEADS_FASTEST: a 1-D grid whose consecutive programs take the head blocks of one token block
     # (programs in flight then cover a contiguous band of rows, walked once), else a 2-D grid
     # (token blocks fastest: each head block sweeps the whole tensor).
-    if HEADS_FASTEST:
-        if SPLIT_QK:
-            head_blocks = tl.cdiv(num_q_heads, BLOCK_H) + tl.cdiv(num_kv_heads, BLOCK_H)
-        else:
-            head_blocks = tl.cdiv(tl.maximum(num_q_heads, num_kv_heads), BLOCK_H)
-        head_block = tl.program_id(0) % head_blocks
-        token_block = tl.program_id(0) // head_blocks
-    else:
-        head_block = tl.program_id(1)
-        token_block = tl.program_id(0)
-    freq = tl.arange(0, BLOCK_F)
-
-    # The tensor and heads this program rotates.
-    if SPLIT_QK:
+    if SPLIT_QK and BLOCK_HK < BLOCK_H:
+        # Key programs with a smaller head block (few kv heads): BLOCK_HK heads x R * BLOCK_T tokens,
+        # the q tile's size, so no head slot of a key program is empty.  Programs come in groups of
+        # R * BLOCK_T tokens: R token blocks x the q head blocks, then the k head blocks.
+        R: tl.constexpr = BLOCK_H // BLOCK_HK
         q_blocks = tl.cdiv(num_q_heads, BLOCK_H)
-        is_k = head_block >= q_blocks
-        x_ptr = tl.where(is_k, k_ptr, q_ptr)
-        x_stride = tl.where(is_k, k_row_stride, q_row_stride).to(tl.int64)
-        x_heads = tl.where(is_k, num_kv_heads, num_q_heads)
-        heads = (head_block - tl.where(is_k, q_blocks, 0)) * BLOCK_H + tl.arange(0, BLOCK_H)
+        if HEADS_FASTEST:
+            per_group = R * q_blocks + tl.cdiv(num_kv_heads, BLOCK_HK)
+            group = tl.program_id(0) // per_group
+            slot = tl.program_id(0) % per_group
+        else:
+            group = tl.program_id(0)
+            slot = tl.program_id(1)
+        # (Token and head vectors are passed inline: the two branches' tiles differ in shape, and
+        # a name assigned in both would have to keep one type.)
+        if slot < R * q_blocks:
+            _rotate_tile(q_ptr, q_row_stride,
+                         (group * R + slot // q_blocks).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T),
+                         (slot % q_blocks) * BLOCK_H + tl.arange(0, BLOCK_H), num_q_heads,
+                         cache_ptr, cache_row_stride, cache_rows, pos_ptr, pos_row_stride, num_tokens, head_size,
+                         half, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, IS_NEOX, ROUND_BF16,
+                         BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN, GATHER_3D, QK_EVICT)
+        else:
+            _rotate_tile(k_ptr, k_row_stride,
+                         group.to(tl.int64) * (R * BLOCK_T) + tl.arange(0, R * BLOCK_T),
+                         (slot - R * q_blocks) * BLOCK_HK + tl.arange(0, BLOCK_HK), num_kv_heads,
+                         cache_ptr, cache_row_stride, cache_rows, pos_ptr, pos_row_stride, num_tokens, head_size,
+                         half, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, IS_NEOX, ROUND_BF16,
+                         R * BLOCK_T, BLOCK_HK, BLOCK_F, POS_RUN, GATHER_3D, QK_EVICT)
     else:
-        x_ptr = q_ptr
-        x_stride = q_row_stride
-        x_heads = num_q_heads
-        heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
+        if HEADS_FASTEST:
+            if SPLIT_QK:
+                head_blocks = tl.cdiv(num_q_heads, BLOCK_H) + tl.cdiv(num_kv_heads, BLOCK_H)
+            else:
+                head_blocks = tl.cdiv(tl.maximum(num_q_heads, num_kv_heads), BLOCK_H)
+            head_block = tl.program_id(0) % head_blocks
+            token_block = tl.program_id(0) // head_blocks
+        else:
+            head_block = tl.program_id(1)
+            token_block = tl.program_id(0)
 
-    token = token_block.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    token_ok = token < num_tokens
-    # The q (or k) loads depend on nothing and are written first; ptxas still issues them after
-    # the position loads (pinning them first with a barrier measured slower: docs/perf-notes.md §6).
-    x_rows = x_ptr + token * x_stride
-    x1, x2 = _load_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half,
-                        IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
-    cos, sin = _gather_cos_sin(cache_ptr, cache_row_stride, cache_rows, pos_ptr, pos_row_stride, token,
-                               num_tokens, freq, half, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN, GATHER_3D)
-    # Rotate and store: NeoX pairs (i, i + half), GPT-J pairs (2i, 2i + 1).
-    _rotate_store_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half, x1, x2, cos, sin,
-                       IS_NEOX, ROUND_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
-    if not SPLIT_QK and HAS_KEY:
-        k_rows = k_ptr + token * k_row_stride
-        y1, y2 = _load_tile(k_rows, token_ok, heads, num_kv_heads, head_size, freq, half,
-                            IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
-        _rotate_store_tile(k_rows, token_ok, heads, num_kv_heads, head_size, freq, half, y1, y2, cos, sin,
-                           IS_NEOX, ROUND_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
+        # The tensor and heads this program rotates (selected, not branched: one code path).
+        if SPLIT_QK:
+            q_blocks = tl.cdiv(num_q_heads, BLOCK_H)
+            is_k = head_block >= q_blocks
+            x_ptr = tl.where(is_k, k_ptr, q_ptr)
+            x_stride = tl.where(is_k, k_row_stride, q_row_stride).to(tl.int64)
+            x_heads = tl.where(is_k, num_kv_heads, num_q_heads)
+            heads = (head_block - tl.where(is_k, q_blocks, 0)) * BLOCK_H + tl.arange(0, BLOCK_H)
+        else:
+            x_ptr = q_ptr
+            x_stride = q_row_stride
+            x_heads = num_q_heads
+            heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
+
+        token = token_block.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+        cos, sin = _rotate_tile(x_ptr, x_stride, token, heads, x_heads, cache_ptr, cache_row_stride, cache_rows,
+                                pos_ptr, pos_row_stride, num_tokens, head_size, half, sec0, sec1, sec2,
+                                NUM_DIMS, INTERLEAVED, IS_NEOX, ROUND_BF16, BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN,
+                                GATHER_3D, QK_EVICT)
+        if not SPLIT_QK and HAS_KEY:
+            # The same tokens' heads of k, with the same cos/sin.
+            token_ok = token < num_tokens
+            freq = tl.arange(0, BLOCK_F)
+            k_rows = k_ptr + token * k_row_stride
+            y1, y2 = _load_tile(k_rows, token_ok, heads, num_kv_heads, head_size, freq, half,
+                                IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
+            _rotate_store_tile(k_rows, token_ok, heads, num_kv_heads, head_size, freq, half, y1, y2, cos, sin,
+                               IS_NEOX, ROUND_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
 
 
 def _position_run(spec: RopeSpec, cache_row_stride: int) -> int:
@@ -266,7 +316,8 @@ def _sections_constexprs(spec: RopeSpec) -> tuple[int, int, int]:
 def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block_h: int | None = None,
                   num_warps: int | None = None, block_t: int | None = None, split_qk: bool | None = None,
                   gather_3d: bool | None = None, pdl: bool | None = None, evict_first: bool | None = None,
-                  heads_fastest: bool | None = None, bf16_rounding: str | None = None):
+                  heads_fastest: bool | None = None, bf16_rounding: str | None = None,
+                  block_hk: int | None = None):
     """Launch the kernel without validation (the caller has checked); returns (query, key).
 
     query/key must have unit stride in the last dim; they are rotated in place.  Tile sizes come
@@ -282,7 +333,11 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
     (the compiled default: the store's own round-to-nearest-even, 30% fewer instructions than the
     bit arithmetic and 5-13% faster at 4096+ tokens on the H200, docs/perf-notes.md §13-§14) or
     ``"by_hand"`` (bit arithmetic, the same bits; the default under the interpreter, whose convert
-    truncates).
+    truncates).  ``block_hk``: the key programs' head block with ``split_qk`` (a power of two
+    dividing ``block_h``; they then take ``block_h // block_hk`` times the tokens); by default the
+    key's head count rounded up to a power of two above KEY_HEAD_BLOCK_TOKENS, else ``block_h`` (a
+    key program of 2 valid heads in 8 pays the position -> cos/sin chain of 8: 3% of GLM-4.1V at
+    65536 tokens; at 256 tokens the longer key programs cost 10%: docs/perf-notes.md §17).
     """
     if bf16_rounding not in (None, "by_hand", "convert"):
         raise ValueError(f"bf16_rounding={bf16_rounding!r}: must be 'by_hand' or 'convert'")
@@ -319,10 +374,19 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
         evict_first = EVICT_FIRST_TOKENS[0] <= num_tokens <= EVICT_FIRST_TOKENS[1]
     if heads_fastest is None:
         heads_fastest = not small
-    head_blocks = (cdiv(num_q, block_h) + cdiv(num_k, block_h) if split_qk
+    if not split_qk:
+        block_hk = block_h
+    elif block_hk is None:
+        block_hk = min(block_h, next_power_of_2(num_k)) if num_tokens > KEY_HEAD_BLOCK_TOKENS else block_h
+    elif block_hk < 1 or block_h % block_hk or block_hk & (block_hk - 1):
+        raise ValueError(f"block_hk={block_hk}: must be a power of two dividing block_h={block_h}")
+    # With split_qk, programs come in groups of `rounds` token blocks: `rounds` x the q head blocks,
+    # then the k head blocks (of block_hk heads and rounds * block_t tokens).
+    rounds = block_h // block_hk
+    head_blocks = (rounds * cdiv(num_q, block_h) + cdiv(num_k, block_hk) if split_qk
                    else cdiv(max(num_q, num_k), block_h))
-    grid = ((cdiv(num_tokens, block_t) * head_blocks,) if heads_fastest
-            else (cdiv(num_tokens, block_t), head_blocks))
+    token_blocks = cdiv(num_tokens, rounds * block_t)
+    grid = (token_blocks * head_blocks,) if heads_fastest else (token_blocks, head_blocks)
     sec0, sec1, sec2 = _sections_constexprs(spec)
     pos_row_stride = positions.stride(0) if positions.dim() == 2 else 0
     pdl = bool(pdl) and pdl_available(query.device)
@@ -337,7 +401,7 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
         ROUND_BF16=query.dtype == torch.bfloat16 and bf16_rounding == "by_hand",
         SPLIT_QK=split_qk, BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_F=block_f,
         POS_RUN=pos_run, GATHER_3D=gather_3d, PDL=pdl, QK_EVICT="evict_first" if evict_first else "",
-        HEADS_FASTEST=bool(heads_fastest), **extra,
+        HEADS_FASTEST=bool(heads_fastest), BLOCK_HK=block_hk, **extra,
     )
     return query, key
 
@@ -377,7 +441,9 @@ def supports(spec: RopeSpec, dtype: torch.dtype, device: str) -> bool:
 
 rotate_triton.working_precision = "float32"
 # Where launch_rotary's defaults change path: PDL off above PDL_MAX_TOKENS; from SMALL_BATCH_TOKENS
-# token x head x frequency tiles and the heads-fastest 1-D grid; evict_first off above 16384.
-rotate_triton.switch_tokens = (PDL_MAX_TOKENS + 1, SMALL_BATCH_TOKENS, EVICT_FIRST_TOKENS[1] + 1)
+# token x head x frequency tiles and the heads-fastest 1-D grid; evict_first off above 16384; key
+# programs of the key's head count above KEY_HEAD_BLOCK_TOKENS.
+rotate_triton.switch_tokens = tuple(sorted({PDL_MAX_TOKENS + 1, SMALL_BATCH_TOKENS, EVICT_FIRST_TOKENS[1] + 1,
+                                            KEY_HEAD_BLOCK_TOKENS + 1}))
 rotate_triton.supports = supports
 rotate_triton.unchecked = launch_rotary   # hot path for the benchmark: no validation, no host sync
