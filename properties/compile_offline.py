@@ -1,0 +1,195 @@
+"""Compile the project's Triton kernels for a CUDA GPU on a machine that has none.
+
+The CPU runs every kernel under the Triton interpreter, which executes the Python of a kernel
+body: it accepts programs the compiler refuses (a name bound to tiles of two shapes in the two
+arms of an ``if``, a constexpr used as a runtime value, ...).  Such a kernel passes the whole
+CPU suite and fails its first launch on a GPU.  This module records the launches the launchers
+make (the launcher's own arguments, grid and constexprs, the kernel call intercepted) and hands
+each distinct one to ``triton.compile`` for an sm_90 target: Triton's front end, its optimizer,
+the PTX backend and ptxas, with no driver.
+
+Run it in a process of its own with TRITON_INTERPRET=0 (the interpreter takes over
+``@triton.jit`` at import time)::
+
+    TRITON_INTERPRET=0 python -m properties.compile_offline [--all-options] [--models A,B] [--substitute SUBS.json]
+
+One JSON line per compiled launch; exit 1 if any failed.  ``--substitute`` applies
+[[old, new], ...] to rope/triton/rotary.py first (properties/test_kernel_compiles.py shows
+with it that a kernel the interpreter runs, and the compiler refuses, is caught).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+
+from rope.models import load_models
+
+TARGET = GPUTarget("cuda", 90, 32)
+# Launches per model: the launcher's defaults at decode, at the small-batch switch and at a large
+# prefill, and the options a sweep may pick (test_launch_options.py holds their bits).
+TOKENS = (1, 256, 65536)
+OPTIONS = ({"split_qk": False}, {"gather_3d": False}, {"heads_fastest": False},
+           {"bf16_rounding": "by_hand"}, {"block_h": 16, "block_hk": 1, "block_t": 1})
+# The models whose launches also compile with every one of OPTIONS (``--all-options``: every model):
+# one per layout (chunked NeoX, interleaved, XD-RoPE 4 rows, partial GPT-J with 2 key heads).
+OPTION_MODELS = ("qwen2.5-vl-72b", "qwen3-vl-30b-a3b", "hunyuan-ocr", "glm-4.1v-9b")
+_POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32",
+            torch.int64: "*i64", torch.int32: "*i32"}
+_COMPILE_OPTIONS = ("num_warps", "num_stages", "enable_fp_fusion", "launch_pdl")
+
+
+class _Recorder:
+    """Stands in for a JITFunction: ``kernel[grid](*args, **kwargs)`` records instead of launching."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
+
+
+def _signature(fn, args, kwargs):
+    """Triton's signature and constexprs for one recorded call, and the compile options."""
+    kwargs = dict(kwargs)
+    options = {k: kwargs.pop(k) for k in _COMPILE_OPTIONS if k in kwargs}
+    signature, constexprs = {}, {}
+    for name, value in zip(fn.arg_names, args):
+        if isinstance(value, torch.Tensor):
+            signature[name] = _POINTER[value.dtype]
+        elif isinstance(value, bool):
+            signature[name] = "i1"
+        elif isinstance(value, int):
+            signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
+        else:
+            raise TypeError(f"{fn.__name__}: argument {name}={value!r} has no signature type here")
+    for name, value in kwargs.items():
+        signature[name] = "constexpr"
+        constexprs[name] = value
+    return signature, constexprs, options
+
+
+def _record(module, kernel_name: str, launch) -> list:
+    """The kernel calls ``launch()`` makes, with the module's kernel intercepted and PDL available."""
+    kernel = getattr(module, kernel_name)
+    recorder = _Recorder()
+    saved = {name: getattr(module, name) for name in (kernel_name, "pdl_available", "is_interpreter")
+             if hasattr(module, name)}
+    setattr(module, kernel_name, recorder)
+    module.pdl_available = lambda device: True
+    if "is_interpreter" in saved:
+        module.is_interpreter = lambda: False
+    try:
+        launch()
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
+    return [(kernel,) + call for call in recorder.calls]
+
+
+def rotation_launches(rotary, all_options: bool = False, models=None):
+    """(label, kernel, grid, args, kwargs): every model's defaults at TOKENS, bf16 (fp32 and fp16 too at
+    one model), and OPTIONS at OPTION_MODELS (every model with ``all_options``)."""
+    table = load_models()
+    unknown = set(models or ()) - set(table)
+    if unknown:
+        raise ValueError(f"models: {sorted(unknown)} are not in rope/models.yaml")
+    for name, model in table.items():
+        if models and name not in models:
+            continue
+        spec = model.spec
+        num_q, num_kv = model.sharded(1)
+        dtypes = (torch.bfloat16, torch.float32, torch.float16) if name == "qwen2.5-vl-72b" else (torch.bfloat16,)
+        cache = torch.empty(8, spec.rotary_dim, dtype=torch.bfloat16)
+        for dtype in dtypes:
+            for tokens in TOKENS:
+                positions = torch.zeros((spec.num_dims, tokens) if spec.num_dims > 1 else (tokens,), dtype=torch.int64)
+                query = torch.empty(tokens, num_q * spec.head_size, dtype=dtype)
+                key = torch.empty(tokens, num_kv * spec.head_size, dtype=dtype)
+                for options in ({},) + (OPTIONS if all_options or name in OPTION_MODELS else ()):
+                    label = f"{name} {str(dtype)[6:]} {tokens} tokens {options or 'defaults'}"
+                    calls = _record(rotary, "_rotary_kernel", lambda: rotary.launch_rotary(
+                        spec, positions, query, key, cache.to(dtype), **options))
+                    for call in calls:
+                        yield (label,) + call
+
+
+def position_launches(positions_module):
+    """The position kernel at one decode step of 3 requests and one 40-token prefill chunk, with and without PDL."""
+    for label, lens in (("3 decodes", (1, 1, 1)), ("one 40-token chunk", (40,))):
+        n = len(lens)
+        starts = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)
+        args = dict(prefill_positions=torch.zeros(3 * 4, 64, dtype=torch.int32),
+                    prefill_delta=torch.zeros(4, dtype=torch.int32), idx_mapping=torch.arange(n, dtype=torch.int32),
+                    query_start_loc=starts, prefill_lens=torch.full((4,), 64, dtype=torch.int32),
+                    num_computed_tokens=torch.zeros(4, dtype=torch.int32), num_dims=3,
+                    out=torch.empty(3, int(starts[-1]), dtype=torch.int64))
+        for pdl in (True, False):
+            calls = _record(positions_module, "_prepare_positions_kernel",
+                            lambda: positions_module.launch_prepare_positions(**args, pdl=pdl))
+            for call in calls:
+                yield (f"positions: {label}, pdl={pdl}",) + call
+
+
+def compile_all(launches):
+    """Compile each distinct (kernel, signature, constexprs, options) once; yield one record per compile."""
+    seen = set()
+    for label, kernel, _grid, args, kwargs in launches:
+        signature, constexprs, options = _signature(kernel, args, kwargs)
+        key = (kernel.__name__, tuple(signature.items()), tuple(constexprs.items()), tuple(sorted(options.items())))
+        if key in seen:
+            continue
+        seen.add(key)
+        start = time.perf_counter()
+        record = {"launch": label, "kernel": kernel.__name__, "constexprs": constexprs}
+        try:
+            triton.compile(triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+                           target=TARGET, options=options)
+            record["ok"] = True
+        except Exception as error:          # the compiler's report is the result
+            record["ok"] = False
+            record["error"] = f"{type(error).__name__}: {error}"[-2000:]
+        record["seconds"] = round(time.perf_counter() - start, 2)
+        yield record
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--substitute", help="JSON file: [[old, new], ...] applied to rope/triton/rotary.py")
+    parser.add_argument("--rotation-only", action="store_true", help="skip the position kernel")
+    parser.add_argument("--all-options", action="store_true", help="every model with every option (about 190 compiles)")
+    parser.add_argument("--models", help="comma-separated model keys (default: every model of rope/models.yaml)")
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        parser.error("run with TRITON_INTERPRET=0: the interpreter replaces the kernels at import")
+    import rope.triton.positions as positions_module
+    import rope.triton.rotary as rotary
+    if args.substitute:
+        from properties.mutants.kernel import KernelMutant
+        with open(args.substitute) as f:
+            substitutions = [tuple(pair) for pair in json.load(f)]
+        rotary = KernelMutant("substituted", rotary, "rotate_triton", substitutions, "").module
+    models = args.models.split(",") if args.models else None
+    launches = list(rotation_launches(rotary, args.all_options, models))
+    if not args.rotation_only:
+        launches += list(position_launches(positions_module))
+    failed = compiled = 0
+    for record in compile_all(launches):
+        failed += not record["ok"]
+        compiled += 1
+        print(json.dumps(record, default=str), flush=True)
+    # What was recorded, before duplicates were dropped (a model whose launches equal another's compiles nothing new).
+    print(json.dumps({"summary": {"launches": len(launches), "compiled": compiled, "failed": failed,
+                                  "launched": sorted({launch[0].split(" ")[0] for launch in launches})}}))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
