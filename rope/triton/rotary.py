@@ -174,8 +174,8 @@ def _rotate_tile(x_ptr, x_stride, token, heads, x_heads, cache_ptr, cache_row_st
                  NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, IS_NEOX: tl.constexpr, ROUND_BF16: tl.constexpr,
                  BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr, POS_RUN: tl.constexpr,
                  GATHER_3D: tl.constexpr, QK_EVICT: tl.constexpr):
-    """Rotate the given tokens [BLOCK_T] (int64) x heads [BLOCK_H] of one tensor in place; returns the
-    tile's cos/sin, for the other tensor's heads of the same tokens."""
+    """Rotate the given tokens [BLOCK_T] (int64) x heads [BLOCK_H] of one tensor in place (the key-head
+    branch of _rotary_kernel, whose two arms differ in tile shape; its default path writes this body out)."""
     freq = tl.arange(0, BLOCK_F)
     token_ok = token < num_tokens
     # The q (or k) loads depend on nothing and are written first; ptxas still issues them after
@@ -189,7 +189,6 @@ def _rotate_tile(x_ptr, x_stride, token, heads, x_heads, cache_ptr, cache_row_st
     # Rotate and store: NeoX pairs (i, i + half), GPT-J pairs (2i, 2i + 1).
     _rotate_store_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half, x1, x2, cos, sin,
                        IS_NEOX, ROUND_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
-    return cos, sin
 
 
 # Head counts, sections, the token count and the positions row stride vary per call but do not
@@ -275,15 +274,24 @@ def _rotary_kernel(
             x_heads = num_q_heads
             heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
 
+        # The body of _rotate_tile, written out: one call level less, which the Triton interpreter
+        # (the CPU suite) runs markedly faster; compiled, the two are the same code.
+        freq = tl.arange(0, BLOCK_F)
         token = token_block.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-        cos, sin = _rotate_tile(x_ptr, x_stride, token, heads, x_heads, cache_ptr, cache_row_stride, cache_rows,
-                                pos_ptr, pos_row_stride, num_tokens, head_size, half, sec0, sec1, sec2,
-                                NUM_DIMS, INTERLEAVED, IS_NEOX, ROUND_BF16, BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN,
-                                GATHER_3D, QK_EVICT)
+        token_ok = token < num_tokens
+        # The q (or k) loads depend on nothing and are written first; ptxas still issues them after
+        # the position loads (pinning them first with a barrier measured slower: docs/perf-notes.md §6).
+        x_rows = x_ptr + token * x_stride
+        x1, x2 = _load_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half,
+                            IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
+        cos, sin = _gather_cos_sin(cache_ptr, cache_row_stride, cache_rows, pos_ptr, pos_row_stride, token,
+                                   num_tokens, freq, half, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, BLOCK_T, BLOCK_H,
+                                   BLOCK_F, POS_RUN, GATHER_3D)
+        # Rotate and store: NeoX pairs (i, i + half), GPT-J pairs (2i, 2i + 1).
+        _rotate_store_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half, x1, x2, cos, sin,
+                           IS_NEOX, ROUND_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
         if not SPLIT_QK and HAS_KEY:
             # The same tokens' heads of k, with the same cos/sin.
-            token_ok = token < num_tokens
-            freq = tl.arange(0, BLOCK_F)
             k_rows = k_ptr + token * k_row_stride
             y1, y2 = _load_tile(k_rows, token_ok, heads, num_kv_heads, head_size, freq, half,
                                 IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
