@@ -1,6 +1,12 @@
 """The dependent-load chain a 1-token rotation cannot go under: load a position, then that cache
-row, then store it (no q/k at all), as one tiny kernel.  Shared by tools/sweep_rotary.py and
-tools/pdl_latency.py; the empty launch it is compared with is rope.harness.bench.empty_launch_ms.
+row, then store it (no q/k at all), as one tiny kernel.  Shared by tools/sweep_rotary.py,
+tools/pdl_latency.py, tools/layout_limits.py and tools/sweep_small_batches.py; the empty launch
+it is compared with is rope.harness.bench.empty_launch_ms.
+
+``chain_ms(..., programs=P, in_place=True)`` is the same chain as an in-place rotation runs it:
+P programs, each loading the position and the cache row, then its own 64-channel slice of a
+tensor that the previous launch wrote, and storing the product back into that slice (the
+access pattern of a decode step's q/k update, without the rotation's index arithmetic).
 """
 import torch
 import triton
@@ -14,21 +20,27 @@ if HAS_PDL:     # _chain_kernel's PDL variant calls these by their global names
 
 
 @triton.jit
-def _chain_kernel(pos_ptr, cache_ptr, out_ptr, PDL: tl.constexpr):
+def _chain_kernel(pos_ptr, cache_ptr, out_ptr, PDL: tl.constexpr, IN_PLACE: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+    lanes = tl.arange(0, 64)
     p = tl.load(pos_ptr)
-    c = tl.load(cache_ptr + p * 128 + tl.arange(0, 64))
-    tl.store(out_ptr + tl.arange(0, 64), c)
+    c = tl.load(cache_ptr + p * 128 + lanes)
+    out = out_ptr + tl.program_id(0) * 64 + lanes
+    if IN_PLACE:
+        x = tl.load(out)
+        c = (x.to(tl.float32) * c.to(tl.float32)).to(out_ptr.dtype.element_ty)
+    tl.store(out, c)
 
 
-def chain_ms(device: str = "cuda", pdl: bool = False, repeats: int = 2) -> float:
+def chain_ms(device: str = "cuda", pdl: bool = False, repeats: int = 2, programs: int = 1,
+             in_place: bool = False) -> float:
     """Best of ``repeats`` times of the chain kernel under the benchmark's small-size timer."""
     pos = torch.zeros(1, dtype=torch.int64, device=device)
     cache = torch.randn(4096, 128, device=device, dtype=torch.bfloat16)
-    out = torch.empty(64, device=device, dtype=torch.bfloat16)
+    out = torch.ones(programs * 64, device=device, dtype=torch.bfloat16)
     extra = {"launch_pdl": True} if pdl else {}
     timer = bench._timer(device, target_ms=30.0)
-    return min(timer([lambda: _chain_kernel[(1,)](pos, cache, out, PDL=pdl, **extra)], 1)[0]
+    return min(timer([lambda: _chain_kernel[(programs,)](pos, cache, out, PDL=pdl, IN_PLACE=in_place, **extra)], 1)[0]
                for _ in range(repeats))
