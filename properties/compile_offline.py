@@ -33,9 +33,11 @@ from triton.backends.compiler import GPUTarget
 from rope.models import load_models
 
 TARGET = GPUTarget("cuda", 90, 32)
-# Launches per model: the launcher's defaults at decode, at the small-batch switch and at a large
-# prefill, and the options a sweep may pick (test_launch_options.py holds their bits).
-TOKENS = (1, 256, 65536)
+# Launches per model: the launcher's defaults in each band of rope.triton.rotary._default_tile (decode,
+# the small-batch grid's 8-head programs, the one-wave tiles on either side of their program-count
+# switch, the per-lane gather's 4-token tiles, a large prefill), and the options a sweep may pick
+# (test_launch_options.py holds their bits).
+TOKENS = (1, 64, 128, 256, 4096, 65536)
 OPTIONS = ({"split_qk": False}, {"gather_3d": False}, {"heads_fastest": False},
            {"bf16_rounding": "by_hand"}, {"block_h": 16, "block_hk": 1, "block_t": 1})
 # The models whose launches also compile with every one of OPTIONS (``--all-options``: every model):

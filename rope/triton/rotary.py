@@ -30,6 +30,13 @@ SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_TILE = 1024            # tokens x heads x frequency pairs handled by one program at large batch sizes
 SMALL_BATCH_TOKENS = 128   # below this, split heads over more programs (decode latency)
 PDL_MAX_TOKENS = 64        # up to this, launch with programmatic dependent launch (docs/perf-notes.md §7: 127 tokens lost 3%)
+# Where one wave of programs holds the whole grid (docs/perf-notes.md §18, H200 sweeps at 1-4096 tokens):
+ONE_WAVE_TOKENS = (SMALL_BATCH_TOKENS, 256)   # PDL again, with tiles that let two launches share the SMs
+FEW_TOKENS = 16            # up to this, the per-lane cos/sin gather (interleaved sections) takes 2-head programs
+SMALL_GRID_PROGRAMS = 512  # below SMALL_BATCH_TOKENS, 8-head programs once 4-head ones would exceed this many
+ONE_WAVE_PROGRAMS = 1152   # in ONE_WAVE_TOKENS, 1-token x 8-head programs of 2 warps up to this many, else 4 x 8
+PER_LANE_WIDE_TOKENS = 192  # in ONE_WAVE_TOKENS, the per-lane gather: 2-token x 8-head programs below this
+PER_LANE_TILE_TOKENS = 4096  # above ONE_WAVE_TOKENS up to this, the per-lane gather: 4-token x 8-head programs
 EVICT_FIRST_TOKENS = (SMALL_BATCH_TOKENS, 16384)   # q/k evict_first between these (docs/perf-notes.md §7: 65536 gained nothing)
 KEY_HEAD_BLOCK_TOKENS = 16384  # above this, key programs take the key's head count (docs/perf-notes.md §17)
 
@@ -316,6 +323,37 @@ def _position_run(spec: RopeSpec, cache_row_stride: int) -> int:
     return run
 
 
+def _default_tile(num_tokens: int, num_q: int, num_k: int, split_qk: bool, gather_3d: bool) -> tuple[int, int, int]:
+    """(block_t, block_h, num_warps) of the default launch; block_t 0: as many tokens as fill MAX_TILE
+    pairs.  From the H200 sweeps (docs/perf-notes.md §4, §6, §18); q and k always in separate programs.
+
+    * Below SMALL_BATCH_TOKENS, one token per program (more, shorter programs: latency): 4 heads;
+      the per-lane gather (interleaved sections, no 3-D gather) 2 up to FEW_TOKENS (its lane-axis
+      selects are the chain's longest link there); the 3-D gather 8 once 4-head programs would
+      number more than SMALL_GRID_PROGRAMS (Qwen2.5-VL-72B at 64 tokens: with PDL, 1152 programs
+      took 1.78 us, 576 of 8 heads 1.31).
+    * In ONE_WAVE_TOKENS, launched with PDL, the grid is sized so that the next launch's programs
+      fit beside it: 1 token x 8 heads on 2 warps up to ONE_WAVE_PROGRAMS programs, else 4 tokens x
+      8 heads; the per-lane gather 2 x 8 on 4 warps below PER_LANE_WIDE_TOKENS, then 1 x 8 on 2.
+    * Above: 8 heads and MAX_TILE pairs (Qwen2.5-VL-72B, head 128: 2 tokens; GLM-4.1V, 64 rotary
+      channels: 4), or 4 tokens for the per-lane gather up to PER_LANE_TILE_TOKENS.
+    """
+    def programs_per_token(heads: int) -> int:
+        return cdiv(num_q, heads) + cdiv(num_k, heads) if split_qk else cdiv(max(num_q, num_k), heads)
+
+    if num_tokens < SMALL_BATCH_TOKENS:
+        if not gather_3d:
+            return 1, 2 if num_tokens <= FEW_TOKENS else 4, 4
+        return 1, 8 if num_tokens * programs_per_token(4) > SMALL_GRID_PROGRAMS else 4, 4
+    if num_tokens <= ONE_WAVE_TOKENS[1]:
+        if not gather_3d:
+            return (2, 8, 4) if num_tokens < PER_LANE_WIDE_TOKENS else (1, 8, 2)
+        return (1, 8, 2) if num_tokens * programs_per_token(8) <= ONE_WAVE_PROGRAMS else (4, 8, 4)
+    if not gather_3d and num_tokens <= PER_LANE_TILE_TOKENS:
+        return 4, 8, 4
+    return 0, 8, 4
+
+
 def _sections_constexprs(spec: RopeSpec) -> tuple[int, int, int]:
     sections = tuple(spec.sections or ()) + (0, 0, 0)
     return sections[0], sections[1], sections[2]
@@ -333,7 +371,8 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
     (latency); many tokens -> tokens x heads x frequencies tiles of MAX_TILE pairs (bandwidth);
     q and k in separate programs (``split_qk``) unless told otherwise.  ``pdl``: launch with
     programmatic dependent launch (CUDA, compute capability >= 9, Triton with ``launch_pdl``); by
-    default up to PDL_MAX_TOKENS, where the launch is most of the time.  ``evict_first``: q/k loads
+    default up to PDL_MAX_TOKENS, where the launch is most of the time, and in ONE_WAVE_TOKENS,
+    whose tiles leave room on the SMs for the next launch's programs (``_default_tile``).  ``evict_first``: q/k loads
     and stores hint evict_first (each byte is touched once; the cos/sin rows, read by position,
     keep their L2 lines); by default in the EVICT_FIRST_TOKENS range.  ``heads_fastest``: a 1-D
     grid, head blocks of a token block in consecutive programs; by default from SMALL_BATCH_TOKENS
@@ -358,30 +397,26 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
     num_k = key.shape[1] // spec.head_size if key is not None else 0
     block_f = next_power_of_2(spec.num_freqs)
     max_heads = next_power_of_2(max(num_q, num_k))
-    small = num_tokens < SMALL_BATCH_TOKENS
-    # Defaults from the H200 sweeps (docs/perf-notes.md §4, §6).  q and k always in separate
-    # programs (one tensor per program).  Few tokens: one token and 4 heads per program (more,
-    # shorter programs: latency).  Many tokens: blocks of 8 heads and as many tokens as fill
-    # MAX_TILE pairs (Qwen2.5-VL-72B, head 128: 2 tokens; GLM-4.1V, 64 rotary channels: 4).
     split_qk = key is not None and (split_qk is None or bool(split_qk))
-    if block_h is None:
-        block_h = min(max_heads, 4 if small else 8)
-    if block_t is None:
-        block_t = 1 if small else max(1, min(8, MAX_TILE // (block_f * block_h)))
-    if num_warps is None:
-        num_warps = 4
     pos_run = _position_run(spec, cos_sin_cache.stride(0))
     if gather_3d is None:
         # The 3-D gather pays off only as vector loads: runs of lanes (POS_RUN > 1) and a lane mask
         # Triton can prove constant over them, i.e. half = num_freqs specialized as a multiple of 16
         # (else it issues one scalar load per lane and head lane: the slower variant of docs/perf-notes.md §6).
         gather_3d = pos_run > 1 and spec.num_freqs % 16 == 0
+    tile = _default_tile(num_tokens, num_q, num_k, split_qk, gather_3d)
+    if block_h is None:
+        block_h = min(max_heads, tile[1])
+    if block_t is None:
+        block_t = tile[0] if tile[0] else max(1, min(8, MAX_TILE // (block_f * block_h)))
+    if num_warps is None:
+        num_warps = tile[2]
     if pdl is None:
-        pdl = num_tokens <= PDL_MAX_TOKENS
+        pdl = num_tokens <= PDL_MAX_TOKENS or ONE_WAVE_TOKENS[0] <= num_tokens <= ONE_WAVE_TOKENS[1]
     if evict_first is None:
         evict_first = EVICT_FIRST_TOKENS[0] <= num_tokens <= EVICT_FIRST_TOKENS[1]
     if heads_fastest is None:
-        heads_fastest = not small
+        heads_fastest = num_tokens >= SMALL_BATCH_TOKENS
     if not split_qk:
         block_hk = block_h
     elif block_hk is None:
@@ -448,10 +483,15 @@ def supports(spec: RopeSpec, dtype: torch.dtype, device: str) -> bool:
 
 
 rotate_triton.working_precision = "float32"
-# Where launch_rotary's defaults change path: PDL off above PDL_MAX_TOKENS; from SMALL_BATCH_TOKENS
-# token x head x frequency tiles and the heads-fastest 1-D grid; evict_first off above 16384; key
-# programs of the key's head count above KEY_HEAD_BLOCK_TOKENS.
-rotate_triton.switch_tokens = tuple(sorted({PDL_MAX_TOKENS + 1, SMALL_BATCH_TOKENS, EVICT_FIRST_TOKENS[1] + 1,
+# Where launch_rotary's defaults change path by the token count alone: 2-head programs of the per-lane
+# gather up to FEW_TOKENS; PDL off above PDL_MAX_TOKENS, on again in ONE_WAVE_TOKENS; from
+# SMALL_BATCH_TOKENS token x head x frequency tiles and the heads-fastest 1-D grid; the per-lane
+# gather's tiles at PER_LANE_WIDE_TOKENS and above PER_LANE_TILE_TOKENS; evict_first off above
+# 16384; key programs of the key's head count above KEY_HEAD_BLOCK_TOKENS.  (The program-count
+# switches of _default_tile move with the head counts; test_launch_options holds every tile to the
+# default's bits.)
+rotate_triton.switch_tokens = tuple(sorted({FEW_TOKENS + 1, PDL_MAX_TOKENS + 1, SMALL_BATCH_TOKENS, PER_LANE_WIDE_TOKENS,
+                                            ONE_WAVE_TOKENS[1] + 1, PER_LANE_TILE_TOKENS + 1, EVICT_FIRST_TOKENS[1] + 1,
                                             KEY_HEAD_BLOCK_TOKENS + 1}))
 rotate_triton.supports = supports
 rotate_triton.unchecked = launch_rotary   # hot path for the benchmark: no validation, no host sync
