@@ -145,6 +145,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", default="1,256")
     p.add_argument("--candidates", choices=("full", "wide", "previous"), default="full")
+    p.add_argument("--extra", default="[]", help="JSON list of option dicts tried besides the candidates")
+    p.add_argument("--floor-programs", default="1,18", help="program counts of the in-place chain (the floor)")
     p.add_argument("--models", default=",".join(LAYOUTS))
     p.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     p.add_argument("--rounds", type=int, default=2)
@@ -168,7 +170,7 @@ def main(argv=None) -> int:
         for t in tokens_list:
             spec, nq, nk, cache, positions, q, k = _inputs(key, t, device)
             seen, opts = {}, []
-            for o in candidate_options(t, nk, args.candidates, spec, nq):
+            for o in candidate_options(t, nk, args.candidates, spec, nq) + json.loads(args.extra):
                 launch = resolved_launch(spec, positions, q, k, cache, o)
                 if launch in seen:
                     continue
@@ -190,7 +192,7 @@ def main(argv=None) -> int:
              "empty_pdl_us": bench.empty_launch_ms(device, pdl=True) * 1e3 if pdl else float("nan"),
              "chain_us": chain_ms(device) * 1e3, "chain_pdl_us": chain_ms(device, pdl=True) * 1e3 if pdl else float("nan")}
     if pdl:     # the chain as an in-place rotation runs it, on 1 and 18 programs (Qwen2.5-VL-72B's decode grid)
-        for programs in (1, 18):
+        for programs in [int(n) for n in args.floor_programs.split(",")]:
             floor[f"chain_pdl_{programs}_programs_us"] = chain_ms(device, pdl=True, programs=programs) * 1e3
             floor[f"chain_pdl_in_place_{programs}_programs_us"] = chain_ms(
                 device, pdl=True, programs=programs, in_place=True) * 1e3

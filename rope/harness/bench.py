@@ -43,7 +43,7 @@ from rope.harness.bench_contenders import CONTENDERS, contenders, runs_here, tim
 from rope.spec import RopeSpec
 from rope.harness.tolerance import compare_rotation
 from rope.triton.pdl import HAS_PDL, pdl_available
-from rope.triton.rotary import PDL_MAX_TOKENS
+from rope.triton.rotary import ONE_WAVE_TOKENS, PDL_MAX_TOKENS
 
 if HAS_PDL:     # _empty_kernel's PDL variant calls these by their global names
     from rope.triton.pdl import gdc_launch_dependents, gdc_wait  # noqa: F401
@@ -463,7 +463,7 @@ def _pdl_note(data: dict) -> str:
     if pdl != pdl:                      # NaN: no PDL on this device
         return ""
     return (f" ({pdl * 1e3:.1f} us launched with programmatic dependent launch, as the Triton rotation "
-            f"is up to {PDL_MAX_TOKENS} tokens here)")
+            f"is up to {PDL_MAX_TOKENS} tokens and from {ONE_WAVE_TOKENS[0]} to {ONE_WAVE_TOKENS[1]} here)")
 
 
 def _us(ms: float) -> str:
