@@ -32,8 +32,8 @@ SMALL_BATCH_TOKENS = 128   # below this, split heads over more programs (decode 
 PDL_MAX_TOKENS = 64        # up to this, launch with programmatic dependent launch (docs/perf-notes.md §7: 127 tokens lost 3%)
 # Where one wave of programs holds the whole grid (docs/perf-notes.md §18, H200 sweeps at 1-4096 tokens):
 ONE_WAVE_TOKENS = (SMALL_BATCH_TOKENS, 256)   # PDL again, with tiles that let two launches share the SMs
-FEW_TOKENS = 16            # up to this, the per-lane cos/sin gather (interleaved sections) takes 2-head programs
-SMALL_GRID_PROGRAMS = 512  # below SMALL_BATCH_TOKENS, 8-head programs once 4-head ones would exceed this many
+FEW_TOKENS = 16            # up to this, interleaved sections (the per-lane cos/sin gather) take 2-head programs
+SMALL_GRID_PROGRAMS = 576  # below SMALL_BATCH_TOKENS, 8-head programs once 4-head ones would exceed this many
 ONE_WAVE_PROGRAMS = 1152   # in ONE_WAVE_TOKENS, 1-token x 8-head programs of 2 warps up to this many, else 4 x 8
 PER_LANE_WIDE_TOKENS = 192  # in ONE_WAVE_TOKENS, the per-lane gather: 2-token x 8-head programs below this
 PER_LANE_TILE_TOKENS = 4096  # above ONE_WAVE_TOKENS up to this, the per-lane gather: 4-token x 8-head programs
@@ -323,15 +323,19 @@ def _position_run(spec: RopeSpec, cache_row_stride: int) -> int:
     return run
 
 
-def _default_tile(num_tokens: int, num_q: int, num_k: int, split_qk: bool, gather_3d: bool) -> tuple[int, int, int]:
+def _default_tile(num_tokens: int, num_q: int, num_k: int, split_qk: bool, gather_3d: bool,
+                  interleaved: bool) -> tuple[int, int, int]:
     """(block_t, block_h, num_warps) of the default launch; block_t 0: as many tokens as fill MAX_TILE
     pairs.  From the H200 sweeps (docs/perf-notes.md §4, §6, §18); q and k always in separate programs.
 
     * Below SMALL_BATCH_TOKENS, one token per program (more, shorter programs: latency): 4 heads;
-      the per-lane gather (interleaved sections, no 3-D gather) 2 up to FEW_TOKENS (its lane-axis
-      selects are the chain's longest link there); the 3-D gather 8 once 4-head programs would
-      number more than SMALL_GRID_PROGRAMS (Qwen2.5-VL-72B at 64 tokens: with PDL, 1152 programs
-      took 1.78 us, 576 of 8 heads 1.31).
+      interleaved sections (the per-lane gather) 2 up to FEW_TOKENS (their lane-axis selects,
+      i % 3 against each section, are the chain's longest link there; the per-lane gather of
+      chunked sections has no such selects, and 2-head programs there were not measured faster
+      while doubling the programs that Triton's interpreter runs one by one); the 3-D gather 8
+      once 4-head programs would number more than SMALL_GRID_PROGRAMS (Qwen2.5-VL-72B at 64 tokens: with PDL, 1152 programs
+      took 1.78 us, 576 of 8 heads 1.31; at 32 tokens 576 programs of 4 heads took 1.31, 288 of 8
+      heads 1.41).
     * In ONE_WAVE_TOKENS, launched with PDL, the grid is sized so that the next launch's programs
       fit beside it: 1 token x 8 heads on 2 warps up to ONE_WAVE_PROGRAMS programs, else 4 tokens x
       8 heads; the per-lane gather 2 x 8 on 4 warps below PER_LANE_WIDE_TOKENS, then 1 x 8 on 2.
@@ -343,7 +347,7 @@ def _default_tile(num_tokens: int, num_q: int, num_k: int, split_qk: bool, gathe
 
     if num_tokens < SMALL_BATCH_TOKENS:
         if not gather_3d:
-            return 1, 2 if num_tokens <= FEW_TOKENS else 4, 4
+            return 1, 2 if interleaved and num_tokens <= FEW_TOKENS else 4, 4
         return 1, 8 if num_tokens * programs_per_token(4) > SMALL_GRID_PROGRAMS else 4, 4
     if num_tokens <= ONE_WAVE_TOKENS[1]:
         if not gather_3d:
@@ -404,7 +408,8 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
         # Triton can prove constant over them, i.e. half = num_freqs specialized as a multiple of 16
         # (else it issues one scalar load per lane and head lane: the slower variant of docs/perf-notes.md §6).
         gather_3d = pos_run > 1 and spec.num_freqs % 16 == 0
-    tile = _default_tile(num_tokens, num_q, num_k, split_qk, gather_3d)
+    tile = _default_tile(num_tokens, num_q, num_k, split_qk, gather_3d,
+                         interleaved=spec.num_dims > 1 and spec.layout == "interleaved")
     if block_h is None:
         block_h = min(max_heads, tile[1])
     if block_t is None:
@@ -483,8 +488,8 @@ def supports(spec: RopeSpec, dtype: torch.dtype, device: str) -> bool:
 
 
 rotate_triton.working_precision = "float32"
-# Where launch_rotary's defaults change path by the token count alone: 2-head programs of the per-lane
-# gather up to FEW_TOKENS; PDL off above PDL_MAX_TOKENS, on again in ONE_WAVE_TOKENS; from
+# Where launch_rotary's defaults change path by the token count alone: 2-head programs for interleaved
+# sections up to FEW_TOKENS; PDL off above PDL_MAX_TOKENS, on again in ONE_WAVE_TOKENS; from
 # SMALL_BATCH_TOKENS token x head x frequency tiles and the heads-fastest 1-D grid; the per-lane
 # gather's tiles at PER_LANE_WIDE_TOKENS and above PER_LANE_TILE_TOKENS; evict_first off above
 # 16384; key programs of the key's head count above KEY_HEAD_BLOCK_TOKENS.  (The program-count
