@@ -160,17 +160,19 @@ def test_rotation_property_catches_kernel_mutant(name, record_property):
 
 @pytest.mark.parametrize("name", sorted(PREFILL_ONLY))
 def test_prefill_boundaries_catch_kernel_mutant(name, record_property, monkeypatch, tmp_path):
-    # A bug only a prefill-size batch shows: test_prefill.py's boundary cases, in order, from the last
-    # one below the wrong path's start (the ones below it run the right path: under the interpreter
-    # they were 60% of this test's time), until one fails.
+    # A bug only a prefill-size batch shows: the boundary cases test_prefill.py runs on the CPU, in
+    # order, from the last one below the wrong path's start (the ones below it run the right path:
+    # under the interpreter they were 60% of this test's time), until one fails.
     from properties.strategies import POWER_OF_TWO_BOUNDARIES
-    from properties.test_prefill import boundary_case
+    from properties.test_prefill import boundary_case, power_of_two_counts
     monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))       # deliberate failures: keep reports/cases clean
     mutant = ROTARY_MUTANTS[name]
     start, found = time.perf_counter(), []
-    first = max(i for i, tokens in enumerate(POWER_OF_TWO_BOUNDARIES) if tokens < PREFILL_ONLY[name])
-    for index, tokens in list(enumerate(POWER_OF_TWO_BOUNDARIES))[first:]:
+    counts = sorted(n for k in range(10, 15) for n in power_of_two_counts(k, "cpu"))
+    first = max(i for i, tokens in enumerate(counts) if tokens < PREFILL_ONLY[name])
+    for tokens in counts[first:]:
         try:
+            index = POWER_OF_TWO_BOUNDARIES.index(tokens)
             assert_matches_reference(name, mutant, boundary_case(index, tokens, "cpu"), "cpu")
         except AssertionError as exc:
             found = [tokens, str(exc)]

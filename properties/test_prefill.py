@@ -7,13 +7,16 @@ by token count, flashinfer#609 -> #619; grids overflow 65,535 programs in a dime
 
 - at the powers of two from 1,024 to 16,384, each +-1, one layout / pairing / dtype per count,
   cycling, so that every combination meets a large count (explicit, every profile);
-- at each token count it declares a switch at (``switch_tokens``), +-1;
+- at each token count it declares a switch at (``switch_tokens``, the first count of a new
+  path), +-1;
 - on drawn prefill cases of 1,024 to 16,384 tokens and the boundaries, any layout, pairing,
   dtype and layout of q/k, as many as fit the property's time budget.
 
 On the CPU (Triton under its interpreter runs one program at a time, ~10 ms each) the cases have
-one query head of 32 channels and at most one kv head, and from 8,192 tokens the power of two
-runs without its +-1; on a GPU, real head counts and every boundary.
+one query head of 32 channels and at most one kv head, and from 2,048 tokens a boundary (a
+power of two, a declared switch) runs without its +-1: they differ from it only by a partial last
+tile, the code every boundary's +-1 below runs (an interpreted case there takes 10-40 s); on a
+GPU, real head counts and every boundary.
 """
 
 from __future__ import annotations
@@ -45,11 +48,11 @@ from properties.strategies import (
 
 # Seconds of implementation + reference time the drawn prefill property may spend per test
 # (the explicit boundaries always run); ROPE_PREFILL_BUDGET overrides.
-PREFILL_BUDGET_S = {"cpu": 20.0}
+PREFILL_BUDGET_S = {"cpu": 10.0}
 DEFAULT_PREFILL_BUDGET_S = 120.0
 GPU_HEADS = (28, 4)          # Qwen2.5-VL-7B per rank: 28 query heads, 4 kv heads, head 128
 CPU_KEY_MAX_TOKENS = 8192    # boundary cases under the interpreter carry a key below this count
-CPU_POWER_ALONE_FROM = 8192  # from this power of two the interpreter runs the power, not its +-1
+CPU_POWER_ALONE_FROM = 2048  # from this count the interpreter runs a boundary alone, not its +-1
 
 
 def _small_heads(device: str) -> bool:
@@ -77,6 +80,17 @@ def boundary_case(index: int, num_tokens: int, device: str) -> RotationCase:
     return RotationCase(spec, num_tokens, nq, nkv, dtype, "uniform", index % 2 == 1 and nkv > 0, index)
 
 
+def power_of_two_counts(log2: int, device: str) -> tuple[int, ...]:
+    """The counts test_power_of_two_boundaries_match_reference runs at 2**log2 on ``device``: the
+    power first (a path switched at 2^k starts there, so a run stopping at its first failure hears
+    of it one interpreted case sooner), then +1 and -1; under the interpreter, from
+    CPU_POWER_ALONE_FROM, the power alone."""
+    power = 1 << log2
+    if _small_heads(device) and power >= CPU_POWER_ALONE_FROM:
+        return (power,)
+    return power, power + 1, power - 1
+
+
 def _check(impl_name, impl, case, device) -> bool:
     """Hold ``impl`` to the reference on ``case``; False when it does not support the case.  The
     run report learns the implementation's declared switches once it ran on the device."""
@@ -100,29 +114,34 @@ def test_power_of_two_boundaries_match_reference(impl_name, device, log2):
     # failure hears of it one interpreted case (seconds at 4096 tokens) sooner.
     impl = get_implementation(impl_name)
     ran = 0
-    counts = (1 << log2, (1 << log2) + 1, (1 << log2) - 1)
-    if _small_heads(device) and (1 << log2) >= CPU_POWER_ALONE_FROM:
-        # Under the interpreter, 8,192 and 16,384 tokens alone: their +-1 differ from them only by a
-        # partial last tile, the code every smaller boundary's +-1 runs (15-33 s a case; a GPU runs
-        # all three).
-        counts = counts[:1]
-    for num_tokens in counts:
+    for num_tokens in power_of_two_counts(log2, device):
         index = POWER_OF_TWO_BOUNDARIES.index(num_tokens)
         ran += _check(impl_name, impl, boundary_case(index, num_tokens, device), device)
     if not ran:
         pytest.skip(f"{impl_name} supports none of the boundary cases at {1 << log2} tokens on {device}")
 
 
+def declared_switch_counts(thresholds, device: str) -> list[int]:
+    """The counts test_declared_switches_match_reference runs: each declared switch t, t - 1 and
+    t + 1 (from CPU_POWER_ALONE_FROM under the interpreter, t alone: the new path's first count),
+    less the counts test_power_of_two_boundaries_match_reference runs on ``device``."""
+    alone = _small_heads(device)
+    around = {t + d for t in thresholds for d in ((0,) if alone and t >= CPU_POWER_ALONE_FROM else (-1, 0, 1))
+              if t + d >= 1}
+    powers = {n for k in range(10, 15) for n in power_of_two_counts(k, device)}
+    return sorted(around - powers)
+
+
 def test_declared_switches_match_reference(impl_name, device):
-    # Each count an implementation declares it switches at, +-1 (the Triton kernel: PDL off above
-    # 64 tokens, large tiles and the heads-fastest grid from 128, evict_first off and key programs of
-    # the key's head count above 16,384).
+    # Each count an implementation declares it switches at, +-1 (the Triton kernel: 2-head programs
+    # for interleaved sections up to 16 tokens, PDL off above 64 and on again from 128 to 256, large
+    # tiles and the heads-fastest grid from 128, the per-lane gather's tiles at 192 and above 4096,
+    # evict_first off and key programs of the key's head count above 16,384).
     impl = get_implementation(impl_name)
     thresholds = switch_tokens(impl_name, impl)
     if not thresholds:
         pytest.skip(f"{impl_name} declares no switch_tokens")
-    # Counts test_power_of_two_boundaries_match_reference runs already are not run twice.
-    counts = sorted({t + d for t in thresholds for d in (-1, 0, 1) if t + d >= 1} - set(POWER_OF_TWO_BOUNDARIES))
+    counts = declared_switch_counts(thresholds, device)
     ran = 0
     for index, num_tokens in enumerate(counts):
         ran += _check(impl_name, impl, boundary_case(index, num_tokens, device), device)

@@ -81,9 +81,11 @@ def candidate_options(tokens: int, num_kv: int, candidates: str = "full", spec=N
 
 
 def _shape(model_key: str):
+    """(spec, q heads, kv heads) of ``model`` or ``model@tp`` (one rank of tensor parallelism tp)."""
     from rope.models import get_model
-    model = get_model(model_key)
-    return model.spec, *model.sharded(1)
+    name, _, tp = model_key.partition("@")
+    model = get_model(name)
+    return model.spec, *model.sharded(int(tp or 1))
 
 
 def resolved_launch(spec, positions, q, k, cache, options: dict):
@@ -147,7 +149,7 @@ def main(argv=None) -> int:
     p.add_argument("--candidates", choices=("full", "wide", "previous"), default="full")
     p.add_argument("--extra", default="[]", help="JSON list of option dicts tried besides the candidates")
     p.add_argument("--floor-programs", default="1,18", help="program counts of the in-place chain (the floor)")
-    p.add_argument("--models", default=",".join(LAYOUTS))
+    p.add_argument("--models", default=",".join(LAYOUTS), help="model keys, model@tp for one rank of tp")
     p.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--confirm", type=int, default=3, help="extra interleaved rounds for the default and the best few")
@@ -229,7 +231,7 @@ def main(argv=None) -> int:
             e["median_us"] = statistics.median(e["times_us"])
         default = entries[0]["median_us"]
         best = min((e for e in entries if e["same_bits"]), key=lambda e: e["median_us"])
-        row = {"model": key, "layout": LAYOUTS.get(key, spec.layout), "tokens": t, "default_us": default,
+        row = {"model": key, "layout": LAYOUTS.get(key.partition("@")[0], spec.layout), "tokens": t, "default_us": default,
                "best_us": best["median_us"], "best_options": best["options"], "entries": entries}
         rows.append(row)
         print(f"{key} {t} tokens: default {default:.3f} us, best {best['median_us']:.3f} us with {best['options']} "

@@ -542,6 +542,9 @@ def pytest_configure(config):
         _arm_stop_file(config)
     from rope.devices import configure_triton
     configure_triton()          # before any kernel of the suite is defined (no GPU: the interpreter)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        from rope.harness.interpreter import skip_repeated_patching
+        skip_repeated_patching()    # half of an interpreted kernel's time (rope/harness/interpreter.py)
     config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:triton.*")
     if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
         # Each xdist worker is a process: give it its share of the cores instead of letting

@@ -1,0 +1,103 @@
+"""rope.harness.interpreter: Triton's interpreter without re-patching triton.language per helper
+call gives the same bits, patches once per grid, and leaves a Triton it does not know alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from rope.devices import is_interpreter
+from rope.harness import interpreter as speed
+from rope.harness.inputs import RotationCase, build_rotation_inputs
+from rope.registry import get_implementation
+from rope.spec import RopeSpec
+
+pytestmark = pytest.mark.skipif(not is_interpreter(), reason="Triton's interpreter only (no GPU, TRITON_INTERPRET=1)")
+
+
+@triton.jit
+def _scaled(x, BLOCK: tl.constexpr):
+    return x * 2.0 + tl.arange(0, BLOCK).to(tl.float32)
+
+
+@triton.jit
+def _helpers_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    # Helpers of this module (tl) and of triton.language.standard (tl.core): tl.cdiv, tl.maximum.
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    y = tl.maximum(_scaled(x, BLOCK), 0.0) + tl.cdiv(n, BLOCK)
+    tl.store(out_ptr + offs, y, mask=mask)
+
+
+def _with_and_without(run):
+    """run() with the faster helper call and with Triton's own; the faster one is left installed
+    as the plugin installed it."""
+    installed = speed.skip_repeated_patching()
+    fast = run()
+    speed.restore_patching()
+    try:
+        slow = run()
+    finally:
+        if installed:
+            speed.skip_repeated_patching()
+    return installed, fast, slow
+
+
+def test_rotation_gives_the_same_bits_with_and_without_the_repeated_patching():
+    spec = RopeSpec(64, 64, True, (8, 12, 12), "interleaved", max_position=512)
+    case = RotationCase(spec, 37, 5, 2, "bfloat16", "grid", True, 3)
+    impl = get_implementation("triton")
+
+    def run():
+        x = build_rotation_inputs(case, "cpu")
+        q, k = impl(spec, x.positions, x.query, x.key, x.cache)
+        return q.clone(), k.clone()
+
+    installed, fast, slow = _with_and_without(run)
+    assert installed, "the faster helper call was not installed for this Triton"
+    assert torch.equal(fast[0].view(torch.int16), slow[0].view(torch.int16))
+    assert torch.equal(fast[1].view(torch.int16), slow[1].view(torch.int16))
+
+
+def test_helpers_of_other_modules_are_patched_and_results_agree(monkeypatch):
+    from triton.runtime import interpreter
+    calls = []
+    real = interpreter._patch_lang
+    monkeypatch.setattr(interpreter, "_patch_lang", lambda fn: calls.append(fn.__name__) or real(fn))
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    counts = []
+
+    def run():
+        calls.clear()
+        out = torch.empty_like(x)
+        _helpers_kernel[(triton.cdiv(1000, 64),)](x, out, 1000, BLOCK=64)
+        counts.append(list(calls))
+        return out
+
+    installed, fast, slow = _with_and_without(run)
+    assert installed
+    assert torch.equal(fast, slow)
+    assert torch.equal(fast, torch.clamp(x * 2.0 + torch.arange(1000).remainder(64).float(), min=0.0) + 16)
+    # The faster call patches the grid, then triton.language.core once, at tl.cdiv's first call;
+    # Triton's own patches again at every helper call of each of the 16 programs.
+    assert counts[0] == ["_helpers_kernel", "cdiv"], counts[0]
+    assert len(counts[1]) >= 1 + 2 * 16, counts[1]
+
+
+def test_an_unknown_triton_is_left_alone(monkeypatch):
+    from triton.runtime import interpreter
+    installed = speed._APPLIED[0]
+    speed.restore_patching()
+    try:
+        def changed(self, *args, **kwargs):
+            return self.rewrite()(*args, **kwargs)
+        monkeypatch.setattr(interpreter.InterpretedFunction, "__call__", changed)
+        assert speed.skip_repeated_patching() is False
+        assert interpreter.InterpretedFunction.__call__ is changed
+    finally:
+        monkeypatch.undo()
+        if installed:
+            speed.skip_repeated_patching()
