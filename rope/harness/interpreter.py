@@ -5,16 +5,17 @@ patches ``triton.language``'s builtins once, for the whole grid (``_patch_lang``
 of a ``@triton.jit`` helper from the kernel patches them again (``InterpretedFunction.__call__``:
 ``inspect.getmembers`` over ``tl``, ``tl.math`` and the tensor class, per call, never undone by
 the helper).  The harness's rotation kernel calls six helpers per program, and that repetition
-was half of an interpreted case's time (a 4,097-token boundary case: 23.1 s, 11.6 s without it).
+was half of an interpreted case's time (a 4,097-token boundary case: 19.7-24.5 s, 10.8-11.6 s
+without it).
 
 :func:`skip_repeated_patching` replaces the helper call by one that patches only when the helper
 sees a language module not yet patched in the running grid (``tl.cdiv`` and the rest of
 ``triton.language.standard`` use ``triton.language.core``, where a kernel's module imports
 ``triton.language``: patched at the first such call, as Triton never undoes a helper's patch),
-and is otherwise the same call.  A helper then runs on the very builtins the grid patched, so every result is the same
-(properties/test_interpreter.py compares the bits).  It changes nothing unless Triton's helper
-call and grid executor are the code this was written against (Triton 3.9's): a version whose code
-differs keeps its own behaviour, only slower.
+and is otherwise the same call.  A helper then runs on the very builtins the grid patched, so
+every result is the same (properties/test_interpreter_speed.py compares the bits).  It changes
+nothing unless Triton's helper call and grid executor are the code this was written against
+(Triton 3.9's): a version whose code differs keeps its own behaviour, only slower.
 """
 
 from __future__ import annotations
