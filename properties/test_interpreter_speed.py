@@ -24,7 +24,8 @@ def _scaled(x, BLOCK: tl.constexpr):
 
 @triton.jit
 def _helpers_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    # Helpers of this module (tl) and of triton.language.standard (tl.core): tl.cdiv, tl.maximum.
+    # A helper of this module (_scaled: its globals hold tl) and one of triton.language.standard
+    # (tl.cdiv: its globals hold tl.core, which the grid's own patch leaves alone).
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask, other=0.0)

@@ -164,11 +164,11 @@ def test_prefill_boundaries_catch_kernel_mutant(name, record_property, monkeypat
     # order, from the last one below the wrong path's start (the ones below it run the right path:
     # under the interpreter they were 60% of this test's time), until one fails.
     from properties.strategies import POWER_OF_TWO_BOUNDARIES
-    from properties.test_prefill import boundary_case, power_of_two_counts
+    from properties.test_prefill import boundary_case, power_of_two_boundaries_run
     monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))       # deliberate failures: keep reports/cases clean
     mutant = ROTARY_MUTANTS[name]
     start, found = time.perf_counter(), []
-    counts = sorted(n for k in range(10, 15) for n in power_of_two_counts(k, "cpu"))
+    counts = power_of_two_boundaries_run("cpu")
     first = max(i for i, tokens in enumerate(counts) if tokens < PREFILL_ONLY[name])
     for tokens in counts[first:]:
         try:

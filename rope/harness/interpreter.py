@@ -58,15 +58,14 @@ def skip_repeated_patching() -> bool:
         return False
 
     language = (tl, tl.core)
-    modules_of: dict[int, frozenset] = {}     # id(fn) -> ids of the language modules its globals hold
+    modules_of: dict = {}                      # fn -> ids of the language modules its globals hold
     grids: list[set] = []                      # the language modules patched in each running grid
 
     def language_modules(fn) -> frozenset:
-        key = id(fn)
-        if key not in modules_of:
-            modules_of[key] = frozenset(id(v) for v in fn.__globals__.values()
-                                        if inspect.ismodule(v) and any(v is m for m in language))
-        return modules_of[key]
+        if fn not in modules_of:
+            modules_of[fn] = frozenset(id(v) for v in fn.__globals__.values()
+                                       if inspect.ismodule(v) and any(v is m for m in language))
+        return modules_of[fn]
 
     def grid_executor_call(self, *args, **kwargs):
         grids.append(set(language_modules(self.fn)))
