@@ -286,6 +286,7 @@ MUTANT_LABELS = {
         "positions[0, t + d]"),
     "kernel:positions_store_unmasked": NO_ROTATION,
     "kernel:offsets_32bit": GPU_ONLY,
+    "kernel:cache_offsets_32bit": GPU_ONLY,
     # Right below 4,096 tokens; GPT-J paired NeoX-style from there (a prefill-size path).
     "kernel:neox_pairs_from_4096_tokens": (
         "plain", RotationCase(RopeSpec(32, 32, False, (4, 6, 6), max_position=4096), 4096, 1, 0, "float32",

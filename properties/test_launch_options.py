@@ -2,8 +2,9 @@
 
 ``launch_rotary``'s tiles (block_t, block_h, num_warps), the q/k split, the 3-D cos/sin gather,
 programmatic dependent launch (``pdl``), the q/k eviction hint, the grid order (``heads_fastest``),
-the key programs' head block (``block_hk``) and the bf16 rounding (by hand, or the compiled convert: GPU only) are picked per size from the
-H200 sweeps; the rotation properties run only the defaults, so a configuration a sweep prefers
+the key programs' head block (``block_hk``), the bf16 rounding (by hand, or the compiled convert: GPU
+only), the cache's 64-bit offsets and the positions read before the PDL wait are picked per size from the
+H200 sweeps or by the caller; the rotation properties run only the defaults, so a configuration a sweep prefers
 next could hide a masking or indexing bug (a token tile that runs past the batch, a head block
 past the heads, a rounding that differs).  Every drawn configuration
 must give the default launch's output bit for bit (the math per element is the same fp32 sequence;
@@ -43,6 +44,8 @@ LAUNCH_OPTIONS = st.fixed_dictionaries({
     "heads_fastest": st.booleans(),
     "bf16_rounding": st.sampled_from(["by_hand", "convert"]),
     "key_head_shift": st.sampled_from([None, 0, 1, 2, 3, 4]),    # block_hk = block_h >> shift
+    "cache_offsets_64": st.booleans(),
+    "positions_before_wait": st.booleans(),    # safe here: the launch before does not write positions
 })
 QWEN72 = load_models()["qwen2.5-vl-72b"].spec
 
@@ -122,3 +125,31 @@ def test_grid_arithmetic_is_tritons(n, b):
     # cost about 2 us a call from Python); they must be Triton's functions exactly.
     assert cdiv(n, b) == triton.cdiv(n, b)
     assert next_power_of_2(n) == triton.next_power_of_2(n)
+
+
+def _recorded_constexprs(positions, query, key, cache, **options) -> dict:
+    from properties.compile_offline import _record
+    import rope.triton.rotary as rotary
+    (_, _grid, _args, kwargs), = _record(rotary, "_rotary_kernel", lambda: launch_rotary(
+        QWEN72, positions, query, key, cache, **options))
+    return kwargs
+
+
+@pytest.mark.parametrize("rows, row_stride, needs_64", [
+    (32768, 128, False),
+    ((2**31 - 64) // 128 + 1, 128, False),      # the last row's lanes end at 2^31 - 1
+    ((2**31 - 64) // 128 + 2, 128, True),
+    (3, 2**30, True),                           # few rows far apart (a strided view of a wider tensor)
+])
+def test_cache_offsets_are_64_bit_where_32_bits_would_overflow(rows, row_stride, needs_64):
+    # The kernel indexes the cache in 32 bits (a shorter position -> cos/sin chain) unless an offset
+    # row * row_stride + lane (lanes < 64 here) could pass 2^31 - 1.  Meta tensors: no memory.
+    meta = torch.device("meta")
+    cache = torch.empty(rows, row_stride, device=meta, dtype=torch.bfloat16)[:, :128]
+    positions = torch.zeros(3, 1, dtype=torch.long, device=meta)
+    q, k = torch.empty(1, 8 * 128, device=meta, dtype=torch.bfloat16), torch.empty(1, 128, device=meta, dtype=torch.bfloat16)
+    assert _recorded_constexprs(positions, q, k, cache)["CACHE_I64"] is needs_64
+    assert _recorded_constexprs(positions, q, k, cache, cache_offsets_64=True)["CACHE_I64"] is True
+    if needs_64:
+        with pytest.raises(ValueError, match=r"cache_offsets_64=False: cos_sin_cache of shape .* has offsets past 2\^31 - 1"):
+            launch_rotary(QWEN72, positions, q, k, cache, cache_offsets_64=False)

@@ -388,7 +388,7 @@ def test_memory_safety_mutants_run_the_guarded_tests_first():
         elif m.kind == "positions-kernel":
             assert first.caught_when == "pass" and "test_position_property_catches_kernel_mutant" in first.tests[0]
         elif m.needs == "gpu-deep":
-            assert first.tests == (f"{stages.PREFILL_SUITE}::{stages.HUGE_TEST}",) and first.profile == "deep"
+            assert first.tests == tuple(f"{stages.PREFILL_SUITE}::{t}" for t in stages.HUGE_TESTS) and first.profile == "deep"
             assert "--hypothesis-profile=deep" in stages.build_pytest_args(first, first.tests, "ci")
         elif m.kind in catalogue.ROTATION_KINDS:
             assert first.tests == (stages.ROTATION_SUITE, stages.PREFILL_SUITE)
@@ -619,7 +619,7 @@ def test_a_mutant_this_machine_cannot_show_is_listed_not_run(monkeypatch):
     from rope.harness.mutation import runner as runner_module
     monkeypatch.setattr("rope.devices.available_devices", lambda: ["cpu"])
     gpu_only = [m for m in mutation.discover_mutants() if m.needs == "gpu-deep"]
-    assert [m.name for m in gpu_only] == ["kernel:offsets_32bit"]
+    assert [m.name for m in gpu_only] == ["kernel:offsets_32bit", "kernel:cache_offsets_32bit"]
     assert catalogue.unmet_need(gpu_only[0]).startswith("needs a GPU")
     rep = runner_module.run(["offsets_32bit"], baseline=False, execute=lambda *a, **k: pytest.fail("ran"))
     assert rep.results == [] and rep.summary()["not_run"][0]["mutant"] == "kernel:offsets_32bit"

@@ -4,9 +4,10 @@ For the layouts the kernel must serve (Qwen2.5-VL-72B chunked, Qwen3-VL-30B-A3B 
 interleaved, HunyuanOCR XD-RoPE with 4 rows, GLM-4.1V-9B GPT-J partial) at each token count, it
 checks then times:
 
-* ours: the unchecked launch and the public entry (``get_implementation("triton")``), and the
-  unchecked launch with bf16 rounded by bit arithmetic (``bf16_rounding="by_hand"``, what the
-  interpreter needs) instead of the compiled default, the store's own convert;
+* ours: the unchecked launch and the public entry (``get_implementation("triton")``), and, where
+  the launch uses programmatic dependent launch (up to 256 tokens), the unchecked launch that reads
+  the positions before its PDL wait (``positions_before_wait=True``: valid when the kernel before it
+  does not write them, as in an engine's decode step);
 * the in-place stream of the same access pattern, in one launch: every rotated channel of q and
   k read and written once, nothing else (the whole q and k for whole-head rotary, the first ``rotary_dim``
   channels of every head for partial rotary): what an in-place kernel of that pattern can reach;
@@ -50,6 +51,7 @@ from latency_floor import chain_ms                          # noqa: E402  (this 
 LAYOUTS = (("qwen2.5-vl-72b", "chunked"), ("qwen3-vl-30b-a3b", "interleaved"), ("qwen3-vl-8b", "interleaved"),
            ("hunyuan-ocr", "XD-RoPE 4 rows"), ("glm-4.1v-9b", "GPT-J partial"))
 TOKENS = (1, 256, 4096, 16384, 65536)
+EARLY_MAX_TOKENS = 256      # the launcher's PDL range ends here (rope/triton/rotary.py ONE_WAVE_TOKENS)
 
 
 def stream_calls(q, k, head_size: int, rotary_dim: int):
@@ -101,10 +103,10 @@ def main(argv=None) -> int:
           f"position -> cache row -> store {chain * 1e3:.2f} us ({chain_pdl * 1e3:.2f} with PDL)", flush=True)
     found, absent = contenders(("triton", "triton-public", "liger-pregathered"))
     by_name = {c.name: c for c in found}
-    if "triton" in by_name:      # the unchecked launch (inputs here are contiguous), the interpreter's rounding
-        by_name["triton-by-hand"] = Contender(
-            "triton-by-hand", True, lambda spec, positions, q, k, cache: lambda: launch_rotary(
-                spec, positions, q, k, cache, bf16_rounding="by_hand"),
+    if "triton" in by_name:      # the unchecked launch (inputs here are contiguous), positions read before the PDL wait
+        by_name["triton-early"] = Contender(
+            "triton-early", True, lambda spec, positions, q, k, cache: lambda: launch_rotary(
+                spec, positions, q, k, cache, positions_before_wait=True),
             "float32", by_name["triton"].reason, triton=True)
     rows = []
     for key in args.models.split(","):
@@ -117,9 +119,11 @@ def main(argv=None) -> int:
             nbytes = bench.rotation_bytes(spec, t, nq, nkv, dtype.itemsize)
             sets = bench.input_sets(device, nbytes, t)
             row = {"model": key, "layout": layouts.get(key, spec.layout), "tokens": t, "bytes": nbytes}
-            for name in ("triton", "triton-by-hand", "triton-public", "liger-pregathered"):
+            for name in ("triton", "triton-early", "triton-public", "liger-pregathered"):
                 c = by_name.get(name)
                 why = absent.get(name) if c is None else c.reason(spec, dtype, device)
+                if name == "triton-early" and not why and t > EARLY_MAX_TOKENS:
+                    why = "the default's launch (no PDL at this size)"
                 if why:
                     row[name] = {"skipped": why}
                     continue
@@ -168,13 +172,13 @@ def markdown(data: dict) -> str:
              f"({data['empty_launch_pdl_us']:.2f} us with PDL), the one-token floor (a position, then the cache row "
              f"it selects, stored) {data['chain_us']:.2f} us ({data['chain_pdl_us']:.2f} us with PDL). Each cell: the "
              "project's timer, then triton's do_bench; a fraction is of the copy bandwidth.", "",
-             "| model (layout) | tokens | ours, unchecked | ours, unchecked, bf16 rounded by hand | ours, public entry "
+             "| model (layout) | tokens | ours, unchecked | ours, unchecked, positions read before the PDL wait | ours, public entry "
              "| in-place stream of the pattern | Liger, cos/sin pre-gathered | ours / Liger (timer) |",
              "|---|---:|---|---|---|---|---|---:|"]
     for r in data["rows"]:
         liger, ours = r.get("liger-pregathered"), r.get("triton")
         ratio = f"{ours['us'] / liger['us']:.2f}" if liger and "us" in liger and ours and "us" in ours else "-"
-        lines.append(f"| {r['model']} ({r['layout']}) | {r['tokens']} | {_cell(ours)} | {_cell(r.get('triton-by-hand'))} "
+        lines.append(f"| {r['model']} ({r['layout']}) | {r['tokens']} | {_cell(ours)} | {_cell(r.get('triton-early'))} "
                      f"| {_cell(r.get('triton-public'))} "
                      f"| {_cell(r.get('stream'))} | {_cell(liger)} | {ratio} |")
     return "\n".join(lines) + "\n"

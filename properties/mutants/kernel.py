@@ -235,10 +235,21 @@ def offsets_32bit():
     """
 
 
+@_rotary(("        cache_offsets_64 = needs_64\n", "        cache_offsets_64 = False\n"))
+def cache_offsets_32bit():
+    """(h') Cache offsets always in 32 bits: position * row_stride wraps once the cos/sin cache passes
+    2^31 elements (docs/spec.md §7.10, the cache side of Liger#804's 32-bit offsets).
+
+    The kernel indexes the cache in 32 bits only where no offset can pass 2^31 - 1; this mutant
+    does so everywhere.  Right on every cache of fewer elements: only properties/test_prefill.py's
+    4 GiB cache (GPU, deep profile) shows it.
+    """
+
+
 # Mutants whose bug only a prefill-size batch shows, with the token count their wrong path starts
 # at: test_mutants.py searches them with the prefill boundaries instead of its small-case search.
 PREFILL_ONLY = {"neox_pairs_from_4096_tokens": 4096}
 # Mutants only a GPU shows, in the deep profile (q past 2^31 elements): outside ROTARY_MUTANTS, so the
 # CPU mutation run does not count them; `rope-harness mutants` runs them where a GPU is (needs: gpu-deep).
-GPU_DEEP_MUTANTS = {m.name: m for m in (offsets_32bit,)}
+GPU_DEEP_MUTANTS = {m.name: m for m in (offsets_32bit, cache_offsets_32bit)}
 POSITIONS_MUTANTS = {m.name: m for m in (positions_store_unmasked,)}

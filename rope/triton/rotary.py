@@ -130,11 +130,32 @@ def _lane_axes(freq, sec0, sec1, sec2, NUM_DIMS: tl.constexpr, INTERLEAVED: tl.c
 
 
 @triton.jit
-def _gather_cos_sin(cache_ptr, cache_row_stride, cache_rows, pos_ptr, pos_row_stride, token, num_tokens, freq, half,
-                    sec0, sec1, sec2, NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_T: tl.constexpr,
-                    BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr, POS_RUN: tl.constexpr, GATHER_3D: tl.constexpr):
-    """cos = cache[positions[axis(i), t], i], sin = cache[..., half + i] for the tile's tokens, as
-    [BLOCK_T, BLOCK_H, BLOCK_F] fp32 in the layout of the q/k tile.
+def _load_positions(pos_ptr, pos_row_stride, token, num_tokens, NUM_DIMS: tl.constexpr):
+    """The tile's tokens' positions, rows 0..NUM_DIMS-1 as loaded ([BLOCK_T] each; rows past NUM_DIMS
+    repeat row 0 and load nothing).  Tokens past num_tokens read position 0 and store nothing."""
+    token_ok = token < num_tokens
+    pos_0 = tl.load(pos_ptr + token, mask=token_ok, other=0)
+    pos_1 = pos_0
+    pos_2 = pos_0
+    pos_3 = pos_0
+    for d in tl.static_range(1, NUM_DIMS):
+        pos_d = tl.load(pos_ptr + d * pos_row_stride + token, mask=token_ok, other=0)
+        if d == 1:
+            pos_1 = pos_d
+        elif d == 2:
+            pos_2 = pos_d
+        else:
+            pos_3 = pos_d
+    return pos_0, pos_1, pos_2, pos_3
+
+
+@triton.jit
+def _cos_sin_offsets(pos_0, pos_1, pos_2, pos_3, cache_row_stride, cache_rows, freq, half, sec0, sec1, sec2,
+                     NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+                     BLOCK_F: tl.constexpr, POS_RUN: tl.constexpr, GATHER_3D: tl.constexpr, CACHE_I64: tl.constexpr):
+    """The cache offsets of cos = cache[positions[axis(i), t], i] (sin: + half) for the positions of
+    :func:`_load_positions`, and their lane mask, for :func:`_load_cos_sin` (three steps, so that the
+    positions can be read before a PDL wait and the arithmetic and the cache after it).
 
     GATHER_3D: gathered straight into the tile's 3-D layout (each head lane loads its copy; the
     copies hit L1).  Runs of POS_RUN lanes share one position row and start aligned (see
@@ -142,22 +163,26 @@ def _gather_cos_sin(cache_ptr, cache_row_stride, cache_rows, pos_ptr, pos_row_st
     vectorize.  Else one gather per (token, lane) into [BLOCK_T, BLOCK_F], broadcast over heads
     (Triton converts that layout through shared memory), which issues one load per lane where the
     3-D gather issues one per lane and head lane (interleaved sections: POS_RUN 1).
-    Tokens past num_tokens read position 0 (a valid row) and store nothing; lanes >= half are
-    padding and masked."""
+    Lanes >= half are padding and masked."""
     freq_ok = freq < half
-    token_ok = token < num_tokens
     axis = _lane_axes(freq, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED)
     # Positions are not range-checked on a GPU (a host sync; rope.spec.checks_values): each loaded
     # row is clamped to the cache's rows, so a bad position reads a wrong row of the cache, never
     # past it.  Per token, before the broadcast over lanes: a tile-wide clamp measured about 1%
-    # slower on an H200 (Qwen2.5-VL-72B, 4096 and 16384 tokens).
-    pos_0 = tl.load(pos_ptr + token, mask=token_ok, other=0).to(tl.int64)
-    pos_0 = tl.minimum(tl.maximum(pos_0, 0), cache_rows - 1)
-    pos = pos_0[:, None] + tl.zeros([BLOCK_T, BLOCK_F], dtype=tl.int64)
-    for d in tl.static_range(1, NUM_DIMS):
-        pos_d = tl.load(pos_ptr + d * pos_row_stride + token, mask=token_ok, other=0).to(tl.int64)
-        pos_d = tl.minimum(tl.maximum(pos_d, 0), cache_rows - 1)
-        pos = tl.where(axis[None, :] == d, pos_d[:, None], pos)
+    # slower on an H200 (Qwen2.5-VL-72B, 4096 and 16384 tokens).  Rows and cache offsets are 32-bit
+    # unless CACHE_I64 (set by the launcher when an offset could pass 2^31 - 1): a position's low 32
+    # bits, then one max and one min, where 64 bits took two compare-and-select pairs and a wide
+    # multiply on the decode step's dependent chain, position -> cos/sin (docs/perf-notes.md §20).
+    # A position outside the int32 range wraps before the clamp: still a row of the cache.
+    ROW: tl.constexpr = tl.int64 if CACHE_I64 else tl.int32
+    row_0 = tl.minimum(tl.maximum(pos_0.to(ROW), 0), cache_rows - 1)
+    pos = row_0[:, None] + tl.zeros([BLOCK_T, BLOCK_F], dtype=ROW)
+    if NUM_DIMS >= 2:
+        pos = tl.where(axis[None, :] == 1, tl.minimum(tl.maximum(pos_1.to(ROW), 0), cache_rows - 1)[:, None], pos)
+    if NUM_DIMS >= 3:
+        pos = tl.where(axis[None, :] == 2, tl.minimum(tl.maximum(pos_2.to(ROW), 0), cache_rows - 1)[:, None], pos)
+    if NUM_DIMS >= 4:
+        pos = tl.where(axis[None, :] == 3, tl.minimum(tl.maximum(pos_3.to(ROW), 0), cache_rows - 1)[:, None], pos)
     offs = pos * cache_row_stride + freq[None, :]
     lane_ok = freq_ok[None, :]
     if GATHER_3D:
@@ -165,6 +190,13 @@ def _gather_cos_sin(cache_ptr, cache_row_stride, cache_rows, pos_ptr, pos_row_st
             offs = tl.max_contiguous(tl.multiple_of(offs, [1, POS_RUN]), [1, POS_RUN])
         offs = tl.broadcast_to(offs[:, None, :], [BLOCK_T, BLOCK_H, BLOCK_F])
         lane_ok = tl.broadcast_to(freq_ok[None, None, :], [BLOCK_T, BLOCK_H, BLOCK_F])
+    return offs, lane_ok
+
+
+@triton.jit
+def _load_cos_sin(cache_ptr, offs, lane_ok, half, GATHER_3D: tl.constexpr):
+    """cos and sin at :func:`_cos_sin_offsets`' offsets, as [BLOCK_T, BLOCK_H, BLOCK_F] fp32 in the
+    layout of the q/k tile."""
     cos = tl.load(cache_ptr + offs, mask=lane_ok, other=0.0)
     sin = tl.load(cache_ptr + half + offs, mask=lane_ok, other=0.0)
     if not GATHER_3D:
@@ -180,19 +212,30 @@ def _rotate_tile(x_ptr, x_stride, token, heads, x_heads, cache_ptr, cache_row_st
                  pos_row_stride, num_tokens, head_size, half, sec0, sec1, sec2,
                  NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, IS_NEOX: tl.constexpr, ROUND_BF16: tl.constexpr,
                  BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr, POS_RUN: tl.constexpr,
-                 GATHER_3D: tl.constexpr, QK_EVICT: tl.constexpr):
+                 GATHER_3D: tl.constexpr, QK_EVICT: tl.constexpr, CACHE_I64: tl.constexpr, PDL: tl.constexpr,
+                 EARLY_POSITIONS: tl.constexpr):
     """Rotate the given tokens [BLOCK_T] (int64) x heads [BLOCK_H] of one tensor in place (the key-head
     branch of _rotary_kernel, whose two arms differ in tile shape; its default path writes this body out)."""
     freq = tl.arange(0, BLOCK_F)
     token_ok = token < num_tokens
-    # The q (or k) loads depend on nothing and are written first; ptxas still issues them after
-    # the position loads (pinning them first with a barrier measured slower: docs/perf-notes.md §6).
     x_rows = x_ptr + token * x_stride
-    x1, x2 = _load_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half,
-                        IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
-    cos, sin = _gather_cos_sin(cache_ptr, cache_row_stride, cache_rows, pos_ptr, pos_row_stride, token,
-                               num_tokens, freq, half, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, BLOCK_T, BLOCK_H, BLOCK_F,
-                               POS_RUN, GATHER_3D)
+    if EARLY_POSITIONS:     # positions before the PDL wait (see _rotary_kernel), the cache and q/k after it
+        pos_0, pos_1, pos_2, pos_3 = _load_positions(pos_ptr, pos_row_stride, token, num_tokens, NUM_DIMS)
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
+        x1, x2 = _load_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half,
+                            IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
+    else:
+        # The q (or k) loads depend on nothing and are written first; ptxas still issues them after
+        # the position loads (pinning them first with a barrier measured slower: docs/perf-notes.md §6).
+        x1, x2 = _load_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half,
+                            IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
+        pos_0, pos_1, pos_2, pos_3 = _load_positions(pos_ptr, pos_row_stride, token, num_tokens, NUM_DIMS)
+    offs, lane_ok = _cos_sin_offsets(pos_0, pos_1, pos_2, pos_3, cache_row_stride, cache_rows, freq, half,
+                                     sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN,
+                                     GATHER_3D, CACHE_I64)
+    cos, sin = _load_cos_sin(cache_ptr, offs, lane_ok, half, GATHER_3D)
     # Rotate and store: NeoX pairs (i, i + half), GPT-J pairs (2i, 2i + 1).
     _rotate_store_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half, x1, x2, cos, sin,
                        IS_NEOX, ROUND_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
@@ -209,12 +252,16 @@ def _rotary_kernel(
     NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, IS_NEOX: tl.constexpr, HAS_KEY: tl.constexpr, ROUND_BF16: tl.constexpr,
     SPLIT_QK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr,
     POS_RUN: tl.constexpr, GATHER_3D: tl.constexpr, PDL: tl.constexpr, QK_EVICT: tl.constexpr,
-    HEADS_FASTEST: tl.constexpr, BLOCK_HK: tl.constexpr,
+    HEADS_FASTEST: tl.constexpr, BLOCK_HK: tl.constexpr, CACHE_I64: tl.constexpr, EARLY_POSITIONS: tl.constexpr,
 ):
     # PDL (launched with programmatic dependent launch): wait for the previous kernel in the stream
     # to finish and flush before reading anything (positions, the cache and q/k may all be its
     # outputs), then let the next kernel launch at once: its launch and prologue overlap this body.
-    if PDL:
+    # EARLY_POSITIONS (the caller vouches that the kernel launched just before does not write the
+    # positions): the positions are read before the wait, while that kernel still runs, and the
+    # cache and q/k after it, so one dependent round trip (position -> cos/sin) is left after the
+    # wait instead of two; the wait, and the next kernel's launch after it, are in the tile code below.
+    if PDL and not EARLY_POSITIONS:
         gdc_wait()
         gdc_launch_dependents()
     # Program (token_block, head_block) rotates a tile of BLOCK_T tokens x BLOCK_H heads x all
@@ -247,14 +294,15 @@ def _rotary_kernel(
                          (slot % q_blocks) * BLOCK_H + tl.arange(0, BLOCK_H), num_q_heads,
                          cache_ptr, cache_row_stride, cache_rows, pos_ptr, pos_row_stride, num_tokens, head_size,
                          half, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, IS_NEOX, ROUND_BF16,
-                         BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN, GATHER_3D, QK_EVICT)
+                         BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN, GATHER_3D, QK_EVICT, CACHE_I64, PDL, EARLY_POSITIONS)
         else:
             _rotate_tile(k_ptr, k_row_stride,
                          group.to(tl.int64) * (R * BLOCK_T) + tl.arange(0, R * BLOCK_T),
                          (slot - R * q_blocks) * BLOCK_HK + tl.arange(0, BLOCK_HK), num_kv_heads,
                          cache_ptr, cache_row_stride, cache_rows, pos_ptr, pos_row_stride, num_tokens, head_size,
                          half, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, IS_NEOX, ROUND_BF16,
-                         R * BLOCK_T, BLOCK_HK, BLOCK_F, POS_RUN, GATHER_3D, QK_EVICT)
+                         R * BLOCK_T, BLOCK_HK, BLOCK_F, POS_RUN, GATHER_3D, QK_EVICT, CACHE_I64, PDL,
+                         EARLY_POSITIONS)
     else:
         if HEADS_FASTEST:
             if SPLIT_QK:
@@ -286,14 +334,24 @@ def _rotary_kernel(
         freq = tl.arange(0, BLOCK_F)
         token = token_block.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
         token_ok = token < num_tokens
-        # The q (or k) loads depend on nothing and are written first; ptxas still issues them after
-        # the position loads (pinning them first with a barrier measured slower: docs/perf-notes.md §6).
         x_rows = x_ptr + token * x_stride
-        x1, x2 = _load_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half,
-                            IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
-        cos, sin = _gather_cos_sin(cache_ptr, cache_row_stride, cache_rows, pos_ptr, pos_row_stride, token,
-                                   num_tokens, freq, half, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, BLOCK_T, BLOCK_H,
-                                   BLOCK_F, POS_RUN, GATHER_3D)
+        if EARLY_POSITIONS:     # positions before the PDL wait, the cache and q/k after it
+            pos_0, pos_1, pos_2, pos_3 = _load_positions(pos_ptr, pos_row_stride, token, num_tokens, NUM_DIMS)
+            if PDL:
+                gdc_wait()
+                gdc_launch_dependents()
+            x1, x2 = _load_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half,
+                                IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
+        else:
+            # The q (or k) loads depend on nothing and are written first; ptxas still issues them after
+            # the position loads (pinning them first with a barrier measured slower: docs/perf-notes.md §6).
+            x1, x2 = _load_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half,
+                                IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
+            pos_0, pos_1, pos_2, pos_3 = _load_positions(pos_ptr, pos_row_stride, token, num_tokens, NUM_DIMS)
+        offs, lane_ok = _cos_sin_offsets(pos_0, pos_1, pos_2, pos_3, cache_row_stride, cache_rows, freq, half,
+                                         sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN,
+                                         GATHER_3D, CACHE_I64)
+        cos, sin = _load_cos_sin(cache_ptr, offs, lane_ok, half, GATHER_3D)
         # Rotate and store: NeoX pairs (i, i + half), GPT-J pairs (2i, 2i + 1).
         _rotate_store_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half, x1, x2, cos, sin,
                            IS_NEOX, ROUND_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
@@ -358,6 +416,13 @@ def _default_tile(num_tokens: int, num_q: int, num_k: int, split_qk: bool, gathe
     return 0, 8, 4
 
 
+def cache_offsets_need_64(cos_sin_cache, block_f: int) -> bool:
+    """Whether an element offset into the cache (row * row stride + lane, lanes < block_f) can pass
+    2^31 - 1, so that the kernel must index it in 64 bits."""
+    rows = cos_sin_cache.shape[0]
+    return rows > 0 and (rows - 1) * cos_sin_cache.stride(0) + block_f > 2**31 - 1
+
+
 def _sections_constexprs(spec: RopeSpec) -> tuple[int, int, int]:
     sections = tuple(spec.sections or ()) + (0, 0, 0)
     return sections[0], sections[1], sections[2]
@@ -367,7 +432,8 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
                   num_warps: int | None = None, block_t: int | None = None, split_qk: bool | None = None,
                   gather_3d: bool | None = None, pdl: bool | None = None, evict_first: bool | None = None,
                   heads_fastest: bool | None = None, bf16_rounding: str | None = None,
-                  block_hk: int | None = None):
+                  block_hk: int | None = None, cache_offsets_64: bool | None = None,
+                  positions_before_wait: bool = False):
     """Launch the kernel without validation (the caller has checked); returns (query, key).
 
     query/key must have unit stride in the last dim; they are rotated in place.  Tile sizes come
@@ -389,6 +455,14 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
     key's head count rounded up to a power of two above KEY_HEAD_BLOCK_TOKENS, else ``block_h`` (a
     key program of 2 valid heads in 8 pays the position -> cos/sin chain of 8: 3% of GLM-4.1V at
     65536 tokens; at 256 tokens the longer key programs cost 10%: docs/perf-notes.md §17).
+    ``cache_offsets_64``: cache rows and offsets in 64-bit arithmetic; by default only where a 32-bit
+    offset could overflow (``cache_offsets_need_64``), else 32-bit, which shortens a decode step's
+    position -> cos/sin chain (docs/perf-notes.md §20).  ``positions_before_wait``: with PDL, read the
+    positions before waiting for the previous kernel, the cache and q/k after it (one dependent
+    round trip after the wait instead of two); valid only when the kernel launched just before in
+    the stream does not write ``positions`` (in a serving engine the rotation follows the QKV
+    projection, and the step's positions were written before the first layer).  Off by default: the
+    public entry makes no such assumption (properties/test_pdl_order.py shows the hazard).
     """
     if bf16_rounding not in (None, "by_hand", "convert"):
         raise ValueError(f"bf16_rounding={bf16_rounding!r}: must be 'by_hand' or 'convert'")
@@ -422,6 +496,12 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
         evict_first = EVICT_FIRST_TOKENS[0] <= num_tokens <= EVICT_FIRST_TOKENS[1]
     if heads_fastest is None:
         heads_fastest = num_tokens >= SMALL_BATCH_TOKENS
+    needs_64 = cache_offsets_need_64(cos_sin_cache, block_f)
+    if cache_offsets_64 is None:
+        cache_offsets_64 = needs_64
+    elif needs_64 and not cache_offsets_64:
+        raise ValueError(f"cache_offsets_64=False: cos_sin_cache of shape {tuple(cos_sin_cache.shape)} and row "
+                         f"stride {cos_sin_cache.stride(0)} has offsets past 2^31 - 1")
     if not split_qk:
         block_hk = block_h
     elif block_hk is None:
@@ -449,7 +529,8 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
         ROUND_BF16=query.dtype == torch.bfloat16 and bf16_rounding == "by_hand",
         SPLIT_QK=split_qk, BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_F=block_f,
         POS_RUN=pos_run, GATHER_3D=gather_3d, PDL=pdl, QK_EVICT="evict_first" if evict_first else "",
-        HEADS_FASTEST=bool(heads_fastest), BLOCK_HK=block_hk, **extra,
+        HEADS_FASTEST=bool(heads_fastest), BLOCK_HK=block_hk, CACHE_I64=bool(cache_offsets_64),
+        EARLY_POSITIONS=bool(positions_before_wait), **extra,
     )
     return query, key
 

@@ -102,8 +102,8 @@ def select_mutants(mutants: list[Mutant], only: list[str]) -> list[Mutant]:
     return [m for m in mutants if m in keep]
 
 
-NEEDS = {"gpu-deep": "a GPU (its bug shows only past 2^31 elements of q: test_prefill.py's huge cases, "
-                     "deep profile)"}
+NEEDS = {"gpu-deep": "a GPU (its bug shows only past 2^31 elements of q or of the cos/sin cache: "
+                     "test_prefill.py's huge cases, deep profile)"}
 
 
 def unmet_need(m: Mutant) -> str | None:

@@ -18,7 +18,7 @@ from rope.harness.suite import SUITE_PACKAGE, suite_dir
 
 ROTATION_SUITE = f"{SUITE_PACKAGE}/test_rotation.py"
 PREFILL_SUITE = f"{SUITE_PACKAGE}/test_prefill.py"
-HUGE_TEST = "test_huge_batches_match_reference_in_chunks"
+HUGE_TESTS = ("test_huge_batches_match_reference_in_chunks", "test_a_cache_past_2_31_elements_is_indexed_in_64_bits")
 GUARDED_FIRST = "test_known_bug_triggers_under_guards"
 POSITION_SUITES = (f"{SUITE_PACKAGE}/test_runner_positions.py", f"{SUITE_PACKAGE}/test_scheduler_positions.py")
 POSITION_IDS_SUITE = f"{SUITE_PACKAGE}/test_position_ids.py"
@@ -57,7 +57,7 @@ def harness_stages(m: Mutant) -> list[Stage]:
     if m.kind in ROTATION_KINDS:
         opts = ("--rope-impl", m.target)
         if m.needs == "gpu-deep":
-            return [Stage("huge cases on the GPU (deep profile)", (f"{PREFILL_SUITE}::{HUGE_TEST}",),
+            return [Stage("huge cases on the GPU (deep profile)", tuple(f"{PREFILL_SUITE}::{t}" for t in HUGE_TESTS),
                           (*opts, "--rope-device", "cuda"), "fail", "--rope-impl", profile="deep")]
         if not m.memory_safety:
             return [Stage("rotation suite", (ROTATION_SUITE, PREFILL_SUITE), opts, "fail", "--rope-impl")]
