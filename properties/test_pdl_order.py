@@ -39,12 +39,13 @@ SPINS = 200_000     # about 0.2-0.5 ms of dependent float arithmetic on an H200 
 
 
 @triton.jit
-def _late_positions_kernel(new_ptr, out_ptr, n, spins, BLOCK: tl.constexpr):
-    """Let the next kernel launch, spin, then copy ``n`` positions from new_ptr to out_ptr."""
+def _late_positions_kernel(new_ptr, out_ptr, n, spins, one, BLOCK: tl.constexpr):
+    """Let the next kernel launch, spin, then copy ``n`` positions from new_ptr to out_ptr.  ``one`` is
+    1.0 passed at run time: from a constant start the compiler folds the loop away."""
     gdc_wait()
     gdc_launch_dependents()
     offs = tl.arange(0, BLOCK)
-    x = tl.zeros([BLOCK], tl.float32) + 1.0
+    x = tl.zeros([BLOCK], tl.float32) + one
     for _ in range(spins):
         x = x * 0.5 + 0.5                    # stays 1.0: a dependent chain the store waits for
     mask = offs < n
@@ -74,9 +75,13 @@ def _rotate_after_late_positions(rotate, old, new, q, k, cache):
     qo, ko = q.clone(), k.clone()
     n = positions.numel()
     rotate(positions.clone(), q.clone(), k.clone())                 # compiled (and cached) before the race
-    _late_positions_kernel[(1,)](new, positions.clone(), n, SPINS, BLOCK=triton.next_power_of_2(n), launch_pdl=True)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    _late_positions_kernel[(1,)](new, positions.clone(), n, SPINS, 1.0, BLOCK=triton.next_power_of_2(n), launch_pdl=True)
+    end.record()
     torch.cuda.synchronize()
-    _late_positions_kernel[(1,)](new, positions, n, SPINS, BLOCK=triton.next_power_of_2(n), launch_pdl=True)
+    _rotate_after_late_positions.writer_ms = start.elapsed_time(end)
+    _late_positions_kernel[(1,)](new, positions, n, SPINS, 1.0, BLOCK=triton.next_power_of_2(n), launch_pdl=True)
     rotate(positions, qo, ko)
     torch.cuda.synchronize()
     assert torch.equal(positions, new), "the late kernel wrote the new positions"
@@ -99,12 +104,14 @@ def test_rotation_reads_positions_after_the_previous_kernel(device, tokens):
         assert _matches(new, q, k, cache, qo, ko), f"{name}: rotated by positions read before the previous kernel wrote them"
 
 
-def test_a_gather_before_the_wait_reads_the_old_positions(device):
+def test_positions_read_before_the_wait_are_the_old_ones(device):
     # The hazard is real and this setup shows it: the launch that reads positions before the wait
     # rotates by what the buffer held when it started.
     _needs_pdl(device)
     old, new, q, k, cache = _case(device)
     qo, ko = _rotate_after_late_positions(
         lambda p, a, b: launch_rotary(SPEC, p, a, b, cache, pdl=True, positions_before_wait=True), old, new, q, k, cache)
-    assert not _matches(new, q, k, cache, qo, ko), "rotated by the new positions: the race was not shown"
+    assert not _matches(new, q, k, cache, qo, ko), (
+        f"rotated by the new positions: the race was not shown (the writer alone took "
+        f"{_rotate_after_late_positions.writer_ms:.3f} ms)")
     assert _matches(old, q, k, cache, qo, ko), "rotated by neither the old nor the new positions"

@@ -242,7 +242,8 @@ def test_huge_batches_match_reference_in_chunks(impl_name, device, num_tokens, q
 # pass 2^31 - 1 (rope/triton/rotary.py, CACHE_I64).  The cache is a view that starts 2^31 elements
 # into a zeroed buffer, so an offset that wrapped in 32 bits reads zeros inside the buffer (a wrong
 # answer, not a fault); only its last HUGE_CACHE_ROWS_USED rows hold cos/sin, and the positions point there.
-HUGE_CACHE_ROWS = (2**31 + 2**20) // 128
+HUGE_CACHE_START = 2**31
+HUGE_CACHE_ROWS = (2**31 + 2**20) // 256          # rotary_dim 256 (RopeSpec allows up to 2^24 rows)
 HUGE_CACHE_ROWS_USED = 4096
 
 
@@ -253,22 +254,22 @@ def test_a_cache_past_2_31_elements_is_indexed_in_64_bits(impl_name, device, req
     if (request.config.getoption("hypothesis_profile", None) or default_profile()) != "deep":
         pytest.skip("deep profile only (--hypothesis-profile deep): ~9 GiB of GPU memory")
     impl = get_implementation(impl_name)
-    spec = RopeSpec(128, 128, True, (16, 24, 24), max_position=HUGE_CACHE_ROWS)
+    spec = RopeSpec(256, 256, True, (32, 48, 48), max_position=HUGE_CACHE_ROWS)
     skip_if_unsupported(impl_name, impl, spec, "bfloat16", device)
     dev = torch_device(device)
-    buffer = torch.zeros(2**31 + HUGE_CACHE_ROWS * 128, dtype=torch.bfloat16, device=dev)
-    cache = buffer[2**31:].view(HUGE_CACHE_ROWS, 128)
-    small = RopeSpec(128, 128, True, (16, 24, 24), max_position=HUGE_CACHE_ROWS_USED)
+    buffer = torch.zeros(HUGE_CACHE_START + HUGE_CACHE_ROWS * 256, dtype=torch.bfloat16, device=dev)
+    cache = buffer[HUGE_CACHE_START:].view(HUGE_CACHE_ROWS, 256)
+    small = RopeSpec(256, 256, True, (32, 48, 48), max_position=HUGE_CACHE_ROWS_USED)
     cache[-HUGE_CACHE_ROWS_USED:] = cos_sin_cache(small, torch.bfloat16, dev)
     gen = torch.Generator().manual_seed(11)
     tokens = 300
     positions = torch.randint(HUGE_CACHE_ROWS - HUGE_CACHE_ROWS_USED, HUGE_CACHE_ROWS, (3, tokens), generator=gen)
-    query = torch.randn(tokens, 8 * 128, generator=gen).to(torch.bfloat16)
-    key = torch.randn(tokens, 128, generator=gen).to(torch.bfloat16)
+    query = torch.randn(tokens, 8 * 256, generator=gen).to(torch.bfloat16)
+    key = torch.randn(tokens, 256, generator=gen).to(torch.bfloat16)
     positions, query, key = positions.to(dev), query.to(dev), key.to(dev)
     q_out, k_out = call_rotation(impl, spec, positions, query.clone(), key.clone(), cache)
     ref_q, ref_k = reference.rotate(spec, positions, query, key, cache)
     result = compare_rotation(spec, positions, query, key, cache, q_out, k_out, ref_q.cpu(), ref_k.cpu(),
                               working_precision(impl), device=q_out.device)
     del buffer, cache
-    assert result.ok, result.message(f"{impl_name} on {device}: a cache of {HUGE_CACHE_ROWS} x 128 elements")
+    assert result.ok, result.message(f"{impl_name} on {device}: a cache of {HUGE_CACHE_ROWS} x 256 elements")
