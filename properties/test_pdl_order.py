@@ -9,7 +9,7 @@ before the wait, which is right only when the previous kernel does not write the
 
 Here the previous kernel lets its dependents launch at once, spins for a while, and only then
 writes the step's positions: the default launch (and the public entry) must rotate by the new
-positions; the launch that gathers before the wait must rotate by the old ones, which shows that
+positions; the launch that reads them before the wait must rotate by the old ones, which shows that
 the test sees a read placed before the wait (a kernel whose wait moved down would fail the first
 test the way the second launch does).  Each launch is compiled before the race: a first call's JIT
 compile would outlast the spinning kernel.  GPU with PDL only (compute capability 9+).
@@ -70,7 +70,8 @@ def _case(device, tokens=1):
 
 
 def _rotate_after_late_positions(rotate, old, new, q, k, cache):
-    """positions = old; a PDL kernel writes new into it late; then ``rotate(positions, q, k)``."""
+    """positions = old; a PDL kernel writes new into it late; then ``rotate(positions, q, k)``.
+    Returns the rotated (q, k) and the writer's own time in ms (measured alone, before the race)."""
     positions = old.clone()
     qo, ko = q.clone(), k.clone()
     n = positions.numel()
@@ -80,12 +81,12 @@ def _rotate_after_late_positions(rotate, old, new, q, k, cache):
     _late_positions_kernel[(1,)](new, positions.clone(), n, SPINS, 1.0, BLOCK=triton.next_power_of_2(n), launch_pdl=True)
     end.record()
     torch.cuda.synchronize()
-    _rotate_after_late_positions.writer_ms = start.elapsed_time(end)
+    writer_ms = start.elapsed_time(end)
     _late_positions_kernel[(1,)](new, positions, n, SPINS, 1.0, BLOCK=triton.next_power_of_2(n), launch_pdl=True)
     rotate(positions, qo, ko)
     torch.cuda.synchronize()
     assert torch.equal(positions, new), "the late kernel wrote the new positions"
-    return qo, ko
+    return qo, ko, writer_ms
 
 
 def _matches(positions, q, k, cache, qo, ko) -> bool:
@@ -100,7 +101,7 @@ def test_rotation_reads_positions_after_the_previous_kernel(device, tokens):
     old, new, q, k, cache = _case(device, tokens)
     for name, rotate in (("unchecked, pdl", lambda p, a, b: launch_rotary(SPEC, p, a, b, cache, pdl=True)),
                          ("public entry", lambda p, a, b: get_implementation("triton")(SPEC, p, a, b, cache))):
-        qo, ko = _rotate_after_late_positions(rotate, old, new, q, k, cache)
+        qo, ko, _ = _rotate_after_late_positions(rotate, old, new, q, k, cache)
         assert _matches(new, q, k, cache, qo, ko), f"{name}: rotated by positions read before the previous kernel wrote them"
 
 
@@ -109,9 +110,9 @@ def test_positions_read_before_the_wait_are_the_old_ones(device):
     # rotates by what the buffer held when it started.
     _needs_pdl(device)
     old, new, q, k, cache = _case(device)
-    qo, ko = _rotate_after_late_positions(
+    qo, ko, writer_ms = _rotate_after_late_positions(
         lambda p, a, b: launch_rotary(SPEC, p, a, b, cache, pdl=True, positions_before_wait=True), old, new, q, k, cache)
     assert not _matches(new, q, k, cache, qo, ko), (
         f"rotated by the new positions: the race was not shown (the writer alone took "
-        f"{_rotate_after_late_positions.writer_ms:.3f} ms)")
+        f"{writer_ms:.3f} ms)")
     assert _matches(old, q, k, cache, qo, ko), "rotated by neither the old nor the new positions"

@@ -43,7 +43,7 @@ from rope.devices import synchronize, torch_device         # noqa: E402
 from rope.harness import bench                             # noqa: E402
 from rope.harness.bench_contenders import Contender, contenders      # noqa: E402
 from rope.models import load_models                        # noqa: E402
-from rope.triton.rotary import launch_rotary               # noqa: E402
+from rope.triton.rotary import ONE_WAVE_TOKENS, launch_rotary    # noqa: E402  (PDL's range ends at ONE_WAVE_TOKENS[1])
 
 from inplace_ceiling import _scale_qk_row_prefix_inplace   # noqa: E402  (this folder: the stream kernel)
 from latency_floor import chain_ms                          # noqa: E402  (this folder)
@@ -51,7 +51,6 @@ from latency_floor import chain_ms                          # noqa: E402  (this 
 LAYOUTS = (("qwen2.5-vl-72b", "chunked"), ("qwen3-vl-30b-a3b", "interleaved"), ("qwen3-vl-8b", "interleaved"),
            ("hunyuan-ocr", "XD-RoPE 4 rows"), ("glm-4.1v-9b", "GPT-J partial"))
 TOKENS = (1, 256, 4096, 16384, 65536)
-EARLY_MAX_TOKENS = 256      # the launcher's PDL range ends here (rope/triton/rotary.py ONE_WAVE_TOKENS)
 
 
 def stream_calls(q, k, head_size: int, rotary_dim: int):
@@ -122,7 +121,7 @@ def main(argv=None) -> int:
             for name in ("triton", "triton-early", "triton-public", "liger-pregathered"):
                 c = by_name.get(name)
                 why = absent.get(name) if c is None else c.reason(spec, dtype, device)
-                if name == "triton-early" and not why and t > EARLY_MAX_TOKENS:
+                if name == "triton-early" and not why and t > ONE_WAVE_TOKENS[1]:
                     why = "the default's launch (no PDL at this size)"
                 if why:
                     row[name] = {"skipped": why}

@@ -150,6 +150,31 @@ def _load_positions(pos_ptr, pos_row_stride, token, num_tokens, NUM_DIMS: tl.con
 
 
 @triton.jit
+def _load_tile_and_positions(x_rows, token_ok, heads, x_heads, head_size, freq, half, pos_ptr, pos_row_stride, token,
+                             num_tokens, NUM_DIMS: tl.constexpr, IS_NEOX: tl.constexpr, BLOCK_T: tl.constexpr,
+                             BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr, QK_EVICT: tl.constexpr, PDL: tl.constexpr,
+                             EARLY_POSITIONS: tl.constexpr):
+    """The q (or k) pairs of the tile (:func:`_load_tile`) and its positions (:func:`_load_positions`).
+
+    EARLY_POSITIONS: the positions first, then the PDL wait (and the next kernel's launch), then
+    q/k (see _rotary_kernel).  Else the q/k loads, which depend on nothing, are written first;
+    ptxas still issues them after the position loads (pinning them first with a barrier measured
+    slower: docs/perf-notes.md §6)."""
+    if EARLY_POSITIONS:
+        pos_0, pos_1, pos_2, pos_3 = _load_positions(pos_ptr, pos_row_stride, token, num_tokens, NUM_DIMS)
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
+        x1, x2 = _load_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half,
+                            IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
+    else:
+        x1, x2 = _load_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half,
+                            IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
+        pos_0, pos_1, pos_2, pos_3 = _load_positions(pos_ptr, pos_row_stride, token, num_tokens, NUM_DIMS)
+    return x1, x2, pos_0, pos_1, pos_2, pos_3
+
+
+@triton.jit
 def _cos_sin_offsets(pos_0, pos_1, pos_2, pos_3, cache_row_stride, cache_rows, freq, half, sec0, sec1, sec2,
                      NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
                      BLOCK_F: tl.constexpr, POS_RUN: tl.constexpr, GATHER_3D: tl.constexpr, CACHE_I64: tl.constexpr):
@@ -177,12 +202,10 @@ def _cos_sin_offsets(pos_0, pos_1, pos_2, pos_3, cache_row_stride, cache_rows, f
     ROW: tl.constexpr = tl.int64 if CACHE_I64 else tl.int32
     row_0 = tl.minimum(tl.maximum(pos_0.to(ROW), 0), cache_rows - 1)
     pos = row_0[:, None] + tl.zeros([BLOCK_T, BLOCK_F], dtype=ROW)
-    if NUM_DIMS >= 2:
-        pos = tl.where(axis[None, :] == 1, tl.minimum(tl.maximum(pos_1.to(ROW), 0), cache_rows - 1)[:, None], pos)
-    if NUM_DIMS >= 3:
-        pos = tl.where(axis[None, :] == 2, tl.minimum(tl.maximum(pos_2.to(ROW), 0), cache_rows - 1)[:, None], pos)
-    if NUM_DIMS >= 4:
-        pos = tl.where(axis[None, :] == 3, tl.minimum(tl.maximum(pos_3.to(ROW), 0), cache_rows - 1)[:, None], pos)
+    for d in tl.static_range(1, NUM_DIMS):
+        pos_d = pos_1 if d == 1 else (pos_2 if d == 2 else pos_3)
+        pos_d = tl.minimum(tl.maximum(pos_d.to(ROW), 0), cache_rows - 1)
+        pos = tl.where(axis[None, :] == d, pos_d[:, None], pos)
     offs = pos * cache_row_stride + freq[None, :]
     lane_ok = freq_ok[None, :]
     if GATHER_3D:
@@ -219,19 +242,9 @@ def _rotate_tile(x_ptr, x_stride, token, heads, x_heads, cache_ptr, cache_row_st
     freq = tl.arange(0, BLOCK_F)
     token_ok = token < num_tokens
     x_rows = x_ptr + token * x_stride
-    if EARLY_POSITIONS:     # positions before the PDL wait (see _rotary_kernel), the cache and q/k after it
-        pos_0, pos_1, pos_2, pos_3 = _load_positions(pos_ptr, pos_row_stride, token, num_tokens, NUM_DIMS)
-        if PDL:
-            gdc_wait()
-            gdc_launch_dependents()
-        x1, x2 = _load_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half,
-                            IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
-    else:
-        # The q (or k) loads depend on nothing and are written first; ptxas still issues them after
-        # the position loads (pinning them first with a barrier measured slower: docs/perf-notes.md §6).
-        x1, x2 = _load_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half,
-                            IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
-        pos_0, pos_1, pos_2, pos_3 = _load_positions(pos_ptr, pos_row_stride, token, num_tokens, NUM_DIMS)
+    x1, x2, pos_0, pos_1, pos_2, pos_3 = _load_tile_and_positions(
+        x_rows, token_ok, heads, x_heads, head_size, freq, half, pos_ptr, pos_row_stride, token, num_tokens,
+        NUM_DIMS, IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT, PDL, EARLY_POSITIONS)
     offs, lane_ok = _cos_sin_offsets(pos_0, pos_1, pos_2, pos_3, cache_row_stride, cache_rows, freq, half,
                                      sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN,
                                      GATHER_3D, CACHE_I64)
@@ -335,19 +348,9 @@ def _rotary_kernel(
         token = token_block.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
         token_ok = token < num_tokens
         x_rows = x_ptr + token * x_stride
-        if EARLY_POSITIONS:     # positions before the PDL wait, the cache and q/k after it
-            pos_0, pos_1, pos_2, pos_3 = _load_positions(pos_ptr, pos_row_stride, token, num_tokens, NUM_DIMS)
-            if PDL:
-                gdc_wait()
-                gdc_launch_dependents()
-            x1, x2 = _load_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half,
-                                IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
-        else:
-            # The q (or k) loads depend on nothing and are written first; ptxas still issues them after
-            # the position loads (pinning them first with a barrier measured slower: docs/perf-notes.md §6).
-            x1, x2 = _load_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half,
-                                IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
-            pos_0, pos_1, pos_2, pos_3 = _load_positions(pos_ptr, pos_row_stride, token, num_tokens, NUM_DIMS)
+        x1, x2, pos_0, pos_1, pos_2, pos_3 = _load_tile_and_positions(
+            x_rows, token_ok, heads, x_heads, head_size, freq, half, pos_ptr, pos_row_stride, token, num_tokens,
+            NUM_DIMS, IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT, PDL, EARLY_POSITIONS)
         offs, lane_ok = _cos_sin_offsets(pos_0, pos_1, pos_2, pos_3, cache_row_stride, cache_rows, freq, half,
                                          sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN,
                                          GATHER_3D, CACHE_I64)
