@@ -40,7 +40,8 @@ TARGET = GPUTarget("cuda", 90, 32)
 TOKENS = (1, 64, 128, 256, 4096, 65536)
 OPTIONS = ({"split_qk": False}, {"gather_3d": False}, {"heads_fastest": False},
            {"bf16_rounding": "by_hand"}, {"block_h": 16, "block_hk": 1, "block_t": 1}, {"cache_offsets_64": True},
-           {"positions_before_wait": True})
+           {"positions_before_wait": True}, {"speculate_positions": True, "cache_offsets_64": True},
+           {"speculate_positions": False})
 # The models whose launches also compile with every one of OPTIONS (``--all-options``: every model):
 # interleaved NeoX with 4 key heads, partial GPT-J with 2 (the defaults cover chunked and XD-RoPE).
 OPTION_MODELS = ("qwen3-vl-30b-a3b", "glm-4.1v-9b")

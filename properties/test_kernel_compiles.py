@@ -55,7 +55,7 @@ def test_every_launch_the_launchers_make_compiles_for_sm90():
     rotation = [r for r in records if r["kernel"] == "_rotary_kernel"]
     # The switches the sweeps and the defaults turn, each compiled both ways.
     for switch in ("SPLIT_QK", "GATHER_3D", "PDL", "HEADS_FASTEST", "ROUND_BF16", "INTERLEAVED", "IS_NEOX",
-                   "CACHE_I64", "EARLY_POSITIONS"):
+                   "CACHE_I64", "EARLY_POSITIONS", "SPECULATE"):
         assert {r["constexprs"][switch] for r in rotation} == {True, False}, switch
     assert any(r["constexprs"]["BLOCK_HK"] < r["constexprs"]["BLOCK_H"] for r in rotation), "key programs of fewer heads"
     assert len({r["constexprs"]["NUM_DIMS"] for r in rotation}) >= 3

@@ -3,8 +3,9 @@
 ``launch_rotary``'s tiles (block_t, block_h, num_warps), the q/k split, the 3-D cos/sin gather,
 programmatic dependent launch (``pdl``), the q/k eviction hint, the grid order (``heads_fastest``),
 the key programs' head block (``block_hk``), the bf16 rounding (by hand, or the compiled convert: GPU
-only), the cache's 64-bit offsets and the positions read before the PDL wait are picked per size from the
-H200 sweeps or by the caller; the rotation properties run only the defaults, so a configuration a sweep prefers
+only), the cache's 64-bit offsets and where the positions are read (after the PDL wait, before it, or
+guessed before it and checked after: ``positions_read``) are picked per size from the H200 sweeps or by
+the caller; the rotation properties run only the defaults, so a configuration a sweep prefers
 next could hide a masking or indexing bug (a token tile that runs past the batch, a head block
 past the heads, a rounding that differs).  Every drawn configuration
 must give the default launch's output bit for bit (the math per element is the same fp32 sequence;
@@ -31,7 +32,7 @@ from rope.devices import is_interpreter, triton_runs_on
 from rope.models import load_models
 from rope.triton.grid import cdiv, next_power_of_2
 from rope.triton.positions import launch_prepare_positions
-from rope.triton.rotary import launch_rotary
+from rope.triton.rotary import SPECULATE_MAX_TOKENS, launch_rotary
 
 LAUNCH_OPTIONS = st.fixed_dictionaries({
     "block_t": st.sampled_from([1, 2, 4, 8]),
@@ -45,8 +46,26 @@ LAUNCH_OPTIONS = st.fixed_dictionaries({
     "bf16_rounding": st.sampled_from(["by_hand", "convert"]),
     "key_head_shift": st.sampled_from([None, 0, 1, 2, 3, 4]),    # block_hk = block_h >> shift
     "cache_offsets_64": st.booleans(),
-    "positions_before_wait": st.booleans(),    # safe here: the launch before does not write positions
+    # Where the positions are read.  "before_wait" is safe here: the launch before does not write them.
+    # "wrong_guesses": speculation whose guesses are wrong for some tokens (out of range for some),
+    # the case a GPU only meets in a race with the kernel before.
+    "positions_read": st.sampled_from(["default", "after_wait", "before_wait", "speculate", "wrong_guesses"]),
 })
+
+
+def wrong_guesses(positions: torch.Tensor) -> torch.Tensor:
+    """Guesses of ``positions`` that are right for every third token, off by one, negative or past any
+    cache (2^40) for the others: the reload must take every one of them back to the true row."""
+    guesses = positions.clone()
+    guesses[..., 1::3] += 1
+    guesses[..., 2::3] = torch.where(guesses[..., 2::3] % 2 == 0, -7, 2**40)
+    return guesses
+
+
+def positions_read_options(mode: str, positions: torch.Tensor) -> dict:
+    return {"default": {}, "after_wait": {"speculate_positions": False},
+            "before_wait": {"positions_before_wait": True}, "speculate": {"speculate_positions": True},
+            "wrong_guesses": {"position_guesses": wrong_guesses(positions)}}[mode]
 QWEN72 = load_models()["qwen2.5-vl-72b"].spec
 
 
@@ -61,6 +80,12 @@ QWEN72 = load_models()["qwen2.5-vl-72b"].spec
                            dtype="bfloat16", positions_kind="grid"),
          options=dict(block_t=2, block_h=8, num_warps=4, split_qk=True, gather_3d=True, heads_fastest=True,
                       key_head_shift=2))
+@example(case=RotationCase(spec=load_models()["qwen3-vl-8b"].spec, num_tokens=7, num_q_heads=4, num_kv_heads=2,
+                           dtype="bfloat16", positions_kind="grid"),
+         options=dict(block_t=1, block_h=2, num_warps=4, pdl=True, positions_read="wrong_guesses"))
+@example(case=RotationCase(spec=QWEN72, num_tokens=5, num_q_heads=8, num_kv_heads=1, dtype="bfloat16",
+                           positions_kind="grid"),
+         options=dict(block_t=4, block_h=4, num_warps=2, gather_3d=True, positions_read="wrong_guesses"))
 def test_launch_options_give_the_default_bits(device, case, options):
     if not triton_runs_on(device):
         pytest.skip(f"Triton does not run on {device} here")
@@ -71,6 +96,7 @@ def test_launch_options_give_the_default_bits(device, case, options):
     if shift is not None:
         options["block_hk"] = max(1, options["block_h"] >> shift)
     inputs = build_rotation_inputs(case, device)
+    options.update(positions_read_options(options.pop("positions_read", "default"), inputs.positions))
     q0, k0 = inputs.query.clone(), inputs.key.clone() if inputs.key is not None else None
     launch_rotary(case.spec, inputs.positions, q0, k0, inputs.cache)
     q1, k1 = inputs.query.clone(), inputs.key.clone() if inputs.key is not None else None
@@ -101,6 +127,34 @@ def test_position_launch_options_match_reference(device, batch, block, splits, p
     n = batch.num_tokens
     assert torch.equal(out[:, :n].cpu(), expected), (block, splits)
     assert torch.all(out[:, n:].cpu() == OUT_SENTINEL), f"wrote past the step's {n} tokens ({block=}, {splits=})"
+
+
+def test_position_guesses_must_be_laid_out_like_the_positions():
+    positions, q, k, cache = (torch.zeros(3, 4, dtype=torch.long), torch.zeros(4, 128), torch.zeros(4, 128),
+                              torch.zeros(8, 128))
+    for guesses in (torch.zeros(3, 5, dtype=torch.long), torch.zeros(3, 4, dtype=torch.int32),
+                    torch.zeros(4, 3, dtype=torch.long).t()):
+        with pytest.raises(ValueError, match=r"position_guesses: must be shaped, strided, typed and placed like positions"):
+            launch_rotary(QWEN72, positions, q, k, cache, position_guesses=guesses)
+    with pytest.raises(ValueError, match=r"position_guesses: given with speculate_positions=False"):
+        launch_rotary(QWEN72, positions, q, k, cache, position_guesses=positions.clone(), speculate_positions=False)
+    with pytest.raises(ValueError, match=r"speculate_positions=True with positions_before_wait=True"):
+        launch_rotary(QWEN72, positions, q, k, cache, speculate_positions=True, positions_before_wait=True)
+
+
+@pytest.mark.parametrize("tokens, speculates", [(1, True), (SPECULATE_MAX_TOKENS, True),
+                                                (SPECULATE_MAX_TOKENS + 1, False), (200, False)])
+def test_the_default_launch_guesses_positions_where_it_waits_for_the_kernel_before(tokens, speculates):
+    # Speculation only pays where a PDL wait stands between the guess and the check; recorded with
+    # PDL available (compile_offline's recorder), on meta tensors.
+    meta = torch.device("meta")
+    positions = torch.zeros(3, tokens, dtype=torch.long, device=meta)
+    q, k = (torch.empty(tokens, n * 128, device=meta, dtype=torch.bfloat16) for n in (8, 1))
+    cache = torch.empty(4096, 128, device=meta, dtype=torch.bfloat16)
+    constexprs = _recorded_constexprs(positions, q, k, cache)
+    assert constexprs["SPECULATE"] is speculates and constexprs["EARLY_POSITIONS"] is False
+    assert _recorded_constexprs(positions, q, k, cache, positions_before_wait=True)["SPECULATE"] is False
+    assert _recorded_constexprs(positions, q, k, cache, pdl=False)["SPECULATE"] is False
 
 
 @pytest.mark.parametrize("block_hk", [0, 3, 16])

@@ -3,15 +3,19 @@
 Launched with PDL (rope/triton/pdl.py), a kernel starts while the kernel before it in the stream
 still runs, as soon as that kernel lets it (``gdc_launch_dependents``); only ``gdc_wait`` orders
 its reads after the other kernel's writes.  A read issued before the wait sees whatever was in
-memory then.  The rotation waits before reading anything by default, since positions, the cache
-and q/k may all be the previous kernel's outputs; ``positions_before_wait=True`` reads the positions
-before the wait, which is right only when the previous kernel does not write them.
+memory then.  Positions, the cache and q/k may all be the previous kernel's outputs, so the rotation
+uses nothing read before the wait: by default it reads everything after it, or, at the token counts
+where it speculates (``speculate_positions``), guesses the positions before the wait and checks the
+guesses against a second read after it, reading cos/sin again where one was wrong.
+``positions_before_wait=True`` reads the positions before the wait and trusts them, which is right
+only when the previous kernel does not write them.
 
 Here the previous kernel lets its dependents launch at once, spins for a while, and only then
-writes the step's positions: the default launch (and the public entry) must rotate by the new
-positions; the launch that reads them before the wait must rotate by the old ones, which shows that
-the test sees a read placed before the wait (a kernel whose wait moved down would fail the first
-test the way the second launch does).  Each launch is compiled before the race: a first call's JIT
+writes the step's positions: the default launch (speculating at 1 token, not at 200), the
+speculating launch at both sizes and the public entry must rotate by the new positions; the launch
+that trusts positions read before the wait must rotate by the old ones, which shows that the test
+sees a read placed before the wait (a kernel whose wait moved down, or whose check of its guesses
+were lost, would fail the first test the way that launch does).  Each launch is compiled before the race: a first call's JIT
 compile would outlast the spinning kernel.  GPU with PDL only (compute capability 9+).
 """
 
@@ -100,6 +104,8 @@ def test_rotation_reads_positions_after_the_previous_kernel(device, tokens):
     _needs_pdl(device)
     old, new, q, k, cache = _case(device, tokens)
     for name, rotate in (("unchecked, pdl", lambda p, a, b: launch_rotary(SPEC, p, a, b, cache, pdl=True)),
+                         ("speculating", lambda p, a, b: launch_rotary(SPEC, p, a, b, cache, pdl=True,
+                                                                       speculate_positions=True)),
                          ("public entry", lambda p, a, b: get_implementation("triton")(SPEC, p, a, b, cache))):
         qo, ko, _ = _rotate_after_late_positions(rotate, old, new, q, k, cache)
         assert _matches(new, q, k, cache, qo, ko), f"{name}: rotated by positions read before the previous kernel wrote them"

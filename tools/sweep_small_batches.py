@@ -48,8 +48,11 @@ def candidate_options(tokens: int, num_kv: int, candidates: str = "full", spec=N
     """The launch options tried at ``tokens`` (the empty dict is the default launch).  ``full``: every
     tile, warp count and switch at 1 and 256 tokens; ``wide``: the front runners of ``full`` at any
     token count, to place the launcher's switches; ``previous``: the defaults before the one-wave
-    tiles, beside today's (and 4 x 8 tiles above 4096 tokens, where the per-lane gather keeps MAX_TILE)."""
+    tiles, beside today's (and 4 x 8 tiles above 4096 tokens, where the per-lane gather keeps MAX_TILE);
+    ``none``: the default alone (with --extra: the default and those)."""
     opts = [{}]
+    if candidates == "none":
+        return opts
     small = tokens < 128        # the launcher's small-batch path: one token per program
     if candidates == "previous":
         return opts + [previous_defaults(spec, tokens, num_q, num_kv)] + (
@@ -146,7 +149,7 @@ def _compile_share(jobs: list[tuple[str, int, dict, str]]) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", default="1,256")
-    p.add_argument("--candidates", choices=("full", "wide", "previous"), default="full")
+    p.add_argument("--candidates", choices=("full", "wide", "previous", "none"), default="full")
     p.add_argument("--extra", default="[]", help="JSON list of option dicts tried besides the candidates")
     p.add_argument("--floor-programs", default="1,18", help="program counts of the in-place chain (the floor)")
     p.add_argument("--models", default=",".join(LAYOUTS), help="model keys, model@tp for one rank of tp")

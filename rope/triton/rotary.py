@@ -34,11 +34,13 @@ PDL_MAX_TOKENS = 64        # up to this, launch with programmatic dependent laun
 ONE_WAVE_TOKENS = (SMALL_BATCH_TOKENS, 256)   # PDL again, with tiles that let two launches share the SMs
 FEW_TOKENS = 16            # up to this, interleaved sections (the per-lane cos/sin gather) take 2-head programs
 SMALL_GRID_PROGRAMS = 576  # below SMALL_BATCH_TOKENS, 8-head programs once 4-head ones would exceed this many
+FEW_PROGRAMS = 16          # speculating at 1 token, the 3-D gather takes 8-head programs below this many of 4
 ONE_WAVE_PROGRAMS = 1152   # in ONE_WAVE_TOKENS, 1-token x 8-head programs of 2 warps up to this many, else 4 x 8
 PER_LANE_WIDE_TOKENS = 192  # in ONE_WAVE_TOKENS, the per-lane gather: 2-token x 8-head programs below this
 PER_LANE_TILE_TOKENS = 4096  # above ONE_WAVE_TOKENS up to this, the per-lane gather: 4-token x 8-head programs
 EVICT_FIRST_TOKENS = (SMALL_BATCH_TOKENS, 16384)   # q/k evict_first between these (docs/perf-notes.md §7: 65536 gained nothing)
 KEY_HEAD_BLOCK_TOKENS = 16384  # above this, key programs take the key's head count (docs/perf-notes.md §17)
+SPECULATE_MAX_TOKENS = PDL_MAX_TOKENS  # with PDL up to this, guess the positions before the wait (§21)
 
 
 @triton.jit
@@ -150,28 +152,37 @@ def _load_positions(pos_ptr, pos_row_stride, token, num_tokens, NUM_DIMS: tl.con
 
 
 @triton.jit
-def _load_tile_and_positions(x_rows, token_ok, heads, x_heads, head_size, freq, half, pos_ptr, pos_row_stride, token,
-                             num_tokens, NUM_DIMS: tl.constexpr, IS_NEOX: tl.constexpr, BLOCK_T: tl.constexpr,
-                             BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr, QK_EVICT: tl.constexpr, PDL: tl.constexpr,
-                             EARLY_POSITIONS: tl.constexpr):
-    """The q (or k) pairs of the tile (:func:`_load_tile`) and its positions (:func:`_load_positions`).
+def _load_tile_and_positions(x_rows, token_ok, heads, x_heads, head_size, freq, half, pos_ptr, guess_ptr,
+                             pos_row_stride, token, num_tokens, NUM_DIMS: tl.constexpr, IS_NEOX: tl.constexpr,
+                             BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr,
+                             QK_EVICT: tl.constexpr, PDL: tl.constexpr, EARLY_POSITIONS: tl.constexpr,
+                             SPECULATE: tl.constexpr):
+    """The q (or k) pairs of the tile (:func:`_load_tile`), its positions (:func:`_load_positions`)
+    and the guesses of them the cos/sin rows are first read at: x1, x2, pos_0..pos_3, guess_0..guess_3.
 
-    EARLY_POSITIONS: the positions first, then the PDL wait (and the next kernel's launch), then
-    q/k (see _rotary_kernel).  Else the q/k loads, which depend on nothing, are written first;
-    ptxas still issues them after the position loads (pinning them first with a barrier measured
-    slower: docs/perf-notes.md §6)."""
-    if EARLY_POSITIONS:
-        pos_0, pos_1, pos_2, pos_3 = _load_positions(pos_ptr, pos_row_stride, token, num_tokens, NUM_DIMS)
+    By default the q/k loads, which depend on nothing, are written first, and the guesses are the
+    positions; ptxas still issues the q/k loads after the position loads (pinning them first with a
+    barrier measured slower: docs/perf-notes.md §6).  EARLY_POSITIONS: the positions first, then the
+    PDL wait (and the next kernel's launch), then q/k.  SPECULATE: the guesses are read from
+    guess_ptr (the positions themselves, or a test's stand-in) before the wait, the positions again
+    after it, beside q/k (see _rotary_kernel)."""
+    if EARLY_POSITIONS or SPECULATE:
+        guess_0, guess_1, guess_2, guess_3 = _load_positions(guess_ptr, pos_row_stride, token, num_tokens, NUM_DIMS)
         if PDL:
             gdc_wait()
             gdc_launch_dependents()
         x1, x2 = _load_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half,
                             IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
+        if SPECULATE:
+            pos_0, pos_1, pos_2, pos_3 = _load_positions(pos_ptr, pos_row_stride, token, num_tokens, NUM_DIMS)
+        else:
+            pos_0, pos_1, pos_2, pos_3 = guess_0, guess_1, guess_2, guess_3
     else:
         x1, x2 = _load_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half,
                             IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
         pos_0, pos_1, pos_2, pos_3 = _load_positions(pos_ptr, pos_row_stride, token, num_tokens, NUM_DIMS)
-    return x1, x2, pos_0, pos_1, pos_2, pos_3
+        guess_0, guess_1, guess_2, guess_3 = pos_0, pos_1, pos_2, pos_3
+    return x1, x2, pos_0, pos_1, pos_2, pos_3, guess_0, guess_1, guess_2, guess_3
 
 
 @triton.jit
@@ -217,11 +228,46 @@ def _cos_sin_offsets(pos_0, pos_1, pos_2, pos_3, cache_row_stride, cache_rows, f
 
 
 @triton.jit
-def _load_cos_sin(cache_ptr, offs, lane_ok, half, GATHER_3D: tl.constexpr):
-    """cos and sin at :func:`_cos_sin_offsets`' offsets, as [BLOCK_T, BLOCK_H, BLOCK_F] fp32 in the
-    layout of the q/k tile."""
+def _load_cos_sin(cache_ptr, offs, lane_ok, half):
+    """cos and sin at :func:`_cos_sin_offsets`' offsets, in the storage dtype and the offsets' layout."""
     cos = tl.load(cache_ptr + offs, mask=lane_ok, other=0.0)
     sin = tl.load(cache_ptr + half + offs, mask=lane_ok, other=0.0)
+    return cos, sin
+
+
+@triton.jit
+def _gather_cos_sin(cache_ptr, cache_row_stride, cache_rows, pos_0, pos_1, pos_2, pos_3, guess_0, guess_1, guess_2,
+                    guess_3, freq, half, sec0, sec1, sec2, NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr,
+                    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr, POS_RUN: tl.constexpr,
+                    GATHER_3D: tl.constexpr, CACHE_I64: tl.constexpr, SPECULATE: tl.constexpr):
+    """cos and sin of the tile's positions, as [BLOCK_T, BLOCK_H, BLOCK_F] fp32 in the q/k tile's layout.
+
+    Read at the guesses' rows (the positions themselves unless SPECULATE).  SPECULATE: if any
+    position read after the wait differs from its guess, the whole tile reads cos/sin again at the
+    positions.  A branch, not a masked second load: ptxas counts a load on the critical path even when
+    its predicate is off, and issued the first cos/sin loads only after the positions had arrived (two
+    round trips again); the branch's condition is the only use of the positions on the common path."""
+    offs, lane_ok = _cos_sin_offsets(guess_0, guess_1, guess_2, guess_3, cache_row_stride, cache_rows, freq, half,
+                                     sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN,
+                                     GATHER_3D, CACHE_I64)
+    cos, sin = _load_cos_sin(cache_ptr, offs, lane_ok, half)
+    if SPECULATE:
+        # Compared as the rows are computed: only the low 32 bits, unless CACHE_I64 (the loads then
+        # fetch 4 bytes of each position, as the default path's do).
+        ROW: tl.constexpr = tl.int64 if CACHE_I64 else tl.int32
+        wrong = ((pos_0.to(ROW) != guess_0.to(ROW)) | (pos_1.to(ROW) != guess_1.to(ROW))
+                 | (pos_2.to(ROW) != guess_2.to(ROW)) | (pos_3.to(ROW) != guess_3.to(ROW)))
+        if tl.max(wrong.to(tl.int32), axis=0) != 0:
+            offs, lane_ok = _cos_sin_offsets(pos_0, pos_1, pos_2, pos_3, cache_row_stride, cache_rows, freq, half,
+                                             sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, BLOCK_T, BLOCK_H, BLOCK_F,
+                                             POS_RUN, GATHER_3D, CACHE_I64)
+            cos, sin = _load_cos_sin(cache_ptr, offs, lane_ok, half)
+    return _cos_sin_to_tile(cos, sin, GATHER_3D)
+
+
+@triton.jit
+def _cos_sin_to_tile(cos, sin, GATHER_3D: tl.constexpr):
+    """cos and sin as [BLOCK_T, BLOCK_H, BLOCK_F] fp32 in the layout of the q/k tile."""
     if not GATHER_3D:
         # cos and sin joined into one [BLOCK_T, 1, BLOCK_F, 2] tensor: one layout conversion (one
         # barrier), and both loads issued before it (converted apart, sin's load waited for the
@@ -232,23 +278,22 @@ def _load_cos_sin(cache_ptr, offs, lane_ok, half, GATHER_3D: tl.constexpr):
 
 @triton.jit
 def _rotate_tile(x_ptr, x_stride, token, heads, x_heads, cache_ptr, cache_row_stride, cache_rows, pos_ptr,
-                 pos_row_stride, num_tokens, head_size, half, sec0, sec1, sec2,
+                 guess_ptr, pos_row_stride, num_tokens, head_size, half, sec0, sec1, sec2,
                  NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, IS_NEOX: tl.constexpr, ROUND_BF16: tl.constexpr,
                  BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr, POS_RUN: tl.constexpr,
                  GATHER_3D: tl.constexpr, QK_EVICT: tl.constexpr, CACHE_I64: tl.constexpr, PDL: tl.constexpr,
-                 EARLY_POSITIONS: tl.constexpr):
+                 EARLY_POSITIONS: tl.constexpr, SPECULATE: tl.constexpr):
     """Rotate the given tokens [BLOCK_T] (int64) x heads [BLOCK_H] of one tensor in place (the key-head
     branch of _rotary_kernel, whose two arms differ in tile shape; its default path writes this body out)."""
     freq = tl.arange(0, BLOCK_F)
     token_ok = token < num_tokens
     x_rows = x_ptr + token * x_stride
-    x1, x2, pos_0, pos_1, pos_2, pos_3 = _load_tile_and_positions(
-        x_rows, token_ok, heads, x_heads, head_size, freq, half, pos_ptr, pos_row_stride, token, num_tokens,
-        NUM_DIMS, IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT, PDL, EARLY_POSITIONS)
-    offs, lane_ok = _cos_sin_offsets(pos_0, pos_1, pos_2, pos_3, cache_row_stride, cache_rows, freq, half,
-                                     sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN,
-                                     GATHER_3D, CACHE_I64)
-    cos, sin = _load_cos_sin(cache_ptr, offs, lane_ok, half, GATHER_3D)
+    x1, x2, pos_0, pos_1, pos_2, pos_3, guess_0, guess_1, guess_2, guess_3 = _load_tile_and_positions(
+        x_rows, token_ok, heads, x_heads, head_size, freq, half, pos_ptr, guess_ptr, pos_row_stride, token,
+        num_tokens, NUM_DIMS, IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT, PDL, EARLY_POSITIONS, SPECULATE)
+    cos, sin = _gather_cos_sin(cache_ptr, cache_row_stride, cache_rows, pos_0, pos_1, pos_2, pos_3, guess_0, guess_1,
+                               guess_2, guess_3, freq, half, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, BLOCK_T, BLOCK_H,
+                               BLOCK_F, POS_RUN, GATHER_3D, CACHE_I64, SPECULATE)
     # Rotate and store: NeoX pairs (i, i + half), GPT-J pairs (2i, 2i + 1).
     _rotate_store_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half, x1, x2, cos, sin,
                        IS_NEOX, ROUND_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
@@ -259,22 +304,29 @@ def _rotate_tile(x_ptr, x_stride, token, heads, x_heads, cache_ptr, cache_row_st
 @triton.jit(do_not_specialize=["pos_row_stride", "num_tokens", "num_q_heads", "num_kv_heads", "sec0", "sec1", "sec2",
                                "cache_rows"])
 def _rotary_kernel(
-    q_ptr, k_ptr, cache_ptr, pos_ptr,
+    q_ptr, k_ptr, cache_ptr, pos_ptr, guess_ptr,
     q_row_stride, k_row_stride, cache_row_stride, pos_row_stride, cache_rows,
     num_tokens, num_q_heads, num_kv_heads, head_size, half, sec0, sec1, sec2,
     NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, IS_NEOX: tl.constexpr, HAS_KEY: tl.constexpr, ROUND_BF16: tl.constexpr,
     SPLIT_QK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr,
     POS_RUN: tl.constexpr, GATHER_3D: tl.constexpr, PDL: tl.constexpr, QK_EVICT: tl.constexpr,
     HEADS_FASTEST: tl.constexpr, BLOCK_HK: tl.constexpr, CACHE_I64: tl.constexpr, EARLY_POSITIONS: tl.constexpr,
+    SPECULATE: tl.constexpr,
 ):
     # PDL (launched with programmatic dependent launch): wait for the previous kernel in the stream
     # to finish and flush before reading anything (positions, the cache and q/k may all be its
     # outputs), then let the next kernel launch at once: its launch and prologue overlap this body.
+    # That leaves two dependent round trips after the wait: position, then cos/sin at it.
+    # SPECULATE: guess the positions before the wait (a read that races that kernel's writes: it may
+    # see old, new or torn values), and after it read the positions again beside q/k and the cos/sin
+    # rows at the guesses, one round trip; lanes whose guess was wrong (their offset differs) read
+    # cos/sin again at the true one.  Every value used is read after the wait, and a guess is
+    # clamped like any position, so a wrong one costs a second round trip, never a wrong answer or
+    # a read outside the cache (properties/test_pdl_order.py stages the race).
     # EARLY_POSITIONS (the caller vouches that the kernel launched just before does not write the
-    # positions): the positions are read before the wait, while that kernel still runs, and the
-    # cache and q/k after it, so one dependent round trip (position -> cos/sin) is left after the
-    # wait instead of two; the wait, and the next kernel's launch after it, are in the tile code below.
-    if PDL and not EARLY_POSITIONS:
+    # positions): the positions are read before the wait and trusted.
+    # With either, the wait and the next kernel's launch after it are in the tile code below.
+    if PDL and not (EARLY_POSITIONS or SPECULATE):
         gdc_wait()
         gdc_launch_dependents()
     # Program (token_block, head_block) rotates a tile of BLOCK_T tokens x BLOCK_H heads x all
@@ -305,17 +357,18 @@ def _rotary_kernel(
             _rotate_tile(q_ptr, q_row_stride,
                          (group * R + slot // q_blocks).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T),
                          (slot % q_blocks) * BLOCK_H + tl.arange(0, BLOCK_H), num_q_heads,
-                         cache_ptr, cache_row_stride, cache_rows, pos_ptr, pos_row_stride, num_tokens, head_size,
+                         cache_ptr, cache_row_stride, cache_rows, pos_ptr, guess_ptr, pos_row_stride, num_tokens, head_size,
                          half, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, IS_NEOX, ROUND_BF16,
-                         BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN, GATHER_3D, QK_EVICT, CACHE_I64, PDL, EARLY_POSITIONS)
+                         BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN, GATHER_3D, QK_EVICT, CACHE_I64, PDL, EARLY_POSITIONS,
+                         SPECULATE)
         else:
             _rotate_tile(k_ptr, k_row_stride,
                          group.to(tl.int64) * (R * BLOCK_T) + tl.arange(0, R * BLOCK_T),
                          (slot - R * q_blocks) * BLOCK_HK + tl.arange(0, BLOCK_HK), num_kv_heads,
-                         cache_ptr, cache_row_stride, cache_rows, pos_ptr, pos_row_stride, num_tokens, head_size,
+                         cache_ptr, cache_row_stride, cache_rows, pos_ptr, guess_ptr, pos_row_stride, num_tokens, head_size,
                          half, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, IS_NEOX, ROUND_BF16,
                          R * BLOCK_T, BLOCK_HK, BLOCK_F, POS_RUN, GATHER_3D, QK_EVICT, CACHE_I64, PDL,
-                         EARLY_POSITIONS)
+                         EARLY_POSITIONS, SPECULATE)
     else:
         if HEADS_FASTEST:
             if SPLIT_QK:
@@ -348,13 +401,12 @@ def _rotary_kernel(
         token = token_block.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
         token_ok = token < num_tokens
         x_rows = x_ptr + token * x_stride
-        x1, x2, pos_0, pos_1, pos_2, pos_3 = _load_tile_and_positions(
-            x_rows, token_ok, heads, x_heads, head_size, freq, half, pos_ptr, pos_row_stride, token, num_tokens,
-            NUM_DIMS, IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT, PDL, EARLY_POSITIONS)
-        offs, lane_ok = _cos_sin_offsets(pos_0, pos_1, pos_2, pos_3, cache_row_stride, cache_rows, freq, half,
-                                         sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN,
-                                         GATHER_3D, CACHE_I64)
-        cos, sin = _load_cos_sin(cache_ptr, offs, lane_ok, half, GATHER_3D)
+        x1, x2, pos_0, pos_1, pos_2, pos_3, guess_0, guess_1, guess_2, guess_3 = _load_tile_and_positions(
+            x_rows, token_ok, heads, x_heads, head_size, freq, half, pos_ptr, guess_ptr, pos_row_stride, token,
+            num_tokens, NUM_DIMS, IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT, PDL, EARLY_POSITIONS, SPECULATE)
+        cos, sin = _gather_cos_sin(cache_ptr, cache_row_stride, cache_rows, pos_0, pos_1, pos_2, pos_3, guess_0, guess_1,
+                                   guess_2, guess_3, freq, half, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, BLOCK_T, BLOCK_H,
+                                   BLOCK_F, POS_RUN, GATHER_3D, CACHE_I64, SPECULATE)
         # Rotate and store: NeoX pairs (i, i + half), GPT-J pairs (2i, 2i + 1).
         _rotate_store_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half, x1, x2, cos, sin,
                            IS_NEOX, ROUND_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
@@ -385,9 +437,15 @@ def _position_run(spec: RopeSpec, cache_row_stride: int) -> int:
 
 
 def _default_tile(num_tokens: int, num_q: int, num_k: int, split_qk: bool, gather_3d: bool,
-                  interleaved: bool) -> tuple[int, int, int]:
+                  interleaved: bool, speculate: bool = False) -> tuple[int, int, int]:
     """(block_t, block_h, num_warps) of the default launch; block_t 0: as many tokens as fill MAX_TILE
-    pairs.  From the H200 sweeps (docs/perf-notes.md §4, §6, §18); q and k always in separate programs.
+    pairs.  From the H200 sweeps (docs/perf-notes.md §4, §6, §18, §21); q and k always in separate programs.
+
+    * Speculating (the positions guessed before the PDL wait, up to SPECULATE_MAX_TOKENS): from 2
+      tokens 1 token x 8 heads on 2 warps, every layout (16 and 64 tokens: 8-22% faster than the
+      tiles below); at 1 token the tiles below, but the 3-D gather takes 8 heads where 4-head
+      programs would number fewer than FEW_PROGRAMS (HunyuanOCR 0.864 -> 0.765 us, GLM-4.1V 0.780
+      -> 0.763; Qwen2.5-VL-72B's 18 programs of 4 heads 0.786 against 0.826-0.890 with 8).
 
     * Below SMALL_BATCH_TOKENS, one token per program (more, shorter programs: latency): 4 heads;
       interleaved sections (the per-lane gather) 2 up to FEW_TOKENS (their lane-axis selects,
@@ -407,6 +465,10 @@ def _default_tile(num_tokens: int, num_q: int, num_k: int, split_qk: bool, gathe
         return cdiv(num_q, heads) + cdiv(num_k, heads) if split_qk else cdiv(max(num_q, num_k), heads)
 
     if num_tokens < SMALL_BATCH_TOKENS:
+        if speculate and num_tokens > 1:
+            return 1, 8, 2
+        if speculate and gather_3d and programs_per_token(4) < FEW_PROGRAMS:
+            return 1, 8, 4
         if not gather_3d:
             return 1, 2 if interleaved and num_tokens <= FEW_TOKENS else 4, 4
         return 1, 8 if num_tokens * programs_per_token(4) > SMALL_GRID_PROGRAMS else 4, 4
@@ -436,7 +498,8 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
                   gather_3d: bool | None = None, pdl: bool | None = None, evict_first: bool | None = None,
                   heads_fastest: bool | None = None, bf16_rounding: str | None = None,
                   block_hk: int | None = None, cache_offsets_64: bool | None = None,
-                  positions_before_wait: bool = False):
+                  positions_before_wait: bool = False, speculate_positions: bool | None = None,
+                  position_guesses=None):
     """Launch the kernel without validation (the caller has checked); returns (query, key).
 
     query/key must have unit stride in the last dim; they are rotated in place.  Tile sizes come
@@ -466,6 +529,12 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
     the stream does not write ``positions`` (in a serving engine the rotation follows the QKV
     projection, and the step's positions were written before the first layer).  Off by default: the
     public entry makes no such assumption (properties/test_pdl_order.py shows the hazard).
+    ``speculate_positions``: guess the positions before the PDL wait, read them again after it beside
+    q/k and the cos/sin rows at the guesses, and read cos/sin again only where a guess was wrong:
+    the one round trip of ``positions_before_wait`` with no assumption about the previous kernel; by
+    default with PDL up to SPECULATE_MAX_TOKENS.  ``position_guesses`` (tests): a tensor shaped and
+    strided like ``positions`` that the guesses are read from instead (implies speculation), so that
+    a wrong guess, which on a GPU needs a race, can be staged anywhere.
     """
     if bf16_rounding not in (None, "by_hand", "convert"):
         raise ValueError(f"bf16_rounding={bf16_rounding!r}: must be 'by_hand' or 'convert'")
@@ -485,16 +554,33 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
         # Triton can prove constant over them, i.e. half = num_freqs specialized as a multiple of 16
         # (else it issues one scalar load per lane and head lane: the slower variant of docs/perf-notes.md §6).
         gather_3d = pos_run > 1 and spec.num_freqs % 16 == 0
+    if pdl is None:
+        pdl = num_tokens <= PDL_MAX_TOKENS or ONE_WAVE_TOKENS[0] <= num_tokens <= ONE_WAVE_TOKENS[1]
+    pdl = bool(pdl) and pdl_available(query.device)
+    if position_guesses is not None:
+        if speculate_positions is False:
+            raise ValueError("position_guesses: given with speculate_positions=False")
+        if position_guesses.shape != positions.shape or position_guesses.stride() != positions.stride() \
+                or position_guesses.dtype != positions.dtype or position_guesses.device != positions.device:
+            raise ValueError(f"position_guesses: must be shaped, strided, typed and placed like positions "
+                             f"{tuple(positions.shape)} {positions.stride()} {positions.dtype} {positions.device}, "
+                             f"got {tuple(position_guesses.shape)} {position_guesses.stride()} "
+                             f"{position_guesses.dtype} {position_guesses.device}")
+        speculate_positions = True
+    if speculate_positions and positions_before_wait:
+        raise ValueError("speculate_positions=True with positions_before_wait=True: the early read is trusted, "
+                         "there is nothing to verify")
+    if speculate_positions is None:
+        speculate_positions = pdl and not positions_before_wait and num_tokens <= SPECULATE_MAX_TOKENS
     tile = _default_tile(num_tokens, num_q, num_k, split_qk, gather_3d,
-                         interleaved=spec.num_dims > 1 and spec.layout == "interleaved")
+                         interleaved=spec.num_dims > 1 and spec.layout == "interleaved",
+                         speculate=bool(speculate_positions) and pdl)
     if block_h is None:
         block_h = min(max_heads, tile[1])
     if block_t is None:
         block_t = tile[0] if tile[0] else max(1, min(8, MAX_TILE // (block_f * block_h)))
     if num_warps is None:
         num_warps = tile[2]
-    if pdl is None:
-        pdl = num_tokens <= PDL_MAX_TOKENS or ONE_WAVE_TOKENS[0] <= num_tokens <= ONE_WAVE_TOKENS[1]
     if evict_first is None:
         evict_first = EVICT_FIRST_TOKENS[0] <= num_tokens <= EVICT_FIRST_TOKENS[1]
     if heads_fastest is None:
@@ -520,12 +606,12 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
     grid = (token_blocks * head_blocks,) if heads_fastest else (token_blocks, head_blocks)
     sec0, sec1, sec2 = _sections_constexprs(spec)
     pos_row_stride = positions.stride(0) if positions.dim() == 2 else 0
-    pdl = bool(pdl) and pdl_available(query.device)
     extra = {} if is_interpreter() else {"enable_fp_fusion": False, "num_warps": num_warps}
     if pdl:
         extra["launch_pdl"] = True
     _rotary_kernel[grid](
         query, key if key is not None else query, cos_sin_cache, positions,
+        position_guesses if position_guesses is not None else positions,
         query.stride(0), key.stride(0) if key is not None else 0, cos_sin_cache.stride(0), pos_row_stride,
         cos_sin_cache.shape[0], num_tokens, num_q, num_k, spec.head_size, spec.num_freqs, sec0, sec1, sec2,
         NUM_DIMS=spec.num_dims, INTERLEAVED=spec.layout == "interleaved", IS_NEOX=spec.is_neox_style, HAS_KEY=key is not None,
@@ -533,7 +619,7 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
         SPLIT_QK=split_qk, BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_F=block_f,
         POS_RUN=pos_run, GATHER_3D=gather_3d, PDL=pdl, QK_EVICT="evict_first" if evict_first else "",
         HEADS_FASTEST=bool(heads_fastest), BLOCK_HK=block_hk, CACHE_I64=bool(cache_offsets_64),
-        EARLY_POSITIONS=bool(positions_before_wait), **extra,
+        EARLY_POSITIONS=bool(positions_before_wait), SPECULATE=bool(speculate_positions), **extra,
     )
     return query, key
 
@@ -572,14 +658,16 @@ def supports(spec: RopeSpec, dtype: torch.dtype, device: str) -> bool:
 
 
 rotate_triton.working_precision = "float32"
-# Where launch_rotary's defaults change path by the token count alone: 2-head programs for interleaved
-# sections up to FEW_TOKENS; PDL off above PDL_MAX_TOKENS, on again in ONE_WAVE_TOKENS; from
+# Where launch_rotary's defaults change path by the token count alone: speculating (GPU, PDL), 8-head
+# programs of 2 warps from 2 tokens and no speculation above SPECULATE_MAX_TOKENS; 2-head programs for
+# interleaved sections up to FEW_TOKENS; PDL off above PDL_MAX_TOKENS, on again in ONE_WAVE_TOKENS; from
 # SMALL_BATCH_TOKENS token x head x frequency tiles and the heads-fastest 1-D grid; the per-lane
 # gather's tiles at PER_LANE_WIDE_TOKENS and above PER_LANE_TILE_TOKENS; evict_first off above
 # 16384; key programs of the key's head count above KEY_HEAD_BLOCK_TOKENS.  (The program-count
 # switches of _default_tile move with the head counts; test_launch_options holds every tile to the
 # default's bits.)
-rotate_triton.switch_tokens = tuple(sorted({FEW_TOKENS + 1, PDL_MAX_TOKENS + 1, SMALL_BATCH_TOKENS, PER_LANE_WIDE_TOKENS,
+rotate_triton.switch_tokens = tuple(sorted({2, FEW_TOKENS + 1, PDL_MAX_TOKENS + 1, SPECULATE_MAX_TOKENS + 1,
+                                            SMALL_BATCH_TOKENS, PER_LANE_WIDE_TOKENS,
                                             ONE_WAVE_TOKENS[1] + 1, PER_LANE_TILE_TOKENS + 1, EVICT_FIRST_TOKENS[1] + 1,
                                             KEY_HEAD_BLOCK_TOKENS + 1}))
 rotate_triton.supports = supports
