@@ -319,10 +319,11 @@ def _rotary_kernel(
     # That leaves two dependent round trips after the wait: position, then cos/sin at it.
     # SPECULATE: guess the positions before the wait (a read that races that kernel's writes: it may
     # see old, new or torn values), and after it read the positions again beside q/k and the cos/sin
-    # rows at the guesses, one round trip; lanes whose guess was wrong (their offset differs) read
-    # cos/sin again at the true one.  Every value used is read after the wait, and a guess is
-    # clamped like any position, so a wrong one costs a second round trip, never a wrong answer or
-    # a read outside the cache (properties/test_pdl_order.py stages the race).
+    # rows at the guesses, one round trip; if any position differs from its guess, the tile reads
+    # cos/sin again at the true ones.  Every value used is read after the wait (which returns only
+    # once the previous grid's writes are visible to this one: the PTX ISA's griddepcontrol.wait),
+    # and a guess is clamped like any position, so a wrong one costs a second round trip, never a
+    # wrong answer or a read outside the cache (properties/test_pdl_order.py stages the race).
     # EARLY_POSITIONS (the caller vouches that the kernel launched just before does not write the
     # positions): the positions are read before the wait and trusted.
     # With either, the wait and the next kernel's launch after it are in the tile code below.
