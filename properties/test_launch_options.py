@@ -157,6 +157,24 @@ def test_the_default_launch_guesses_positions_where_it_waits_for_the_kernel_befo
     assert _recorded_constexprs(positions, q, k, cache, pdl=False)["SPECULATE"] is False
 
 
+@pytest.mark.parametrize("model, tokens, evict", [("qwen2.5-vl-72b", 8192, True), ("qwen2.5-vl-72b", 16384, False),
+                                                  ("qwen3-vl-30b-a3b", 16384, True), ("qwen3-vl-30b-a3b", 16385, False),
+                                                  ("qwen3-vl-30b-a3b", 127, False)])
+def test_evict_first_by_default_only_for_mid_sized_batches(model, tokens, evict):
+    # The q/k eviction hint from SMALL_BATCH_TOKENS to 16384 tokens, while the rotated bytes stay
+    # within EVICT_FIRST_MAX_BYTES (Qwen2.5-VL-72B at 16384 tokens: 604 MB).
+    spec = load_models()[model].spec
+    nq, nk = load_models()[model].sharded(1)
+    meta = torch.device("meta")
+    positions = torch.zeros(3, tokens, dtype=torch.long, device=meta)
+    q, k = (torch.empty(tokens, n * spec.head_size, device=meta, dtype=torch.bfloat16) for n in (nq, nk))
+    cache = torch.empty(4096, spec.rotary_dim, device=meta, dtype=torch.bfloat16)
+    from properties.compile_offline import _record
+    import rope.triton.rotary as rotary
+    (_, _grid, _args, kwargs), = _record(rotary, "_rotary_kernel", lambda: launch_rotary(spec, positions, q, k, cache))
+    assert kwargs["QK_EVICT"] == ("evict_first" if evict else "")
+
+
 @pytest.mark.parametrize("block_hk", [0, 3, 16])
 def test_a_key_head_block_not_dividing_the_head_block_is_refused(block_hk):
     with pytest.raises(ValueError, match=rf"block_hk={block_hk}: must be a power of two dividing block_h=8"):

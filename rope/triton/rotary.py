@@ -39,6 +39,7 @@ ONE_WAVE_PROGRAMS = 1152   # in ONE_WAVE_TOKENS, 1-token x 8-head programs of 2 
 PER_LANE_WIDE_TOKENS = 192  # in ONE_WAVE_TOKENS, the per-lane gather: 2-token x 8-head programs below this
 PER_LANE_TILE_TOKENS = 4096  # above ONE_WAVE_TOKENS up to this, the per-lane gather: 4-token x 8-head programs
 EVICT_FIRST_TOKENS = (SMALL_BATCH_TOKENS, 16384)   # q/k evict_first between these (docs/perf-notes.md §7: 65536 gained nothing)
+EVICT_FIRST_MAX_BYTES = 512 << 20   # ... and while the rotated q/k bytes (read + written) are at most this (§22)
 KEY_HEAD_BLOCK_TOKENS = 16384  # above this, key programs take the key's head count (docs/perf-notes.md §17)
 SPECULATE_MAX_TOKENS = PDL_MAX_TOKENS  # with PDL up to this, guess the positions before the wait (§21)
 
@@ -511,7 +512,8 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
     default up to PDL_MAX_TOKENS, where the launch is most of the time, and in ONE_WAVE_TOKENS,
     whose tiles leave room on the SMs for the next launch's programs (``_default_tile``).  ``evict_first``: q/k loads
     and stores hint evict_first (each byte is touched once; the cos/sin rows, read by position,
-    keep their L2 lines); by default in the EVICT_FIRST_TOKENS range.  ``heads_fastest``: a 1-D
+    keep their L2 lines); by default in the EVICT_FIRST_TOKENS range while the rotated q/k bytes are at most
+    EVICT_FIRST_MAX_BYTES.  ``heads_fastest``: a 1-D
     grid, head blocks of a token block in consecutive programs; by default from SMALL_BATCH_TOKENS
     up.  From the H200 measurements in docs/perf-notes.md §7.  ``bf16_rounding``: ``"convert"``
     (the compiled default: the store's own round-to-nearest-even, 30% fewer instructions than the
@@ -583,7 +585,9 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
     if num_warps is None:
         num_warps = tile[2]
     if evict_first is None:
-        evict_first = EVICT_FIRST_TOKENS[0] <= num_tokens <= EVICT_FIRST_TOKENS[1]
+        rotated_bytes = 2 * num_tokens * (num_q + num_k) * spec.rotary_dim * query.element_size()
+        evict_first = (EVICT_FIRST_TOKENS[0] <= num_tokens <= EVICT_FIRST_TOKENS[1]
+                       and rotated_bytes <= EVICT_FIRST_MAX_BYTES)
     if heads_fastest is None:
         heads_fastest = num_tokens >= SMALL_BATCH_TOKENS
     needs_64 = cache_offsets_need_64(cos_sin_cache, block_f)
@@ -665,8 +669,8 @@ rotate_triton.working_precision = "float32"
 # SMALL_BATCH_TOKENS token x head x frequency tiles and the heads-fastest 1-D grid; the per-lane
 # gather's tiles at PER_LANE_WIDE_TOKENS and above PER_LANE_TILE_TOKENS; evict_first off above
 # 16384; key programs of the key's head count above KEY_HEAD_BLOCK_TOKENS.  (The program-count
-# switches of _default_tile move with the head counts; test_launch_options holds every tile to the
-# default's bits.)
+# switches of _default_tile and evict_first's byte bound move with the head counts; test_launch_options
+# holds every tile and hint to the default's bits.)
 rotate_triton.switch_tokens = tuple(sorted({2, FEW_TOKENS + 1, PDL_MAX_TOKENS + 1, SPECULATE_MAX_TOKENS + 1,
                                             SMALL_BATCH_TOKENS, PER_LANE_WIDE_TOKENS,
                                             ONE_WAVE_TOKENS[1] + 1, PER_LANE_TILE_TOKENS + 1, EVICT_FIRST_TOKENS[1] + 1,
