@@ -169,10 +169,7 @@ def test_evict_first_by_default_only_for_mid_sized_batches(model, tokens, evict)
     positions = torch.zeros(3, tokens, dtype=torch.long, device=meta)
     q, k = (torch.empty(tokens, n * spec.head_size, device=meta, dtype=torch.bfloat16) for n in (nq, nk))
     cache = torch.empty(4096, spec.rotary_dim, device=meta, dtype=torch.bfloat16)
-    from properties.compile_offline import _record
-    import rope.triton.rotary as rotary
-    (_, _grid, _args, kwargs), = _record(rotary, "_rotary_kernel", lambda: launch_rotary(spec, positions, q, k, cache))
-    assert kwargs["QK_EVICT"] == ("evict_first" if evict else "")
+    assert _recorded_constexprs(positions, q, k, cache, spec=spec)["QK_EVICT"] == ("evict_first" if evict else "")
 
 
 @pytest.mark.parametrize("block_hk", [0, 3, 16])
@@ -199,11 +196,12 @@ def test_grid_arithmetic_is_tritons(n, b):
     assert next_power_of_2(n) == triton.next_power_of_2(n)
 
 
-def _recorded_constexprs(positions, query, key, cache, **options) -> dict:
+def _recorded_constexprs(positions, query, key, cache, spec=QWEN72, **options) -> dict:
+    """The constexprs of the one launch launch_rotary makes (kernel intercepted, PDL available)."""
     from properties.compile_offline import _record
     import rope.triton.rotary as rotary
     (_, _grid, _args, kwargs), = _record(rotary, "_rotary_kernel", lambda: launch_rotary(
-        QWEN72, positions, query, key, cache, **options))
+        spec, positions, query, key, cache, **options))
     return kwargs
 
 

@@ -48,7 +48,7 @@ def candidate_options(tokens: int, num_kv: int, candidates: str = "full", spec=N
     """The launch options tried at ``tokens`` (the empty dict is the default launch).  ``full``: every
     tile, warp count and switch at 1 and 256 tokens; ``wide``: the front runners of ``full`` at any
     token count, to place the launcher's switches; ``previous``: the defaults before the one-wave
-    tiles, beside today's (and 4 x 8 tiles above 4096 tokens, where the per-lane gather keeps MAX_TILE);
+    tiles, beside the launcher's defaults (and 4 x 8 tiles above 4096 tokens, where the per-lane gather keeps MAX_TILE);
     ``none``: the default alone (with --extra: the default and those)."""
     opts = [{}]
     if candidates == "none":
