@@ -102,3 +102,42 @@ def test_an_unknown_triton_is_left_alone(monkeypatch):
         monkeypatch.undo()
         if installed:
             speed.skip_repeated_patching()
+
+
+def _worst_page_faults(launch) -> int:
+    """The most minor page faults one launch() takes, called from each of 160 stack depths (a
+    16 KiB chunk of CPython's frame stack holds about 130 frames of ``at``)."""
+    resource = pytest.importorskip("resource")
+
+    def at(depth):
+        if depth:
+            return at(depth - 1)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        launch()
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+    launch()
+    return max(at(depth) for depth in range(160))
+
+
+def test_a_grid_runs_in_one_stack_chunk_at_every_depth():
+    x = torch.randn(256, generator=torch.Generator().manual_seed(0))
+
+    def launch():
+        _helpers_kernel[(4,)](x, torch.empty_like(x), 256, BLOCK=64)
+
+    installed = speed._APPLIED[0]
+    speed.restore_patching()
+    try:
+        plain = _worst_page_faults(launch)
+        if plain < 500:
+            pytest.skip(f"this Python maps no frame-stack chunk per call (at most {plain} page faults a launch)")
+        # Triton's own calls at the depth where each of them maps, faults in and unmaps a chunk:
+        # thousands of faults; from one chunk, a handful.
+        assert _worst_page_faults(lambda: speed.in_one_stack_chunk(launch)) < 50
+        speed.skip_repeated_patching()
+        assert _worst_page_faults(launch) < 50, "the installed grid call does not run in one stack chunk"
+    finally:
+        speed.restore_patching()
+        if installed:
+            speed.skip_repeated_patching()

@@ -1,4 +1,5 @@
-"""Triton's interpreter without its repeated patching of ``triton.language`` on every helper call.
+"""Triton's interpreter without its repeated patching of ``triton.language`` on every helper call,
+and without CPython's frame-stack churn.
 
 Under ``TRITON_INTERPRET=1`` a kernel runs one program at a time in Python.  The grid executor
 patches ``triton.language``'s builtins once, for the whole grid (``_patch_lang``); then every call
@@ -16,12 +17,25 @@ and is otherwise the same call.  A helper then runs on the very builtins the gri
 every result is the same (properties/test_interpreter_speed.py compares the bits).  It changes
 nothing unless Triton's helper call and grid executor are the code this was written against
 (Triton 3.9's): a version whose code differs keeps its own behaviour, only slower.
+
+The grid also runs inside one large chunk of CPython's frame stack (:func:`in_one_stack_chunk`).
+Since 3.11 CPython keeps a thread's frames in chunks of 16 KiB, maps a new chunk when a call does
+not fit in the current one and unmaps it when that call returns.  The interpreter makes a few
+hundred calls per program, each a dozen frames deep; where a program's frames happen to end near
+a chunk's end, every one of those calls maps, faults in and unmaps a chunk.  Which depth that is
+depends on the caller's stack (pytest, Hypothesis, the test), so the same launch took 0.9 s at one
+depth and 3.3 s at another, a third of it system time (334,000 page faults), and the CPU suite
+spent about a third of its time in the kernel.  A grid started from a frame that reserves half a
+MiB of stack it never touches runs its programs in the rest of that frame's 1 MiB chunk: one
+mapping per launch.
 """
 
 from __future__ import annotations
 
 import inspect
 import re
+import sys
+import types
 
 _APPLIED = [False]
 _ORIGINALS: dict[str, object] = {}     # Triton's own GridExecutor.__call__ and InterpretedFunction.__call__
@@ -36,15 +50,39 @@ _HELPER_CALL = """def __call__(self, *args, **kwargs):
         raise InterpreterError(repr(e)) from e"""
 
 
+def _call(fn, args, kwargs):
+    return fn(*args, **kwargs)
+
+
+# CPython maps a chunk of at least (frame size + 1000 words) * 8 bytes, rounded up to 16 KiB times
+# a power of two, for a frame that does not fit.  A frame of 2**16 words of (unused) value stack
+# gets a 1 MiB chunk and leaves just under half of it to the calls it makes; its stack slots are
+# never written, so the pages behind them are never touched.
+_RESERVED_STACK_WORDS = 1 << 16
+_call_in_one_chunk = types.FunctionType(
+    _call.__code__.replace(co_stacksize=_RESERVED_STACK_WORDS, co_name="_call_in_one_chunk"),
+    _call.__globals__, "_call_in_one_chunk")
+
+
+def in_one_stack_chunk(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with its frames in one fresh 1 MiB chunk of CPython's frame stack
+    (3.11 and later; before 3.11 frames are separate objects and this is a plain call)."""
+    if sys.version_info < (3, 11):
+        return fn(*args, **kwargs)
+    return _call_in_one_chunk(fn, args, kwargs)
+
+
 def _normalized(source: str) -> str:
     lines = (re.sub(r"#.*", "", line).rstrip() for line in inspect.cleandoc(source).splitlines())
     return "\n".join(line for line in lines if line.strip())
 
 
 def skip_repeated_patching() -> bool:
-    """Install the faster helper call in Triton's interpreter (idempotent); True when installed."""
+    """Install the faster helper call in Triton's interpreter (idempotent); True when installed.
+    The grid runs in one stack chunk either way."""
     if _APPLIED[0]:
         return True
+    restore_patching()      # a grid wrapped by an earlier call that found an unknown helper call
     try:
         from triton.runtime import interpreter
         import triton.language as tl
@@ -55,6 +93,7 @@ def skip_repeated_patching() -> bool:
     except (ImportError, AttributeError, OSError, TypeError):
         return False
     if not known:
+        _run_grids_in_one_stack_chunk(interpreter)
         return False
 
     language = (tl, tl.core)
@@ -70,7 +109,7 @@ def skip_repeated_patching() -> bool:
     def grid_executor_call(self, *args, **kwargs):
         grids.append(set(language_modules(self.fn)))
         try:
-            return grid_call(self, *args, **kwargs)
+            return in_one_stack_chunk(grid_call, self, *args, **kwargs)
         finally:
             grids.pop()
 
@@ -94,11 +133,24 @@ def skip_repeated_patching() -> bool:
     return True
 
 
+def _run_grids_in_one_stack_chunk(interpreter) -> None:
+    """Only the stack chunk, for a Triton whose helper call this module does not know."""
+    grid_call = interpreter.GridExecutor.__call__
+
+    def grid_executor_call(self, *args, **kwargs):
+        return in_one_stack_chunk(grid_call, self, *args, **kwargs)
+
+    _ORIGINALS["grid"] = grid_call
+    interpreter.GridExecutor.__call__ = grid_executor_call
+
+
 def restore_patching() -> None:
     """Put Triton's own calls back (after :func:`skip_repeated_patching`; for comparisons)."""
-    if not _APPLIED[0]:
+    if not _ORIGINALS:
         return
     from triton.runtime import interpreter
-    interpreter.GridExecutor.__call__ = _ORIGINALS["grid"]
-    interpreter.InterpretedFunction.__call__ = _ORIGINALS["helper"]
+    if "grid" in _ORIGINALS:
+        interpreter.GridExecutor.__call__ = _ORIGINALS.pop("grid")
+    if "helper" in _ORIGINALS:
+        interpreter.InterpretedFunction.__call__ = _ORIGINALS.pop("helper")
     _APPLIED[0] = False
