@@ -544,7 +544,7 @@ def pytest_configure(config):
     configure_triton()          # before any kernel of the suite is defined (no GPU: the interpreter)
     if os.environ.get("TRITON_INTERPRET") == "1":
         from rope.harness.interpreter import skip_repeated_patching
-        skip_repeated_patching()    # half of an interpreted kernel's time (rope/harness/interpreter.py)
+        skip_repeated_patching()    # most of an interpreted kernel's time (rope/harness/interpreter.py)
     config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:triton.*")
     if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
         # Each xdist worker is a process: give it its share of the cores instead of letting
