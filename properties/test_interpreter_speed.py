@@ -1,5 +1,6 @@
 """rope.harness.interpreter: Triton's interpreter without re-patching triton.language per helper
-call gives the same bits, patches once per grid, and leaves a Triton it does not know alone."""
+call gives the same bits, patches once per grid, and leaves a Triton it does not know alone; every
+grid runs in one chunk of CPython's frame stack, at any stack depth."""
 
 from __future__ import annotations
 
@@ -96,8 +97,13 @@ def test_an_unknown_triton_is_left_alone(monkeypatch):
         def changed(self, *args, **kwargs):
             return self.rewrite()(*args, **kwargs)
         monkeypatch.setattr(interpreter.InterpretedFunction, "__call__", changed)
+        triton_grid_call = interpreter.GridExecutor.__call__
         assert speed.skip_repeated_patching() is False
         assert interpreter.InterpretedFunction.__call__ is changed
+        # The grid still runs in one stack chunk (a wrapper that needs nothing of Triton's code) ...
+        assert interpreter.GridExecutor.__call__ is not triton_grid_call
+        speed.restore_patching()
+        assert interpreter.GridExecutor.__call__ is triton_grid_call     # ... and comes off again.
     finally:
         monkeypatch.undo()
         if installed:
