@@ -71,8 +71,7 @@ def main(argv=None) -> int:
             case = data.draw(rotation_cases(dtype=dtype, kind=kind, is_neox_style=neox, nonfinite=True))
             x = build_rotation_inputs(case, "cpu")
             # As the public entry hands q/k to the launcher: unit stride in the last dim.
-            q = x.query if x.query.stride(-1) == 1 else x.query.contiguous()
-            k = x.key if x.key is None or x.key.stride(-1) == 1 else x.key.contiguous()
+            q, k = rotary._unit_last_stride(x.query), rotary._unit_last_stride(x.key)
             drawn[0] += 1
             for name, options in variants:
                 for kernel, _grid, a, kw in _record(rotary, "_rotary_kernel", lambda: rotary.launch_rotary(

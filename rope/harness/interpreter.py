@@ -95,7 +95,7 @@ def skip_repeated_patching() -> bool:
     except (ImportError, AttributeError, OSError, TypeError):
         return False
     if not known:
-        _run_grids_in_one_stack_chunk(interpreter)
+        _install_grid_call(interpreter, grid_call)
         return False
 
     language = (tl, tl.core)
@@ -108,10 +108,10 @@ def skip_repeated_patching() -> bool:
                                        if inspect.ismodule(v) and any(v is m for m in language))
         return modules_of[fn]
 
-    def grid_executor_call(self, *args, **kwargs):
+    def tracked_grid_call(self, *args, **kwargs):
         grids.append(set(language_modules(self.fn)))
         try:
-            return in_one_stack_chunk(grid_call, self, *args, **kwargs)
+            return grid_call(self, *args, **kwargs)
         finally:
             grids.pop()
 
@@ -128,21 +128,21 @@ def skip_repeated_patching() -> bool:
         except Exception as e:      # noqa: BLE001 - as Triton's own helper call
             raise interpreter.InterpreterError(repr(e)) from e
 
-    _ORIGINALS.update(grid=grid_call, helper=helper_call)
-    interpreter.GridExecutor.__call__ = grid_executor_call
+    _install_grid_call(interpreter, tracked_grid_call)
+    _ORIGINALS["helper"] = helper_call
     interpreter.InterpretedFunction.__call__ = interpreted_helper_call
     _APPLIED[0] = True
     return True
 
 
-def _run_grids_in_one_stack_chunk(interpreter) -> None:
-    """Only the stack chunk, for a Triton whose helper call this module does not know."""
-    grid_call = interpreter.GridExecutor.__call__
+def _install_grid_call(interpreter, run) -> None:
+    """The grid executor's call becomes ``run`` (Triton's own call, or one that wraps it) in one
+    stack chunk; Triton's own is kept for :func:`restore_patching`."""
+    _ORIGINALS["grid"] = interpreter.GridExecutor.__call__
 
     def grid_executor_call(self, *args, **kwargs):
-        return in_one_stack_chunk(grid_call, self, *args, **kwargs)
+        return in_one_stack_chunk(run, self, *args, **kwargs)
 
-    _ORIGINALS["grid"] = grid_call
     interpreter.GridExecutor.__call__ = grid_executor_call
 
 
