@@ -545,6 +545,9 @@ def pytest_configure(config):
     if os.environ.get("TRITON_INTERPRET") == "1":
         from rope.harness.interpreter import skip_repeated_patching
         skip_repeated_patching()    # most of an interpreted kernel's time (rope/harness/interpreter.py)
+    else:
+        from rope.harness import compile_lock
+        compile_lock.install()      # the run's processes compile each new specialization once
     config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:triton.*")
     if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
         # Each xdist worker is a process: give it its share of the cores instead of letting

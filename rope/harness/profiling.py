@@ -133,6 +133,11 @@ def markdown_rows(combined: dict, top: int = 8) -> list[str]:
     for label, key in rows:
         v = s.get(key, 0.0)
         lines.append(f"| {label} | {v:.1f} | {100 * v / tests:.1f}% | {per_call(v)} |")
+        if key == "jit" and s.get("compile_wait"):
+            v = s["compile_wait"]
+            lines.append(f"| of which waiting for another process's compile of the same kernel "
+                         f"({combined['counts'].get('compile_wait', 0)}) | {v:.1f} | {100 * v / tests:.1f}% | "
+                         f"{per_call(v)} |")
         if key == "inputs" and s.get("table_builds"):
             v = s["table_builds"]
             lines.append(f"| of which cos/sin tables built ({combined['counts'].get('table_builds', 0)}) | {v:.1f} | "
