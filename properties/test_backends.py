@@ -113,7 +113,7 @@ def test_backend_case_files_load_and_are_filed_right():
     # the implementation it pins, and the FlashInfer ones lie inside the region its predicates call
     # wrong (so the bounded property's assume() keeps off exactly what is pinned).
     from rope.backends import known_faults
-    assert {p.parent.name for p in CASE_FILES} >= {"flashinfer", "sglang-triton", "transformers", "vllm-cuda"}
+    assert {p.parent.name for p in CASE_FILES} >= {"flashinfer", "liger", "sglang-triton", "transformers", "vllm-cuda"}
     for path in CASE_FILES:
         loaded = load_case(path)
         assert loaded.implementation == path.parent.name, path
@@ -126,6 +126,15 @@ def test_backend_case_files_load_and_are_filed_right():
                 mp.setattr(known_faults, "triton_ptxas_version", lambda: (12, 8, 93))
                 case = loaded.case
                 assert known_faults.vllm_triton_mrope_defect(
+                    case.spec, case.num_tokens, DTYPES[case.dtype], "cuda", num_heads=case.num_q_heads,
+                    num_kv_heads=case.num_kv_heads), path
+            assert loaded.record["versions"]["triton"] == "3.6.0", path
+        if loaded.implementation == "liger":
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(known_faults, "cuda_capability", lambda device: (9, 0))
+                mp.setattr(known_faults, "triton_ptxas_version", lambda: (12, 8, 93))
+                case = loaded.case
+                assert known_faults.liger_mrope_defect(
                     case.spec, case.num_tokens, DTYPES[case.dtype], "cuda", num_heads=case.num_q_heads,
                     num_kv_heads=case.num_kv_heads), path
             assert loaded.record["versions"]["triton"] == "3.6.0", path
@@ -436,6 +445,37 @@ def test_vllm_declares_the_ptxas_spill_on_the_measured_launches_only(monkeypatch
     for fixed in ((12, 9, 86), (13, 0, 88), None):
         monkeypatch.setattr(known_faults, "triton_ptxas_version", lambda fixed=fixed: fixed)
         assert declared() is None, fixed
+
+
+def test_liger_declares_the_ptxas_spill_on_the_measured_launches_only(monkeypatch):
+    # Liger's M-RoPE kernel under ptxas 12.8 (Triton 3.6.0's): every lane reads lane 0's cos/sin for
+    # float32, one token, 96 query / 41 key heads, head 160 (measured on the H200; 96/42 and head 192
+    # from the same SASS offline), not for the neighbours compiled, nor with ptxas 13 (Triton 3.9's
+    # pipeline).  The declaration is that, and only that.
+    from rope.backends import known_faults
+    monkeypatch.setattr(known_faults, "cuda_capability", lambda device: (9, 0))
+    monkeypatch.setattr(known_faults, "triton_ptxas_version", lambda: (12, 8, 93))
+
+    def declared(head=160, sections=(1, 1, 78), tokens=1, dtype=torch.float32, device="cuda:0", heads=(96, 41)):
+        return known_faults.liger_mrope_defect(RopeSpec(head, head, True, sections), tokens, dtype, device,
+                                               num_heads=heads[0], num_kv_heads=heads[1])
+
+    for head, heads in ((160, (96, 41)), (160, (96, 42)), (192, (96, 41))):
+        why = declared(head=head, sections=(1, 1, head // 2 - 2), heads=heads)
+        assert why is not None and "ptxas 12.8.93" in why and "f % 4" in why, why
+    assert declared(sections=(16, 24, 40)) is not None               # any sections: the shared-memory read
+    assert declared(tokens=2) is None and declared(heads=(97, 41)) is None and declared(heads=(96, 40)) is None
+    assert declared(head=144, sections=(1, 1, 70)) is None
+    assert declared(dtype=torch.bfloat16) is None and declared(dtype=torch.float16) is None
+    assert declared(device="cpu") is None
+    monkeypatch.setattr(known_faults, "cuda_capability", lambda device: (10, 0))
+    assert declared() is None                                      # measured on sm_90 only
+    monkeypatch.setattr(known_faults, "cuda_capability", lambda device: (9, 0))
+    for fixed in ((13, 4, 59), None):
+        monkeypatch.setattr(known_faults, "triton_ptxas_version", lambda fixed=fixed: fixed)
+        assert declared() is None, fixed
+    liger = pytest.importorskip("rope.backends.liger")
+    assert liger.rotate_liger.known_defect is known_faults.liger_mrope_defect
 
 
 @pytest.mark.parametrize("mode", ["check", "avoid"])

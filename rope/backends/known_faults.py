@@ -160,12 +160,48 @@ def first_defect(*defects):
 # result per thread and schedules its reload (LDL.LU.S16 at 0x0cb0 of the sm_90a SASS) before the
 # spill (STL at 0x0cc0): the even channel of every fourth pair of key heads 16-23 is stored from a
 # stack slot nothing wrote (128 elements, garbage that changes from launch to launch).  The PTX is
-# right; ptxas 12.9.86 (Triton 3.9's) and 13.0 spill before they reload.  Measured on the H200:
+# right; ptxas 12.9.86 (which Triton 3.9 bundles for GPUs before sm_90; it compiles sm_90 with a 13.x)
+# and 13.0 spill before they reload.  Measured on the H200:
 # 200 of 200 launches wrong with the bundled ptxas, 0 of 200 with TRITON_PTXAS_PATH at CUDA 13.0's,
 # the same launch with 8/8, 28/4 heads, 2 tokens or sections 16/24/24 right
 # (docs/upstream-triton-ptxas-spill-vllm-mrope.md; pinned in properties/regressions/backends/vllm-cuda/).
 PTXAS_SPILL_HEADS = ((28, 28), (32, 28))
 PTXAS_SPILL_FIXED = (12, 9)
+
+
+# Liger-Kernel 0.8.5's _triton_qwen2vl_mrope under Triton 3.6.0 (ptxas 12.8.93), float32, one token
+# (Triton specializes the sequence length 1 to a constant): 96 query heads with 41 key heads, head
+# 160.  The [pad_n_qh, pad_hd/2] = [128, 128] fp32 q tile spills heavily (32 registers, 5.9 KB of
+# spill stores), and cos/sin reach the tile's layout through shared memory: each lane reads
+# smem + (tid & 31) * 16.  ptxas spills tid, reuses its register for a masked load's zero, and
+# computes the address from that register before reloading tid (LOP3 at 0x2a70, LDL at 0x2b70 of
+# the sm_90a SASS), so every lane reads lane 0's four frequencies: frequency f is rotated by the
+# angle of f % 4, on every head of q and k.  The PTX is right.  Measured on the H200: the launch
+# wrong every time, also freshly compiled; right under the interpreter.  Offline, the same SASS
+# from ptxas 12.9.86 and 13.4.59, right from 13.4.59 with --regAllocOptLevel=2 (how Triton 3.9
+# compiles sm_90), and the same fault at 96/42 heads and at head 192 with 96/41 (compiled, not
+# run); 88-128 query heads with 41 key heads, 96 with 33-63 key heads, head 144/176/200/240, fp16
+# and bf16 compile without it.  Pinned in properties/regressions/backends/liger/.
+LIGER_SPILL_SHAPES = ((96, 41, 160), (96, 42, 160), (96, 41, 192))   # (query heads, key heads, head size)
+LIGER_SPILL_FIXED = (13, 0)
+
+
+def liger_mrope_defect(spec: RopeSpec, num_tokens: int, dtype: torch.dtype, device: str, *, num_heads: int,
+                       num_kv_heads: int) -> str | None:
+    """Liger 0.8.5 ``liger_multimodal_rotary_pos_emb``: the float32 launches ptxas < 13 miscompiles
+    on sm_90 (above)."""
+    if (not str(device).startswith("cuda") or dtype != torch.float32 or num_tokens != 1
+            or (num_heads, num_kv_heads, spec.head_size) not in LIGER_SPILL_SHAPES):
+        return None
+    if cuda_capability(device) != (9, 0):
+        return None
+    ptxas = triton_ptxas_version()
+    if ptxas is None or ptxas[:2] >= LIGER_SPILL_FIXED:
+        return None
+    return (f"wrong values: ptxas {'.'.join(map(str, ptxas))} (Triton's) computes the cos/sin shared-memory "
+            f"address from a spilled register before reloading it, so frequency f gets the angle of f % 4 "
+            f"({num_heads} query / {num_kv_heads} key heads, head {spec.head_size}, one token, float32; "
+            f"docs/findings.md)")
 
 
 def triton_ptxas_version() -> tuple[int, int, int] | None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from rope.backends import declare, require, triton_reason
+from rope.backends.known_faults import liger_mrope_defect
 from rope.spec import RopeSpec, check_rotation_inputs
 
 _mrope = require("liger_kernel.transformers.qwen2vl_mrope", distribution="liger-kernel",
@@ -79,4 +80,4 @@ def _reason(spec: RopeSpec, dtype, device: str) -> str | None:
     return triton_reason(device, dtype, bf16_arithmetic=True)
 
 
-rotate_liger = declare(rotate_liger, working_precision="activation", reason=_reason)
+rotate_liger = declare(rotate_liger, working_precision="activation", reason=_reason, defect=liger_mrope_defect)
