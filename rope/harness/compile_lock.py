@@ -28,7 +28,7 @@ import os
 import time
 from pathlib import Path
 
-MAX_WAIT_S = 300.0      # a compile of one specialization takes well under a second; this is a stuck one
+MAX_WAIT_S = 300.0      # a compile takes 0.2 s to a few seconds (heavy spilling); a wait this long is a stuck one
 _POLL_S = 0.005
 _ORIGINAL: dict[str, object] = {}       # "compile": Triton's own function, while installed
 _PATCHED: list[tuple[object, str]] = []  # (module, attribute) that hold the wrapper
