@@ -82,6 +82,16 @@ def test_different_specializations_compile_in_parallel(tmp_path, cache_dir):
     assert max(c[2] for c in calls) - min(c[1] for c in calls) < 2.5 * SLOW_COMPILE_S
 
 
+def test_a_cache_directory_that_takes_no_lock_compiles_unlocked(tmp_path, monkeypatch):
+    # Where no lock file can be made (here the lock directory's place is a file), the compile runs
+    # as Triton's own would, unlocked, and says nothing of a wait.
+    (tmp_path / "rope-harness-locks").write_text("not a directory")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    held = compile_lock._Held(compile_lock.lock_dir() / "k.lock")
+    assert held.fd is None and held.waited == 0.0
+    assert compile_lock.locked_compile(lambda src, target=None, options=None: "done")(_Source("k")) == "done"
+
+
 def test_the_options_and_target_name_the_specialization_too():
     src = _Source("k")
     assert compile_lock.lock_key(src, None, {"num_warps": 4}) == compile_lock.lock_key(src, None, {"num_warps": 4})
