@@ -120,23 +120,15 @@ def test_backend_case_files_load_and_are_filed_right():
         if loaded.implementation == "flashinfer":
             assert flashinfer_wrong(loaded.case.spec), path
             assert loaded.device == "cuda" and loaded.case.dtype in ("float16", "bfloat16"), path
-        if loaded.implementation == "vllm-cuda":     # inside the declaration, where it was measured
+        declaration = {"vllm-cuda": known_faults.vllm_triton_mrope_defect,
+                       "liger": known_faults.liger_mrope_defect}.get(loaded.implementation)
+        if declaration is not None:     # a ptxas defect: inside the declaration, where it was measured
             with pytest.MonkeyPatch.context() as mp:
                 mp.setattr(known_faults, "cuda_capability", lambda device: (9, 0))
                 mp.setattr(known_faults, "triton_ptxas_version", lambda: (12, 8, 93))
                 case = loaded.case
-                assert known_faults.vllm_triton_mrope_defect(
-                    case.spec, case.num_tokens, DTYPES[case.dtype], "cuda", num_heads=case.num_q_heads,
-                    num_kv_heads=case.num_kv_heads), path
-            assert loaded.record["versions"]["triton"] == "3.6.0", path
-        if loaded.implementation == "liger":
-            with pytest.MonkeyPatch.context() as mp:
-                mp.setattr(known_faults, "cuda_capability", lambda device: (9, 0))
-                mp.setattr(known_faults, "triton_ptxas_version", lambda: (12, 8, 93))
-                case = loaded.case
-                assert known_faults.liger_mrope_defect(
-                    case.spec, case.num_tokens, DTYPES[case.dtype], "cuda", num_heads=case.num_q_heads,
-                    num_kv_heads=case.num_kv_heads), path
+                assert declaration(case.spec, case.num_tokens, DTYPES[case.dtype], "cuda",
+                                   num_heads=case.num_q_heads, num_kv_heads=case.num_kv_heads), path
             assert loaded.record["versions"]["triton"] == "3.6.0", path
 
 

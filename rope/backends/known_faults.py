@@ -169,6 +169,52 @@ PTXAS_SPILL_HEADS = ((28, 28), (32, 28))
 PTXAS_SPILL_FIXED = (12, 9)
 
 
+def triton_ptxas_version() -> tuple[int, int, int] | None:
+    """The version of the ptxas Triton compiles sm_90 kernels with here (TRITON_PTXAS_PATH or the one
+    it bundles), or None where that cannot be told (no NVIDIA backend, no ptxas)."""
+    import re
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas_version
+        found = re.search(r"V(\d+)\.(\d+)\.(\d+)", get_ptxas_version(90))
+    except Exception:   # noqa: BLE001 - any way of not finding it is "unknown"
+        return None
+    return tuple(int(g) for g in found.groups()) if found else None
+
+
+def cuda_capability(device: str) -> tuple[int, int] | None:
+    """The compute capability of a CUDA ``device`` (None on a build without CUDA or a ROCm one)."""
+    if torch.version.cuda is None or not torch.cuda.is_available():
+        return None
+    return tuple(torch.cuda.get_device_capability(torch.device(device)))
+
+
+def old_ptxas_on_sm90(device: str, fixed: tuple[int, int]) -> str | None:
+    """The version of Triton's ptxas (as "12.8.93") where ``device`` is an sm_90 GPU and that ptxas
+    is older than ``fixed``, the first version measured to compile a launch right; else None."""
+    if cuda_capability(device) != (9, 0):
+        return None
+    ptxas = triton_ptxas_version()
+    if ptxas is None or ptxas[:2] >= fixed:
+        return None
+    return ".".join(map(str, ptxas))
+
+
+def vllm_triton_mrope_defect(spec: RopeSpec, num_tokens: int, dtype: torch.dtype, device: str, *, num_heads: int,
+                             num_kv_heads: int) -> str | None:
+    """vLLM 0.33.0 ``forward_cuda`` for [3, T] positions (``triton_mrope``): wrong key values on the
+    launches ptxas < 12.9 miscompiles (above), measured on sm_90 in bf16."""
+    if (not str(device).startswith("cuda") or dtype != torch.bfloat16 or num_tokens != 1
+            or (num_heads, num_kv_heads) not in PTXAS_SPILL_HEADS or spec.is_neox_style
+            or (spec.head_size, spec.rotary_dim, spec.sections, spec.layout) != (128, 128, (3, 1, 60), "chunked")):
+        return None
+    ptxas = old_ptxas_on_sm90(device, PTXAS_SPILL_FIXED)
+    if ptxas is None:
+        return None
+    return (f"wrong key values: ptxas {ptxas} (Triton's) reloads a spilled bf16 key result "
+            f"before spilling it, key heads 16-23 ({num_heads} query / {num_kv_heads} key heads, one token; "
+            f"docs/upstream-triton-ptxas-spill-vllm-mrope.md)")
+
+
 # Liger-Kernel 0.8.5's _triton_qwen2vl_mrope under Triton 3.6.0 (ptxas 12.8.93), float32, one token
 # (Triton specializes the sequence length 1 to a constant): 96 query heads with 41 key heads, head
 # 160.  The [pad_n_qh, pad_hd/2] = [128, 128] fp32 q tile spills heavily (32 registers, 5.9 KB of
@@ -193,49 +239,10 @@ def liger_mrope_defect(spec: RopeSpec, num_tokens: int, dtype: torch.dtype, devi
     if (not str(device).startswith("cuda") or dtype != torch.float32 or num_tokens != 1
             or (num_heads, num_kv_heads, spec.head_size) not in LIGER_SPILL_SHAPES):
         return None
-    if cuda_capability(device) != (9, 0):
+    ptxas = old_ptxas_on_sm90(device, LIGER_SPILL_FIXED)
+    if ptxas is None:
         return None
-    ptxas = triton_ptxas_version()
-    if ptxas is None or ptxas[:2] >= LIGER_SPILL_FIXED:
-        return None
-    return (f"wrong values: ptxas {'.'.join(map(str, ptxas))} (Triton's) computes the cos/sin shared-memory "
+    return (f"wrong values: ptxas {ptxas} (Triton's) computes the cos/sin shared-memory "
             f"address from a spilled register before reloading it, so frequency f gets the angle of f % 4 "
             f"({num_heads} query / {num_kv_heads} key heads, head {spec.head_size}, one token, float32; "
             f"docs/findings.md)")
-
-
-def triton_ptxas_version() -> tuple[int, int, int] | None:
-    """The version of the ptxas Triton compiles sm_90 kernels with here (TRITON_PTXAS_PATH or the one
-    it bundles), or None where that cannot be told (no NVIDIA backend, no ptxas)."""
-    import re
-    try:
-        from triton.backends.nvidia.compiler import get_ptxas_version
-        found = re.search(r"V(\d+)\.(\d+)\.(\d+)", get_ptxas_version(90))
-    except Exception:   # noqa: BLE001 - any way of not finding it is "unknown"
-        return None
-    return tuple(int(g) for g in found.groups()) if found else None
-
-
-def cuda_capability(device: str) -> tuple[int, int] | None:
-    """The compute capability of a CUDA ``device`` (None on a build without CUDA or a ROCm one)."""
-    if torch.version.cuda is None or not torch.cuda.is_available():
-        return None
-    return tuple(torch.cuda.get_device_capability(torch.device(device)))
-
-
-def vllm_triton_mrope_defect(spec: RopeSpec, num_tokens: int, dtype: torch.dtype, device: str, *, num_heads: int,
-                             num_kv_heads: int) -> str | None:
-    """vLLM 0.33.0 ``forward_cuda`` for [3, T] positions (``triton_mrope``): wrong key values on the
-    launches ptxas < 12.9 miscompiles (above), measured on sm_90 in bf16."""
-    if (not str(device).startswith("cuda") or dtype != torch.bfloat16 or num_tokens != 1
-            or (num_heads, num_kv_heads) not in PTXAS_SPILL_HEADS or spec.is_neox_style
-            or (spec.head_size, spec.rotary_dim, spec.sections, spec.layout) != (128, 128, (3, 1, 60), "chunked")):
-        return None
-    if cuda_capability(device) != (9, 0):
-        return None
-    ptxas = triton_ptxas_version()
-    if ptxas is None or ptxas[:2] >= PTXAS_SPILL_FIXED:
-        return None
-    return (f"wrong key values: ptxas {'.'.join(map(str, ptxas))} (Triton's) reloads a spilled bf16 key result "
-            f"before spilling it, key heads 16-23 ({num_heads} query / {num_kv_heads} key heads, one token; "
-            f"docs/upstream-triton-ptxas-spill-vllm-mrope.md)")
