@@ -26,7 +26,7 @@ from hypothesis import example, given, settings, strategies as st
 
 import reference
 from properties.strategies import (OUT_SENTINEL, KINDS, RaggedBatch, RotationCase, build_rotation_inputs,
-                                   ragged_batches, rotation_cases)
+                                   ragged_batches, rope_specs, rotation_cases)
 from rope.devices import synchronize, torch_device
 from rope.devices import is_interpreter, triton_runs_on
 from rope.models import load_models
@@ -155,6 +155,35 @@ def test_the_default_launch_guesses_positions_where_it_waits_for_the_kernel_befo
     assert constexprs["SPECULATE"] is speculates and constexprs["EARLY_POSITIONS"] is False
     assert _recorded_constexprs(positions, q, k, cache, positions_before_wait=True)["SPECULATE"] is False
     assert _recorded_constexprs(positions, q, k, cache, pdl=False)["SPECULATE"] is False
+
+
+@settings(deadline=None, max_examples=60)
+@given(data=st.data(), kind=st.sampled_from(KINDS), dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]))
+@example(data=None, kind="chunked3", dtype=torch.bfloat16)      # Qwen2.5-VL-72B at TP 1 and 8, 1 and 2-64 tokens
+def test_the_speculating_band_compiles_one_kernel_per_shape(data, kind, dtype):
+    # Up to SPECULATE_MAX_TOKENS (with PDL) the launch is one tile, 1 token x 8 heads on 2 warps, at
+    # every token and head count: a serving engine compiles one kernel per model for its decode and
+    # small batches, and a campaign one per drawn shape (docs/perf-notes.md §25: a third of the
+    # specializations the 1-token tiles and the head block narrowed to the heads cost).  Rejects a
+    # launcher that narrows the head block, or picks another tile or warp count, by tokens or heads.
+    if data is None:
+        spec, launches = QWEN72, [(1, 64, 8), (2, 64, 8), (64, 8, 1), (1, 8, 1), (17, 3, 1)]
+    else:
+        spec = data.draw(rope_specs(kind=kind), label="spec")
+        launches = data.draw(st.lists(st.tuples(st.integers(1, SPECULATE_MAX_TOKENS), *[st.integers(1, 96)] * 2),
+                                      min_size=2, max_size=4), label="(tokens, q heads, k heads)")
+    meta = torch.device("meta")
+    cache = torch.empty(4096, spec.rotary_dim, device=meta, dtype=dtype)
+    kernels = set()
+    for tokens, nq, nk in launches:
+        positions = torch.zeros((spec.num_dims, tokens) if spec.num_dims > 1 else (tokens,), dtype=torch.long,
+                                device=meta)
+        q, k = (torch.empty(tokens, n * spec.head_size, device=meta, dtype=dtype) for n in (nq, nk))
+        launch = _recorded_constexprs(positions, q, k, cache, spec=spec)
+        assert launch["SPECULATE"] and (launch["BLOCK_T"], launch["BLOCK_H"], launch["BLOCK_HK"],
+                                        launch["num_warps"]) == (1, 8, 8, 2), (tokens, nq, nk, launch)
+        kernels.add(tuple(sorted(launch.items())))
+    assert len(kernels) == 1, kernels
 
 
 @pytest.mark.parametrize("model, tokens, evict", [("qwen2.5-vl-72b", 8192, True), ("qwen2.5-vl-72b", 16384, False),

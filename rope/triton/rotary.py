@@ -34,7 +34,6 @@ PDL_MAX_TOKENS = 64        # up to this, launch with programmatic dependent laun
 ONE_WAVE_TOKENS = (SMALL_BATCH_TOKENS, 256)   # PDL again, with tiles that let two launches share the SMs
 FEW_TOKENS = 16            # up to this, interleaved sections (the per-lane cos/sin gather) take 2-head programs
 SMALL_GRID_PROGRAMS = 576  # below SMALL_BATCH_TOKENS, 8-head programs once 4-head ones would exceed this many
-FEW_PROGRAMS = 16          # speculating at 1 token, the 3-D gather takes 8-head programs below this many of 4
 ONE_WAVE_PROGRAMS = 1152   # in ONE_WAVE_TOKENS, 1-token x 8-head programs of 2 warps up to this many, else 4 x 8
 PER_LANE_WIDE_TOKENS = 192  # in ONE_WAVE_TOKENS, the per-lane gather: 2-token x 8-head programs below this
 PER_LANE_TILE_TOKENS = 4096  # above ONE_WAVE_TOKENS up to this, the per-lane gather: 4-token x 8-head programs
@@ -443,11 +442,13 @@ def _default_tile(num_tokens: int, num_q: int, num_k: int, split_qk: bool, gathe
     """(block_t, block_h, num_warps) of the default launch; block_t 0: as many tokens as fill MAX_TILE
     pairs.  From the H200 sweeps (docs/perf-notes.md §4, §6, §18, §21); q and k always in separate programs.
 
-    * Speculating (the positions guessed before the PDL wait, up to SPECULATE_MAX_TOKENS): from 2
-      tokens 1 token x 8 heads on 2 warps, every layout (16 and 64 tokens: 8-22% faster than the
-      tiles below); at 1 token the tiles below, but the 3-D gather takes 8 heads where 4-head
-      programs would number fewer than FEW_PROGRAMS (HunyuanOCR 0.864 -> 0.765 us, GLM-4.1V 0.780
-      -> 0.763; Qwen2.5-VL-72B's 18 programs of 4 heads 0.786 against 0.826-0.890 with 8).
+    * Speculating (the positions guessed before the PDL wait, up to SPECULATE_MAX_TOKENS): 1 token
+      x 8 heads on 2 warps at every token count, layout and head count (the launcher does not
+      narrow the head block to fewer heads there).  One compiled kernel per shape for the whole
+      band: 2-64 tokens 8-22% faster than the tiles below, and faster than 2-head programs for
+      few heads (HunyuanOCR at TP 8, 16 tokens: 0.954 -> 0.874 us); at 1 token 0.015-0.06 us
+      slower than the 4-warp programs before on the five layouts (Qwen2.5-VL-72B 0.785 -> 0.842, the
+      most), faster at Qwen2.5-VL-72B at TP 8 (0.842 -> 0.792): docs/perf-notes.md §25.
 
     * Below SMALL_BATCH_TOKENS, one token per program (more, shorter programs: latency): 4 heads;
       interleaved sections (the per-lane gather) 2 up to FEW_TOKENS (their lane-axis selects,
@@ -467,10 +468,8 @@ def _default_tile(num_tokens: int, num_q: int, num_k: int, split_qk: bool, gathe
         return cdiv(num_q, heads) + cdiv(num_k, heads) if split_qk else cdiv(max(num_q, num_k), heads)
 
     if num_tokens < SMALL_BATCH_TOKENS:
-        if speculate and num_tokens > 1:
+        if speculate:
             return 1, 8, 2
-        if speculate and gather_3d and programs_per_token(4) < FEW_PROGRAMS:
-            return 1, 8, 4
         if not gather_3d:
             return 1, 2 if interleaved and num_tokens <= FEW_TOKENS else 4, 4
         return 1, 8 if num_tokens * programs_per_token(4) > SMALL_GRID_PROGRAMS else 4, 4
@@ -579,7 +578,9 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
                          interleaved=spec.num_dims > 1 and spec.layout == "interleaved",
                          speculate=bool(speculate_positions) and pdl)
     if block_h is None:
-        block_h = min(max_heads, tile[1])
+        # Narrowed to the heads there are, except in the speculating band: one head block for
+        # every head count there (masked head lanes cost no memory traffic; docs/perf-notes.md §25).
+        block_h = tile[1] if speculate_positions and pdl else min(max_heads, tile[1])
     if block_t is None:
         block_t = tile[0] if tile[0] else max(1, min(8, MAX_TILE // (block_f * block_h)))
     if num_warps is None:
@@ -663,15 +664,15 @@ def supports(spec: RopeSpec, dtype: torch.dtype, device: str) -> bool:
 
 
 rotate_triton.working_precision = "float32"
-# Where launch_rotary's defaults change path by the token count alone: speculating (GPU, PDL), 8-head
-# programs of 2 warps from 2 tokens and no speculation above SPECULATE_MAX_TOKENS; 2-head programs for
+# Where launch_rotary's defaults change path by the token count alone: speculating (GPU, PDL) with
+# 8-head programs of 2 warps up to SPECULATE_MAX_TOKENS; 2-head programs for
 # interleaved sections up to FEW_TOKENS; PDL off above PDL_MAX_TOKENS, on again in ONE_WAVE_TOKENS; from
 # SMALL_BATCH_TOKENS token x head x frequency tiles and the heads-fastest 1-D grid; the per-lane
 # gather's tiles at PER_LANE_WIDE_TOKENS and above PER_LANE_TILE_TOKENS; evict_first off above
 # 16384; key programs of the key's head count above KEY_HEAD_BLOCK_TOKENS.  (The program-count
 # switches of _default_tile and evict_first's byte bound move with the head counts; test_launch_options
 # holds every tile and hint to the default's bits.)
-rotate_triton.switch_tokens = tuple(sorted({2, FEW_TOKENS + 1, PDL_MAX_TOKENS + 1, SPECULATE_MAX_TOKENS + 1,
+rotate_triton.switch_tokens = tuple(sorted({FEW_TOKENS + 1, PDL_MAX_TOKENS + 1, SPECULATE_MAX_TOKENS + 1,
                                             SMALL_BATCH_TOKENS, PER_LANE_WIDE_TOKENS,
                                             ONE_WAVE_TOKENS[1] + 1, PER_LANE_TILE_TOKENS + 1, EVICT_FIRST_TOKENS[1] + 1,
                                             KEY_HEAD_BLOCK_TOKENS + 1}))
