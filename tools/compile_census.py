@@ -98,6 +98,10 @@ def main(argv=None) -> int:
     fields += [("attribute of " + a, lambda key, a=a: (tuple(x for x in key[0] if x[0] != a), key[1], key[2]))
                for a in sorted({name for key in default for name, _, attribute in key[0] if attribute})]
     fields += [("every attribute", lambda key: (tuple(x[:2] for x in key[0]), key[1], key[2]))]
+    # The tile splits as one: a constexpr dropped alone can leave its partners telling launches apart.
+    tile = ("BLOCK_T", "BLOCK_H", "BLOCK_HK")
+    fields += [("the tile (BLOCK_T, BLOCK_H, BLOCK_HK, num_warps)", lambda key: (
+        key[0], tuple(x for x in key[1] if x[0] not in tile), tuple(x for x in key[2] if x[0] != "num_warps")))]
     for label, project in fields:
         merged = len({project(key) for key in default})
         if merged < len(default):
