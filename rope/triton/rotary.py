@@ -574,13 +574,13 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
                          "there is nothing to verify")
     if speculate_positions is None:
         speculate_positions = pdl and not positions_before_wait and num_tokens <= SPECULATE_MAX_TOKENS
+    speculating = bool(speculate_positions) and pdl
     tile = _default_tile(num_tokens, num_q, num_k, split_qk, gather_3d,
-                         interleaved=spec.num_dims > 1 and spec.layout == "interleaved",
-                         speculate=bool(speculate_positions) and pdl)
+                         interleaved=spec.num_dims > 1 and spec.layout == "interleaved", speculate=speculating)
     if block_h is None:
         # Narrowed to the heads there are, except in the speculating band: one head block for
         # every head count there (masked head lanes cost no memory traffic; docs/perf-notes.md §25).
-        block_h = tile[1] if speculate_positions and pdl else min(max_heads, tile[1])
+        block_h = tile[1] if speculating else min(max_heads, tile[1])
     if block_t is None:
         block_t = tile[0] if tile[0] else max(1, min(8, MAX_TILE // (block_f * block_h)))
     if num_warps is None:
