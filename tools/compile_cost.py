@@ -1,8 +1,9 @@
 """What a first launch of a new kernel specialization costs on a GPU: a compile, or a load from
 Triton's cache, in one process or in many at once (a campaign's workers).
 
-Each process launches the rotation kernel once for each of 48 specializations (four layouts x
-three dtypes x 1 and 16 tokens x speculating or not) and times every first launch.  Two phases,
+Each process makes 48 launches of the rotation kernel (four layouts x three dtypes x 1 and 16
+tokens x speculating or not: 48 specializations on the launcher of perf-notes §24, fewer since the
+speculating band shares one tile, §25) and times each.  Two phases,
 each with --processes processes started together: first on an empty Triton cache (every process
 compiles every specialization, as the workers of a run did before rope/harness/compile_lock.py),
 then on the cache the first phase filled (loads).  One line per process: the median, mean and
