@@ -31,9 +31,13 @@ def is_interpreter() -> bool:
 
 
 def configure_triton() -> None:
-    """Turn on Triton's interpreter when there is no GPU (before any @triton.jit runs)."""
+    """Turn on Triton's interpreter when there is no GPU (before any @triton.jit runs), with the
+    corrections the kernels need on older Triton releases (rope/interpreter_fixes.py)."""
     if gpu_backend() is None and "TRITON_INTERPRET" not in os.environ:
         os.environ["TRITON_INTERPRET"] = "1"
+    if is_interpreter():
+        from rope.interpreter_fixes import index_scalars_of_any_shape
+        index_scalars_of_any_shape()
 
 
 def available_devices() -> list[str]:
