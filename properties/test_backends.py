@@ -466,7 +466,7 @@ def test_liger_declares_the_ptxas_spill_on_the_measured_launches_only(monkeypatc
     for fixed in ((13, 4, 59), None):
         monkeypatch.setattr(known_faults, "triton_ptxas_version", lambda fixed=fixed: fixed)
         assert declared() is None, fixed
-    liger = pytest.importorskip("rope.backends.liger")
+    liger = _liger_or_skip()
     assert liger.rotate_liger.known_defect is known_faults.liger_mrope_defect
 
 

@@ -63,6 +63,7 @@ def test_transformers_still_diverges_as_recorded(path):
 LAYOUT_FILES = [p for p in FILES if json.loads(p.read_text())["mismatch"] == "hunyuan_vl_block_layout"]
 
 
+@pytest.mark.oracle      # the canonical layout's helper lives beside transformers' (properties/hf_oracle.py)
 @pytest.mark.parametrize("path", LAYOUT_FILES, ids=[p.stem for p in LAYOUT_FILES])
 def test_reference_channel_rows_are_the_recorded_canonical_layout(path):
     from properties.hf_oracle import canonical_channel_map

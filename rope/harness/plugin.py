@@ -80,7 +80,7 @@ _MARKERS = (
     "interpreter: runs Triton kernels under TRITON_INTERPRET=1",
     "gpu: needs a GPU",
     "slow: long-running",
-    "oracle: compares against an installed external implementation (transformers)",
+    "oracle: compares against an installed external implementation (transformers); skipped where it is not installed",
     "baseline: the serving-engine-style fixed-example suite (--rope-baseline)",
     "rope_gpu(kind, index): the GPU this test runs on (rope.harness.placement)",
 )
@@ -473,7 +473,20 @@ def pytest_collection_modifyitems(config, items):
     _keep_only_replays(config, items)
     _keep_shard(config, items)
     _set_test_timeouts(config, items)
+    _skip_oracle_tests_without_transformers(items)
     _order_rounds(items)
+
+
+def _skip_oracle_tests_without_transformers(items) -> None:
+    """Tests marked ``oracle`` compare against transformers: where it is not installed (the
+    ``oracle`` extra is optional) they skip and say what to install, whatever they import first."""
+    import importlib.util
+    if importlib.util.find_spec("transformers") is not None:
+        return
+    skip = pytest.mark.skip(reason="transformers not installed: pip install 'rope-harness[oracle]'")
+    for item in items:
+        if _rope_test(item) and item.get_closest_marker("oracle") is not None:
+            item.add_marker(skip)
 
 
 def _profile(config) -> str:
