@@ -27,16 +27,13 @@ def test_bench_on_the_cpu_as_a_user_types_it(tmp_path):
     import shutil
     import subprocess
     import sys
-    import time
     exe = shutil.which("rope-harness") or os.path.join(os.path.dirname(sys.executable), "rope-harness")
     if not os.path.exists(exe):
         pytest.skip("the rope-harness command is not installed here (a checkout on PYTHONPATH): pip install .")
-    start = time.monotonic()
     models = ("qwen2.5-vl-72b", "glm-4.1v-9b")
     proc = subprocess.run([exe, "bench", "--device", "cpu", "--models", ",".join(models), "--out", str(tmp_path)],
                           cwd=tmp_path,
                           capture_output=True, text=True, timeout=600)
-    took = time.monotonic() - start
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads((tmp_path / "bench.json").read_text())
     rows = data["results"]
@@ -54,7 +51,6 @@ def test_bench_on_the_cpu_as_a_user_types_it(tmp_path):
     md = (tmp_path / "bench.md").read_text()
     assert "interpreter: checked, not timed" in md and "| qwen2.5-vl-72b | 256 | native |" in md
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert took < 120, f"the CPU bench took {took:.0f} s"
 
 
 def _row(impl, ms, checked="ok", ours=False, tokens=4096):

@@ -38,15 +38,17 @@ def spins_and_swallows(spec, positions, query, key, cache):
             pass
 
 
-@pytest.mark.parametrize("body", [lambda: time.sleep(600), lambda: spins_and_swallows(*[None] * 5)],
+HANG_S = 600    # how long each staged hang would run if nothing interrupted it
+
+
+@pytest.mark.parametrize("body", [lambda: time.sleep(HANG_S), lambda: spins_and_swallows(*[None] * 5)],
                          ids=["sleep", "busy-loop"])
 def test_deadline_interrupts_a_python_hang(body):
     expired = []
-    start = time.monotonic()
     with pytest.raises(ImplementationHung, match=r"did not return within 0\.5 s"):
         with deadline(0.5, lambda: expired.append(time.monotonic())):
             body()
-    assert expired and time.monotonic() - start < 5
+    assert expired      # ended by the deadline's expiry, not by the body returning
 
 
 def test_deadline_leaves_a_call_that_returns_alone():
@@ -100,18 +102,17 @@ def test_a_hang_fails_with_a_case_file_and_is_not_shrunk(case_dir):
 
     def hangs(spec, positions, query, key, cache):
         calls.append(1)
-        time.sleep(600)
+        time.sleep(HANG_S)
 
     @settings(max_examples=20, database=None, deadline=None)
     @given(st.integers(0, 1000))
     def prop(seed):
         comparison.assert_matches_reference("hangs", hangs, RotationCase(**{**CASE.__dict__, "seed": seed}), "cpu")
 
-    start = time.monotonic()
     with pytest.raises(ImplementationHung) as raised:
         prop()
     # One hang ends the test: no shrinking (each step would wait out the deadline again).
-    assert len(calls) == 1 and time.monotonic() - start < 10
+    assert len(calls) == 1
     message = str(raised.value)
     assert "hangs on cpu does not match the reference (case " in message
     assert "did not return within 0.5 s" in message and "--rope-call-timeout" in message
@@ -151,7 +152,6 @@ def stuck(spec, positions, query, key, cache):
 ], ids=["interrupted", "uninterruptible"])
 def test_a_hanging_implementation_fails_one_test_and_the_run_goes_on(tmp_path, impl, timeout_args, says):
     (tmp_path / "hanging_impl.py").write_text(textwrap.dedent(_HANGING))
-    start = time.monotonic()
     run = _pytest(["-q", "-n", "1", "--pyargs", "properties.test_rotation", "-k", "known_bug_triggers_match_reference and gptj-paired-neox-glm41v",
                    "--rope-impl", f"hanging_impl:{impl}", "--rope-impl", "native", "--rope-device", "cpu",
                    "--rope-call-timeout", "1", *timeout_args],
@@ -159,7 +159,6 @@ def test_a_hanging_implementation_fails_one_test_and_the_run_goes_on(tmp_path, i
     out = run.stdout + run.stderr
     assert run.returncode == 1, out
     assert "1 failed, 1 passed" in out and says in out, out
-    assert time.monotonic() - start < 120
     cases = list((tmp_path / "reports" / "cases").glob("*.json"))
     assert len(cases) == 1, out
     assert json.loads(cases[0].read_text())["implementation"] == f"hanging_impl:{impl}"
