@@ -1,17 +1,20 @@
-"""Compile the project's Triton kernels for a CUDA GPU on a machine that has none.
+"""Compile the project's Triton kernels for NVIDIA, AMD and Intel GPUs on a machine that has none.
 
 The CPU runs every kernel under the Triton interpreter, which executes the Python of a kernel
 body: it accepts programs the compiler refuses (a name bound to tiles of two shapes in the two
 arms of an ``if``, a constexpr used as a runtime value, ...).  Such a kernel passes the whole
 CPU suite and fails its first launch on a GPU.  This module records the launches the launchers
-make (the launcher's own arguments, grid and constexprs, the kernel call intercepted) and hands
-each distinct one to ``triton.compile`` for an sm_90 target: Triton's front end, its optimizer,
-the PTX backend and ptxas, with no driver.
+make for a target (the launcher's own arguments, grid and constexprs, the kernel call intercepted,
+the launcher told which target it launches for: rope/triton/targets.py) and hands each distinct one
+to ``triton.compile`` for that target, with no driver: sm_90 (Triton's front end, its optimizer,
+the PTX backend and ptxas), AMD gfx942 (MI300X) and gfx90a (MI250X) (the AMDGPU backend and its
+linker, both inside Triton's wheel), and Intel XPU where Intel's Triton (``triton-xpu``) is the
+Triton installed.
 
 Run it in a process of its own with TRITON_INTERPRET=0 (the interpreter takes over
 ``@triton.jit`` at import time)::
 
-    TRITON_INTERPRET=0 python -m properties.compile_offline [--all-options] [--models A,B] [--substitute SUBS.json]
+    TRITON_INTERPRET=0 python -m properties.compile_offline [--target sm_90|gfx942|gfx90a|xpu] [--all-options] [--models A,B] [--substitute SUBS.json]
 
 One JSON line per compiled launch; exit 1 if any failed.  ``--substitute`` applies
 [[old, new], ...] to rope/triton/rotary.py first (properties/test_kernel_compiles.py shows
@@ -31,8 +34,16 @@ import triton
 from triton.backends.compiler import GPUTarget
 
 from rope.models import load_models
+from rope.triton.targets import TARGETS
 
-TARGET = GPUTarget("cuda", 90, 32)
+# Intel Data Center GPU Max (Ponte Vecchio) as Intel's backend describes a device: SYCL's architecture
+# number of intel_gpu_pvc and the properties its code generation reads (what a driver would report).
+PVC = {"architecture": 0x030F000700, "name": "Intel(R) Data Center GPU Max 1550", "sub_group_sizes": [16, 32],
+       "max_work_group_size": 1024, "max_num_sub_groups": 64, "has_fp64": True, "has_subgroup_2d_block_io": True,
+       "has_subgroup_matrix_multiply_accumulate": True, "has_bfloat16_conversions": True}
+# Triton's own name of each target of rope.triton.targets.TARGETS.
+COMPILE_TARGETS = {"sm_90": lambda: GPUTarget("cuda", 90, 32), "gfx942": lambda: GPUTarget("hip", "gfx942", 64),
+                   "gfx90a": lambda: GPUTarget("hip", "gfx90a", 64), "pvc": lambda: GPUTarget("xpu", PVC, 32)}
 # Launches per model: the launcher's defaults in each band of rope.triton.rotary._default_tile (decode,
 # the small-batch grid's 8-head programs, the one-wave tiles on either side of their program-count
 # switch, the per-lane gather's 4-token tiles, a large prefill), and the options a sweep may pick
@@ -80,16 +91,14 @@ def _signature(fn, args, kwargs):
     return signature, constexprs, options
 
 
-def _record(module, kernel_name: str, launch) -> list:
-    """The kernel calls ``launch()`` makes, with the module's kernel intercepted and PDL available."""
+def _record(module, kernel_name: str, launch, target="sm_90") -> list:
+    """The kernel calls ``launch()`` makes for ``target`` (a key of rope.triton.targets.TARGETS, or
+    a Target), with the module's kernel intercepted."""
     kernel = getattr(module, kernel_name)
     recorder = _Recorder()
-    saved = {name: getattr(module, name) for name in (kernel_name, "pdl_available", "is_interpreter")
-             if hasattr(module, name)}
+    saved = {name: getattr(module, name) for name in (kernel_name, "launch_target")}
     setattr(module, kernel_name, recorder)
-    module.pdl_available = lambda device: True
-    if "is_interpreter" in saved:
-        module.is_interpreter = lambda: False
+    module.launch_target = lambda device: TARGETS[target] if isinstance(target, str) else target
     try:
         launch()
     finally:
@@ -98,9 +107,9 @@ def _record(module, kernel_name: str, launch) -> list:
     return [(kernel,) + call for call in recorder.calls]
 
 
-def rotation_launches(rotary, all_options: bool = False, models=None):
+def rotation_launches(rotary, all_options: bool = False, models=None, target: str = "sm_90"):
     """(label, kernel, grid, args, kwargs): every model's defaults at TOKENS, bf16 (fp32 and fp16 too at
-    one model), and OPTIONS at OPTION_MODELS (every model with ``all_options``)."""
+    one model), and OPTIONS at OPTION_MODELS (every model with ``all_options``), launched for ``target``."""
     table = load_models()
     unknown = set(models or ()) - set(table)
     if unknown:
@@ -120,12 +129,12 @@ def rotation_launches(rotary, all_options: bool = False, models=None):
                 for options in ({},) + (OPTIONS if all_options or name in OPTION_MODELS else ()):
                     label = f"{name} {str(dtype)[6:]} {tokens} tokens {options or 'defaults'}"
                     calls = _record(rotary, "_rotary_kernel", lambda: rotary.launch_rotary(
-                        spec, positions, query, key, cache.to(dtype), **options))
+                        spec, positions, query, key, cache.to(dtype), **options), target)
                     for call in calls:
                         yield (label,) + call
 
 
-def position_launches(positions_module):
+def position_launches(positions_module, target: str = "sm_90"):
     """The position kernel at one decode step of 3 requests and one 40-token prefill chunk, with and without PDL."""
     for label, lens in (("3 decodes", (1, 1, 1)), ("one 40-token chunk", (40,))):
         n = len(lens)
@@ -137,13 +146,15 @@ def position_launches(positions_module):
                     out=torch.empty(3, int(starts[-1]), dtype=torch.int64))
         for pdl in (True, False):
             calls = _record(positions_module, "_prepare_positions_kernel",
-                            lambda: positions_module.launch_prepare_positions(**args, pdl=pdl))
+                            lambda: positions_module.launch_prepare_positions(**args, pdl=pdl), target)
             for call in calls:
                 yield (f"positions: {label}, pdl={pdl}",) + call
 
 
-def compile_all(launches):
-    """Compile each distinct (kernel, signature, constexprs, options) once; yield one record per compile."""
+def compile_all(launches, target: str = "sm_90"):
+    """Compile each distinct (kernel, signature, constexprs, options) once for ``target``; yield one
+    record per compile."""
+    gpu_target = COMPILE_TARGETS[target]()
     seen = set()
     for label, kernel, _grid, args, kwargs in launches:
         signature, constexprs, options = _signature(kernel, args, kwargs)
@@ -152,10 +163,11 @@ def compile_all(launches):
             continue
         seen.add(key)
         start = time.perf_counter()
-        record = {"launch": label, "kernel": kernel.__name__, "constexprs": constexprs}
+        record = {"launch": label, "kernel": kernel.__name__, "target": target, "constexprs": constexprs,
+                  "options": options}
         try:
             triton.compile(triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
-                           target=TARGET, options=options)
+                           target=gpu_target, options=options)
             record["ok"] = True
         except Exception as error:          # the compiler's report is the result
             record["ok"] = False
@@ -170,9 +182,15 @@ def main(argv=None) -> int:
     parser.add_argument("--rotation-only", action="store_true", help="skip the position kernel")
     parser.add_argument("--all-options", action="store_true", help="every model with every option (about 190 compiles)")
     parser.add_argument("--models", help="comma-separated model keys (default: every model of rope/models.yaml)")
+    parser.add_argument("--target", default="sm_90", choices=sorted(COMPILE_TARGETS),
+                        help="the GPU to compile for (default sm_90)")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         parser.error("run with TRITON_INTERPRET=0: the interpreter replaces the kernels at import")
+    if args.target == "pvc":
+        # Intel's backend builds a small C++ helper with $CC, found as the C compiler: g++ links its
+        # C++ runtime, gcc leaves it unresolved.
+        os.environ.setdefault("CC", "g++")
     import rope.triton.positions as positions_module
     import rope.triton.rotary as rotary
     if args.substitute:
@@ -181,16 +199,16 @@ def main(argv=None) -> int:
             substitutions = [tuple(pair) for pair in json.load(f)]
         rotary = KernelMutant("substituted", rotary, "rotate_triton", substitutions, "").module
     models = args.models.split(",") if args.models else None
-    launches = list(rotation_launches(rotary, args.all_options, models))
+    launches = list(rotation_launches(rotary, args.all_options, models, args.target))
     if not args.rotation_only:
-        launches += list(position_launches(positions_module))
+        launches += list(position_launches(positions_module, args.target))
     failed = compiled = 0
-    for record in compile_all(launches):
+    for record in compile_all(launches, args.target):
         failed += not record["ok"]
         compiled += 1
         print(json.dumps(record, default=str), flush=True)
     # What was recorded, before duplicates were dropped (a model whose launches equal another's compiles nothing new).
-    print(json.dumps({"summary": {"launches": len(launches), "compiled": compiled, "failed": failed,
+    print(json.dumps({"summary": {"target": args.target, "launches": len(launches), "compiled": compiled, "failed": failed,
                                   "launched": sorted({launch[0].split(" ")[0] for launch in launches})}}))
     return 1 if failed else 0
 

@@ -4,7 +4,9 @@ The CPU runs the kernels under the interpreter, which runs a kernel body as Pyth
 compiler refuses can pass every property there and fail its first launch on a GPU (a name bound
 to tiles of two shapes in the two arms of an ``if`` did exactly that).  properties/compile_offline.py
 records the launches the launchers make for every model and compiles each for sm_90 with Triton's
-own compiler and ptxas, without a driver.
+own compiler and ptxas, without a driver; and for AMD gfx942 (MI300X) and gfx90a (MI250X) with
+Triton's AMD backend, and for Intel's Ponte Vecchio where Intel's Triton is the one installed, each
+target's launches made as the launcher makes them for it (rope/triton/targets.py).
 """
 
 from __future__ import annotations
@@ -24,15 +26,15 @@ from rope.models import load_models
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _has_cuda_backend() -> bool:
+def _has_backend(name: str) -> bool:
     try:
         from triton.backends import backends
     except ImportError:
         return False
-    return "nvidia" in backends
+    return name in backends
 
 
-pytestmark = pytest.mark.skipif(not _has_cuda_backend(), reason="this Triton has no CUDA backend to compile with")
+needs_cuda_backend = pytest.mark.skipif(not _has_backend("nvidia"), reason="this Triton has no CUDA backend to compile with")
 
 
 def _compile_offline(*args: str, timeout: float = 600) -> tuple[int, list[dict], dict, str]:
@@ -46,6 +48,7 @@ def _compile_offline(*args: str, timeout: float = 600) -> tuple[int, list[dict],
     return run.returncode, records, summary, run.stderr
 
 
+@needs_cuda_backend
 def test_every_launch_the_launchers_make_compiles_for_sm90():
     rc, records, summary, stderr = _compile_offline()
     failed = [r for r in records if not r["ok"]]
@@ -84,6 +87,7 @@ TWO_SHAPES_ONE_NAME = [
 ]
 
 
+@needs_cuda_backend
 def test_a_kernel_only_the_interpreter_runs_is_caught(tmp_path):
     subs = tmp_path / "subs.json"
     subs.write_text(json.dumps(TWO_SHAPES_ONE_NAME))
@@ -113,3 +117,30 @@ def test_compile_offline_refuses_to_run_under_the_interpreter():
     run = subprocess.run([sys.executable, "-m", "properties.compile_offline"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "run with TRITON_INTERPRET=0" in run.stderr
+
+
+@pytest.mark.parametrize("target, backend", [
+    ("gfx942", "amd"), ("gfx90a", "amd"),
+    # Intel's backend ships in Intel's Triton (triton-xpu), which replaces Triton: CI compiles with
+    # it in an environment of its own (.ci/run); elsewhere this skips.
+    ("pvc", "intel"),
+])
+def test_every_launch_the_launchers_make_compiles_for_amd_and_intel(target, backend):
+    if not _has_backend(backend):
+        pytest.skip(f"this Triton has no {backend} backend to compile with"
+                    + (" (Intel's is in triton-xpu: .ci/run's XPU job)" if backend == "intel" else ""))
+    rc, records, summary, stderr = _compile_offline("--target", target)
+    failed = [r for r in records if not r["ok"]]
+    assert rc == 0 and not failed, (failed[:3], stderr[-2000:])
+    print(f"{target}: {summary['compiled']} kernels compiled from {summary['launches']} launches, 0 failed")
+    assert summary["target"] == target and set(load_models()) < set(summary["launched"])
+    assert summary["compiled"] == len(records) > 60 and summary["failed"] == 0
+    rotation = [r for r in records if r["kernel"] == "_rotary_kernel"]
+    # Launched for this target: no PDL, no eviction hint, however the options asked (rope/triton/targets.py).
+    assert all(not r["constexprs"]["PDL"] and r["constexprs"]["QK_EVICT"] == "" for r in records
+               if "PDL" in r["constexprs"] and "QK_EVICT" in r["constexprs"])
+    assert all("launch_pdl" not in r["options"] for r in records)
+    for switch in ("SPLIT_QK", "GATHER_3D", "HEADS_FASTEST", "ROUND_BF16", "INTERLEAVED", "IS_NEOX", "CACHE_I64",
+                   "EARLY_POSITIONS", "SPECULATE"):
+        assert {r["constexprs"][switch] for r in rotation} == {True, False}, switch
+    assert any(r["kernel"] == "_prepare_positions_kernel" for r in records)

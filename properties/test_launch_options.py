@@ -33,6 +33,7 @@ from rope.models import load_models
 from rope.triton.grid import cdiv, next_power_of_2
 from rope.triton.positions import launch_prepare_positions
 from rope.triton.rotary import SPECULATE_MAX_TOKENS, launch_rotary
+from rope.triton.targets import INTERPRETER, TARGETS, cuda_target
 
 LAUNCH_OPTIONS = st.fixed_dictionaries({
     "block_t": st.sampled_from([1, 2, 4, 8]),
@@ -252,3 +253,47 @@ def test_cache_offsets_are_64_bit_where_32_bits_would_overflow(rows, row_stride,
     if needs_64:
         with pytest.raises(ValueError, match=r"cache_offsets_64=False: cos_sin_cache of shape .* has offsets past 2\^31 - 1"):
             launch_rotary(QWEN72, positions, q, k, cache, cache_offsets_64=False)
+
+
+# What each compile target's default launches ask for (rope/triton/targets.py and the launch table
+# in docs/spec.md): PDL, and the speculation it enables, only on CUDA sm_90+; the q/k eviction hint
+# only on CUDA; compile options wherever the kernel is compiled; the bf16 store rounded by hand only
+# under the interpreter.  (target, PDL, eviction hint, compile options, bf16 by hand)
+_TARGET_OPTIONS = [
+    (TARGETS["sm_90"], True, True, True, False),
+    (cuda_target((8, 0)), False, True, True, False),
+    (TARGETS["gfx942"], False, False, True, False),
+    (TARGETS["gfx90a"], False, False, True, False),
+    (TARGETS["pvc"], False, False, True, False),
+    (INTERPRETER, False, False, False, True),
+]
+
+
+@pytest.mark.parametrize("target, pdl, evict, compiled, by_hand", _TARGET_OPTIONS, ids=lambda v: getattr(v, "arch", None) or None)
+def test_each_target_gets_only_the_launch_options_it_has(target, pdl, evict, compiled, by_hand):
+    from properties.compile_offline import _record
+    import rope.triton.positions as positions_module
+    import rope.triton.rotary as rotary
+    spec = load_models()["qwen2.5-vl-72b"].spec
+    meta = torch.device("meta")
+    cache = torch.empty(4096, spec.rotary_dim, device=meta, dtype=torch.bfloat16)
+    for tokens in (1, 64, 200, 8192):        # decode, the speculating band's end, one wave, a mid-sized prefill
+        positions = torch.zeros(3, tokens, dtype=torch.long, device=meta)
+        q, k = (torch.empty(tokens, n * 128, device=meta, dtype=torch.bfloat16) for n in (64, 8))
+        (_, _grid, _args, launch), = _record(rotary, "_rotary_kernel", lambda: launch_rotary(spec, positions, q, k, cache),
+                                             target)
+        assert launch["PDL"] is (pdl and tokens != 8192) and ("launch_pdl" in launch) is launch["PDL"], (tokens, launch)
+        assert launch["SPECULATE"] is (pdl and tokens <= SPECULATE_MAX_TOKENS), (tokens, launch)
+        assert launch["QK_EVICT"] == ("evict_first" if evict and tokens >= 128 else ""), (tokens, launch)
+        assert ("num_warps" in launch and launch["enable_fp_fusion"] is False) if compiled else \
+            not {"num_warps", "enable_fp_fusion"} & set(launch), (tokens, launch)
+        assert launch["ROUND_BF16"] is by_hand
+        # Asked for explicitly, an option the target lacks is still not used.
+        (_, _grid, _args, forced), = _record(rotary, "_rotary_kernel", lambda: launch_rotary(
+            spec, positions, q, k, cache, pdl=True, evict_first=True), target)
+        assert forced["PDL"] is pdl and forced["QK_EVICT"] == ("evict_first" if evict else ""), (tokens, forced)
+    out = torch.empty(3, 40, dtype=torch.int64, device=meta)
+    small = [torch.zeros(n, dtype=torch.int32, device=meta) for n in (4, 1, 2, 4, 4)]
+    (_, _grid, _args, step), = _record(positions_module, "_prepare_positions_kernel", lambda: launch_prepare_positions(
+        torch.zeros(12, 64, dtype=torch.int32, device=meta), *small, 3, out), target)
+    assert step["PDL"] is pdl and ("launch_pdl" in step) is pdl, step

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from rope.devices import is_interpreter
-
 try:
     from triton.backends.nvidia.compiler import CUDAOptions
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401  (re-exported)
@@ -23,6 +21,6 @@ except ImportError:
 
 def pdl_available(device: torch.device) -> bool:
     """A CUDA (not ROCm) device of compute capability >= 9, compiled (not the interpreter), and a
-    Triton that has ``launch_pdl``."""
-    return (HAS_PDL and device.type == "cuda" and not is_interpreter() and not torch.version.hip
-            and torch.cuda.get_device_capability(device)[0] >= 9)
+    Triton that has ``launch_pdl``: the launch target's own answer (rope/triton/targets.py)."""
+    from rope.triton.targets import launch_target
+    return launch_target(device).pdl

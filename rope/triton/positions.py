@@ -20,7 +20,8 @@ from rope.spec import check_position_inputs
 from rope.devices import device_name, triton_runs_on
 from rope.runner_positions import check_out
 from rope.triton.grid import cdiv, next_power_of_2
-from rope.triton.pdl import HAS_PDL, pdl_available
+from rope.triton.pdl import HAS_PDL
+from rope.triton.targets import launch_target
 
 if HAS_PDL:     # programmatic dependent launch: rope/triton/pdl.py
     from rope.triton.pdl import gdc_launch_dependents, gdc_wait
@@ -106,7 +107,7 @@ def launch_prepare_positions(prefill_positions, prefill_delta, idx_mapping, quer
         return
     if splits is None:
         splits = default_splits(num_reqs, out.shape[1], block)
-    pdl = bool(pdl) and pdl_available(out.device)
+    pdl = bool(pdl) and launch_target(out.device).pdl
     extra = {"launch_pdl": True} if pdl else {}
     _prepare_positions_kernel[(num_reqs, splits)](
         out, out.stride(0), prefill_positions, prefill_positions.stride(0), prefill_delta, idx_mapping,

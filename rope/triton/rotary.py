@@ -17,11 +17,12 @@ import torch
 import triton
 import triton.language as tl
 
-from rope.devices import device_name, is_interpreter, triton_runs_on
+from rope.devices import device_name, triton_runs_on
 from rope.spec import RopeSpec, check_rotation_inputs
 
 from rope.triton.grid import cdiv, next_power_of_2
-from rope.triton.pdl import HAS_PDL, pdl_available
+from rope.triton.pdl import HAS_PDL
+from rope.triton.targets import launch_target
 
 if HAS_PDL:     # programmatic dependent launch: rope/triton/pdl.py
     from rope.triton.pdl import gdc_launch_dependents, gdc_wait
@@ -540,8 +541,11 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
     """
     if bf16_rounding not in (None, "by_hand", "convert"):
         raise ValueError(f"bf16_rounding={bf16_rounding!r}: must be 'by_hand' or 'convert'")
+    # What this device's compile target may use (rope/triton/targets.py): PDL and the eviction hint
+    # exist on some targets only, and the interpreter takes no compile options.
+    target = launch_target(query.device)
     if bf16_rounding is None:
-        bf16_rounding = "by_hand" if is_interpreter() else "convert"
+        bf16_rounding = "convert" if target.compiled else "by_hand"
     num_tokens = positions.shape[-1]
     if num_tokens == 0:
         return query, key
@@ -558,7 +562,7 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
         gather_3d = pos_run > 1 and spec.num_freqs % 16 == 0
     if pdl is None:
         pdl = num_tokens <= PDL_MAX_TOKENS or ONE_WAVE_TOKENS[0] <= num_tokens <= ONE_WAVE_TOKENS[1]
-    pdl = bool(pdl) and pdl_available(query.device)
+    pdl = bool(pdl) and target.pdl
     if position_guesses is not None:
         if speculate_positions is False:
             raise ValueError("position_guesses: given with speculate_positions=False")
@@ -589,6 +593,7 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
         rotated_bytes = 2 * num_tokens * (num_q + num_k) * spec.rotary_dim * query.element_size()
         evict_first = (EVICT_FIRST_TOKENS[0] <= num_tokens <= EVICT_FIRST_TOKENS[1]
                        and rotated_bytes <= EVICT_FIRST_MAX_BYTES)
+    evict_first = bool(evict_first) and target.eviction_hints
     if heads_fastest is None:
         heads_fastest = num_tokens >= SMALL_BATCH_TOKENS
     needs_64 = cache_offsets_need_64(cos_sin_cache, block_f)
@@ -612,7 +617,7 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
     grid = (token_blocks * head_blocks,) if heads_fastest else (token_blocks, head_blocks)
     sec0, sec1, sec2 = _sections_constexprs(spec)
     pos_row_stride = positions.stride(0) if positions.dim() == 2 else 0
-    extra = {} if is_interpreter() else {"enable_fp_fusion": False, "num_warps": num_warps}
+    extra = {"enable_fp_fusion": False, "num_warps": num_warps} if target.compiled else {}
     if pdl:
         extra["launch_pdl"] = True
     _rotary_kernel[grid](
