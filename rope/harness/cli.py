@@ -9,7 +9,8 @@
         torch.compile) and time the position kernels, against the measured copy bandwidth; writes
         reports/bench.json, bench.md and bench.png.
     rope-harness devices
-        List the devices found and whether Triton runs on each.
+        List the devices found and whether Triton runs on each, then the software stack (Python,
+        torch, Triton, transformers, Liger) and whether each version is supported.
     rope-harness mutants [--only NAME] [--no-baseline] [--jobs N] [--profile ci|dev]
         Run the property suite (and the serving-engine-style baseline) against every known-bug
         mutant; report caught or not, suite seconds to the first failure and the counterexample.
@@ -153,9 +154,13 @@ def cmd_merge(args) -> int:
 
 def cmd_devices(args) -> int:
     from rope.devices import available_devices, is_interpreter, triton_runs_on
+    from rope.harness.stack import describe, stack
     for d in available_devices():
         note = " (Triton interpreter)" if d == "cpu" and is_interpreter() else ""
         print(f"{d}: triton {'yes' if triton_runs_on(d) else 'no'}{note}")
+    print("stack found:")
+    for line in describe(stack()):
+        print(line)
     return 0
 
 
@@ -188,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-positions", action="store_true", help="skip the position-preparation kernels")
     bench.add_argument("--out", default=None, help="directory for bench.json/.md/.png (default ./reports)")
     bench.set_defaults(func=cmd_bench)
-    devices = sub.add_parser("devices", help="list the devices found")
+    devices = sub.add_parser("devices", help="list the devices found and the software stack, and whether it is supported")
     devices.set_defaults(func=cmd_devices)
     from rope.harness.repro import add_repro_parser
     add_repro_parser(sub)
