@@ -107,9 +107,11 @@ def _record(module, kernel_name: str, launch, target="sm_90") -> list:
     return [(kernel,) + call for call in recorder.calls]
 
 
-def rotation_launches(rotary, all_options: bool = False, models=None, target: str = "sm_90"):
+def rotation_launches(rotary, all_options: bool = False, models=None, target: str = "sm_90",
+                      defaults_only: bool = False):
     """(label, kernel, grid, args, kwargs): every model's defaults at TOKENS, bf16 (fp32 and fp16 too at
-    one model), and OPTIONS at OPTION_MODELS (every model with ``all_options``), launched for ``target``."""
+    one model), and OPTIONS at OPTION_MODELS (every model with ``all_options``; none with
+    ``defaults_only``), launched for ``target``."""
     table = load_models()
     unknown = set(models or ()) - set(table)
     if unknown:
@@ -126,7 +128,8 @@ def rotation_launches(rotary, all_options: bool = False, models=None, target: st
                 positions = torch.zeros((spec.num_dims, tokens) if spec.num_dims > 1 else (tokens,), dtype=torch.int64)
                 query = torch.empty(tokens, num_q * spec.head_size, dtype=dtype)
                 key = torch.empty(tokens, num_kv * spec.head_size, dtype=dtype)
-                for options in ({},) + (OPTIONS if all_options or name in OPTION_MODELS else ()):
+                with_options = not defaults_only and (all_options or name in OPTION_MODELS)
+                for options in ({},) + (OPTIONS if with_options else ()):
                     label = f"{name} {str(dtype)[6:]} {tokens} tokens {options or 'defaults'}"
                     calls = _record(rotary, "_rotary_kernel", lambda: rotary.launch_rotary(
                         spec, positions, query, key, cache.to(dtype), **options), target)
@@ -184,6 +187,8 @@ def main(argv=None) -> int:
     parser.add_argument("--models", help="comma-separated model keys (default: every model of rope/models.yaml)")
     parser.add_argument("--target", default="sm_90", choices=sorted(COMPILE_TARGETS),
                         help="the GPU to compile for (default sm_90)")
+    parser.add_argument("--defaults-only", action="store_true",
+                        help="the launchers' default launches only, none of the options a caller may pass")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         parser.error("run with TRITON_INTERPRET=0: the interpreter replaces the kernels at import")
@@ -199,7 +204,7 @@ def main(argv=None) -> int:
             substitutions = [tuple(pair) for pair in json.load(f)]
         rotary = KernelMutant("substituted", rotary, "rotate_triton", substitutions, "").module
     models = args.models.split(",") if args.models else None
-    launches = list(rotation_launches(rotary, args.all_options, models, args.target))
+    launches = list(rotation_launches(rotary, args.all_options, models, args.target, args.defaults_only))
     if not args.rotation_only:
         launches += list(position_launches(positions_module, args.target))
     failed = compiled = 0

@@ -119,28 +119,32 @@ def test_compile_offline_refuses_to_run_under_the_interpreter():
     assert run.returncode == 2 and "run with TRITON_INTERPRET=0" in run.stderr
 
 
-@pytest.mark.parametrize("target, backend", [
-    ("gfx942", "amd"), ("gfx90a", "amd"),
+@pytest.mark.parametrize("target, backend, defaults_only", [
+    # The options a caller may pass compiled on MI300X; MI250X (the same CDNA family) takes the
+    # launchers' defaults, which halves the compile time a CI run pays on a machine without a cache.
+    ("gfx942", "amd", False), ("gfx90a", "amd", True),
     # Intel's backend ships in Intel's Triton (triton-xpu), which replaces Triton: CI compiles with
     # it in an environment of its own (.ci/run); elsewhere this skips.
-    ("pvc", "intel"),
+    ("pvc", "intel", False),
 ])
-def test_every_launch_the_launchers_make_compiles_for_amd_and_intel(target, backend):
+def test_every_launch_the_launchers_make_compiles_for_amd_and_intel(target, backend, defaults_only, record_property):
     if not _has_backend(backend):
         pytest.skip(f"this Triton has no {backend} backend to compile with"
                     + (" (Intel's is in triton-xpu: .ci/run's XPU job)" if backend == "intel" else ""))
-    rc, records, summary, stderr = _compile_offline("--target", target)
+    rc, records, summary, stderr = _compile_offline("--target", target, *(["--defaults-only"] if defaults_only else []))
     failed = [r for r in records if not r["ok"]]
     assert rc == 0 and not failed, (failed[:3], stderr[-2000:])
-    print(f"{target}: {summary['compiled']} kernels compiled from {summary['launches']} launches, 0 failed")
+    # CI prints this from the run's JUnit XML (.ci/run).
+    record_property("compiled", f"{target}: {summary['compiled']} kernels compiled from {summary['launches']} "
+                                f"launches, {summary['failed']} failed")
     assert summary["target"] == target and set(load_models()) < set(summary["launched"])
-    assert summary["compiled"] == len(records) > 60 and summary["failed"] == 0
+    assert summary["compiled"] == len(records) > (40 if defaults_only else 60) and summary["failed"] == 0
     rotation = [r for r in records if r["kernel"] == "_rotary_kernel"]
     # Launched for this target: no PDL, no eviction hint, however the options asked (rope/triton/targets.py).
     assert all(not r["constexprs"]["PDL"] and r["constexprs"]["QK_EVICT"] == "" for r in records
                if "PDL" in r["constexprs"] and "QK_EVICT" in r["constexprs"])
     assert all("launch_pdl" not in r["options"] for r in records)
-    for switch in ("SPLIT_QK", "GATHER_3D", "HEADS_FASTEST", "ROUND_BF16", "INTERLEAVED", "IS_NEOX", "CACHE_I64",
-                   "EARLY_POSITIONS", "SPECULATE"):
+    switches = ("GATHER_3D", "HEADS_FASTEST", "INTERLEAVED", "IS_NEOX")
+    for switch in switches + (() if defaults_only else ("SPLIT_QK", "ROUND_BF16", "CACHE_I64", "EARLY_POSITIONS", "SPECULATE")):
         assert {r["constexprs"][switch] for r in rotation} == {True, False}, switch
     assert any(r["kernel"] == "_prepare_positions_kernel" for r in records)
