@@ -6,16 +6,8 @@ capability 9 and later) and the q/k ``evict_first`` cache hint (measured on the 
 launch for an AMD or Intel GPU, or for Triton's interpreter, must not ask for them: the launcher
 reads what it may use from the :class:`Target` of the device it launches on, the way
 ``rope.dispatch`` chooses implementations per platform.  ``TARGETS`` names the targets the kernels
-are compiled for without a GPU (properties/compile_offline.py); docs/spec.md's launch table says
-the same per target, and properties/test_launch_options.py pins it.
-
-| target | PDL (and the speculating / early position reads it enables) | q/k eviction hint | compile options | bf16 store |
-|---|---|---|---|---|
-| CUDA sm_90 and later | yes | yes | num_warps, no FP fusion | the store's convert |
-| CUDA before sm_90 | no | yes | num_warps, no FP fusion | the store's convert |
-| ROCm (gfx942, gfx90a, ...) | no | no | num_warps, no FP fusion | the store's convert |
-| Intel XPU | no | no | num_warps, no FP fusion | the store's convert |
-| Triton's interpreter | no | no | none (it takes none) | rounded by hand (its convert truncates) |
+are compiled for without a GPU (properties/compile_offline.py).  What each target gets is the launch
+table of docs/spec.md ("Launch options per target"); properties/test_launch_options.py pins it.
 """
 
 from __future__ import annotations
