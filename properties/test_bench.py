@@ -115,3 +115,15 @@ def test_pdl_empty_launch_only_where_pdl_runs():
             "results": []}
     assert "programmatic" not in bench.markdown({**data, "empty_launch_pdl_ms": float("nan")})
     assert "0.5 us launched with programmatic" in bench.markdown({**data, "empty_launch_pdl_ms": 0.0005})
+
+
+def test_bench_positions_on_a_cpu_without_the_interpreter_races_native_alone(monkeypatch):
+    # The CPU of a GPU box: TRITON_INTERPRET unset there, so no Triton kernel takes CPU tensors.  The
+    # position race keeps the native rows and says why Triton is not raced, instead of raising
+    # from inside the kernel's launcher.
+    import rope.devices
+    monkeypatch.setattr(rope.devices, "triton_runs_on", lambda device: False)
+    said = []
+    rows = bench.bench_positions("cpu", bench._timer("cpu"), 1.0, said.append, shapes=[(2, 4)])
+    assert [r.impl for r in rows] == ["native"] and rows[0].checked == "ok"
+    assert any("triton not raced" in line for line in said), said

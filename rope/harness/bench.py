@@ -408,14 +408,20 @@ def bench_positions(device, time_fn, ceiling, progress, shapes=POSITION_SHAPES) 
     Both implementations are timed through ``fn.unchecked`` (the same work without validation and
     without a host sync), after the checked call's output was compared; on a GPU the Triton public
     entry (``triton-public``: its checks included) beside them."""
+    from rope.devices import triton_runs_on
     from rope.registry import get_positions_implementation
     out = []
     dims = 3
+    if device == "cpu":      # the CPU of a GPU box runs no Triton kernel unless TRITON_INTERPRET=1
+        names = ("native", "triton") if triton_runs_on(device) else ("native",)
+    else:
+        names = ("native", "triton", "triton-public")
+    if "triton" not in names:
+        progress(f"  positions: triton not raced: Triton kernels do not run on {device} here (TRITON_INTERPRET unset)")
     for num_reqs, chunk in shapes:
         args, tokens, nbytes = position_inputs(device, num_reqs, chunk, dims)
         expected = reference.prepare_positions(*[a.cpu() for a in args], dims) if tokens <= 4096 else None
         row = {}
-        names = ("native", "triton") if device == "cpu" else ("native", "triton", "triton-public")
         for name in names:
             fn = get_positions_implementation(name.removesuffix("-public"))
             if name.endswith("-public"):
