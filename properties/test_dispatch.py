@@ -29,6 +29,8 @@ from rope.native import rotate_native
 from rope.spec import RopeSpec
 from rope.harness.tolerance import compare_rotation
 
+pytestmark = pytest.mark.dispatch      # a checked thing: rope-harness check runs these (-m dispatch)
+
 # Op kind (as in test ids) -> (op class, strategies kind).
 OPS = {
     "1d": (RotaryEmbeddingOp, "1d"),

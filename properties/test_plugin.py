@@ -276,3 +276,20 @@ def test_a_run_that_hangs_at_its_end_leaves_every_threads_stack(tmp_path):
         proc.kill()
         out = proc.communicate()[0]
     assert "stuck_at_exit" in stacks and "Thread" in stacks, out + stacks
+
+
+# ------------------------------------------------------------------ what rope-harness check runs
+def test_check_runs_every_test_that_takes_the_implementation(tmp_path):
+    # Selected by the checked things' markers, not by file: the prefill sizes and the regression
+    # corpus are in; the harness's own tests (plugin, case files, ...) are out.
+    run = subprocess.run([sys.executable, "-m", "rope.harness.cli", "check", "--impl", "native", "--device", "cpu",
+                          "--workers", "0", "--", "--collect-only"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300, env=subprocess_env())
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    files = dict(re.findall(r"(\S+\.py): (\d+)", run.stdout))
+    names = {Path(f).name for f in files}
+    for wanted in ("test_rotation.py", "test_prefill.py", "test_regressions.py", "test_model_rotation.py",
+                   "test_runner_positions.py", "test_scheduler_positions.py", "test_dispatch.py", "test_bad_inputs.py"):
+        assert wanted in names, (wanted, sorted(names))
+    for unwanted in ("test_plugin.py", "test_case_files.py", "test_diagnosis.py", "test_mutation_runner.py"):
+        assert unwanted not in names, (unwanted, sorted(names))

@@ -34,20 +34,22 @@ from pathlib import Path
 from rope.harness.suite import suite_dir
 
 
-# The equivalence suite: every implementation against the float64 reference (rotations, model
-# rows, known-bug triggers, positions, the scheduler machine, position ids, platform dispatch).
-EQUIVALENCE_SUITE = ("test_rotation.py", "test_model_rotation.py", "test_runner_positions.py",
-                     "test_scheduler_positions.py", "test_position_ids.py", "test_dispatch.py")
-
-
-POSITION_IDS_SUITE = "test_position_ids.py"
+def _selection(args) -> list[str]:
+    """The suite's tests a check runs: every test that takes an implementation of a checked thing
+    (rotation, position step, position ids; the platform dispatch), selected by the markers the
+    plugin sets (rope.harness.suite.CHECKED_THINGS), prefill sizes and the regression corpus
+    included; only the position-id tests when only position ids are named; --all: everything."""
+    from rope.harness.suite import CHECKED_THINGS
+    tests = [str(suite_dir())]
+    if args.all:
+        return tests
+    if args.position_ids_impl and not (args.impl or args.positions_impl):
+        return tests + ["-m", "position_ids"]     # only position ids named: check only those
+    return tests + ["-m", " or ".join(CHECKED_THINGS)]
 
 
 def _pytest_args(args) -> list[str]:
-    tests = suite_dir()
-    files = [str(tests / name) for name in EQUIVALENCE_SUITE] if not args.all else [str(tests)]
-    if args.position_ids_impl and not (args.impl or args.positions_impl or args.all):
-        files = [str(tests / POSITION_IDS_SUITE)]      # only position ids named: check only those
+    files = _selection(args)
     # No cache provider: the suite may live in site-packages, which is no place for .pytest_cache.
     # The command imported rope before pytest started, so pytest cannot rewrite its asserts (it
     # needs not: the suite's are rewritten); say nothing of it.

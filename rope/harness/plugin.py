@@ -46,7 +46,7 @@ import time
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from rope.harness.suite import is_suite_module, runs_suite
+from rope.harness.suite import CHECKED_BY_FIXTURE, is_suite_module, runs_suite
 
 # filter_too_much: draws an implementation does not support are rejected (rope.harness.comparison).
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
@@ -83,6 +83,10 @@ _MARKERS = (
     "oracle: compares against an installed external implementation (transformers); skipped where it is not installed",
     "baseline: the serving-engine-style fixed-example suite (--rope-baseline)",
     "rope_gpu(kind, index): the GPU this test runs on (rope.harness.placement)",
+    "rotation: takes the rotation implementation under test (--rope-impl); set by the plugin",
+    "position_step: takes the runner's position step under test (--rope-positions-impl); set by the plugin",
+    "position_ids: takes the position-id implementation under test (--rope-position-ids-impl); set by the plugin",
+    "dispatch: checks the platform dispatch of the built-in operations",
 )
 
 
@@ -464,6 +468,15 @@ def pytest_pyfunc_call(pyfuncitem):
     for reason, count in sorted(comparison.REJECTED_DRAWS.items()):
         report.record(kind="rejected", test=pyfuncitem.nodeid.split("[")[0], reason=reason, draws=count)
     return result
+
+
+def pytest_itemcollected(item):
+    """Mark each suite test with the checked thing whose implementation it takes (before -m selects)."""
+    if not _rope_test(item):
+        return
+    for fixture, marker in CHECKED_BY_FIXTURE.items():
+        if fixture in getattr(item, "fixturenames", ()):
+            item.add_marker(marker)
 
 
 def pytest_collection_modifyitems(config, items):

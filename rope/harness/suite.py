@@ -9,6 +9,13 @@ from pathlib import Path
 
 SUITE_PACKAGE = "properties"
 
+# The checked things: the plugin marks a suite test that takes an implementation of one with its
+# name, so a run selects them with -m (rope-harness check does) whatever file they live in;
+# ``dispatch`` is set by its tests' module.
+CHECKED_BY_FIXTURE = {"impl_name": "rotation", "positions_impl_name": "position_step",
+                      "position_ids_impl_name": "position_ids"}
+CHECKED_THINGS = ("rotation", "position_step", "position_ids", "dispatch")
+
 
 def suite_dir() -> Path:
     """The directory of the ``properties`` package (a checkout's or the installed wheel's)."""
