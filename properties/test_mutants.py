@@ -23,6 +23,7 @@ from properties.guards import (
     trace_memory,
 )
 from properties.known_cases import KNOWN_BUG_CASES
+from properties.mutants.broken_rotations import TOKEN_HEAD_SWITCHES
 from rope.harness.comparison import assert_matches_reference
 from properties.mutants.kernel import (GPU_DEEP_MUTANTS, POSITIONS_MUTANTS, PREFILL_ONLY, ROTARY_MUTANTS, KernelMutant,
                                        SubstitutionError)
@@ -180,6 +181,35 @@ def test_prefill_boundaries_catch_kernel_mutant(name, record_property, monkeypat
     record_property("time_to_failure_s", round(time.perf_counter() - start, 2))
     assert found, f"{name}: no prefill boundary case fails"
     assert found[0] in (4096, 4097) and "diagnosis: pairing_swapped" in found[1], found
+
+
+@pytest.mark.parametrize("name", sorted(TOKEN_HEAD_SWITCHES))
+def test_token_head_products_catch_rotation_mutant(name, monkeypatch, tmp_path):
+    # A bug on a path chosen by tokens x (query + key heads): test_prefill.py's product cases find
+    # it on the CPU, on exactly the layouts and pairings it breaks (partial-rotary NeoX), and, where
+    # the implementation declares the product, on the first token count at it, not the last under it.
+    from properties.test_prefill import token_head_case, token_head_variants
+    monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))       # deliberate failures: keep reports/cases clean
+    mutant, product = TOKEN_HEAD_SWITCHES[name]
+    caught, partial_neox = [], []
+    for kind in KINDS:
+        for index, (neox, partial) in enumerate(token_head_variants(kind, "cpu")):
+            if neox and partial:
+                partial_neox.append((kind, neox, partial))
+            case = token_head_case(kind, neox, partial, index, "cpu")
+            assert case.num_tokens * (case.num_q_heads + case.num_kv_heads) >= product
+            try:
+                assert_matches_reference(name, mutant, case, "cpu")
+            except AssertionError as exc:
+                assert "diagnosis:" in str(exc), str(exc)[:2000]
+                caught.append((kind, neox, partial))
+    assert caught == partial_neox and len(caught) >= 2, caught
+    below = token_head_case("chunked3", True, True, 0, "cpu", product, below=True)
+    at = token_head_case("chunked3", True, True, 0, "cpu", product)
+    assert below.num_tokens + 1 == at.num_tokens
+    assert_matches_reference(name, mutant, below, "cpu")
+    with pytest.raises(AssertionError):
+        assert_matches_reference(name, mutant, at, "cpu")
 
 
 @pytest.mark.parametrize("name,known", KNOWN_PAIRS, ids=[f"{m}-{k}" for m, k in KNOWN_PAIRS])

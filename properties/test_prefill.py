@@ -10,7 +10,10 @@ by token count, flashinfer#609 -> #619; grids overflow 65,535 programs in a dime
 - at each token count it declares a switch at (``switch_tokens``, the first count of a new
   path), +-1;
 - on drawn prefill cases of 1,024 to 16,384 tokens and the boundaries, any layout, pairing,
-  dtype and layout of q/k, as many as fit the property's time budget.
+  dtype and layout of q/k, as many as fit the property's time budget;
+- at token x head products (tokens x (query + key heads), where fused kernels switch, vllm#51049)
+  of at least 2^15 on every layout, pairing and rotary width, and on both sides of each product it
+  declares a switch at (``switch_token_heads``).
 
 On the CPU (Triton under its interpreter runs one program at a time, ~10 ms each) the cases have
 one query head of 32 channels and at most one kv head, and from 2,048 tokens a boundary (a
@@ -36,7 +39,7 @@ from rope.harness.plugin import default_profile
 from rope.cache import cos_sin_cache
 from rope.devices import torch_device
 from rope.harness.tolerance import compare_rotation
-from rope.registry import get_implementation, switch_tokens, unsupported_reason, working_precision
+from rope.registry import get_implementation, switch_token_heads, switch_tokens, unsupported_reason, working_precision
 from rope.spec import RopeSpec
 
 from properties.strategies import (
@@ -63,6 +66,16 @@ def _small_heads(device: str) -> bool:
     return device == "cpu"
 
 
+def _spec(kind: str, neox: bool, head_size: int, rotary: int) -> RopeSpec:
+    half = rotary // 2
+    third, quarter = half // 3, half // 4
+    sections = {"1d": None, "chunked1": (half,), "chunked3": (half - 2 * third, third, third),
+                "interleaved": (half - 2 * third, third, third),
+                "chunked4": (half - 3 * quarter, quarter, quarter, quarter)}[kind]
+    return RopeSpec(head_size, rotary, neox, sections, "interleaved" if kind == "interleaved" else "chunked",
+                    max_position=32768)
+
+
 def boundary_case(index: int, num_tokens: int, device: str) -> RotationCase:
     """The explicit case at a boundary: layout, pairing, dtype, partial rotary and packed q/k
     cycle with ``index`` (periods 5, 2, 3, 4), so neighbouring counts differ in each."""
@@ -70,14 +83,7 @@ def boundary_case(index: int, num_tokens: int, device: str) -> RotationCase:
     neox = index % 2 == 0
     dtype = list(DTYPES)[index % len(DTYPES)]
     head_size = 32 if _small_heads(device) else 128
-    rotary = head_size // 2 if index % 4 == 3 else head_size
-    half = rotary // 2
-    third, quarter = half // 3, half // 4
-    sections = {"1d": None, "chunked1": (half,), "chunked3": (half - 2 * third, third, third),
-                "interleaved": (half - 2 * third, third, third),
-                "chunked4": (half - 3 * quarter, quarter, quarter, quarter)}[kind]
-    spec = RopeSpec(head_size, rotary, neox, sections, "interleaved" if kind == "interleaved" else "chunked",
-                    max_position=32768)
+    spec = _spec(kind, neox, head_size, head_size // 2 if index % 4 == 3 else head_size)
     # CPU: a key on every other count below 8192 tokens (a key doubles the interpreter's programs,
     # and its programs run the same code as the query's, exercised at every smaller boundary).
     nq, nkv = (1, index % 2 if num_tokens < CPU_KEY_MAX_TOKENS else 0) if _small_heads(device) else GPU_HEADS
@@ -155,6 +161,83 @@ def test_declared_switches_match_reference(impl_name, device):
         ran += _check(impl_name, impl, boundary_case(index, num_tokens, device), device)
     if not ran:
         pytest.skip(f"{impl_name} supports none of the cases at its declared switches on {device}")
+
+
+# ------------------------------------------------------------------ token x head products
+# Fused kernels choose a path by tokens x (query heads + key heads): vLLM's fused QK-norm + RoPE
+# takes several token-heads per warp from 10,240 on SM90, where partial-rotary NeoX broke
+# (vllm#51049).  Every layout and pairing meets TOKEN_HEAD_PRODUCT, with full and partial rotary:
+# on a GPU each layout in all four combinations; on the CPU NeoX and GPT-J, the partial one
+# alternating by layout (Triton's interpreter takes ~12 s for a case of 2^15 token-heads of 16
+# channels, many heads or few); heads of 16 channels there.
+TOKEN_HEAD_PRODUCT = 1 << 15
+TOKEN_HEAD_VARIANTS = [(neox, partial) for neox in (True, False) for partial in (False, True)]
+CPU_TOKEN_HEADS, GPU_TOKEN_HEADS = (24, 8), (56, 8)     # query, key heads
+CPU_TOKEN_HEAD_SIZE = 16
+TOKEN_HEAD_MAX_TOKENS = 4096     # a declared product past this many tokens takes more query heads
+
+
+def token_head_variants(kind: str, device: str) -> list[tuple[bool, bool]]:
+    """(NeoX, partial rotary) of the product cases of ``kind`` on ``device``."""
+    if not _small_heads(device):
+        return TOKEN_HEAD_VARIANTS
+    partial_neox = KINDS.index(kind) % 2 == 0
+    return [(True, partial_neox), (False, not partial_neox)]
+
+
+def token_head_case(kind: str, neox: bool, partial: bool, index: int, device: str, product: int = TOKEN_HEAD_PRODUCT,
+                    below: bool = False) -> RotationCase:
+    """A case whose tokens x (query + key heads) is the first at or past ``product`` (``below``: the
+    last under it, one token fewer), for ``kind`` and pairing, full or half rotary; dtype and packed
+    q/k cycle with ``index``."""
+    head_size = CPU_TOKEN_HEAD_SIZE if _small_heads(device) else 128
+    spec = _spec(kind, neox, head_size, head_size // 2 if partial else head_size)
+    nq, nkv = CPU_TOKEN_HEADS if _small_heads(device) else GPU_TOKEN_HEADS
+    nq = max(nq, -(-product // TOKEN_HEAD_MAX_TOKENS) - nkv)
+    first = -(-product // (nq + nkv))          # the first token count whose product reaches ``product``
+    dtype = list(DTYPES)[index % len(DTYPES)]
+    return RotationCase(spec, first - 1 if below else first, nq, nkv, dtype, "uniform", index % 2 == 1, index)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_token_head_products_match_reference(impl_name, device, kind):
+    # NeoX and GPT-J, full and partial rotary, each at tokens x heads >= 2^15 (1,024 tokens x 32
+    # heads on the CPU).  Rejects a path chosen by the product that pairs, maps or indexes wrongly.
+    impl = get_implementation(impl_name)
+    ran = sum(_check(impl_name, impl, token_head_case(kind, neox, partial, index, device), device)
+              for index, (neox, partial) in enumerate(token_head_variants(kind, device)))
+    if not ran:
+        pytest.skip(f"{impl_name} supports none of the {kind} cases past {TOKEN_HEAD_PRODUCT} token-heads on {device}")
+
+
+def test_declared_token_head_switches_match_reference(impl_name, device):
+    # Each product an implementation declares it switches at (``switch_token_heads``): the last
+    # token count under it and the first at it, the layout, pairing and rotary width cycling.
+    impl = get_implementation(impl_name)
+    thresholds = switch_token_heads(impl_name, impl)
+    if not thresholds:
+        pytest.skip(f"{impl_name} declares no switch_token_heads")
+    ran = 0
+    for index, product in enumerate(thresholds):
+        kind, (neox, partial) = KINDS[index % len(KINDS)], TOKEN_HEAD_VARIANTS[index % len(TOKEN_HEAD_VARIANTS)]
+        for below in (True, False):
+            case = token_head_case(kind, neox, partial, index, device, product, below)
+            if case.num_tokens >= 1:
+                ran += _check(impl_name, impl, case, device)
+    if not ran:
+        pytest.skip(f"{impl_name} supports none of the cases at its declared token x head switches on {device}")
+
+
+@pytest.mark.parametrize("attribute", ["switch_tokens", "switch_token_heads"])
+@pytest.mark.parametrize("declared", [(0,), ("64",), (1.5,), (True,), (2**31 + 1,), 5], ids=repr)
+def test_a_malformed_switch_declaration_is_a_value_error_naming_it(attribute, declared):
+    def mine(spec, positions, query, key, cache):
+        return query, key
+    setattr(mine, attribute, declared)
+    with pytest.raises(ValueError, match=rf"^mine\.{attribute}="):
+        (switch_tokens if attribute == "switch_tokens" else switch_token_heads)("mine", mine)
+    setattr(mine, attribute, (4096, 10240))
+    assert (switch_tokens if attribute == "switch_tokens" else switch_token_heads)("mine", mine) == (4096, 10240)
 
 
 def _budget(device: str) -> float:

@@ -142,15 +142,27 @@ def switch_tokens(name: str, fn: Callable) -> tuple[int, ...]:
     """The token counts at which ``fn`` declares it switches code paths (its optional
     ``switch_tokens`` attribute: each the first token count of a new path), sorted; () when it
     declares none.  A malformed declaration is a ValueError naming the implementation."""
-    declared = getattr(fn, "switch_tokens", ())
+    return _declared_switches(name, fn, "switch_tokens", "token counts")
+
+
+def switch_token_heads(name: str, fn: Callable) -> tuple[int, ...]:
+    """The products ``tokens x (query heads + key heads)`` at which ``fn`` declares it switches
+    code paths (its optional ``switch_token_heads`` attribute: each the first product of a new
+    path, as fused QK-norm + RoPE kernels choose several heads per warp, vllm#51049), sorted; ()
+    when it declares none.  A malformed declaration is a ValueError naming the implementation."""
+    return _declared_switches(name, fn, "switch_token_heads", "token x head products")
+
+
+def _declared_switches(name: str, fn: Callable, attribute: str, what: str) -> tuple[int, ...]:
+    declared = getattr(fn, attribute, ())
     try:
         values = tuple(sorted({int(v) for v in declared if int(v) == v and not isinstance(v, bool)}))
         complete = len(values) == len(set(declared))
     except (TypeError, ValueError):
         complete, values = False, ()
     if not complete or any(not 1 <= v <= MAX_SWITCH_TOKENS for v in values):
-        raise ValueError(f"{name}.switch_tokens={declared!r}: must be token counts, ints in [1, 2**31] "
-                         f"(each the first count of a new code path)")
+        raise ValueError(f"{name}.{attribute}={declared!r}: must be {what}, ints in [1, 2**31] "
+                         f"(each the first of a new code path)")
     return values
 
 

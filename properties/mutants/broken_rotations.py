@@ -105,3 +105,36 @@ BROKEN_ROTATIONS = {
     "bf16_claiming_fp32": bf16_claiming_fp32,
     "hides_nonfinite": hides_nonfinite,
 }
+
+
+# vllm#51049 (fixed by vllm#57681): vLLM's fused QK-norm + RoPE kernel takes several token-heads per
+# warp on SM90 from num_tokens * (num_heads + num_kv_heads) >= 10,240, and there partial-rotary
+# NeoX exchanges pair members from a divergent branch.  Caught only by a batch past that product:
+# the rotation properties' small cases stay below it.
+FUSED_TOKEN_HEADS = 10240
+
+
+def partial_neox_partner_lost_past_token_heads(spec, positions, query, key, cache):
+    """From tokens x (query + key heads) >= 10,240, partial-rotary NeoX reads each pair's second
+    member from a lane that never arrived: it gets the first member's value (vllm#51049)."""
+    heads = query.shape[1] // spec.head_size + (key.shape[1] // spec.head_size if key is not None else 0)
+    if not (spec.is_neox_style and spec.rotary_dim < spec.head_size
+            and query.shape[0] * heads >= FUSED_TOKEN_HEADS):
+        return rotate_native(spec, positions, query, key, cache)
+
+    def partner_lost(x):
+        if x is None:
+            return None
+        half = spec.rotary_dim // 2
+        lanes = x.reshape(x.shape[0], -1, spec.head_size).clone()
+        lanes[..., half:spec.rotary_dim] = lanes[..., :half]
+        return lanes.reshape(x.shape)
+    return rotate_native(spec, positions, partner_lost(query), partner_lost(key), cache)
+
+
+partial_neox_partner_lost_past_token_heads.working_precision = "activation"
+
+
+# Bugs on a path chosen by the token x head product: (mutant, the product its wrong path starts at).
+TOKEN_HEAD_SWITCHES = {"partial_neox_partner_lost_past_token_heads": (partial_neox_partner_lost_past_token_heads,
+                                                                      FUSED_TOKEN_HEADS)}
