@@ -188,7 +188,7 @@ def test_token_head_products_catch_rotation_mutant(name, monkeypatch, tmp_path):
     # A bug on a path chosen by tokens x (query + key heads): test_prefill.py's product cases find
     # it on the CPU, on exactly the layouts and pairings it breaks (partial-rotary NeoX), and, where
     # the implementation declares the product, on the first token count at it, not the last under it.
-    from properties.test_prefill import token_head_case, token_head_variants
+    from properties.test_prefill import declared_token_head_cases, token_head_case, token_head_variants
     monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))       # deliberate failures: keep reports/cases clean
     mutant, product = TOKEN_HEAD_SWITCHES[name]
     caught, partial_neox = [], []
@@ -204,12 +204,15 @@ def test_token_head_products_catch_rotation_mutant(name, monkeypatch, tmp_path):
                 assert "diagnosis:" in str(exc), str(exc)[:2000]
                 caught.append((kind, neox, partial))
     assert caught == partial_neox and len(caught) >= 2, caught
-    below = token_head_case("chunked3", True, True, 0, "cpu", product, below=True)
-    at = token_head_case("chunked3", True, True, 0, "cpu", product)
-    assert below.num_tokens + 1 == at.num_tokens
-    assert_matches_reference(name, mutant, below, "cpu")
-    with pytest.raises(AssertionError):
-        assert_matches_reference(name, mutant, at, "cpu")
+    # The declared-switch cases (test_declared_token_head_switches_match_reference's): each pairing
+    # and rotary width under the product passes, partial NeoX at it fails.
+    failed = []
+    for below, case in declared_token_head_cases((product,), "cpu"):
+        try:
+            assert_matches_reference(name, mutant, case, "cpu")
+        except AssertionError:
+            failed.append((below, case.spec.is_neox_style, case.spec.rotary_dim < case.spec.head_size))
+    assert failed == [(False, True, True)], failed
 
 
 @pytest.mark.parametrize("name,known", KNOWN_PAIRS, ids=[f"{m}-{k}" for m, k in KNOWN_PAIRS])

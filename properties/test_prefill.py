@@ -199,6 +199,20 @@ def token_head_case(kind: str, neox: bool, partial: bool, index: int, device: st
     return RotationCase(spec, first - 1 if below else first, nq, nkv, dtype, "uniform", index % 2 == 1, index)
 
 
+def declared_token_head_cases(thresholds, device: str) -> list[tuple[bool, RotationCase]]:
+    """(below, case): for each declared product, the last token count under it and the first at
+    it, NeoX and GPT-J, full and partial rotary, the layout cycling over the products."""
+    out = []
+    for index, product in enumerate(thresholds):
+        kind = KINDS[index % len(KINDS)]
+        for variant, (neox, partial) in enumerate(TOKEN_HEAD_VARIANTS):
+            for below in (True, False):
+                case = token_head_case(kind, neox, partial, variant, device, product, below)
+                if case.num_tokens >= 1:
+                    out.append((below, case))
+    return out
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_token_head_products_match_reference(impl_name, device, kind):
     # NeoX and GPT-J, full and partial rotary, each at tokens x heads >= 2^15 (1,024 tokens x 32
@@ -212,18 +226,12 @@ def test_token_head_products_match_reference(impl_name, device, kind):
 
 def test_declared_token_head_switches_match_reference(impl_name, device):
     # Each product an implementation declares it switches at (``switch_token_heads``): the last
-    # token count under it and the first at it, the layout, pairing and rotary width cycling.
+    # token count under it and the first at it, every pairing and rotary width.
     impl = get_implementation(impl_name)
     thresholds = switch_token_heads(impl_name, impl)
     if not thresholds:
         pytest.skip(f"{impl_name} declares no switch_token_heads")
-    ran = 0
-    for index, product in enumerate(thresholds):
-        kind, (neox, partial) = KINDS[index % len(KINDS)], TOKEN_HEAD_VARIANTS[index % len(TOKEN_HEAD_VARIANTS)]
-        for below in (True, False):
-            case = token_head_case(kind, neox, partial, index, device, product, below)
-            if case.num_tokens >= 1:
-                ran += _check(impl_name, impl, case, device)
+    ran = sum(_check(impl_name, impl, case, device) for _, case in declared_token_head_cases(thresholds, device))
     if not ran:
         pytest.skip(f"{impl_name} supports none of the cases at its declared token x head switches on {device}")
 
