@@ -1,7 +1,8 @@
 """One compile per kernel specialization across a run's processes (rope/harness/compile_lock.py).
 
-The CPU tests drive the lock with a stand-in for Triton's compile in forked processes: calls for
-one specialization never overlap, calls for two different ones do, and a process killed while it
+The CPU tests drive the lock with a stand-in for Triton's compile in forked processes that wait
+for each other inside it (a barrier, no clock): calls for one specialization are never inside
+together, calls for different ones are, and a process killed while it
 holds a lock does not hold up the next.  Each runs the same processes without the lock as its
 control: there the same-specialization calls must overlap, or the test could not fail.  On a GPU
 a launch of a new specialization goes through the installed lock.
@@ -9,17 +10,17 @@ a launch of a new specialization goes through the installed lock.
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 import signal
+import threading
 import time
 
 import pytest
 
 from rope.harness import compile_lock
 
-SLOW_COMPILE_S = 0.4
+MEET_TIMEOUT_S = 60.0       # how long a call waits for the others to be inside too (met: they overlap)
 
 
 class _Source:
@@ -32,34 +33,40 @@ class _Source:
         return self.name
 
 
-def _slow_compile(log_path):
+def _meeting_compile(barrier, inside, most_inside):
+    """A stand-in compile that waits for every other process's call to be inside at the same time
+    (a barrier): whether the calls overlap is then what happened, not how fast the machine was.
+    ``most_inside`` keeps the most calls seen inside at once."""
+
     def compile(src, target=None, options=None):
-        start = time.time()
-        time.sleep(SLOW_COMPILE_S)
-        with open(log_path, "a") as f:
-            f.write(json.dumps([src.name, start, time.time()]) + "\n")
-        return src.name
+        with inside.get_lock():
+            inside.value += 1
+            most_inside.value = max(most_inside.value, inside.value)
+        try:
+            barrier.wait()              # the barrier's own timeout
+        except threading.BrokenBarrierError:    # the others never came in: the lock kept them out
+            pass
+        with inside.get_lock():
+            inside.value -= 1
     return compile
 
 
-def _run_compiles(tmp_path, names, locked: bool) -> list[tuple[str, float, float]]:
-    """Each name compiled in a forked process of its own, all started together; (name, start, end)."""
-    log = tmp_path / f"log-{locked}.jsonl"
-    fn = _slow_compile(log)
-    fn = compile_lock.locked_compile(fn) if locked else fn
+def _run_compiles(names, locked: bool, meet_timeout_s: float = MEET_TIMEOUT_S) -> int:
+    """Each name compiled in a forked process of its own, all started together; the most calls that
+    were inside the compile at once.  Calls that may overlap meet at a barrier and all run at once;
+    calls the lock serializes never meet (each waits ``meet_timeout_s`` for the others, then goes on)."""
     context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(len(names), timeout=meet_timeout_s)
+    inside, most_inside = context.Value("i", 0), context.Value("i", 0)
+    fn = _meeting_compile(barrier, inside, most_inside)
+    fn = compile_lock.locked_compile(fn) if locked else fn
     procs = [context.Process(target=fn, args=(_Source(name),), kwargs={"options": {"num_warps": 4}}) for name in names]
     for p in procs:
         p.start()
     for p in procs:
-        p.join(30)
+        p.join(len(names) * meet_timeout_s + 60)
         assert p.exitcode == 0
-    return [tuple(json.loads(line)) for line in log.read_text().splitlines()]
-
-
-def _overlaps(calls) -> bool:
-    calls = sorted(calls, key=lambda c: c[1])
-    return any(later[1] < earlier[2] for earlier, later in zip(calls, calls[1:]))
+    return most_inside.value
 
 
 @pytest.fixture
@@ -68,18 +75,17 @@ def cache_dir(tmp_path, monkeypatch):
     return tmp_path / "triton-cache"
 
 
-def test_one_specialization_compiles_in_one_process_at_a_time(tmp_path, cache_dir):
-    locked = _run_compiles(tmp_path, ["a", "a", "a"], locked=True)
-    assert len(locked) == 3 and not _overlaps(locked), locked
+def test_one_specialization_compiles_in_one_process_at_a_time(cache_dir):
+    # With the lock the three calls never meet: each waits its short while alone, one after another.
+    assert _run_compiles(["a", "a", "a"], locked=True, meet_timeout_s=0.2) == 1
     assert (cache_dir / "rope-harness-locks").is_dir()
-    # Control: the same three processes without the lock compile at once.
-    assert _overlaps(_run_compiles(tmp_path, ["a", "a", "a"], locked=False))
+    # Control: the same three processes without the lock are inside at once.
+    assert _run_compiles(["a", "a", "a"], locked=False) == 3
 
 
-def test_different_specializations_compile_in_parallel(tmp_path, cache_dir):
-    calls = _run_compiles(tmp_path, ["a", "b", "c"], locked=True)
-    assert _overlaps(calls), calls
-    assert max(c[2] for c in calls) - min(c[1] for c in calls) < 2.5 * SLOW_COMPILE_S
+def test_different_specializations_compile_in_parallel(cache_dir):
+    # Three specializations: all three calls inside at once (they meet at the barrier).
+    assert _run_compiles(["a", "b", "c"], locked=True) == 3
 
 
 def test_a_cache_directory_that_takes_no_lock_compiles_unlocked(tmp_path, monkeypatch):
@@ -132,8 +138,6 @@ def test_a_killed_holder_does_not_hold_up_the_next_compile(tmp_path):
 def test_a_wait_is_counted_in_the_profile(tmp_path, cache_dir):
     # Another process holds the specialization's lock and dies 0.3 s later: the compile here waits
     # for it, then runs, and the profile counts one wait.
-    import threading
-
     from rope.harness import profiling
     before = profiling.snapshot()["counts"].get("compile_wait", 0)
     context = multiprocessing.get_context("fork")
