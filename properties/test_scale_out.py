@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -273,18 +273,28 @@ def test_campaign_on_cpu_stops_on_time_and_merges_every_workers_records(tmp_path
     monkeypatch.setenv("ROPE_REPORTS_DIR", str(tmp_path))
     monkeypatch.delenv("CI", raising=False)          # the campaign profile, not ci, in the rounds
     # On a machine busy with other work (a GPU box's suite on every core) the two workers may not
-    # reach their first example in 15 s: a longer budget then, each run held to its own.
-    for budget_s in (15.0, 45.0):
-        began = time.monotonic()
+    # reach their first example in 15 s: a longer budget then, each run held to its own; where not
+    # even the longest is enough, the merge cannot be seen here and the test says so.
+    for budget_s in (15.0, 45.0, 120.0):
         c = run_campaign(budget_s / 60, devices=["cpu"], workers="2", tests=["test_rotation.py"], out=tmp_path / "c",
                          seed=7, pytest_args=["-k", "test_rotation_matches_reference and native"],
                          show_progress=False)
-        wall = time.monotonic() - began
-        assert wall < budget_s + GRACE_S + 15, f"campaign took {wall:.0f} s for a {budget_s:.0f} s budget"
-        assert c.runs and c.runs[-1].interrupted or all(r.exit_code == 0 for r in c.runs)
+        # On time, by the campaign's own clock: every round but the last ended before the deadline,
+        # and the last ended by itself or was stopped there, within the stop's escalation
+        # (SIGINT, then SIGTERM and SIGKILL 10 s apart) and one poll.  No bound on how fast the machine is.
+        assert c.runs and sum(r.wall_s for r in c.runs[:-1]) < budget_s, [r.wall_s for r in c.runs]
+        assert c.runs[-1].interrupted or all(r.exit_code == 0 for r in c.runs)
+        assert c.wall_s < budget_s + GRACE_S + 20 + 1, f"campaign took {c.wall_s:.0f} s for a {budget_s:.0f} s budget"
         data = json.loads((tmp_path / "c" / "campaign.json").read_text())
         if data["examples"]:
             break
+    else:
+        # Skipped only where no test of any round finished either; a round that passed a test with
+        # no example counted is a campaign that lost its records.
+        logs = "".join(Path(r.log).read_text(errors="replace") for r in c.runs)
+        assert not re.search(r"\b[1-9]\d* passed", logs), logs[-3000:]
+        pytest.skip(f"no worker reached its first example within {budget_s:.0f} s: this machine is too busy "
+                    "to see the campaign merge its workers' records")
     summary = json.loads((tmp_path / "c" / "summary.json").read_text())
     assert data["examples"] == summary["examples"] > 0 and data["failures"] == 0
     assert set(data["per_device"]["cpu"]["workers"]) == {"gw0", "gw1"}      # both workers' records merged
