@@ -278,6 +278,31 @@ def test_a_run_that_hangs_at_its_end_leaves_every_threads_stack(tmp_path):
     assert "stuck_at_exit" in stacks and "Thread" in stacks, out + stacks
 
 
+
+def test_the_end_watchdog_fires_once_and_keeps_the_first_deadline(tmp_path, monkeypatch):
+    # Re-armed at the session's end for the time left since the last teardown, and not at all once
+    # it wrote its stacks: a dump while the process still runs Python (the report, the exit
+    # handlers) reads frames that are changing, which can crash the process.
+    import faulthandler
+    import time
+
+    from rope.harness import plugin
+    armed = []
+    monkeypatch.setattr(faulthandler, "dump_traceback_later", lambda s, repeat=False, file=None: armed.append(s))
+    monkeypatch.setenv("ROPE_END_STACKS_S", "100")
+    out = open(tmp_path / "end-stacks.txt", "w")        # noqa: SIM115 - the plugin holds it open
+    held = plugin._END_STACKS_FILE[:]         # this process's own, put back before this test's teardown arms it
+    try:
+        plugin._END_STACKS_FILE[:] = [out, time.monotonic() - 40]
+        plugin._arm_end_stacks()
+        assert len(armed) == 1 and 59 < armed[0] <= 60, armed          # the time left, not a fresh 100 s
+        os.write(out.fileno(), b"Thread 0x1 (most recent call first):\n")
+        plugin._arm_end_stacks()
+        assert len(armed) == 1, "armed again after it had fired"
+    finally:
+        plugin._END_STACKS_FILE[:] = held
+        out.close()
+
 # ------------------------------------------------------------------ what rope-harness check runs
 def test_check_runs_every_test_that_takes_the_implementation(tmp_path):
     # Selected by the checked things' markers, not by file: the prefill sizes and the regression

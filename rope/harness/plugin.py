@@ -710,16 +710,23 @@ def _arm_end_stacks() -> None:
     import faulthandler
     if _END_STACKS_FILE:
         # Armed at the last teardown: again at the session's end (pytest's faulthandler_timeout,
-        # where set, cancels the watchdog after each test).
-        faulthandler.dump_traceback_later(seconds, repeat=False, file=_END_STACKS_FILE[0])
+        # where set, cancels the watchdog after each test), for the time left, and not at all once
+        # it has fired.  The watchdog reads the other threads' frames without the GIL: safe on a
+        # process that is stuck, not on one still running Python (a second dump while the report
+        # is written, or while the exit handlers run, can crash the process).
+        out, armed_at = _END_STACKS_FILE
+        if os.fstat(out.fileno()).st_size > 0:
+            return
+        left = seconds - (time.monotonic() - armed_at)
+        faulthandler.dump_traceback_later(left if left > 0 else seconds, repeat=False, file=out)
         return
     path = os.path.join(run, f"end-stacks-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-{os.getpid()}.txt")
     try:
         out = open(path, "w")           # noqa: SIM115 - held open for the watchdog until the exit handlers
     except OSError:
         return
-    _END_STACKS_FILE.append(out)
     armed_at = time.monotonic()
+    _END_STACKS_FILE[:] = [out, armed_at]
     faulthandler.dump_traceback_later(seconds, repeat=False, file=out)
 
     def at_exit():
