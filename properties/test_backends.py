@@ -243,10 +243,10 @@ def test_missing_backend_names_its_package():
             assert "install it with" in str(exc) and name.split("-")[0].split("_")[0] in str(exc).lower()
 
 
-FLASHINFER_MAP = Path(__file__).parent.parent / "docs" / "runs" / "flashinfer-map-h200-2026-11-29.json"
+FLASHINFER_MAP = Path(__file__).parent / "data" / "flashinfer-map-h200-2026-11-29.json"
 
 
-@pytest.mark.skipif(not FLASHINFER_MAP.is_file(), reason="the H200 map is repository data (docs/runs/), not in an installed suite")
+@pytest.mark.skipif(not FLASHINFER_MAP.is_file(), reason="the H200 map is repository data (properties/data/), not in an installed suite")
 def test_flashinfer_predicates_match_the_h200_map():
     # The predicates the properties draw around (faults) and keep the bounded property off (wrong
     # values) against every shape measured on the H200 (tools/flashinfer_probe.py --map: 660 shapes,

@@ -57,7 +57,7 @@ def test_position_run_is_a_true_promise(spec, stride_extra):
 
 
 def test_position_run_declares_the_widest_true_run():
-    # Not only safe but useful: the measured shapes get their vector width (docs/perf-notes.md §6).
+    # Not only safe but useful: the measured shapes get their vector width (docs/launch-defaults.md, gather_3d).
     models = load_models()
     assert _position_run(models["qwen2.5-vl-72b"].spec, 128) == 8    # [16, 24, 24]
     assert _position_run(models["glm-4.1v-9b"].spec, 64) == 4        # [8, 12, 12]

@@ -164,8 +164,8 @@ def test_the_default_launch_guesses_positions_where_it_waits_for_the_kernel_befo
 def test_the_speculating_band_compiles_one_kernel_per_shape(data, kind, dtype):
     # Up to SPECULATE_MAX_TOKENS (with PDL) the launch is one tile, 1 token x 8 heads on 2 warps, at
     # every token and head count: a serving engine compiles one kernel per model for its decode and
-    # small batches, and a campaign one per drawn shape (docs/perf-notes.md §25: a third of the
-    # specializations the 1-token tiles and the head block narrowed to the heads cost).  Rejects a
+    # small batches, and a campaign one per drawn shape (docs/launch-defaults.md, the tile row: a
+    # third of the specializations the 1-token tiles and the head block narrowed to the heads cost).  Rejects a
     # launcher that narrows the head block, or picks another tile or warp count, by tokens or heads.
     if data is None:
         spec, launches = QWEN72, [(1, 64, 8), (2, 64, 8), (64, 8, 1), (1, 8, 1), (17, 3, 1)]

@@ -1,7 +1,7 @@
 """How many Triton compiles the rotation property's draws cost on a GPU, counted on any machine.
 
 A campaign on the H200 spends most of its time compiling new specializations of the rotation
-kernel (docs/perf-notes.md §10-§12, §23): every distinct set of constexprs, argument types,
+kernel (lab/perf-notes.md §10-§12, §23): every distinct set of constexprs, argument types,
 divisibility attributes and compile options (``num_warps``, ``launch_pdl``) is a compile.  This
 draws ``--examples`` cases per (dtype, kind, pairing) from the same strategy as
 ``test_rotation_matches_reference``, records the launch the GPU launcher would make for each (PDL

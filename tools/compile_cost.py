@@ -7,7 +7,7 @@ speculating band shares one tile, §25) and times each.  Two phases,
 each with --processes processes started together: first on an empty Triton cache (every process
 compiles every specialization, as the workers of a run did before rope/harness/compile_lock.py),
 then on the cache the first phase filled (loads).  One line per process: the median, mean and
-largest first launch, and their sum (docs/perf-notes.md §24).
+largest first launch, and their sum (lab/perf-notes.md §24).
 
     python3 tools/compile_cost.py [--processes 16]
 """

@@ -1,4 +1,4 @@
-"""The q/k eviction hint on and off, under both timers, per layout (notes: docs/perf-notes.md §22).
+"""The q/k eviction hint on and off, under both timers, per layout (notes: lab/perf-notes.md §22).
 
 ``evict_first`` on the q/k loads and stores lets the cos/sin rows keep their L2 lines while q/k
 stream through.  Whether it pays depends on what else is in L2: the project's timer rotates input

@@ -9,7 +9,7 @@
 # (c) runs the property tests against it:
 #   pytest -q -p no:cacheprovider --rope-impl flashinfer --rope-device cuda
 #          properties/test_rotation.py properties/test_backends.py
-# Expected with FlashInfer 0.7.4 (H200, docs/runs/flashinfer-suite-h200-2026-11-29.log): test_backends
+# Expected with FlashInfer 0.7.4 (H200, lab/runs/flashinfer-suite-h200-2026-11-29.log): test_backends
 # passes (faulting shapes drawn around, wrong ones pinned as strict xfails); test_rotation fails, on
 # the 0-token raise and the wrong-value shapes (README findings, note 4), writing their case files.
 # The build goes to $FLASHINFER_WORKSPACE_BASE (default /tmp/fi-ws)/.cache/flashinfer/0.7.4/90a/.

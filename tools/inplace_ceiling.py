@@ -6,7 +6,7 @@ moved in place: torch's ``mul_`` and a plain Triton in-place scale over a buffer
 Qwen2.5-VL-72B's q+k at 4096 and 65536 tokens, timed like the benchmark (input rotation,
 rope.harness.bench._timer) and, for comparison, with do_bench (L2 flushed by a memset before each call).
 Also the partial-rotary pattern (GLM-4.1V: the first 64 of each 128-channel head), the ceiling
-for a kernel that must skip the pass-through channels.  Notes: docs/perf-notes.md sections 5 and 6.
+for a kernel that must skip the pass-through channels.  Notes: lab/perf-notes.md sections 5 and 6.
 
     PYTHONPATH=. python3 tools/inplace_ceiling.py
 """

@@ -1,4 +1,4 @@
-"""Every layout against its memory limit, under both timers, in one run (notes: docs/perf-notes.md).
+"""Every layout against its memory limit, under both timers, in one run (notes: lab/perf-notes.md).
 
 For the layouts the kernel must serve (Qwen2.5-VL-72B chunked, Qwen3-VL-30B-A3B and Qwen3-VL-8B
 interleaved, HunyuanOCR XD-RoPE with 4 rows, GLM-4.1V-9B GPT-J partial) at each token count, it

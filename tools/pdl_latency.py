@@ -1,5 +1,5 @@
 """Decode-size latency with and without programmatic dependent launch (PDL), on a CUDA GPU of
-compute capability >= 9 (docs/perf-notes.md §7).
+compute capability >= 9 (lab/perf-notes.md §7).
 
 Each row is a chain of back-to-back launches of one kernel captured in a CUDA graph, timed like the
 benchmark (rope.harness.bench._timer): the per-launch time.  With PDL a launch may start while the one

@@ -1,9 +1,9 @@
-"""Block x split sweep of the Triton position kernel on a GPU (notes: docs/perf-notes.md §8).
+"""Block x split sweep of the Triton position kernel on a GPU (notes: lab/perf-notes.md §8).
 
 For each of the benchmark's ragged steps (rope.harness.bench.POSITION_SHAPES: 256 decode requests, 64
 chunks of 256 tokens, 16 chunks of 4096), every (block, programs-in-all target) is checked equal to
 native's output, then timed with the benchmark's timer (CUDA graphs up to 256 tokens, input
-rotation above), best of 2; ``target 0`` is one program per request (the kernel before docs/perf-notes.md §8); each
+rotation above), best of 2; ``target 0`` is one program per request (the kernel before lab/perf-notes.md §8); each
 with and without programmatic dependent launch (``--pdl``).
 
     PYTHONPATH=. python3 tools/sweep_positions.py [--device cuda]

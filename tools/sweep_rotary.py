@@ -1,4 +1,4 @@
-"""Variant and tile sweep of the Triton rotation kernel on a GPU (notes: docs/perf-notes.md).
+"""Variant and tile sweep of the Triton rotation kernel on a GPU (notes: lab/perf-notes.md).
 
 For each shape, every launch configuration (tile sizes, warps, q/k split, cos/sin gathered in
 the tile's 3-D layout or 2-D and broadcast ``gather_3d``) is checked bit-identical to the default
@@ -62,7 +62,7 @@ shapes = [("qwen2.5-vl-72b", (1, 16, 4096, 65536), LARGE), ("glm-4.1v-9b", (4096
           ("qwen3-vl-8b", (4096, 65536), LARGE)]
 if "--quick" in sys.argv:
     shapes = [("qwen2.5-vl-72b", (1, 4096), LARGE)]
-if "--evict" in sys.argv:       # q/k evict_first and the 1-D heads-fastest grid (docs/perf-notes.md §7)
+if "--evict" in sys.argv:       # q/k evict_first and the 1-D heads-fastest grid (lab/perf-notes.md §7)
     EVICT = [cfg(bt, 8, 4, True, None, ev, hf) for bt in (2, 4) for ev in (False, True) for hf in (False, True)]
     shapes = [("qwen2.5-vl-72b", (4096, 16384, 65536), EVICT), ("glm-4.1v-9b", (65536,), EVICT),
               ("qwen3-vl-8b", (65536,), EVICT)]

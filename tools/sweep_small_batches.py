@@ -1,5 +1,5 @@
 """Launch options of the rotation kernel where one wave holds the whole grid (1 and 256 tokens),
-on every layout, on a GPU (notes: docs/perf-notes.md).
+on every layout, on a GPU (notes: lab/perf-notes.md).
 
 At these sizes a call's time is the launch, the CTAs' ramp onto the SMs and one program's
 dependent chain (positions -> cache row -> rotate -> store), not bandwidth: the tile sizes tuned
@@ -36,7 +36,7 @@ LAYOUTS = {"qwen2.5-vl-72b": "chunked", "qwen3-vl-30b-a3b": "interleaved", "qwen
 
 
 def previous_defaults(spec, tokens: int, num_q: int, num_kv: int) -> dict:
-    """The launcher's defaults before the one-wave tiles (docs/perf-notes.md §18), as options."""
+    """The launcher's defaults before the one-wave tiles (lab/perf-notes.md §18), as options."""
     small = tokens < 128
     block_h = min(1 << max(0, (max(num_q, num_kv) - 1).bit_length()), 4 if small else 8)
     block_f = 1 << max(0, (spec.num_freqs - 1).bit_length())

@@ -30,7 +30,7 @@ from rope.spec import RopeSpec
 #          for the last head of the last token).  A write-write race: the H200 map measured it
 #          wrong for rotary_dim 8, 24, head-24 and head-8 and right (the copy landed last) between.
 # A vector load at an offset that is not a multiple of 16 bytes faults instead (flashinfer_fault).
-# Measured on an H200: docs/runs/flashinfer-map-h200-2026-11-29.json (tools/flashinfer_probe.py
+# Measured on an H200: properties/data/flashinfer-map-h200-2026-11-29.json (tools/flashinfer_probe.py
 # --map), pinned against these predicates by properties/test_backends.py.
 FLASHINFER_HEAD_KERNEL_SIZES = (64, 128, 256, 512)
 

@@ -13,8 +13,8 @@ graph), timed with device events, median of 7.  Each call so finds its inputs in
 a model, and is not charged for writing back a flush buffer: ``do_bench``'s L2 clearing (a 256 MB
 memset before every call) leaves the L2 full of dirty lines that the next timed call must write
 back; at 4096 tokens on the H200 that added 8% (Qwen2.5-VL-72B) to 65% (Qwen3-VL-8B) to the time
-(docs/perf-notes.md §6).  Every implementation's output is checked against the float64 reference
-(on a sample of tokens) before it is timed.
+(docs/bench.md, "What the numbers mean").  Every implementation's output is checked against the
+float64 reference (on a sample of tokens) before it is timed.
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ def _timer(device: str, target_ms: float = 50.0):
 def copy_bandwidth(device: str) -> float:
     """Device-to-device copy bandwidth in GB/s (bytes read + written), 1 GiB on GPUs, launched
     from Python: captured in a CUDA graph, the copy becomes a memcpy node that ran at 2.7 TB/s on
-    the H200 against 4.2 TB/s for the same copy launched as a kernel (docs/perf-notes.md §6)."""
+    the H200 against 4.2 TB/s for the same copy launched as a kernel (docs/bench.md, "What the numbers mean")."""
     n = (1 << 30) if device in ("cuda", "rocm") else (1 << 24)
     src = torch.empty(n, dtype=torch.uint8, device=torch_device(device))
     dst = torch.empty_like(src)

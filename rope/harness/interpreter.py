@@ -27,7 +27,7 @@ depends on the caller's stack (pytest, Hypothesis, the test), so the same launch
 depth and 3.3 s at another, a third of it system time (334,000 page faults), and the CPU suite
 spent about a third of its time in the kernel.  A grid started from a frame that reserves half a
 MiB of stack it never touches runs its programs in the rest of that frame's 1 MiB chunk: one
-mapping per launch (the CPU suite on 2 cores: 763 s -> 342 s; docs/perf-notes.md §19).  Upstream
+mapping per launch (the CPU suite on 2 cores: 763 s -> 342 s).  Upstream
 (python/cpython#142183) newer CPython releases keep one chunk cached per thread; 3.11 and 3.12
 unmap it every time.
 """

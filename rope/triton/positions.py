@@ -6,9 +6,9 @@ s, s + splits, s + 2 * splits, ... of BLOCK tokens of that range.
 
 Why splits: the step's lengths live on the device (the grid must be sized without a host sync),
 and one program per request walked a 4096-token prefill chunk in 16 dependent load -> store
-rounds on one SM (23 us for 16 such chunks on an H200, docs/perf-notes.md §8).  The host sizes
-the split from what it knows, the request count and the output's capacity; programs whose
-blocks start past their request's length exit after the request's scalars.
+rounds on one SM (23 us for 16 such chunks on an H200: docs/launch-defaults.md, TARGET_PROGRAMS).
+The host sizes the split from what it knows, the request count and the output's capacity;
+programs whose blocks start past their request's length exit after the request's scalars.
 """
 
 from __future__ import annotations

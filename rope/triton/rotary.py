@@ -30,18 +30,24 @@ if HAS_PDL:     # programmatic dependent launch: rope/triton/pdl.py
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_TILE = 1024            # tokens x heads x frequency pairs handled by one program at large batch sizes
 SMALL_BATCH_TOKENS = 128   # below this, split heads over more programs (decode latency)
-PDL_MAX_TOKENS = 64        # up to this, launch with programmatic dependent launch (docs/perf-notes.md §7: 127 tokens lost 3%)
-# Where one wave of programs holds the whole grid (docs/perf-notes.md §18, H200 sweeps at 1-4096 tokens):
+PDL_MAX_TOKENS = 64        # up to this, launch with programmatic dependent launch
+                           # (docs/launch-defaults.md, PDL_MAX_TOKENS: 127 tokens lost 3%)
+# Where one wave of programs holds the whole grid (H200 sweeps at 1-4096 tokens; docs/launch-defaults.md,
+# ONE_WAVE_TOKENS):
 ONE_WAVE_TOKENS = (SMALL_BATCH_TOKENS, 256)   # PDL again, with tiles that let two launches share the SMs
 FEW_TOKENS = 16            # up to this, interleaved sections (the per-lane cos/sin gather) take 2-head programs
 SMALL_GRID_PROGRAMS = 576  # below SMALL_BATCH_TOKENS, 8-head programs once 4-head ones would exceed this many
 ONE_WAVE_PROGRAMS = 1152   # in ONE_WAVE_TOKENS, 1-token x 8-head programs of 2 warps up to this many, else 4 x 8
 PER_LANE_WIDE_TOKENS = 192  # in ONE_WAVE_TOKENS, the per-lane gather: 2-token x 8-head programs below this
 PER_LANE_TILE_TOKENS = 4096  # above ONE_WAVE_TOKENS up to this, the per-lane gather: 4-token x 8-head programs
-EVICT_FIRST_TOKENS = (SMALL_BATCH_TOKENS, 16384)   # q/k evict_first between these (docs/perf-notes.md §7: 65536 gained nothing)
-EVICT_FIRST_MAX_BYTES = 512 << 20   # ... and while the rotated q/k bytes (read + written) are at most this (§22)
-KEY_HEAD_BLOCK_TOKENS = 16384  # above this, key programs take the key's head count (docs/perf-notes.md §17)
-SPECULATE_MAX_TOKENS = PDL_MAX_TOKENS  # with PDL up to this, guess the positions before the wait (§21)
+EVICT_FIRST_TOKENS = (SMALL_BATCH_TOKENS, 16384)   # q/k evict_first between these
+                                                   # (docs/launch-defaults.md, EVICT_FIRST_TOKENS: 65536 gained nothing)
+EVICT_FIRST_MAX_BYTES = 512 << 20   # ... and while the rotated q/k bytes (read + written) are at most this
+                                    # (docs/launch-defaults.md, EVICT_FIRST_MAX_BYTES)
+KEY_HEAD_BLOCK_TOKENS = 16384  # above this, key programs take the key's head count
+                               # (docs/launch-defaults.md, KEY_HEAD_BLOCK_TOKENS)
+SPECULATE_MAX_TOKENS = PDL_MAX_TOKENS  # with PDL up to this, guess the positions before the wait
+                                       # (docs/launch-defaults.md, SPECULATE_MAX_TOKENS)
 
 
 @triton.jit
@@ -163,10 +169,10 @@ def _load_tile_and_positions(x_rows, token_ok, heads, x_heads, head_size, freq, 
 
     By default the q/k loads, which depend on nothing, are written first, and the guesses are the
     positions; ptxas still issues the q/k loads after the position loads (pinning them first with a
-    barrier measured slower: docs/perf-notes.md §6).  EARLY_POSITIONS: the positions first, then the
-    PDL wait (and the next kernel's launch), then q/k.  SPECULATE: the guesses are read from
-    guess_ptr (the positions themselves, or a test's stand-in) before the wait, the positions again
-    after it, beside q/k (see _rotary_kernel)."""
+    barrier measured slower on an H200: Qwen2.5-VL-72B at 4096 tokens 48.2 us against 43.0).
+    EARLY_POSITIONS: the positions first, then the PDL wait (and the next kernel's launch), then
+    q/k.  SPECULATE: the guesses are read from guess_ptr (the positions themselves, or a test's
+    stand-in) before the wait, the positions again after it, beside q/k (see _rotary_kernel)."""
     if EARLY_POSITIONS or SPECULATE:
         guess_0, guess_1, guess_2, guess_3 = _load_positions(guess_ptr, pos_row_stride, token, num_tokens, NUM_DIMS)
         if PDL:
@@ -209,7 +215,7 @@ def _cos_sin_offsets(pos_0, pos_1, pos_2, pos_3, cache_row_stride, cache_rows, f
     # slower on an H200 (Qwen2.5-VL-72B, 4096 and 16384 tokens).  Rows and cache offsets are 32-bit
     # unless CACHE_I64 (set by the launcher when an offset could pass 2^31 - 1): a position's low 32
     # bits, then one max and one min, where 64 bits took two compare-and-select pairs and a wide
-    # multiply on the decode step's dependent chain, position -> cos/sin (docs/perf-notes.md §20).
+    # multiply on the decode step's dependent chain, position -> cos/sin (docs/launch-defaults.md, cache_offsets_64).
     # A position outside the int32 range wraps before the clamp: still a row of the cache.
     ROW: tl.constexpr = tl.int64 if CACHE_I64 else tl.int32
     row_0 = tl.minimum(tl.maximum(pos_0.to(ROW), 0), cache_rows - 1)
@@ -272,7 +278,7 @@ def _cos_sin_to_tile(cos, sin, GATHER_3D: tl.constexpr):
     if not GATHER_3D:
         # cos and sin joined into one [BLOCK_T, 1, BLOCK_F, 2] tensor: one layout conversion (one
         # barrier), and both loads issued before it (converted apart, sin's load waited for the
-        # barrier of cos's conversion: a third round trip; docs/perf-notes.md §13).
+        # barrier of cos's conversion: a third round trip; docs/launch-defaults.md, gather_3d).
         cos, sin = tl.split(tl.join(cos, sin)[:, None, :, :])
     return cos.to(tl.float32), sin.to(tl.float32)
 
@@ -441,7 +447,8 @@ def _position_run(spec: RopeSpec, cache_row_stride: int) -> int:
 def _default_tile(num_tokens: int, num_q: int, num_k: int, split_qk: bool, gather_3d: bool,
                   interleaved: bool, speculate: bool = False) -> tuple[int, int, int]:
     """(block_t, block_h, num_warps) of the default launch; block_t 0: as many tokens as fill MAX_TILE
-    pairs.  From the H200 sweeps (docs/perf-notes.md §4, §6, §18, §21); q and k always in separate programs.
+    pairs.  From the H200 sweeps (docs/launch-defaults.md: MAX_TILE, SMALL_BATCH_TOKENS, ONE_WAVE_TOKENS,
+    SPECULATE_MAX_TOKENS and the tile row); q and k always in separate programs.
 
     * Speculating (the positions guessed before the PDL wait, up to SPECULATE_MAX_TOKENS): 1 token
       x 8 heads on 2 warps at every token count, layout and head count (the launcher does not
@@ -449,7 +456,8 @@ def _default_tile(num_tokens: int, num_q: int, num_k: int, split_qk: bool, gathe
       band: 2-64 tokens 8-22% faster than the tiles below, and faster than 2-head programs for
       few heads (HunyuanOCR at TP 8, 16 tokens: 0.954 -> 0.874 us); at 1 token 0.015-0.06 us
       slower than the 4-warp programs before on the five layouts (Qwen2.5-VL-72B 0.785 -> 0.842, the
-      most), faster at Qwen2.5-VL-72B at TP 8 (0.842 -> 0.792): docs/perf-notes.md §25.
+      most), faster at Qwen2.5-VL-72B at TP 8 (0.842 -> 0.792): docs/launch-defaults.md, SPECULATE_MAX_TOKENS
+      and the tile row.
 
     * Below SMALL_BATCH_TOKENS, one token per program (more, shorter programs: latency): 4 heads;
       interleaved sections (the per-lane gather) 2 up to FEW_TOKENS (their lane-axis selects,
@@ -505,9 +513,9 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
     """Launch the kernel without validation (the caller has checked); returns (query, key).
 
     query/key must have unit stride in the last dim; they are rotated in place.  Tile sizes come
-    from the H200 sweeps in docs/perf-notes.md: few tokens -> small head blocks and more programs
-    (latency); many tokens -> tokens x heads x frequencies tiles of MAX_TILE pairs (bandwidth);
-    q and k in separate programs (``split_qk``) unless told otherwise.  ``pdl``: launch with
+    from the H200 sweeps in docs/launch-defaults.md (MAX_TILE, SMALL_BATCH_TOKENS): few tokens ->
+    small head blocks and more programs (latency); many tokens -> tokens x heads x frequencies tiles
+    of MAX_TILE pairs (bandwidth); q and k in separate programs (``split_qk``) unless told otherwise.  ``pdl``: launch with
     programmatic dependent launch (CUDA, compute capability >= 9, Triton with ``launch_pdl``); by
     default up to PDL_MAX_TOKENS, where the launch is most of the time, and in ONE_WAVE_TOKENS,
     whose tiles leave room on the SMs for the next launch's programs (``_default_tile``).  ``evict_first``: q/k loads
@@ -515,20 +523,22 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
     keep their L2 lines); by default in the EVICT_FIRST_TOKENS range while the rotated q/k bytes are at most
     EVICT_FIRST_MAX_BYTES.  ``heads_fastest``: a 1-D
     grid, head blocks of a token block in consecutive programs; by default from SMALL_BATCH_TOKENS
-    up.  From the H200 measurements in docs/perf-notes.md §7.  ``bf16_rounding``: ``"convert"``
+    up.  From the H200 measurements in docs/launch-defaults.md (PDL_MAX_TOKENS, EVICT_FIRST_TOKENS,
+    heads_fastest).  ``bf16_rounding``: ``"convert"``
     (the compiled default: the store's own round-to-nearest-even, 30% fewer instructions than the
-    bit arithmetic and 5-13% faster at 4096+ tokens on the H200, docs/perf-notes.md §13-§14) or
-    ``"by_hand"`` (bit arithmetic, the same bits; the default under the interpreter, whose convert
+    bit arithmetic and 5-13% faster at 4096+ tokens on the H200: docs/launch-defaults.md,
+    bf16_rounding) or ``"by_hand"`` (bit arithmetic, the same bits; the default under the interpreter, whose convert
     truncates).  ``block_hk``: the key programs' head block with ``split_qk`` (a power of two
     dividing ``block_h``; they then take ``block_h // block_hk`` times the tokens); by default the
     key's head count rounded up to a power of two above KEY_HEAD_BLOCK_TOKENS, else ``block_h`` (a
     key program of 2 valid heads in 8 pays the position -> cos/sin chain of 8: 3% of GLM-4.1V at
-    65536 tokens; at 256 tokens the longer key programs cost 10%: docs/perf-notes.md §17).
+    65536 tokens; at 256 tokens the longer key programs cost 10%: docs/launch-defaults.md,
+    KEY_HEAD_BLOCK_TOKENS).
     ``cache_offsets_64``: cache rows and offsets in 64-bit arithmetic; by default only where a 32-bit
     offset could overflow (``cache_offsets_need_64``), else 32-bit, which shortens a decode step's
-    position -> cos/sin chain (docs/perf-notes.md §20).  ``positions_before_wait``: with PDL, read the
-    positions before waiting for the previous kernel, the cache and q/k after it (one dependent
-    round trip after the wait instead of two); valid only when the kernel launched just before in
+    position -> cos/sin chain (docs/launch-defaults.md, cache_offsets_64).  ``positions_before_wait``:
+    with PDL, read the positions before waiting for the previous kernel, the cache and q/k after it
+    (one dependent round trip after the wait instead of two); valid only when the kernel launched just before in
     the stream does not write ``positions`` (in a serving engine the rotation follows the QKV
     projection, and the step's positions were written before the first layer).  Off by default: the
     public entry makes no such assumption (properties/test_pdl_order.py shows the hazard).
@@ -558,7 +568,8 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
     if gather_3d is None:
         # The 3-D gather pays off only as vector loads: runs of lanes (POS_RUN > 1) and a lane mask
         # Triton can prove constant over them, i.e. half = num_freqs specialized as a multiple of 16
-        # (else it issues one scalar load per lane and head lane: the slower variant of docs/perf-notes.md §6).
+        # (else it issues one scalar load per lane and head lane: the slower variant;
+        # docs/launch-defaults.md, gather_3d).
         gather_3d = pos_run > 1 and spec.num_freqs % 16 == 0
     if pdl is None:
         pdl = num_tokens <= PDL_MAX_TOKENS or ONE_WAVE_TOKENS[0] <= num_tokens <= ONE_WAVE_TOKENS[1]
@@ -583,7 +594,7 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
                          interleaved=spec.num_dims > 1 and spec.layout == "interleaved", speculate=speculating)
     if block_h is None:
         # Narrowed to the heads there are, except in the speculating band: one head block for
-        # every head count there (masked head lanes cost no memory traffic; docs/perf-notes.md §25).
+        # every head count there (masked head lanes cost no memory traffic; docs/launch-defaults.md, the tile row).
         block_h = tile[1] if speculating else min(max_heads, tile[1])
     if block_t is None:
         block_t = tile[0] if tile[0] else max(1, min(8, MAX_TILE // (block_f * block_h)))
