@@ -1,11 +1,10 @@
-"""The known Triton-kernel bugs, as mutants of our own kernels (properties/mutants/kernel.py), are
-caught on the CPU under the interpreter by the rotation property (test_rotation.py's check) plus
-the guard checker (properties/guards.py); the correct kernels raise no false alarm under guards.
-
-Each mutant is searched for in the variant cell of test_rotation.py's parametrization where its
-bug lives, derandomized and without shrinking (the time to the first failing example is recorded
-as ``time_to_failure_s``, the detectors that fired as ``detected_by``), and its known-bug trigger
-cases from known_cases.py are run as fixed cases.
+"""The guarded searches that ``rope-harness mutants`` runs as the dedicated stage of a kernel mutant
+(rope/harness/mutation/stages.py): each known Triton-kernel bug, as a mutant of our own kernels
+(properties/mutants/kernel.py), is searched for in the variant cell of test_rotation.py's
+parametrization where its bug lives (or on the position step's batches), derandomized and without
+shrinking, with the rotation property's check plus the guard checker (properties/guards.py).  The
+time to the first failing example is recorded as ``time_to_failure_s``, the detectors that fired as
+``detected_by``.  The project's other tests of the mutants are tests/suite/test_kernel_mutants.py.
 """
 
 from __future__ import annotations
@@ -13,26 +12,18 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
-from hypothesis import Phase, example, given, settings, strategies as st
+from hypothesis import Phase, given, settings
 
+from rope.devices import is_interpreter
 from properties.guards import (
     assert_matches_reference_guarded,
     assert_matches_reference_traced,
     assert_positions_match_guarded,
     trace_memory,
 )
-from properties.known_cases import KNOWN_BUG_CASES
-from properties.mutants.broken_rotations import TOKEN_HEAD_SWITCHES
-from rope.harness.comparison import assert_matches_reference
-from properties.mutants.kernel import (GPU_DEEP_MUTANTS, POSITIONS_MUTANTS, PREFILL_ONLY, ROTARY_MUTANTS, KernelMutant,
-                                       SubstitutionError)
-from properties.strategies import KINDS, RotationCase, ragged_batches, rotation_cases
-from properties.test_runner_positions import CHUNK_1, CHUNK_2, DECODE, assert_positions_match
-from rope.devices import is_interpreter
-from rope.registry import get_implementation, get_positions_implementation
-from rope.spec import RopeSpec
-import rope.triton.rotary as rotary_module
+from properties.mutants.kernel import POSITIONS_MUTANTS, ROTARY_MUTANTS
+from properties.strategies import RotationCase, ragged_batches, rotation_cases
+from properties.test_runner_positions import assert_positions_match
 
 pytestmark = [
     pytest.mark.interpreter,
@@ -124,22 +115,6 @@ def expect_failure(prop, record_property, calls=None) -> list[str]:
     return found
 
 
-# --------------------------------------------------------------------------- the mutants apply
-@pytest.mark.parametrize("name", list(ROTARY_MUTANTS) + list(POSITIONS_MUTANTS) + list(GPU_DEEP_MUTANTS))
-def test_kernel_mutant_applies_exactly_once(name):
-    mutant = {**ROTARY_MUTANTS, **POSITIONS_MUTANTS, **GPU_DEEP_MUTANTS}[name]
-    assert mutant.__doc__ and "(" in mutant.__doc__, f"{name}: docstring must name the bug and its reference"
-    assert mutant.source() != mutant.path.read_text()
-    assert mutant.module.__name__.endswith(f"__mutant_{name}")
-    assert callable(mutant.implementation)
-
-
-def test_substitution_that_no_longer_matches_raises():
-    stale = KernelMutant("stale", rotary_module, "rotate_triton", [("IS_NEOX=spec.is_neox_style ,", "x")], "stale")
-    with pytest.raises(SubstitutionError, match="matched 0 times"):
-        stale.source()
-
-
 # --------------------------------------------------------------------------- rotation mutants
 @pytest.mark.parametrize("name", list(ROTARY_CELLS))
 def test_rotation_property_catches_kernel_mutant(name, record_property):
@@ -157,70 +132,6 @@ def test_rotation_property_catches_kernel_mutant(name, record_property):
     found = expect_failure(rotation_matches_reference_under_guards, record_property, calls)
     assert set(must) & set(found), f"{name}: expected one of {must}, got {found}"
     assert not set(must_not) & set(found), f"{name}: {sorted(set(must_not) & set(found))} must not fire ({found})"
-
-
-@pytest.mark.parametrize("name", sorted(PREFILL_ONLY))
-def test_prefill_boundaries_catch_kernel_mutant(name, record_property, monkeypatch, tmp_path):
-    # A bug only a prefill-size batch shows: the boundary cases test_prefill.py runs on the CPU, in
-    # order, from the last one below the wrong path's start (the ones below it run the right path:
-    # under the interpreter they were 60% of this test's time), until one fails.
-    from properties.strategies import POWER_OF_TWO_BOUNDARIES
-    from properties.test_prefill import boundary_case, power_of_two_boundaries_run
-    monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))       # deliberate failures: keep reports/cases clean
-    mutant = ROTARY_MUTANTS[name]
-    start, found = time.perf_counter(), []
-    counts = power_of_two_boundaries_run("cpu")
-    first = max(i for i, tokens in enumerate(counts) if tokens < PREFILL_ONLY[name])
-    for tokens in counts[first:]:
-        try:
-            index = POWER_OF_TWO_BOUNDARIES.index(tokens)
-            assert_matches_reference(name, mutant, boundary_case(index, tokens, "cpu"), "cpu")
-        except AssertionError as exc:
-            found = [tokens, str(exc)]
-            break
-    record_property("time_to_failure_s", round(time.perf_counter() - start, 2))
-    assert found, f"{name}: no prefill boundary case fails"
-    assert found[0] in (4096, 4097) and "diagnosis: pairing_swapped" in found[1], found
-
-
-@pytest.mark.parametrize("name", sorted(TOKEN_HEAD_SWITCHES))
-def test_token_head_products_catch_rotation_mutant(name, monkeypatch, tmp_path):
-    # A bug on a path chosen by tokens x (query + key heads): test_prefill.py's product cases find
-    # it on the CPU, on exactly the layouts and pairings it breaks (partial-rotary NeoX), and, where
-    # the implementation declares the product, on the first token count at it, not the last under it.
-    from properties.test_prefill import declared_token_head_cases, token_head_case, token_head_variants
-    monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))       # deliberate failures: keep reports/cases clean
-    mutant, product = TOKEN_HEAD_SWITCHES[name]
-    caught, partial_neox = [], []
-    for kind in KINDS:
-        for index, (neox, partial) in enumerate(token_head_variants(kind, "cpu")):
-            if neox and partial:
-                partial_neox.append((kind, neox, partial))
-            case = token_head_case(kind, neox, partial, index, "cpu")
-            assert case.num_tokens * (case.num_q_heads + case.num_kv_heads) >= product
-            try:
-                assert_matches_reference(name, mutant, case, "cpu")
-            except AssertionError as exc:
-                assert "diagnosis:" in str(exc), str(exc)[:2000]
-                caught.append((kind, neox, partial))
-    assert caught == partial_neox and len(caught) >= 2, caught
-    # The declared-switch cases (test_declared_token_head_switches_match_reference's): each pairing
-    # and rotary width under the product passes, partial NeoX at it fails.
-    failed = []
-    for below, case in declared_token_head_cases((product,), "cpu"):
-        try:
-            assert_matches_reference(name, mutant, case, "cpu")
-        except AssertionError:
-            failed.append((below, case.spec.is_neox_style, case.spec.rotary_dim < case.spec.head_size))
-    assert failed == [(False, True, True)], failed
-
-
-@pytest.mark.parametrize("name,known", KNOWN_PAIRS, ids=[f"{m}-{k}" for m, k in KNOWN_PAIRS])
-def test_known_trigger_catches_kernel_mutant(name, known, record_property):
-    mutant, case = ROTARY_MUTANTS[name], KNOWN_BUG_CASES[known]
-    found = expect_failure(lambda: check_rotation(name, mutant, case), record_property)
-    _, _, must, must_not = ROTARY_CELLS[name]
-    assert set(must) & set(found) and not set(must_not) & set(found), found
 
 
 # --------------------------------------------------------------------------- positions mutant
@@ -253,82 +164,3 @@ def test_position_property_catches_kernel_mutant(name, record_property):
     calls = [0]
     found = expect_failure(prepared_positions_match_reference_under_guards, record_property, calls)
     assert "guard-write" in found or "traced-write" in found, found
-
-
-@pytest.mark.parametrize("batch", [CHUNK_1, CHUNK_2, DECODE], ids=["chunk1", "chunk2", "decode"])
-def test_known_steps_catch_positions_mutant(batch, record_property):
-    mutant = POSITIONS_MUTANTS["positions_store_unmasked"]
-    found = expect_failure(lambda: _positions_checks(mutant.name, mutant, batch), record_property)
-    assert "guard-write" in found, found
-
-
-# --------------------------------------------------------------------------- no false alarms
-TRITON = get_implementation("triton")
-NATIVE = get_implementation("native")
-
-# Positions at the last cache row on the last token, strided packed qkv, partial rotary, padding
-# lanes (rotary_dim/2 not a power of two), one-row caches, key absent.
-EDGE_CASES = {
-    "chunked3-gptj-partial-last-row": RotationCase(RopeSpec(128, 64, False, (8, 12, 12), "chunked", 1e4, 300),
-                                                   5, 3, 1, "bfloat16", "last_row", True, 11),
-    "interleaved-neox-padding-lanes-last-row": RotationCase(RopeSpec(80, 80, True, (10, 15, 15), "interleaved",
-                                                                     1e4, 64), 6, 2, 2, "float32", "last_row", False, 12),
-    "chunked4-neox-padding-lanes-packed": RotationCase(RopeSpec(96, 48, True, (6, 6, 6, 6), "chunked", 1e4, 7),
-                                                       4, 4, 2, "float16", "last_row", True, 13),
-    "1d-gptj-one-row-cache": RotationCase(RopeSpec(64, 64, False, None, "chunked", 1e4, 1), 3, 2, 0, "float32",
-                                          "last_row", True, 14),
-    "1d-neox-partial-last-row": RotationCase(RopeSpec(112, 56, True, None, "chunked", 1e6, 300), 4, 3, 3,
-                                             "bfloat16", "last_row", False, 15),
-}
-CORRECT_KNOWN = sorted({k for _, k in KNOWN_PAIRS})
-
-
-@pytest.mark.parametrize("name", list(EDGE_CASES))
-def test_correct_kernels_pass_under_guards(name):
-    case = EDGE_CASES[name]
-    check_rotation("triton", TRITON, case)
-    check_rotation("native", NATIVE, case)
-
-
-@pytest.mark.parametrize("known", CORRECT_KNOWN)
-def test_correct_kernel_passes_known_triggers_under_guards(known):
-    # The plain check of these cases is test_rotation.py's test_known_bug_triggers_match_reference;
-    # here: no guard violation on the very cases that catch the mutants.
-    assert_matches_reference_guarded("triton", TRITON, KNOWN_BUG_CASES[known], "cpu")
-
-
-@settings(max_examples=20, derandomize=True, database=None, deadline=None, print_blob=False)
-@given(case=st.tuples(st.sampled_from(["float32", "bfloat16"]), st.sampled_from(KINDS)).flatmap(
-    lambda dk: rotation_cases(dtype=dk[0], kind=dk[1], max_tokens=MAX_TOKENS, head_sizes=HEAD_SIZES,
-                              max_positions=MAX_POSITIONS)))
-@example(case=EDGE_CASES["interleaved-neox-padding-lanes-last-row"])
-def test_correct_kernel_passes_under_guards_on_generated_cases(case):
-    check_rotation("triton", TRITON, case)
-
-
-@settings(max_examples=30, derandomize=True, database=None, deadline=None, print_blob=False)
-@given(batch=ragged_batches())
-@example(batch=CHUNK_1)
-@example(batch=CHUNK_2)
-@example(batch=DECODE)
-def test_correct_positions_kernel_passes_under_guards(batch):
-    _positions_checks("triton", get_positions_implementation("triton"), batch)
-
-
-def test_guarded_cache_is_strided_and_accepted():
-    # rotate_triton passes cache.stride(0) to the kernel and check_rotation_inputs accepts any row
-    # stride: the guarded cache reaches the kernel as a view, not a contiguous copy.
-    from properties.guards import guard_rotation_inputs
-    case = EDGE_CASES["chunked3-gptj-partial-last-row"]
-    x = guard_rotation_inputs(case)
-    assert x.cache.stride(0) > case.spec.rotary_dim and x.positions.stride(0) > case.num_tokens
-    assert x.query.stride(0) > x.query.shape[1]
-    with trace_memory(x.guards) as tracer:
-        TRITON(case.spec, x.positions, x.query, x.key, x.cache)
-    assert tracer.launches == 1 and not tracer.messages()
-    # The kernel read the guarded allocations themselves (no contiguous copy was made).
-    assert tracer.touched.get("cos_sin_cache", 0) > 0 and tracer.touched.get("positions", 0) > 0
-    assert tracer.touched.get("qkv", 0) > 0
-    g = next(g for g in x.guards if g.name == "cos_sin_cache")
-    assert torch.isnan(g.buffer[0]).all() and torch.isnan(g.buffer[-1]).all()
-    assert torch.isnan(g.buffer[1:-2, case.spec.rotary_dim:]).all()

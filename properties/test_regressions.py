@@ -12,18 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from rope.harness.comparison import assert_matches_reference, skip_if_unsupported
 from rope.harness.case_files import load_case
-from rope.registry import get_implementation, get_recorded_implementation
+from rope.harness.comparison import assert_matches_reference, skip_if_unsupported
+from rope.registry import get_implementation
 
 CORPUS = Path(__file__).parent / "regressions"
 FILES = sorted(CORPUS.glob("*.json"))
-
-
-def test_corpus_is_not_empty_and_loads():
-    assert len(FILES) >= 10
-    for path in FILES:
-        load_case(path)         # a corrupt or newer-schema file is a ValueError naming it
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
@@ -32,18 +26,3 @@ def test_regression_case_matches_reference(impl_name, device, path, monkeypatch,
     impl = get_implementation(impl_name)
     skip_if_unsupported(impl_name, impl, case.spec, case.dtype, device)
     assert_matches_reference(impl_name, impl, case, device)
-
-
-@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
-def test_regression_case_still_catches_its_bug(device, path, monkeypatch, tmp_path):
-    # The corpus entry still exposes the implementation it was recorded against.
-    monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))
-    monkeypatch.setenv("ROPE_NO_REPORT", "1")
-    loaded = load_case(path)
-    # The corpus names registered implementations or the suite's own mutants; any other module
-    # path (a promoted case from elsewhere) is shown, never imported (pytest --rope-repro --rope-impl).
-    broken = get_recorded_implementation(loaded.implementation, source=f"case file {path}",
-                                         trusted=("properties.mutants",))
-    skip_if_unsupported(loaded.implementation, broken, loaded.case.spec, loaded.case.dtype, device)
-    with pytest.raises(AssertionError, match="does not match the reference"):
-        assert_matches_reference(loaded.implementation, broken, loaded.case, device)

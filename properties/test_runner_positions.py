@@ -1,4 +1,5 @@
-"""Position preparation (docs/spec.md §5): every implementation on every device against the reference."""
+"""Position preparation (docs/spec.md §5): every implementation on every device against the
+reference."""
 
 from __future__ import annotations
 
@@ -6,12 +7,11 @@ import pytest
 import torch
 from hypothesis import example, given
 
+from rope.devices import synchronize, torch_device
+from rope.harness.comparison import call_positions, check_positions, skip_unless_builtin
+from rope.registry import get_positions_implementation, positions_unsupported_reason
 import reference
 from properties.strategies import OUT_SENTINEL, RaggedBatch, affine_table, prefill_steps, ragged_batches
-from rope.devices import synchronize, torch_device
-from rope.registry import get_positions_implementation, positions_unsupported_reason
-from rope.harness import profiling, report
-from rope.harness.comparison import call_positions, check_positions, skip_unless_builtin
 
 # vllm#10388 / #10403: a 40-token prompt in chunks of 32 then 8, then decode with the full-prompt delta.
 _PROMPT = [0, 1, 2, 3] + [4] * 12 + [5 + i for i in range(24)]          # 40 tokens, max position 28
@@ -99,14 +99,6 @@ def test_unchecked_launches_match_reference(positions_impl_name, device, batch):
     assert_positions_match(f"{positions_impl_name}.unchecked", fn.unchecked, batch, device)
 
 
-def test_chunked_prefill_concatenates_to_prompt_then_decodes_with_delta():
-    first = reference.prepare_positions(**CHUNK_1.tensors())
-    second = reference.prepare_positions(**CHUNK_2.tensors())
-    prompt = torch.tensor(_PROMPT).expand(3, -1)
-    assert torch.equal(torch.cat([first, second], 1), prompt)
-    assert reference.prepare_positions(**DECODE.tensors()).tolist() == [[29]] * 3   # 40 + (28 + 1 - 40)
-
-
 def _good():
     return CHUNK_1.tensors()
 
@@ -125,13 +117,6 @@ ERRORS = {
                             prefill_delta=torch.tensor([2 ** 63 - 10], dtype=torch.int64)),
                        r"prefill_delta\[0\]=9223372036854775798: decode positions 9223372036854775838\.\.\d+ overflow int64"),
 }
-
-
-@pytest.mark.parametrize("error", list(ERRORS), ids=list(ERRORS))
-def test_reference_rejects_bad_position_input(error):
-    change, pattern = ERRORS[error]
-    with pytest.raises(ValueError, match=pattern):
-        reference.prepare_positions(**{**_good(), **change})
 
 
 @pytest.mark.parametrize("error", list(ERRORS) + ["out-too-short"], ids=list(ERRORS) + ["out-too-short"])
@@ -159,72 +144,3 @@ def test_strided_vector_inputs_are_read_by_value(positions_impl_name, device):
     call_positions(fn, args, out)
     expected = reference.prepare_positions(**CHUNK_2.tensors())
     assert torch.equal(out[:, :8].cpu(), expected) and torch.all(out[:, 8:].cpu() == OUT_SENTINEL)
-
-
-def test_outside_implementations_are_called_positionally(monkeypatch):
-    # docs/implementations.md: the step's arguments come positionally in the documented order, so an
-    # implementation may name its parameters as it likes (or take them positional-only).
-    seen = []
-
-    def own_names(table, delta, mapping, starts, lens, computed, dims, dst, /):
-        seen.append(dims)
-        get_positions_implementation("native")(table, delta, mapping, starts, lens, computed, dims, dst)
-    monkeypatch.setenv(report.DISABLE_ENV, "1")      # a stand-in of this test: not a finding of the run
-    assert_positions_match("own-names", own_names, CHUNK_2, "cpu")
-    assert seen == [3]
-
-
-def test_vllm_positions_adapter_is_optional():
-    # "vllm" (Model Runner V2's kernel, rope/backends/vllm_positions.py) is resolvable by name, never
-    # one of the built-ins that run by default; without vLLM the name is a ValueError with the install hint.
-    from rope.registry import positions_implementations
-    assert "vllm" not in positions_implementations()
-    try:
-        fn = get_positions_implementation("vllm")
-    except ValueError as exc:
-        assert "vllm" in str(exc) and "install it with" in str(exc), exc
-    else:
-        assert callable(fn) and callable(fn.supports)
-
-
-
-def test_position_checks_are_in_the_run_report(monkeypatch, tmp_path):
-    # A campaign counts the comparisons in the report: a position check that is not recorded
-    # is a check the campaign never reports (a positions campaign counted 0 examples; another
-    # counted the plain checks and not the guarded ones, half of its test time).
-    from properties.mutants.broken_positions import BROKEN_POSITIONS
-    monkeypatch.setenv(report.RUN_ENV, str(tmp_path))
-    monkeypatch.delenv(report.DISABLE_ENV, raising=False)
-    fn = get_positions_implementation("native")
-    broken = next(iter(BROKEN_POSITIONS.values()))
-    assert_positions_match("native", fn, LONG_3D, "cpu")
-    from properties.guards import assert_positions_match_guarded
-    assert_positions_match_guarded("native-guarded", fn, LONG_1D, "cpu")
-    failed = None
-    for batch in (LONG_1D, LONG_3D):
-        try:
-            assert_positions_match("broken", broken, batch, "cpu")
-        except AssertionError as exc:
-            failed = exc
-    assert failed is not None
-    records = [r for r in report.load_records(tmp_path) if r["kind"] == "comparison"]
-    assert records[0]["impl"] == "native" and records[0]["ok"] and records[0]["variant"] == "positions-3rows"
-    assert records[0]["tokens"] == LONG_3D.num_tokens and records[0]["dtype"] == "int64"
-    assert any(r["impl"] == "native-guarded" and r["ok"] and r["variant"] == "positions-1rows" for r in records)
-    assert any(r["impl"] == "broken" and not r["ok"] and r["problems"] for r in records)
-    assert report.summarize(records)["examples"] == len(records) >= 2
-
-
-def test_position_checks_are_profiled_by_phase():
-    # A positions campaign's profile had every second "outside the phases": the step's call, the
-    # reference and the comparison are timed as a rotation check's are.
-    before = profiling.snapshot()["counts"]
-    assert_positions_match("native", get_positions_implementation("native"), LONG_3D, "cpu")
-    after = profiling.snapshot()["counts"]
-    grew = {k: after.get(k, 0) - before.get(k, 0) for k in ("call", "jit", "reference", "compare", "record")}
-    assert grew["call"] + grew["jit"] == 1 and grew["reference"] == 1 and grew["compare"] == 1, grew
-    no_calls = profiling.combine([{"seconds": {"tests": 2.0, "session": 3.0, "record": 1.0},
-                                   "counts": {"record": 3}, "compiles": 0, "tests": {}}])
-    rows = profiling.markdown_rows(no_calls)
-    assert "| record write | 1.0 | 50.0% | - |" in rows
-    assert "| between tests (collection, fixtures, scheduling) | 1.0 | - | - |" in rows

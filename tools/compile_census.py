@@ -33,7 +33,7 @@ def specialization(kernel, args, kwargs) -> tuple:
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend
 
-    from properties.compile_offline import _signature
+    from tests.kernels.compile_offline import _signature
     signature, constexprs, options = _signature(kernel, args, kwargs)
     skip = {kernel.arg_names[i] if isinstance(i, int) else i for i in (kernel.do_not_specialize or ())}
     attributes = tuple((name, signature[name], "" if name in skip else
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     from hypothesis import HealthCheck, Phase, given, seed, settings, strategies as st
 
     import rope.triton.rotary as rotary
-    from properties.compile_offline import _record
+    from tests.kernels.compile_offline import _record
     from properties.strategies import DTYPES, KINDS, build_rotation_inputs, rotation_cases
 
     variants = [("default", {})] + [(json.dumps(o, sort_keys=True), o) for o in args.options]

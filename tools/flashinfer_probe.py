@@ -11,7 +11,7 @@ checked against the project's float64 reference (reference.rotate, rope.cache.co
    be wrong run in one fresh process per head size (a fault poisons the CUDA context; a process
    that dies re-runs its shapes one per process); predicted faults are sampled (small and large
    rotary_dims, bf16), one process each.  Prints the disagreements; the JSON is what
-   properties/test_backends.py pins the predicates to.  (It replaced ``--sweep``, which gave
+   tests/backends/test_backends.py pins the predicates to.  (It replaced ``--sweep``, which gave
    lab/runs/flashinfer-probe-h200-2026-11-29.log: head 128 and whole heads only.)
 
 On the GPU box, in flashinfer_gpu_check.sh's environment:

@@ -1,5 +1,5 @@
 """Deliberately broken implementations the property suite must reject.
 
 Each is a small, realistic mistake, written as a wrapper or a variant of our own code, so the
-suite's ability to fail is itself tested (properties/test_suite_can_fail.py).
+suite's ability to fail is itself tested (tests/suite/test_suite_can_fail.py).
 """

@@ -30,8 +30,8 @@ from rope.spec import RopeSpec
 #          for the last head of the last token).  A write-write race: the H200 map measured it
 #          wrong for rotary_dim 8, 24, head-24 and head-8 and right (the copy landed last) between.
 # A vector load at an offset that is not a multiple of 16 bytes faults instead (flashinfer_fault).
-# Measured on an H200: properties/data/flashinfer-map-h200-2026-11-29.json (tools/flashinfer_probe.py
-# --map), pinned against these predicates by properties/test_backends.py.
+# Measured on an H200: tests/backends/data/flashinfer-map-h200-2026-11-29.json (tools/flashinfer_probe.py
+# --map), pinned against these predicates by tests/backends/test_backends.py.
 FLASHINFER_HEAD_KERNEL_SIZES = (64, 128, 256, 512)
 
 
@@ -97,7 +97,7 @@ def sglang_triton_fault(spec: RopeSpec, dtype: torch.dtype, device: str) -> str 
     the padding lanes [rotary_dim/2, next_power_of_2(head_size)/2) (docs/upstream-sglang-mrope-padding-
     lanes.md); at the last cache rows those loads run past the cache allocation.  On an H200 the
     qwen35 trigger and the suite's interleaved draws ended in a CUDA illegal-address fault (the
-    interpreter's memory tracer pins the same reads on the CPU: properties/regressions/backends/
+    interpreter's memory tracer pins the same reads on the CPU: tests/backends/regressions/
     sglang-triton)."""
     if not str(device).startswith(("cuda", "rocm")) or spec.layout != "interleaved":
         return None
@@ -110,7 +110,7 @@ def sglang_triton_fault(spec: RopeSpec, dtype: torch.dtype, device: str) -> str 
 
 
 # Known defects: calls an adapter claims that the external code answers wrongly or raises on,
-# measured and pinned (properties/test_backends.py, properties/regressions/backends/).  The suite
+# measured and pinned (tests/backends/test_backends.py, tests/backends/regressions/).  The suite
 # checks them like any call (so a fix upstream shows); ``--rope-known-defects avoid`` draws around
 # them, for a long run that is to find what is not known yet.
 
@@ -164,7 +164,7 @@ def first_defect(*defects):
 # and 13.0 spill before they reload.  Measured on the H200:
 # 200 of 200 launches wrong with the bundled ptxas, 0 of 200 with TRITON_PTXAS_PATH at CUDA 13.0's,
 # the same launch with 8/8, 28/4 heads, 2 tokens or sections 16/24/24 right
-# (docs/upstream-triton-ptxas-spill-vllm-mrope.md; pinned in properties/regressions/backends/vllm-cuda/).
+# (docs/upstream-triton-ptxas-spill-vllm-mrope.md; pinned in tests/backends/regressions/vllm-cuda/).
 PTXAS_SPILL_HEADS = ((28, 28), (32, 28))
 PTXAS_SPILL_FIXED = (12, 9)
 
@@ -227,7 +227,7 @@ def vllm_triton_mrope_defect(spec: RopeSpec, num_tokens: int, dtype: torch.dtype
 # from ptxas 12.9.86 and 13.4.59, right from 13.4.59 with --regAllocOptLevel=2 (how Triton 3.9
 # compiles sm_90), and the same fault at 96/42 heads and at head 192 with 96/41 (compiled, not
 # run); 88-128 query heads with 41 key heads, 96 with 33-63 key heads, head 144/176/200/240, fp16
-# and bf16 compile without it.  Pinned in properties/regressions/backends/liger/.
+# and bf16 compile without it.  Pinned in tests/backends/regressions/liger/.
 LIGER_SPILL_SHAPES = ((96, 41, 160), (96, 42, 160), (96, 41, 192))   # (query heads, key heads, head size)
 LIGER_SPILL_FIXED = (13, 0)
 

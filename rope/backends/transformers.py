@@ -2,7 +2,7 @@
 
 Two halves.  The catalogue and runner (``FAMILIES``, ``text_config``, ``hf_rotate``, the head layouts)
 build a family's text config from a :class:`RopeSpec` (no weights, no hub) and run its rotary module
-and rotation function; ``properties/hf_oracle.py`` uses them as an oracle for the reference.
+and rotation function; ``tests/reference/hf_oracle.py`` uses them as an oracle for the reference.
 
 The adapter (``rotate_transformers``, registry name ``transformers``) is the same rotation path fed from
 the harness's cos|sin cache: per-row cos/sin are gathered from the cache, the family's rotary module

@@ -14,7 +14,7 @@ sees a language module not yet patched in the running grid (``tl.cdiv`` and the 
 ``triton.language.standard`` use ``triton.language.core``, where a kernel's module imports
 ``triton.language``: patched at the first such call, as Triton never undoes a helper's patch),
 and is otherwise the same call.  A helper then runs on the very builtins the grid patched, so
-every result is the same (properties/test_interpreter_speed.py compares the bits).  It changes
+every result is the same (tests/harness/test_interpreter_speed.py compares the bits).  It changes
 nothing unless Triton's helper call and grid executor are the code this was written against
 (Triton 3.9's): a version whose code differs keeps its own behaviour, only slower.
 

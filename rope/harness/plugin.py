@@ -42,6 +42,7 @@ import os
 import re
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -90,19 +91,44 @@ _MARKERS = (
 )
 
 
+def _own_test_dirs(config) -> tuple[Path, ...]:
+    """Directories of a project's own tests that run on the harness's machinery like the suite
+    (the ini option ``rope_harness_test_dirs``, relative to the ini file: this repository's tests/).
+    Empty unless a project sets it, so an installed plugin stays inert in everyone else's runs."""
+    dirs = getattr(config, "_rope_own_test_dirs", None)
+    if dirs is None:
+        base = Path(config.inipath).parent if config.inipath else Path(config.rootpath)
+        dirs = tuple((base / d).resolve() for d in config.getini("rope_harness_test_dirs"))
+        config._rope_own_test_dirs = dirs
+    return dirs
+
+
+def _in_own_tests(config, path) -> bool:
+    dirs = _own_test_dirs(config)
+    if not dirs or path is None:
+        return False
+    path = Path(path).resolve()
+    return any(path == d or d in path.parents for d in dirs)
+
+
 def is_active(config) -> bool:
     """Whether this pytest run is the harness's (cached on the config)."""
     active = getattr(config, "_rope_active", None)
     if active is None:
-        active = any(config.getoption(name) for name in _OPTIONS) or runs_suite(
-            [str(a) for a in config.args], bool(getattr(config.option, "pyargs", False)))
+        args = [str(a) for a in config.args]
+        active = (any(config.getoption(name) for name in _OPTIONS)
+                  or runs_suite(args, bool(getattr(config.option, "pyargs", False)))
+                  or any(_in_own_tests(config, a.split("::", 1)[0]) for a in args))
         config._rope_active = active
     return active
 
 
 def _rope_test(item_or_metafunc) -> bool:
+    """A test the harness parametrizes and marks: the suite's, or one of the project's own tests."""
     module = getattr(item_or_metafunc, "module", None)
-    return is_suite_module(getattr(module, "__name__", None))
+    if is_suite_module(getattr(module, "__name__", None)):
+        return True
+    return _in_own_tests(item_or_metafunc.config, getattr(module, "__file__", None))
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -115,6 +141,8 @@ def pytest_xdist_auto_num_workers(config):
 
 
 def pytest_addoption(parser):
+    parser.addini("rope_harness_test_dirs", type="linelist", default=[],
+                  help="a project's own test directories that run on the harness's machinery like its suite")
     group = parser.getgroup("rope", "rope-harness")
     group.addoption("--rope-impl", action="append", default=[], metavar="NAME",
                     help="rotation implementation (registered name or package.module:callable); repeatable")

@@ -100,7 +100,7 @@ def launch_prepare_positions(prefill_positions, prefill_delta, idx_mapping, quer
                              num_computed_tokens, num_dims, out, *, block: int = BLOCK,
                              splits: int | None = None, pdl: bool = True) -> None:
     """The launch alone (no checks: the benchmark's hot path).  ``block`` and ``splits`` change
-    which program writes which column, never what is written (properties/test_launch_options.py);
+    which program writes which column, never what is written (tests/kernels/test_launch_options.py);
     ``pdl``: programmatic dependent launch where available (rope/triton/pdl.py)."""
     num_reqs = idx_mapping.shape[0]
     if num_reqs == 0:

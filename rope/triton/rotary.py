@@ -330,7 +330,7 @@ def _rotary_kernel(
     # cos/sin again at the true ones.  Every value used is read after the wait (which returns only
     # once the previous grid's writes are visible to this one: the PTX ISA's griddepcontrol.wait),
     # and a guess is clamped like any position, so a wrong one costs a second round trip, never a
-    # wrong answer or a read outside the cache (properties/test_pdl_order.py stages the race).
+    # wrong answer or a read outside the cache (tests/kernels/test_pdl_order.py stages the race).
     # EARLY_POSITIONS (the caller vouches that the kernel launched just before does not write the
     # positions): the positions are read before the wait and trusted.
     # With either, the wait and the next kernel's launch after it are in the tile code below.
@@ -541,7 +541,7 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
     (one dependent round trip after the wait instead of two); valid only when the kernel launched just before in
     the stream does not write ``positions`` (in a serving engine the rotation follows the QKV
     projection, and the step's positions were written before the first layer).  Off by default: the
-    public entry makes no such assumption (properties/test_pdl_order.py shows the hazard).
+    public entry makes no such assumption (tests/kernels/test_pdl_order.py shows the hazard).
     ``speculate_positions``: guess the positions before the PDL wait, read them again after it beside
     q/k and the cos/sin rows at the guesses, and read cos/sin again only where a guess was wrong:
     the one round trip of ``positions_before_wait`` with no assumption about the previous kernel; by

@@ -6,8 +6,8 @@ capability 9 and later) and the q/k ``evict_first`` cache hint (measured on the 
 launch for an AMD or Intel GPU, or for Triton's interpreter, must not ask for them: the launcher
 reads what it may use from the :class:`Target` of the device it launches on, the way
 ``rope.dispatch`` chooses implementations per platform.  ``TARGETS`` names the targets the kernels
-are compiled for without a GPU (properties/compile_offline.py).  What each target gets is the launch
-table of docs/spec.md ("Launch options per target"); properties/test_launch_options.py pins it.
+are compiled for without a GPU (tests/kernels/compile_offline.py).  What each target gets is the launch
+table of docs/spec.md ("Launch options per target"); tests/kernels/test_launch_options.py pins it.
 """
 
 from __future__ import annotations

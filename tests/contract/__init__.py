@@ -1,0 +1,1 @@
+"""The contract layer: the spec, the cos/sin cache, the models catalogue."""

@@ -1,0 +1,1 @@
+"""The checking machinery: plugin, case files, diagnosis, reports, campaigns, bench, mutation runner."""

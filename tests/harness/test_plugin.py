@@ -1,0 +1,344 @@
+"""The installed plugin (rope.harness.plugin, the pytest11 entry point): it serves the suite from
+any directory, writes into the working directory's ./reports (or ROPE_REPORTS_DIR), and stays
+inert in pytest runs that are not the harness's: an environment with rope-harness installed runs
+other projects' tests exactly as before."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rope.harness.suite import is_suite_module, plugin_args, runs_suite, subprocess_env, suite_dir, suite_path
+
+_FOREIGN_TEST = '''
+import os, sys
+
+def test_untouched(device, request):
+    assert device == "theirs"                                    # their fixture, not our parametrization
+    assert "TRITON_INTERPRET" not in os.environ                  # no interpreter switch
+    assert not any(m.startswith("torch") for m in sys.modules)   # nothing heavy imported
+    assert not request.node.get_closest_marker("rope_gpu")
+'''
+_FOREIGN_CONFTEST = '''
+import pytest
+
+@pytest.fixture
+def device():
+    return "theirs"
+'''
+
+
+def _pytest_command(args: list[str], **env) -> tuple[list[str], dict]:
+    """A fresh pytest run's command line and environment: this run's own settings left out, the
+    plugin loaded as an installed environment loads it (in a bare checkout: named with -p)."""
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("TRITON_INTERPRET", "ROPE_REPORT_RUN", "ROPE_NO_REPORT", "ROPE_REPORTS_DIR",
+                          "ROPE_CASES_DIR", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT",
+                          "PYTEST_CURRENT_TEST", "PYTEST_ADDOPTS")}
+    return ([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *plugin_args(), *args],
+            subprocess_env({**clean, **env}))
+
+
+def _pytest(args: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:
+    command, environment = _pytest_command(args, **env)
+    return subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=600)
+
+
+def test_plugin_is_inert_in_another_projects_run(tmp_path):
+    (tmp_path / "test_theirs.py").write_text(_FOREIGN_TEST)
+    (tmp_path / "conftest.py").write_text(_FOREIGN_CONFTEST)
+    run = _pytest(["-q", "test_theirs.py"], tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "1 passed" in run.stdout
+    assert not (tmp_path / "reports").exists(), "a foreign run must not write a rope-harness report"
+    assert "rope-harness report" not in run.stdout
+
+
+
+_OWN_TEST = '''
+def test_own(device):
+    assert device == "cpu"
+'''
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["declared", "undeclared"])
+def test_a_projects_own_test_dir_runs_on_the_harness_only_where_declared(tmp_path, declared):
+    # pyproject's rope_harness_test_dirs (this repository's tests/): tests there get the suite's
+    # device parametrization when run alone; without the declaration the same file is another
+    # project's test, and the plugin leaves it alone (its `device` fixture does not exist).
+    (tmp_path / "mytests").mkdir()
+    (tmp_path / "mytests" / "test_mine.py").write_text(_OWN_TEST)
+    ini = "[pytest]\n" + ("rope_harness_test_dirs = mytests\n" if declared else "")
+    (tmp_path / "pytest.ini").write_text(ini)
+    run = _pytest(["-q", "mytests/test_mine.py", "--collect-only"], tmp_path)
+    out = run.stdout + run.stderr
+    if declared:
+        assert run.returncode == 0 and "test_own[cpu]" in out, out[-2000:]
+    else:
+        assert "test_own[" not in out, out[-2000:]
+
+
+def test_suite_runs_from_any_directory_and_reports_there(tmp_path):
+    run = _pytest(["-q", "--pyargs", "properties.test_rotation", "-k", "known_bug_triggers_match_reference and native-cpu-gptj-paired-neox-glm41v"], tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert (tmp_path / "reports" / "summary.md").is_file(), run.stdout
+    assert not (suite_dir().parent / "reports" / ".records" / "never").exists()
+    # The end of the run says how long it took: the report, and the time since the last test.
+    assert re.search(r"rope-harness report: .*summary\.md \(written in [0-9.]+ s, [0-9.]+ s after the last test\)",
+                     run.stdout), run.stdout[-1000:]
+
+
+def test_reports_dir_follows_the_environment(tmp_path):
+    target = tmp_path / "elsewhere"
+    run = _pytest(["-q", "--pyargs", "properties.test_rotation", "-k", "known_bug_triggers_match_reference and native-cpu-gptj-paired-neox-glm41v"], tmp_path,
+                  ROPE_REPORTS_DIR=str(target))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert (target / "summary.md").is_file() and not (tmp_path / "reports").exists()
+
+
+def test_suite_is_found_without_importing_it():
+    assert (suite_dir() / "test_rotation.py").is_file()
+    assert suite_path("regressions").is_dir()
+    assert is_suite_module("properties.test_rotation") and not is_suite_module("myproject.test_x")
+    assert not is_suite_module(None)
+
+
+@pytest.mark.parametrize("args, pyargs, expected", [
+    (["properties"], True, True),
+    (["properties.test_rotation::test_x"], True, True),
+    (["tests/test_mine.py"], False, False),
+    (["myproject"], True, False),
+])
+def test_runs_suite_recognises_the_suite(args, pyargs, expected):
+    assert runs_suite(args, pyargs) is expected
+
+
+def test_runs_suite_recognises_paths_into_the_suite(tmp_path):
+    assert runs_suite([str(suite_path("test_rotation.py")) + "::test_x"], False)
+    assert runs_suite([str(suite_dir())], False)
+    assert not runs_suite([str(tmp_path)], False)
+
+
+def _python(code: str, pythonpath: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = f"{pythonpath}{os.pathsep}{suite_dir().parent}"
+    return subprocess.run([sys.executable, "-c", code], cwd=pythonpath, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_a_foreign_package_named_like_ours_stops_the_harness(tmp_path):
+    # The refactoring library `rope` (or any `properties`) earlier on the path shadows ours: the
+    # harness stops at import with a message naming the package, instead of mixing the two.
+    (tmp_path / "properties").mkdir()
+    (tmp_path / "properties" / "__init__.py").write_text('"""Somebody else\'s properties."""\n')
+    run = _python("import rope.harness", tmp_path)
+    assert run.returncode != 0
+    assert "rope-harness cannot run here: 'properties' at" in run.stderr and "not to rope-harness" in run.stderr
+    assert "virtual environment of its own" in run.stderr
+    cli = _python("from rope.harness.cli import main; main(['devices'])", tmp_path)
+    assert cli.returncode != 0 and "rope-harness cannot run here" in cli.stderr
+
+
+def test_an_overwritten_init_stops_the_harness(tmp_path):
+    # A non-editable install of the other `rope` overwrites rope/__init__.py and leaves our
+    # subpackages beside it: the harness must notice that its package is not its own.
+    import shutil
+    shutil.copytree(suite_dir().parent / "rope", tmp_path / "rope", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "rope" / "__init__.py").write_text('"""rope, a python refactoring library"""\nVERSION = "1.13"\n')
+    run = _python("import rope.harness.plugin", tmp_path)
+    assert run.returncode != 0 and f"'rope' at {tmp_path / 'rope' / '__init__.py'} belongs to" in run.stderr
+
+
+def test_our_packages_carry_the_marker():
+    from rope.harness.ownership import foreign_packages
+    assert foreign_packages() == []
+
+
+def test_a_sticky_gpu_fault_skips_the_processes_later_gpu_tests(monkeypatch):
+    # One kernel's illegal address leaves the process's GPU context unusable; the later GPU tests of
+    # that worker are skipped naming the faulting test, CPU tests run on, ordinary errors change nothing.
+    from rope.harness import plugin
+    monkeypatch.setattr(plugin, "_LOST_CONTEXT", [])
+    fault = RuntimeError("CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be ...")
+    wrapped = AssertionError("liger on cuda does not match the reference")
+    wrapped.__cause__ = fault
+    assert plugin.sticky_device_error(wrapped) == "CUDA error: an illegal memory access was encountered"
+    assert plugin.sticky_device_error(ExceptionGroup("draws", [ValueError("x"), fault])) is not None
+    assert plugin.sticky_device_error(AssertionError("mismatch: an illegal memory access pattern")) is None
+
+    plugin.note_device_fault("test_a[cpu]", "cpu", fault)              # not a GPU test: nothing lost
+    plugin.note_device_fault("test_b[cuda:0]", "cuda:0", ValueError("wrong"))
+    assert plugin.lost_context_reason("cuda:0") is None
+    plugin.note_device_fault("test_c[cuda:0]", "cuda:0", wrapped)
+    plugin.note_device_fault("test_d[cuda:0]", "cuda:0", fault)         # the first fault is the one named
+    reason = plugin.lost_context_reason("cuda:1")
+    assert reason and "test_c[cuda:0] (CUDA error: an illegal memory access was encountered)" in reason
+    assert plugin.lost_context_reason("cpu") is None
+
+
+# ------------------------------------------------------------------ fail-fast runs
+def test_a_fail_fast_run_gives_every_search_a_first_pass(tmp_path):
+    # -x: each Hypothesis test twice, round0 (FIRST_PASS_EXAMPLES examples) for all before any
+    # round1 (the profile's); a full run keeps one copy per test.
+    args = ["--collect-only", "-q", "--pyargs", "properties.test_rotation", "--rope-impl", "native",
+            "--rope-device", "cpu", "-k", "test_rotation_matches_reference and fp32"]
+    quick = _pytest(["-x", *args], tmp_path).stdout.splitlines()
+    ids = [line for line in quick if "::" in line]
+    rounds = [int(line.split("[round")[1][0]) for line in ids]
+    assert len(ids) == 20 and rounds == sorted(rounds) == [0] * 10 + [1] * 10, ids
+    full = [line for line in _pytest(args, tmp_path).stdout.splitlines() if "::" in line]
+    assert len(full) == 10 and not any("round" in line for line in full)
+
+
+def test_a_fail_fast_run_caps_shrinking():
+    from hypothesis.internal.conjecture import engine
+
+    from rope.harness.plugin import FAIL_FAST_SHRINK_S, _cap_shrinking
+    before = engine.MAX_SHRINKING_SECONDS
+    try:
+        _cap_shrinking(FAIL_FAST_SHRINK_S)
+        assert engine.MAX_SHRINKING_SECONDS == min(before, FAIL_FAST_SHRINK_S)
+    finally:
+        engine.MAX_SHRINKING_SECONDS = before
+
+
+def test_a_stopped_run_skips_the_next_check(tmp_path, monkeypatch):
+    from rope.harness import comparison, plugin, stop
+    from rope.harness.inputs import RotationCase
+    from rope.native import rotate_native
+    from rope.spec import RopeSpec
+    case = RotationCase(RopeSpec(64, 64, True, None), 2, 1, 1, "float32")
+    monkeypatch.setenv(stop.STOP_FILE_ENV, str(tmp_path / "stop"))
+    assert comparison.evaluate_case("native", rotate_native, case, "cpu").comparison.ok     # not stopped
+    # The controller stops the workers at --maxfail failures, not before.
+    monkeypatch.setattr(plugin, "_STOP_AFTER", [2, 0])
+    failed = type("Report", (), {"failed": True, "when": "call"})()
+    plugin._note_failure_for_stop(failed)
+    assert not stop.stop_requested()
+    plugin._note_failure_for_stop(failed)
+    assert stop.stop_requested()
+    with pytest.raises(pytest.skip.Exception, match="stopped at another worker's failure"):
+        comparison.evaluate_case("native", rotate_native, case, "cpu")
+
+
+def test_a_fail_fast_run_ends_at_the_first_failure_not_the_other_workers_test():
+    # Two workers: one checks the GLM-4.1V trigger with an implementation that fails it in seconds,
+    # the other a 2,000-example interpreted search of the Triton kernel, minutes of work.  The stop
+    # must end that search at its next example: it is reported skipped for the other worker's
+    # failure.  No clock is read: without the stop the search runs to its end and passes, and the
+    # verdict says so (tools/first_failure.py measured that run ending 99.6 s later).
+    # The CPU under the interpreter on every machine: on a GPU box the trigger would also run on the
+    # GPU (a second failure) and the CPU search would not exist without the interpreter.
+    run = _pytest(["-x", "-n", "2", "-q", "-rfs", "--hypothesis-profile", "deep", "properties/test_rotation.py",
+                   "--rope-device", "cpu",
+                   "--rope-impl", "tools.first_failure:head_31_unrotated", "--rope-impl", "triton", "-k",
+                   "(test_known_bug_triggers_match_reference and head_31 and gptj-paired-neox-glm41v)"
+                   " or (test_rotation_matches_reference and round1 and triton-cpu-bf16-chunked3-neox)"],
+                  Path(__file__).resolve().parents[2], CI="true", ROPE_CASES_DIR="off", ROPE_NO_REPORT="1",
+                  TRITON_INTERPRET="1")
+    out = run.stdout + run.stderr
+    # pytest's closing line (plugins may warn after it, e.g. pytest-benchmark under xdist).
+    closing = [line for line in out.splitlines() if re.match(r"=*\s*\d+ (failed|passed|skipped|error)", line)][-1:]
+    closing = closing[0] if closing else ""
+    assert "FAILED properties/test_rotation.py::test_known_bug_triggers_match_reference" in out, out[-3000:]
+    # The search (round1: the fail-fast run's search after its first pass) was ended by the stop, or
+    # never started; run to its end it would pass.
+    assert "1 failed" in closing and "passed" not in closing, out[-3000:]
+    assert "skipped" not in closing or "the run stopped at another worker's failure" in out, out[-3000:]
+
+
+_STUCK_AT_EXIT = '''
+import threading
+
+def test_leaves_a_thread_the_exit_waits_for():
+    def stuck_at_exit():
+        threading.Event().wait()
+    threading.Thread(target=stuck_at_exit, daemon=False).start()
+'''
+
+_SLOW_END = '''
+import time
+import pytest
+
+@pytest.fixture(scope="session")
+def slow_to_finish():
+    yield
+    time.sleep(2.5)
+
+def test_fine(slow_to_finish):
+    pass
+'''
+
+
+def test_a_run_that_hangs_at_its_end_leaves_every_threads_stack(tmp_path):
+    # A deep run on a GPU printed [100%] and never exited: each process arms faulthandler's watchdog
+    # at its last teardown, and one still alive ROPE_END_STACKS_S later writes where it is.
+    import time
+    (tmp_path / "test_stuck.py").write_text(_STUCK_AT_EXIT)
+    # A run whose end is slow (a finalizer outlasting the watchdog: its stacks are written) but
+    # that exits, as an xdist worker done early and waiting for the controller does, leaves no file.
+    (tmp_path / "test_fine.py").write_text(_SLOW_END)
+    fine = _pytest(["-q", "-p", "no:xdist", "--rope-device", "cpu", "test_fine.py"], tmp_path, ROPE_END_STACKS_S="1")
+    assert fine.returncode == 0, fine.stdout + fine.stderr
+    assert not list((tmp_path / "reports" / ".records").glob("*/end-stacks-*")), "a run that exits leaves no file"
+    command, env = _pytest_command(["-q", "-p", "no:xdist", "--rope-device", "cpu", "test_stuck.py"],
+                                   ROPE_END_STACKS_S="2")
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        stacks = ""
+        while time.monotonic() < deadline and "stuck_at_exit" not in stacks:
+            time.sleep(0.5)
+            stacks = "".join(p.read_text() for p in (tmp_path / "reports" / ".records").glob("*/end-stacks-main-*.txt"))
+        assert proc.poll() is None, "the run was to hang at its exit"
+    finally:
+        proc.kill()
+        out = proc.communicate()[0]
+    assert "stuck_at_exit" in stacks and "Thread" in stacks, out + stacks
+
+
+
+def test_the_end_watchdog_fires_once_and_keeps_the_first_deadline(tmp_path, monkeypatch):
+    # Re-armed at the session's end for the time left since the last teardown, and not at all once
+    # it wrote its stacks: a dump while the process still runs Python (the report, the exit
+    # handlers) reads frames that are changing, which can crash the process.
+    import faulthandler
+    import time
+
+    from rope.harness import plugin
+    armed = []
+    monkeypatch.setattr(faulthandler, "dump_traceback_later", lambda s, repeat=False, file=None: armed.append(s))
+    monkeypatch.setenv("ROPE_END_STACKS_S", "100")
+    out = open(tmp_path / "end-stacks.txt", "w")        # noqa: SIM115 - the plugin holds it open
+    held = plugin._END_STACKS_FILE[:]         # this process's own, put back before this test's teardown arms it
+    try:
+        plugin._END_STACKS_FILE[:] = [out, time.monotonic() - 40]
+        plugin._arm_end_stacks()
+        assert len(armed) == 1 and 59 < armed[0] <= 60, armed          # the time left, not a fresh 100 s
+        os.write(out.fileno(), b"Thread 0x1 (most recent call first):\n")
+        plugin._arm_end_stacks()
+        assert len(armed) == 1, "armed again after it had fired"
+    finally:
+        plugin._END_STACKS_FILE[:] = held
+        out.close()
+
+# ------------------------------------------------------------------ what rope-harness check runs
+def test_check_runs_every_test_that_takes_the_implementation(tmp_path):
+    # Selected by the checked things' markers, not by file: the prefill sizes and the regression
+    # corpus are in; the harness's own tests (plugin, case files, ...) are out.
+    run = subprocess.run([sys.executable, "-m", "rope.harness.cli", "check", "--impl", "native", "--device", "cpu",
+                          "--workers", "0", "--", "--collect-only"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300, env=subprocess_env())
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    files = dict(re.findall(r"(\S+\.py): (\d+)", run.stdout))
+    names = {Path(f).name for f in files}
+    for wanted in ("test_rotation.py", "test_prefill.py", "test_regressions.py", "test_model_rotation.py",
+                   "test_runner_positions.py", "test_scheduler_positions.py", "test_dispatch.py", "test_bad_inputs.py"):
+        assert wanted in names, (wanted, sorted(names))
+    for unwanted in ("test_plugin.py", "test_case_files.py", "test_diagnosis.py", "test_mutation_runner.py"):
+        assert unwanted not in names, (unwanted, sorted(names))

@@ -1,0 +1,1 @@
+"""The float64 reference against independent rules and against transformers."""

@@ -1,0 +1,1 @@
+"""The shipped suite's own ability to fail on broken implementations."""

@@ -1,0 +1,119 @@
+"""The rotation property rejects every broken implementation in properties/mutants, with a
+shrunk counterexample: a harness that cannot fail catches nothing."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import Phase, given, settings, strategies as st
+
+from rope.harness.comparison import assert_matches_reference
+from properties.mutants.broken_rotations import BROKEN_ROTATIONS
+from properties.strategies import DTYPES, KINDS, rotation_cases
+
+
+# The bug each broken implementation has, as the diagnosis must name it in the shrunk failure.
+EXPECTED_DIAGNOSIS = {
+    "neox_for_gptj": "pairing_swapped",
+    "chunked_for_interleaved": "axis_map_wrong",
+    "key_unrotated": "key_only",
+    "touches_pass_through": "pass_through_touched",
+    "first_pow2_heads": "head_subset",
+    "assumes_contiguous": "row_stride_ignored",
+    "bf16_claiming_fp32": "precision_loss",
+    "hides_nonfinite": "nan",
+}
+
+
+@pytest.mark.parametrize("broken", list(BROKEN_ROTATIONS))
+def test_rotation_property_rejects_broken_implementation(broken, monkeypatch, tmp_path):
+    fn = BROKEN_ROTATIONS[broken]
+    monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))   # deliberate failures: keep reports/cases clean
+
+    # The same property test_rotation_matches_reference runs, over all variants at once.
+    @settings(max_examples=300, derandomize=True, database=None, deadline=None, print_blob=False)
+    @given(case=st.tuples(st.sampled_from(list(DTYPES)), st.sampled_from(KINDS)).flatmap(
+        lambda dk: rotation_cases(dtype=dk[0], kind=dk[1], nonfinite=True)))
+    def rotation_matches_reference(case):
+        assert_matches_reference(broken, fn, case, "cpu")
+
+    with pytest.raises(AssertionError, match="does not match the reference") as failure:
+        rotation_matches_reference()
+    # Rejected for its own bug: the shrunk counterexample is diagnosed as that bug.
+    assert f"diagnosis: {EXPECTED_DIAGNOSIS[broken]}" in str(failure.value), str(failure.value)[:2000]
+
+
+# ------------------------------------------------------------------ position preparation
+from properties.mutants.broken_positions import BROKEN_POSITIONS, correct_loop  # noqa: E402
+from properties.strategies import ragged_batches  # noqa: E402
+from properties.test_runner_positions import assert_positions_match  # noqa: E402
+
+# delta_per_chunk corrupts the stored delta for later steps; one step cannot see it (the
+# scheduler state machine in test_scheduler_positions.py does).
+SINGLE_STEP_VISIBLE = [b for b in BROKEN_POSITIONS if b != "delta_per_chunk"]
+
+
+@pytest.mark.parametrize("broken", SINGLE_STEP_VISIBLE)
+def test_position_property_rejects_broken_implementation(broken):
+    fn = BROKEN_POSITIONS[broken]
+
+    @settings(max_examples=300, derandomize=True, database=None, deadline=None, print_blob=False)
+    @given(batch=ragged_batches())
+    def prepared_positions_match_reference(batch):
+        assert_positions_match(broken, fn, batch, "cpu")
+
+    with pytest.raises(AssertionError, match=f"{broken} on cpu"):
+        prepared_positions_match_reference()
+
+
+@settings(max_examples=50, deadline=None)
+@given(batch=ragged_batches())
+def test_mutant_loop_without_bug_is_correct(batch):
+    assert_positions_match("correct_loop", correct_loop, batch, "cpu")
+
+
+@pytest.mark.parametrize("broken", list(BROKEN_POSITIONS))
+def test_scheduler_machine_rejects_broken_positions(broken):
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from properties.test_scheduler_positions import make_machine
+    machine = make_machine(f"properties.mutants.broken_positions:{broken}", "cpu", "qwen2_5_vl")
+    with pytest.raises(AssertionError):
+        # Found is enough: shrinking a 25-step run (most of this test's time) proves nothing more.
+        run_state_machine_as_test(machine, settings=settings(max_examples=200, stateful_step_count=25,
+                                                             derandomize=True, database=None, deadline=None,
+                                                             print_blob=False,
+                                                             phases=[Phase.explicit, Phase.generate]))
+
+
+def test_rotation_check_rejects_an_implementation_that_writes_the_cache(monkeypatch, tmp_path):
+    from properties.known_cases import KNOWN_BUG_CASES
+    from rope.native import rotate_native
+    monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))
+
+    def scribbles_on_cache(spec, positions, query, key, cache):
+        out = rotate_native(spec, positions, query, key, cache)
+        cache[-1].zero_()           # e.g. a kernel that "refreshes" rows in place
+        return out
+    scribbles_on_cache.working_precision = "activation"
+    with pytest.raises(AssertionError, match="cos_sin_cache was modified"):
+        assert_matches_reference("scribbles", scribbles_on_cache, KNOWN_BUG_CASES["single-token-no-key"], "cpu")
+
+
+def test_spec_without_section_sum_rule_is_caught(monkeypatch):
+    # docs/spec.md §7.8 as a mutant of our spec: the section-sum rule dropped (vLLM's XDRotaryEmbedding
+    # never checked it; a wrong sum gave a shape error or a silent mismatch).  The bad-spec
+    # table must then fail on its XD-RoPE row.
+    from tests.contract.test_spec import BAD_SPECS, test_bad_spec_raises_value_error_naming_field
+    from rope.spec import RopeSpec
+    original = RopeSpec._validate
+
+    def without_sum_rule(self):
+        try:
+            original(self)
+        except ValueError as exc:
+            if "must sum to rotary_dim/2" not in str(exc):
+                raise
+    monkeypatch.setattr(RopeSpec, "_validate", without_sum_rule)
+    kwargs, pattern = next(row for row in BAD_SPECS if row[0].get("sections") == (16, 16, 16, 15))
+    with pytest.raises(pytest.fail.Exception, match="DID NOT RAISE"):
+        test_bad_spec_raises_value_error_naming_field(kwargs, pattern)
