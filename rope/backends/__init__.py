@@ -23,17 +23,22 @@ from rope.devices import configure_triton, triton_runs_on
 
 configure_triton()   # before any adapter imports an external package's @triton.jit kernels
 
+# Where the engines' CPU setup is documented (the scripts live in the repository, not in the wheel).
+_ENGINES_DOC = "see docs/implementations.md, \"Serving engines' own code as implementations\""
+
 # name -> (import path, distribution, how to get it): the registry's optional entries.
 BACKENDS: dict[str, tuple[str, str, str]] = {
     "liger": ("rope.backends.liger:rotate_liger", "liger-kernel", "pip install '.[backends]'"),
     "transformers": ("rope.backends.transformers:rotate_transformers", "transformers", "pip install '.[oracle]'"),
     "vllm-native": ("rope.backends.vllm:rotate_vllm_native", "vllm",
-                    "tools/vllm_cpu_env.sh (CPU) or pip install vllm (CUDA)"),
+                    "pip install vllm (CUDA); on a CPU box scripts/vllm_cpu_env.sh: " + _ENGINES_DOC),
     "vllm-cuda": ("rope.backends.vllm:rotate_vllm_cuda", "vllm", "pip install vllm (CUDA build)"),
-    "vllm-xd": ("rope.backends.vllm:rotate_vllm_xd", "vllm", "tools/vllm_cpu_env.sh (CPU) or pip install vllm"),
-    "sglang": ("rope.backends.sglang:rotate_sglang", "sglang", "tools/sglang_cpu_site.sh or pip install sglang"),
+    "vllm-xd": ("rope.backends.vllm:rotate_vllm_xd", "vllm",
+                "pip install vllm; on a CPU box scripts/vllm_cpu_env.sh: " + _ENGINES_DOC),
+    "sglang": ("rope.backends.sglang:rotate_sglang", "sglang",
+               "pip install sglang; on a CPU box scripts/sglang_cpu_site.sh: " + _ENGINES_DOC),
     "sglang-triton": ("rope.backends.sglang:rotate_sglang_triton", "sglang",
-                      "tools/sglang_cpu_site.sh or pip install sglang"),
+                      "pip install sglang; on a CPU box scripts/sglang_cpu_site.sh: " + _ENGINES_DOC),
     "flashinfer": ("rope.backends.flashinfer:rotate_flashinfer", "flashinfer-python",
                    "pip install flashinfer-python (GPU only)"),
 }

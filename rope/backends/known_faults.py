@@ -30,7 +30,7 @@ from rope.spec import RopeSpec
 #          for the last head of the last token).  A write-write race: the H200 map measured it
 #          wrong for rotary_dim 8, 24, head-24 and head-8 and right (the copy landed last) between.
 # A vector load at an offset that is not a multiple of 16 bytes faults instead (flashinfer_fault).
-# Measured on an H200: tests/backends/data/flashinfer-map-h200-2026-11-29.json (tools/flashinfer_probe.py
+# Measured on an H200: tests/backends/data/flashinfer-map-h200-2026-11-29.json (lab/bench/flashinfer_probe.py
 # --map), pinned against these predicates by tests/backends/test_backends.py.
 FLASHINFER_HEAD_KERNEL_SIZES = (64, 128, 256, 512)
 
@@ -41,13 +41,13 @@ def flashinfer_vec_size(head_size: int) -> int:
 
 
 def flashinfer_fault(spec: RopeSpec, dtype: torch.dtype, device: str) -> str | None:
-    """FlashInfer 0.7.4 ``apply_rope_with_cos_sin_cache`` on an H200 (tools/flashinfer_probe.py
+    """FlashInfer 0.7.4 ``apply_rope_with_cos_sin_cache`` on an H200 (lab/bench/flashinfer_probe.py
     --map): a CUDA misaligned-address fault unless rotary_dim is a multiple of 16 (NeoX: the partner
     vector at rotary_dim/2 must start on 16 bytes) or 8 (GPT-J: the sin half of the float32 cache row)."""
     if spec.rotary_dim % (16 if spec.is_neox_style else 8):
         return (f"CUDA misaligned-address fault when rotary_dim is not a multiple of "
                 f"{16 if spec.is_neox_style else 8} ({'NeoX' if spec.is_neox_style else 'GPT-J'}; rotary_dim "
-                f"{spec.rotary_dim}); reproduce with tools/flashinfer_probe.py")
+                f"{spec.rotary_dim}); reproduce with python -m lab.bench.flashinfer_probe in the repository")
     return None
 
 
@@ -71,7 +71,7 @@ def flashinfer_wrong(spec: RopeSpec) -> str | None:
 
 def flashinfer_expected(spec: RopeSpec) -> str:
     """What a call on ``spec`` is expected to do: "fault", "wrong" (NeoX straddle), "race" (wrong or
-    right by timing) or "ok" (the classes of the H200 map and of tools/flashinfer_probe.py --map)."""
+    right by timing) or "ok" (the classes of the H200 map and of lab/bench/flashinfer_probe.py --map)."""
     if flashinfer_fault(spec, torch.bfloat16, "cuda"):
         return "fault"
     why = flashinfer_wrong(spec)

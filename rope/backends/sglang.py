@@ -30,7 +30,8 @@ from rope.spec import RopeSpec, check_rotation_inputs
 if not torch.cuda.is_available():
     os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 _mrope = require("sglang.srt.layers.rotary_embedding.mrope", distribution="sglang",
-                 install="tools/sglang_cpu_site.sh (CPU, PYTHONPATH=/tmp/sglang-site) or pip install sglang")
+                 install="pip install sglang; on a CPU box scripts/sglang_cpu_site.sh (PYTHONPATH=SITE): see "
+                         "docs/implementations.md, \"Serving engines' own code as implementations\"")
 
 
 @functools.lru_cache(maxsize=32)

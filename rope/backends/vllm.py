@@ -30,7 +30,8 @@ from rope.spec import RopeSpec, check_rotation_inputs
 # "distributed environment" rule); on a GPU-less host that is a true statement, so say it.
 if not torch.cuda.is_available():
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-_INSTALL = "tools/vllm_cpu_env.sh (CPU, its own venv) or pip install vllm (CUDA)"
+_INSTALL = ("pip install vllm (CUDA); on a CPU box scripts/vllm_cpu_env.sh (its own venv): see "
+            "docs/implementations.md, \"Serving engines' own code as implementations\"")
 _rotary = require("vllm.model_executor.layers.rotary_embedding", distribution="vllm", install=_INSTALL)
 _mrope = require("vllm.model_executor.layers.rotary_embedding.mrope", distribution="vllm", install=_INSTALL)
 _config = require("vllm.config", distribution="vllm", install=_INSTALL)

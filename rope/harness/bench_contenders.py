@@ -135,7 +135,7 @@ def _engine(name: str, module: str, *, bind_kwargs: dict | None = None, label: s
 
 def _vllm_reason(reason):
     """vLLM's CUDA path for 1-D positions is its compiled ``rotary_embedding`` op (``vllm._C``); where
-    that is not importable (a trimmed carry: tools/vllm_carry.sh) forward_cuda falls back to torch
+    that is not importable (a trimmed carry: lab/offline/vllm_carry.sh) forward_cuda falls back to torch
     ops, which is not what vLLM runs, so 1-D is not raced there."""
     import importlib.util
     compiled = importlib.util.find_spec("vllm._C") is not None

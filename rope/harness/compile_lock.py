@@ -7,7 +7,7 @@ the same strategies, so they meet the same new specializations at the same time 
 the simplest case of every test first, in every process; after that, the likely shapes).  On an
 H200 box, 16 processes compiling the same 48 specializations at once took 0.20-0.24 s per compile
 each, where loading one that is already in the cache took 2-3 ms (both measured by
-tools/compile_cost.py).
+lab/bench/compile_cost.py).
 
 :func:`install` wraps ``triton.compile`` (the name Triton's launcher calls for every
 specialization a process has not launched yet).  The first process to need a specialization takes

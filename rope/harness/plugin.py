@@ -55,7 +55,7 @@ settings.register_profile("dev", max_examples=20, deadline=None, suppress_health
 settings.register_profile("ci", derandomize=True, deadline=None, database=None, print_blob=True,
                           max_examples=20, suppress_health_check=_SLOW_OK)
 settings.register_profile("deep", max_examples=2000, deadline=None, print_blob=True, suppress_health_check=_SLOW_OK)
-# The @example cases only, no search: fixed launches, e.g. for tools/sanitize_kernels.py under memcheck.
+# The @example cases only, no search: fixed launches, e.g. for lab/bench/sanitize_kernels.py under memcheck.
 settings.register_profile("explicit", phases=[Phase.explicit], deadline=None, database=None,
                           suppress_health_check=_SLOW_OK)
 if os.environ.get("ROPE_CAMPAIGN"):

@@ -249,7 +249,7 @@ FLASHINFER_MAP = Path(__file__).parent / "data" / "flashinfer-map-h200-2026-11-2
 @pytest.mark.skipif(not FLASHINFER_MAP.is_file(), reason="the H200 map is repository data (tests/backends/data/), not in an installed suite")
 def test_flashinfer_predicates_match_the_h200_map():
     # The predicates the properties draw around (faults) and keep the bounded property off (wrong
-    # values) against every shape measured on the H200 (tools/flashinfer_probe.py --map: 660 shapes,
+    # values) against every shape measured on the H200 (lab/bench/flashinfer_probe.py --map: 660 shapes,
     # every head size the properties draw, every even rotary_dim, bf16 and fp16).  A predicate that
     # grew would hide working shapes; one that shrank would crash the worker or fail the property.
     import json

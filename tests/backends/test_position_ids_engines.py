@@ -12,7 +12,7 @@ from reference.position_ids import Image, Prompt, Text, prompt_positions
 try:
     from rope.harness.position_ids import PromptBatch
     from rope.harness.position_ids import sglang
-except ImportError as exc:   # no SGLang here: tools/sglang_cpu_site.sh
+except ImportError as exc:   # no SGLang here: scripts/sglang_cpu_site.sh
     sglang, REASON = None, str(exc)
 else:
     REASON = ""

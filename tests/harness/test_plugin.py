@@ -231,7 +231,7 @@ def test_a_fail_fast_run_ends_at_the_first_failure_not_the_other_workers_test():
     # the other a 2,000-example interpreted search of the Triton kernel, minutes of work.  The stop
     # must end that search at its next example: it is reported skipped for the other worker's
     # failure.  No clock is read: without the stop the search runs to its end and passes, and the
-    # verdict says so (tools/first_failure.py measured that run ending 99.6 s later).
+    # verdict says so (lab/bench/first_failure.py measured that run ending 99.6 s later).
     # The CPU under the interpreter on every machine: on a GPU box the trigger would also run on the
     # GPU (a second failure) and the CPU search would not exist without the interpreter.
     run = _pytest(["-x", "-n", "2", "-q", "-rfs", "--hypothesis-profile", "deep", "properties/test_rotation.py",

@@ -46,7 +46,8 @@ from rope.harness.position_ids.vocabulary import PAD_TOKEN_ID, TEXT_TOKEN_ID, TI
 if not torch.cuda.is_available():
     os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 _mrope = require("sglang.srt.layers.rotary_embedding.mrope", distribution="sglang",
-                 install="tools/sglang_cpu_site.sh (CPU, PYTHONPATH=/tmp/sglang-site) or pip install sglang")
+                 install="pip install sglang; on a CPU box scripts/sglang_cpu_site.sh (PYTHONPATH=SITE): see "
+                         "docs/implementations.md, \"Serving engines' own code as implementations\"")
 MRotaryEmbedding = _mrope.MRotaryEmbedding
 try:
     SGLANG_VERSION = importlib.metadata.version("sglang")

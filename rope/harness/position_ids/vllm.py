@@ -56,7 +56,8 @@ from rope.harness.position_ids.vocabulary import hunyuan_config_kwargs, token_id
 # Same rule as rope/backends/vllm.py: on a GPU-less host say so before vLLM is imported.
 if not torch.cuda.is_available():
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-_INSTALL = "tools/vllm_cpu_env.sh (CPU, its own venv) or pip install vllm"
+_INSTALL = ("pip install vllm; on a CPU box scripts/vllm_cpu_env.sh (its own venv): see "
+            "docs/implementations.md, \"Serving engines' own code as implementations\"")
 vllm = require("vllm", distribution="vllm", install=_INSTALL)
 _inputs = require("vllm.multimodal.inputs", distribution="vllm", install=_INSTALL)
 for _module in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4_1v", "transformers"):
