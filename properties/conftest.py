@@ -5,31 +5,16 @@ self-tests kept out of the run report."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import settings
 
-from rope.harness import report
-from rope.harness.plugin import default_profile
+from rope.harness.plugin import kept_out_of_the_report, load_default_profile
 
 # Modules whose tests run deliberately broken implementations (the suite checking itself): their
 # mismatches are the point, so they stay out of the run report, which is about the code under test.
-SELF_TEST_MODULES = {"test_repro.py", "test_mutants.py"}
+_self_tests_stay_out_of_the_report = kept_out_of_the_report({"test_repro.py", "test_mutants.py"})
 
 
 def pytest_configure(config):
-    # Before the test modules are imported, so their @settings inherit the profile's values.
-    if not config.getoption("hypothesis_profile", None):
-        settings.load_profile(default_profile())
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _self_tests_stay_out_of_the_report(request):
-    # Module scope: before the modules' own module-scoped fixtures, which run broken code too.
-    if request.node.path.name not in SELF_TEST_MODULES:
-        yield
-        return
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(report.DISABLE_ENV, "1")
-        yield
+    load_default_profile(config)
 
 
 # Fixed cases run before the Hypothesis searches (a stable sort, the same in every xdist worker):

@@ -71,6 +71,31 @@ def default_profile() -> str:
     return "ci" if os.environ.get("CI") else "dev"
 
 
+def load_default_profile(config) -> None:
+    """Load :func:`default_profile` unless the run names one: a test directory's conftest calls it
+    from ``pytest_configure``, before the test modules are imported, so that their @settings inherit
+    the profile's values."""
+    if not config.getoption("hypothesis_profile", None):
+        settings.load_profile(default_profile())
+
+
+def kept_out_of_the_report(module_names: set[str]):
+    """An autouse, module-scoped fixture for a conftest: the tests of the modules named (file names)
+    run deliberately broken implementations, so their mismatches stay out of the run report, which
+    is about the code under test.  Module scope: before the modules' own module-scoped fixtures,
+    which run broken code too."""
+    @pytest.fixture(autouse=True, scope="module")
+    def _kept_out_of_the_report(request):
+        if request.node.path.name not in module_names:
+            yield
+            return
+        from rope.harness import report
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv(report.DISABLE_ENV, "1")
+            yield
+    return _kept_out_of_the_report
+
+
 _OPTIONS = ("--rope-impl", "--rope-device", "--rope-positions-impl", "--rope-position-ids-impl", "--rope-repro", "--rope-shard", "--rope-baseline",
             "--rope-call-timeout", "--rope-test-timeout")
 # Seconds a test may run before pytest-timeout ends it (its worker, under xdist): a hang that the
