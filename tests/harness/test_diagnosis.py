@@ -24,6 +24,7 @@ from properties.mutants.kernel import ROTARY_MUTANTS
 from properties.strategies import DTYPES, RotationCase, build_rotation_inputs
 from rope.devices import is_interpreter
 from rope.harness import diagnosis
+from rope.harness.tolerance import compare_rotation
 from rope.harness.diagnosis import LABELS, RULES, Context, Diagnosis, diagnose, ranges
 from rope.harness.mutation import discover_mutants
 from rope.native import rotate_native
@@ -490,8 +491,8 @@ def _nan_input(case):
 def _traced_read_input(case):
     # Right values, but the guards' tracer saw reads past the cache (properties/guards.py's wording).
     x, q, k = _correct(case)
-    comparison = diagnosis.compare_rotation(case.spec, x.positions, x.query, x.key, x.cache, q, k,
-                                            *reference.rotate(case.spec, x.positions, x.query, x.key, x.cache))
+    comparison = compare_rotation(case.spec, x.positions, x.query, x.key, x.cache, q, k,
+                                  *reference.rotate(case.spec, x.positions, x.query, x.key, x.cache))
     comparison.problems.append("cos_sin_cache: 96 out-of-bounds read(s) of guard elements (traced), first at "
                                "element 262144")
     return _context(case, q, k, x=x, comparison=comparison)

@@ -1,0 +1,101 @@
+"""Where a rotation mismatch lies, and what most likely caused it.
+
+A package of single-job modules: verdict (the labels and :class:`Diagnosis`), locations (where
+mismatched elements lie), alternatives (the neighbouring configurations and the recovered
+positions), precision (errors against a lower working precision), context (what the rules share),
+rules (the rules in order); :func:`diagnose` here walks them.
+
+:func:`diagnose` takes what the comparison saw (the spec, the untouched inputs, the
+implementation's outputs, the float64 reference and the :class:`~rope.harness.tolerance.Comparison`)
+and returns a :class:`Diagnosis`: a label, one sentence, and the location of the mismatched
+elements per tensor over tokens, heads, frequencies, position rows, pair members and
+pass-through channels.
+
+It builds a :class:`Context` once (inputs, outputs, reference, comparison, and what several rules
+share, each computed on first use) and walks :data:`RULES`: named functions
+``rule(ctx) -> Diagnosis | None``, the first hit wins, :func:`unknown` when none hits.  Outputs
+that match the reference are ``match`` before any rule runs (and every rule returns None on them).
+The order is elimination, most specific first (each rule's docstring says why it sits where it
+does; the label it gives follows the rule's name where the two differ):
+
+ 1. ``writes_outside``: positions, the cache, a guard or the value slice of a packed qkv tensor
+    were written.
+ 2. ``wrong_output``: a tensor came back with the wrong shape, dtype or device (or None).
+ 3. ``nonfinite_output`` (label ``nan``): NaN/inf where the reference is finite (an out-of-bounds
+    read from a guard region), or finite where it is NaN/inf (non-finite inputs swallowed).
+ 4. ``out_of_bounds_read``: the values are right but the guards' tracer saw reads outside the
+    inputs (properties/guards.py reports them as problems).
+ 5. ``pairing_swapped``: the output is the reference with the other of NeoX / GPT-J pairs.
+ 6. ``axis_map_wrong``: ... with the other layout's axis map (chunked / interleaved).
+ 7. ``section_boundary_shifted``: ... with one section boundary, or one interleaved bound 3*s,
+    moved by one.
+ 8. ``position_rows_swapped``: ... with the position rows permuted.
+ 9. ``position_rows_misread``: ... with row d read at a wrong row stride (positions[0, t + d], or
+    row 0 for every frequency).
+10. ``row_stride_ignored``: ... of q/k rows read as if packed back to back.
+11. ``partial_rotary_stride``: ... with head_size/2 where rotary_dim/2 belongs (sin read past its
+    row, or the NeoX partner at i + head_size/2).
+12. ``pair_rows_split``: ... with the sections laid over the whole rotary head in blocks of 2*s_i,
+    so the two members of a NeoX pair take different position rows (transformers' HunYuanVL,
+    docs/spec.md §2).
+    (5-12 are the neighbouring configurations, NEIGHBOURS: each candidate rotates the inputs by
+    its own cos/sin and pairs and is held to the same per-element bound, to the declared precision.)
+13. ``pass_through_only`` (label ``pass_through_touched``): channels >= rotary_dim differ from the
+    input, the rotary ones do not.
+14. ``modest_rounding`` (label ``precision_loss``): the worst error/bound ratio is modest
+    (<= MODEST_RATIO: truncating stores, an extra rounding).
+15. ``lower_working_precision`` (label ``precision_loss``): every error fits the bound of a lower
+    working precision than declared (LOWER_PRECISION_SLACK x).
+16. ``imprecise_neighbour`` (labels of 5-12): a neighbouring configuration again, allowing the
+    lower precision (a kernel with a structural bug *and* imprecise arithmetic).
+    From here only gross errors count (beyond bfloat16 rounding: Context.gross):
+17. ``key_only``: the query is right, the key is not.
+18. ``query_only``: the key is right, the query is not.
+19. ``head_subset``: only some heads are wrong (e.g. only the first power-of-two heads are right).
+20. ``token_subset``: only some tokens are wrong (e.g. only tokens at the last cache row).
+21. ``wrong_positions``: the output is an exact rotation by other positions than given (recovered
+    per token and position row from the angles of the output's pairs, matched to cache rows):
+    stale cos/sin, another chunk's positions, a wrong positions pointer.
+22. ``pass_through_and_rotary`` (label ``pass_through_touched``): pass-through channels touched and
+    the rotary channels wrong too.
+Else ``unknown``: the location is all there is.
+"""
+
+from __future__ import annotations
+
+from rope.spec import RopeSpec
+from rope.harness.tolerance import Comparison
+from rope.harness.diagnosis.alternatives import recover_positions
+from rope.harness.diagnosis.context import NEIGHBOURS, Context
+from rope.harness.diagnosis.locations import channel_location, ranges
+from rope.harness.diagnosis.precision import loose_bound
+from rope.harness.diagnosis.rules import RULES, unknown
+from rope.harness.diagnosis.verdict import (ALTERNATIVE_RESIDUE, LABELS, LOWER_PRECISION_SLACK, LOWER_PRECISIONS,
+                                            MODEST_RATIO, Diagnosis)
+
+__all__ = ["ALTERNATIVE_RESIDUE", "LABELS", "LOWER_PRECISIONS", "LOWER_PRECISION_SLACK", "MODEST_RATIO", "NEIGHBOURS",
+           "RULES", "Context", "Diagnosis", "channel_location", "diagnose", "loose_bound", "ranges",
+           "recover_positions", "unknown"]
+
+
+def diagnose(spec: RopeSpec, positions, query, key, cos_sin_cache, out_q, out_k, *,
+             precision: str = "float32", ref=None, comparison: Comparison | None = None) -> Diagnosis:
+    """Locate the mismatch between (out_q, out_k) and the reference and name its likely cause:
+    the first of :data:`RULES` that hits, else :func:`unknown`.
+
+    ``positions``, ``query``, ``key`` and ``cos_sin_cache`` are the untouched inputs as CPU
+    tensors, with the strides the implementation saw (views into their storage, so that a
+    kernel ignoring the row stride can be recognised); ``out_q``/``out_k`` the implementation's
+    outputs (any device); ``precision`` its declared working precision.  ``ref`` (the float64
+    reference outputs) and ``comparison`` (compare_rotation's result, possibly with extra
+    problems appended by the caller) are recomputed when not given.
+    """
+    ctx = Context.build(spec, positions, query, key, cos_sin_cache, out_q, out_k,
+                        precision=precision, ref=ref, comparison=comparison)
+    if ctx.comparison.ok:
+        return Diagnosis("match", "the outputs match the reference")
+    for rule in RULES:
+        found = rule(ctx)
+        if found is not None:
+            return found
+    return unknown(ctx)

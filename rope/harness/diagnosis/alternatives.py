@@ -1,0 +1,367 @@
+"""The neighbouring configurations a broken kernel may have computed (the other pairing, axis map, a
+shifted section boundary, permuted or misread position rows, packed rows, a partial-rotary stride,
+split pair rows) and the positions an output was really rotated by: each rotates the inputs its own
+way, held to the same per-element bound."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from rope.harness.diagnosis.verdict import ALTERNATIVE_RESIDUE
+from rope.harness.tolerance import Comparison, rotation_bound
+from rope.spec import RopeSpec
+from reference.rotation import pair_indices, rotate_heads, select_cos_sin
+
+
+# --------------------------------------------------------------------------- alternatives
+def _as_packed(x):
+    """x read as if its rows were packed back to back from its first element (ignoring the
+    row stride); x itself when it is contiguous or the reinterpretation leaves its storage."""
+    if x is None or x.is_contiguous():
+        return x
+    if x.storage_offset() + x.numel() > x.untyped_storage().nbytes() // x.element_size():
+        return x
+    return x.as_strided((x.numel(),), (1,), x.storage_offset()).view(x.shape)
+
+
+def _replace(spec: RopeSpec, **changes):
+    try:
+        return dataclasses.replace(spec, **changes)
+    except ValueError:
+        return None
+
+
+@dataclass
+class _Alt:
+    """A neighbouring computation a broken kernel may effectively do: rotate ``query``/``key``
+    (as read) by ``cos``/``sin`` (float64 [T, spec.num_freqs]; NaN: unknowable, e.g. read past
+    the cache) with the pairs of ``spec`` (a pseudo spec where the pairing itself is wrong)."""
+    label: str
+    sentence: str
+    spec: RopeSpec
+    cos: torch.Tensor
+    sin: torch.Tensor
+    query: torch.Tensor
+    key: torch.Tensor | None
+    # Member b of each pair rotated by its own cos/sin (None: the same as member a's).
+    cos_b: torch.Tensor | None = None
+    sin_b: torch.Tensor | None = None
+
+
+@dataclass
+class _AltResult:
+    alt: _Alt
+    outputs: tuple
+    errors: dict
+    num_mismatched: int
+    num_unknown: int
+    num_elements: int
+
+
+def _moved(spec: RopeSpec, alt: RopeSpec) -> str:
+    """'frequency 61 takes row 1 instead of row 0': the frequencies whose row differs."""
+    old, new = spec.axis_map(), alt.axis_map()
+    moved = [i for i in range(spec.num_freqs) if old[i] != new[i]]
+    shown = ", ".join(f"frequency {i} takes row {new[i]} instead of row {old[i]}" for i in moved[:3])
+    return shown + (f" (and {len(moved) - 3} more)" if len(moved) > 3 else "")
+
+
+def _positions_alt(label, sentence, spec, positions, query, key, cache):
+    cos, sin = select_cos_sin(spec, positions, cache)
+    return _Alt(label, sentence, spec, cos, sin, query, key)
+
+
+def _empty_section_alt(spec: RopeSpec, secs, shifted, j, positions, query, key, cache):
+    """A chunked boundary moved by one where it empties a section (sections (1, 1, 30) with the
+    first boundary tested with > instead of >=: frequency 1 takes row 0, row 1 takes none)."""
+    axis = spec.axis_map()
+    new = [d for d, n in enumerate(shifted) for _ in range(n)]
+    moved = [i for i in range(spec.num_freqs) if axis[i] != new[i]]
+    how = ", ".join(f"frequency {i} takes row {new[i]} instead of row {axis[i]}" for i in moved[:3])
+    cos, sin = select_cos_sin(spec, positions, cache, new)
+    return _Alt("section_boundary_shifted",
+                f"the output matches the reference with sections={shifted} instead of {secs}: the boundary between "
+                f"position rows {j} and {j + 1} is off by one frequency: {how} (e.g. > where >= belongs; row "
+                f"{shifted.index(0)} is left with no frequency)", spec, cos, sin, query, key)
+
+
+# The neighbouring configurations, one generator per label (positions renumbered to the rows of
+# ``cache`` they use), each most specific first; NEIGHBOURS (below) lists them in rule order.
+def _pairing_alternatives(spec: RopeSpec, positions, query, key, cache):
+    """The other pairing style: GPT-J pairs for NeoX, NeoX pairs for GPT-J."""
+    other = "GPT-J pairs (2i, 2i+1)" if spec.is_neox_style else "NeoX pairs (i, i + rotary_dim/2)"
+    asked = "NeoX" if spec.is_neox_style else "GPT-J"
+    swapped = _replace(spec, is_neox_style=not spec.is_neox_style)
+    if swapped is not None:
+        yield _positions_alt(
+            "pairing_swapped",
+            f"the output matches the reference computed with {other} although the spec asks for {asked} "
+            f"(is_neox_style={spec.is_neox_style}): the kernel ignores the pairing style",
+            swapped, positions, query, key, cache)
+
+
+def _axis_map_alternatives(spec: RopeSpec, positions, query, key, cache):
+    """The other layout's axis map (chunked for interleaved, or the reverse; three sections only)."""
+    secs = spec.sections
+    if secs is None or len(secs) != 3:
+        return
+    layout = "chunked" if spec.layout == "interleaved" else "interleaved"
+    alt = _replace(spec, layout=layout)
+    if alt is not None:
+        yield _positions_alt(
+            "axis_map_wrong",
+            f"the output matches the reference with layout={layout!r} instead of {spec.layout!r}: "
+            f"the axis map of sections={secs} is wrong (docs/spec.md §2)", alt, positions, query, key, cache)
+
+
+def _section_boundary_alternatives(spec: RopeSpec, positions, query, key, cache):
+    """Each section boundary (each interleaved bound 3*s) moved by one frequency either way."""
+    secs = spec.sections
+    if secs is None or len(secs) < 2:
+        return
+    axis = spec.axis_map()
+    for j in range(len(secs) - 1):
+        for step in (1, -1):
+            shifted = list(secs)
+            shifted[j] += step
+            shifted[j + 1] -= step
+            if min(shifted) < 0:
+                continue
+            if min(shifted) == 0:
+                if spec.layout == "chunked":     # a row loses its only frequency: no RopeSpec has that
+                    yield _empty_section_alt(spec, secs, tuple(shifted), j, positions, query, key, cache)
+                continue
+            alt = _replace(spec, sections=tuple(shifted))
+            if alt is None or alt.axis_map() == axis:
+                continue
+            if spec.layout == "interleaved":
+                # Only the H and W bounds (i < 3*s_h, i < 3*s_w) exist in the interleaved map.
+                bounds = " and ".join(f"i < 3*s_{'hw'[r - 1]} = {3 * secs[r]} acts as i < {3 * shifted[r]}"
+                                      for r in (1, 2) if shifted[r] != secs[r])
+                how = (f"an interleaved bound is off by one group ({bounds}): {_moved(spec, alt)} (e.g. "
+                       f"i // 3 <= s where i < 3*s belongs; docs/spec.md §7.9)")
+            else:
+                how = (f"the boundary between position rows {j} and {j + 1} is off by one frequency: "
+                       f"{_moved(spec, alt)} (e.g. <= where < belongs)")
+            yield _positions_alt(
+                "section_boundary_shifted",
+                f"the output matches the reference with sections={tuple(shifted)} instead of {secs}: {how}",
+                alt, positions, query, key, cache)
+
+
+def _row_order_alternatives(spec: RopeSpec, positions, query, key, cache):
+    """Every other order of the position rows."""
+    secs = spec.sections
+    if secs is None or len(secs) < 2:
+        return
+    identity = tuple(range(len(secs)))
+    for perm in itertools.permutations(identity):
+        if perm != identity:
+            yield _positions_alt(
+                "position_rows_swapped",
+                f"the output matches the reference with the position rows read in the order {perm} "
+                f"instead of {identity}: rows swapped (e.g. the T/H/W order of the interleaved lanes, or a "
+                f"wrong row offset)", spec, positions[list(perm)], query, key, cache)
+
+
+def _row_misread_alternatives(spec: RopeSpec, positions, query, key, cache):
+    """Row d read at a wrong row stride s: positions.flatten()[d * s + t], s = 1 or 0."""
+    secs = spec.sections
+    if secs is None or len(secs) < 2:
+        return
+    flat = positions.reshape(-1)
+    num_dims, num_tokens = positions.shape
+    for stride, how in (
+            (1, "row d read at positions[0, t + d] (row stride 1 instead of the row stride: the last "
+                "tokens of a row read into the next row)"),
+            (0, "every row read as row 0 (row stride 0, or positions treated as 1-D)")):
+        misread = flat.as_strided((num_dims, num_tokens), (stride, 1))
+        if not torch.equal(misread, positions):
+            yield _positions_alt(
+                "position_rows_misread",
+                f"the output matches the reference with the position rows misread, {how}: the kernel "
+                f"indexes positions[d, t] wrongly", spec, misread.clone(), query, key, cache)
+
+
+def _row_stride_alternatives(spec: RopeSpec, positions, query, key, cache):
+    """q/k read as if their rows were packed back to back (when either has a row stride)."""
+    packed_q, packed_k = _as_packed(query), _as_packed(key)
+    if packed_q is not query or packed_k is not key:
+        strides = ", ".join(f"{n} row stride {x.stride(0)} for width {x.shape[1]}"
+                            for n, x in (("query", query), ("key", key)) if x is not None)
+        yield _positions_alt(
+            "row_stride_ignored",
+            f"the output matches the reference applied to q/k read as if their rows were packed back to "
+            f"back ({strides}): the kernel ignores the row stride (views into a packed qkv tensor)",
+            spec, positions, packed_q, packed_k, cache)
+
+
+def _rotate_members(spec: RopeSpec, x, cos_a, sin_a, cos_b, sin_b):
+    """:func:`reference.rotation.rotate_heads` with member b of each pair rotated by its own
+    cos/sin: member a's channels from the rotation by (cos_a, sin_a), b's from (cos_b, sin_b)."""
+    out = rotate_heads(spec, x, cos_a, sin_a)
+    other = rotate_heads(spec, x, cos_b, sin_b)
+    _, b_idx = pair_indices(spec)
+    shape = (x.shape[0], -1, spec.head_size)
+    out.view(shape)[..., b_idx] = other.view(shape)[..., b_idx]
+    return out
+
+
+def _pair_rows_split_alternatives(spec: RopeSpec, rows, query, key, cache):
+    """Chunked sections laid over the whole rotary head in blocks of 2*s_i (channel c takes the
+    row of its block) instead of over each half: the members (i, i + rotary_dim/2) of a NeoX pair
+    take different rows (transformers' HunYuanVL from 5.13; docs/spec.md §2)."""
+    secs = spec.sections
+    if secs is None or len(secs) < 2 or spec.layout != "chunked" or not spec.is_neox_style:
+        return
+    half = spec.num_freqs
+    block_of = [d for d, s in enumerate(secs) for _ in range(2 * s)]          # channel -> row
+    axis_a, axis_b = block_of[:half], block_of[half:]
+    if axis_a == axis_b:
+        return
+    cos_a, sin_a = select_cos_sin(spec, rows, cache, axis_a)
+    cos_b, sin_b = select_cos_sin(spec, rows, cache, axis_b)
+    split = [i for i in range(half) if axis_a[i] != axis_b[i]]
+    sentence = (f"the output matches a rotation whose two pair members take different position rows: the "
+                f"sections {secs} laid over the whole rotary head in blocks of 2*s_i (channel c takes the row of "
+                f"its block) instead of over each half, so {len(split)} of {half} pairs (i, i + {half}) read row "
+                f"{axis_a[split[0]]} for member a and row {axis_b[split[0]]} for member b (e.g. frequency {split[0]}); "
+                f"text tokens (all rows equal) are unaffected (transformers' HunYuanVL layout; docs/spec.md §2)")
+    yield _Alt("pair_rows_split", sentence, spec, cos_a, sin_a, query, key, cos_b, sin_b)
+
+
+def _partial_rotary_alternatives(spec: RopeSpec, rows, query, key, cache):
+    """head_size/2 used where rotary_dim/2 belongs (partial rotary, docs/spec.md §7.3): the sin offset into
+    a cache row and/or the NeoX partner channel.  ``rows``: [num_dims, T] positions into ``cache``
+    (the full cache: a sin read past its row's end lands in the next row)."""
+    hs, rd, half = spec.head_size, spec.rotary_dim, spec.num_freqs
+    if rd >= hs or hs % 2:
+        return
+    cos, sin = select_cos_sin(spec, rows, cache)
+    flat = cache.reshape(-1)
+    pos = torch.stack([rows[a] for a in spec.axis_map()], dim=1).long()         # [T, F]
+    index = pos * rd + hs // 2 + torch.arange(half)
+    far_sin = torch.full_like(sin, float("nan"))
+    inside = index < flat.numel()
+    far_sin[inside] = flat[index[inside]].to(torch.float64)
+    wide = _replace(spec, rotary_dim=hs, sections=None, layout="chunked", ntk_alpha=None)
+    variants = [(True, False)] + ([(True, True), (False, True)] if spec.is_neox_style and wide is not None else [])
+    for sin_far, partner_far in variants:
+        s = far_sin if sin_far else sin
+        parts = []
+        if sin_far:
+            parts.append(f"sin read at offset head_size/2 + i of the cache row instead of rotary_dim/2 + i "
+                         f"({hs // 2 - half} elements too far: past the row's end, into the next row)")
+        if partner_far:
+            parts.append(f"frequency i pairs channels (i, i + {hs // 2}) instead of (i, i + {half}) (a "
+                         f"pass-through channel rotated, a rotary one left alone)")
+        sentence = (f"the output matches the reference computed with head_size/2 = {hs // 2} where rotary_dim/2 = "
+                    f"{half} belongs (partial rotary: rotary_dim={rd} < head_size={hs}): {'; '.join(parts)} "
+                    f"(docs/spec.md §7.3)")
+        if partner_far:
+            ones = torch.ones(cos.shape[0], hs // 2 - half, dtype=torch.float64)
+            zeros = torch.zeros_like(ones)
+            yield _Alt("partial_rotary_stride", sentence, wide, torch.cat([cos, ones], 1), torch.cat([s, zeros], 1),
+                       query, key)
+        else:
+            yield _Alt("partial_rotary_stride", sentence, spec, cos, s, query, key)
+
+
+# Largest cache searched for the positions a wrong output was rotated by (rows x frequencies).
+RECOVERY_MAX_ELEMENTS = 1 << 28
+RECOVERY_CHUNK_ROWS = 1 << 15
+
+
+def recover_positions(spec: RopeSpec, rows, query, key, out_q, out_k, cache):
+    """The positions an output was rotated by, [num_dims, T]: per token, the angle of each pair
+    (least squares over every head of q and k) matched to the nearest cache row, per position
+    row; None when the outputs are no rotation of the inputs or the cache is too large to search."""
+    if cache.numel() > RECOVERY_MAX_ELEMENTS or rows.shape[1] == 0:
+        return None
+    a_idx, b_idx = pair_indices(spec)
+    num_tokens = rows.shape[1]
+    acc_c = torch.zeros(num_tokens, spec.num_freqs, dtype=torch.float64)
+    acc_s, norm = torch.zeros_like(acc_c), torch.zeros_like(acc_c)
+    for x, out in ((query, out_q), (key, out_k)):
+        if x is None or out is None or tuple(out.shape) != tuple(x.shape):
+            continue
+        h = x.to(torch.float64).reshape(num_tokens, x.shape[1] // spec.head_size, spec.head_size)
+        o = out.detach().to("cpu", torch.float64).reshape(h.shape)
+        a, b, a2, b2 = h[..., a_idx], h[..., b_idx], o[..., a_idx], o[..., b_idx]
+        ok = torch.isfinite(a2) & torch.isfinite(b2)
+        acc_c += torch.where(ok, a * a2 + b * b2, 0.0).sum(1)
+        acc_s += torch.where(ok, a * b2 - b * a2, 0.0).sum(1)
+        norm += torch.where(ok, a * a + b * b, 0.0).sum(1)
+    if not bool((norm > 0).all()):
+        return None
+    cos_e, sin_e = acc_c / norm, acc_s / norm
+    axis = torch.tensor(spec.axis_map())
+    found = rows.clone().long()
+    for d in range(rows.shape[0]):
+        freqs = (axis == d).nonzero().flatten()
+        if not len(freqs):
+            continue
+        target = torch.cat([cos_e[:, freqs], sin_e[:, freqs]], 1)
+        cols = torch.cat([freqs, freqs + spec.num_freqs])
+        best = torch.full((num_tokens,), float("inf"), dtype=torch.float64)
+        for start in range(0, cache.shape[0], RECOVERY_CHUNK_ROWS):
+            block = cache[start:start + RECOVERY_CHUNK_ROWS][:, cols].to(torch.float64)
+            dist, idx = torch.cdist(target, block).min(dim=1)
+            better = dist < best
+            best = torch.where(better, dist, best)
+            found[d] = torch.where(better, idx + start, found[d])
+    return found
+
+
+def _wrong_positions_alternative(spec, rows, query, key, out_q, out_k, cache):
+    """The reference for the positions the output was actually rotated by, when they differ."""
+    found = recover_positions(spec, rows, query, key, out_q, out_k, cache)
+    if found is None or torch.equal(found, rows.long()):
+        return
+    diff = (found != rows).nonzero().tolist()
+    examples = "; ".join(f"row {d} token {t}: {int(rows[d, t])} -> {int(found[d, t])}" for d, t in diff[:4])
+    sentence = (f"the output is the reference for other positions than given ({len(diff)} of {rows.numel()} position "
+                f"entries differ, given -> used: {examples}{'; ...' if len(diff) > 4 else ''}): stale cos/sin (cached "
+                f"from an earlier call), positions of another chunk or request, or a wrong positions pointer")
+    yield _positions_alt("wrong_positions", sentence, spec, found, query, key, cache)
+
+
+def _alternative_result(alt: _Alt, out_q, out_k, ref_q, ref_k, precision) -> _AltResult | None:
+    """The alternative's outputs and how the implementation's outputs compare with them (the
+    bound of rope.harness.tolerance for the alternative's pairs and cos/sin; NaN in the alternative:
+    unknown, not counted), or None when it equals the reference on this input."""
+    outs, errors = [], {}
+    mismatched = unknown = total = 0
+    for name, x, out, ref in (("query", alt.query, out_q, ref_q), ("key", alt.key, out_k, ref_k)):
+        if x is None or out is None:
+            outs.append(None)
+            continue
+        if alt.cos_b is None:
+            exp = rotate_heads(alt.spec, x, alt.cos, alt.sin)
+            cos_mag, sin_mag = alt.cos, alt.sin
+        else:
+            exp = _rotate_members(alt.spec, x, alt.cos, alt.sin, alt.cos_b, alt.sin_b)
+            cos_mag, sin_mag = torch.maximum(alt.cos.abs(), alt.cos_b.abs()), torch.maximum(alt.sin.abs(), alt.sin_b.abs())
+        outs.append(exp)
+        got = out.detach().to("cpu", torch.float64)
+        bound = rotation_bound(alt.spec, x, torch.nan_to_num(exp), torch.nan_to_num(cos_mag),
+                               torch.nan_to_num(sin_mag), x.dtype, precision)
+        err = (got - exp).abs()
+        err = torch.where(torch.isnan(got) & ~torch.isnan(exp), torch.full_like(err, float("inf")), err)
+        errors[name] = err
+        mismatched += int((err > bound).sum())
+        unknown += int(torch.isnan(exp).sum())
+        total += err.numel()
+    if all(o is None or torch.equal(o, r) for o, r in zip(outs, (ref_q, ref_k))):
+        return None
+    return _AltResult(alt, tuple(outs), errors, mismatched, unknown, total)
+
+
+def _explains(result: _AltResult, comparison: Comparison) -> bool:
+    """At most ALTERNATIVE_RESIDUE of the original mismatches left, and at most half unknowable."""
+    return (result.num_mismatched <= ALTERNATIVE_RESIDUE * comparison.num_mismatched
+            and result.num_unknown <= result.num_elements // 2)

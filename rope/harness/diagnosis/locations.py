@@ -1,0 +1,85 @@
+"""Where mismatched elements lie: ranges of indices, the (frequency, position row, pair member) of a
+channel, and the location of a mask over tokens, heads and channels."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rope.spec import RopeSpec
+
+
+# --------------------------------------------------------------------------- locations
+def ranges(values) -> str:
+    """Compact sorted ranges: [0, 1, 2, 5, 7, 8] -> '0-2,5,7-8'; empty -> 'none'."""
+    vals = sorted(set(int(v) for v in values))
+    if not vals:
+        return "none"
+    out, start, prev = [], vals[0], vals[0]
+    for v in vals[1:] + [None]:
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if v is not None:
+            start = prev = v
+    return ",".join(out)
+
+
+def channel_location(spec: RopeSpec, channel: int) -> dict:
+    """Frequency, pair member ('a' rotates as x1, 'b' as x2) and position row of a channel."""
+    if channel >= spec.rotary_dim:
+        return {"pass_through": True}
+    half = spec.num_freqs
+    if spec.is_neox_style:
+        freq, member = channel % half, "a" if channel < half else "b"
+    else:
+        freq, member = channel // 2, "ab"[channel % 2]
+    return {"freq": freq, "member": member, "row": spec.axis_map()[freq]}
+
+
+@dataclass
+class _Where:
+    """Mismatched elements of one tensor, as index sets."""
+    count: int
+    total: int
+    num_tokens: int
+    num_heads: int
+    tokens: list
+    heads: list
+    freqs: list
+    rows: list
+    members: list
+    pass_through: list
+
+    def summary(self, spec: RopeSpec) -> dict:
+        return {
+            "elements": f"{self.count}/{self.total}",
+            "tokens": f"{ranges(self.tokens)} of {self.num_tokens}",
+            "heads": f"{ranges(self.heads)} of {self.num_heads}",
+            "freqs": f"{ranges(self.freqs)} of {spec.num_freqs}",
+            "rows": ranges(self.rows),
+            "members": ",".join(self.members) or "none",
+            "pass_through_channels": ranges(self.pass_through),
+        }
+
+
+def _where(spec: RopeSpec, bad: torch.Tensor) -> _Where:
+    """bad: bool [T, H * head_size] -> index sets of the mismatched elements."""
+    num_tokens = bad.shape[0]
+    heads = bad.reshape(num_tokens, bad.shape[1] // spec.head_size, spec.head_size)   # (0 tokens too)
+    chans = heads.any(dim=0).any(dim=0).nonzero().flatten().tolist()
+    rot = [c for c in chans if c < spec.rotary_dim]
+    locs = [channel_location(spec, c) for c in rot]
+    return _Where(
+        count=int(bad.sum()), total=bad.numel(), num_tokens=num_tokens, num_heads=heads.shape[1],
+        tokens=heads.any(dim=2).any(dim=1).nonzero().flatten().tolist(),
+        heads=heads.any(dim=2).any(dim=0).nonzero().flatten().tolist(),
+        freqs=sorted({loc["freq"] for loc in locs}), rows=sorted({loc["row"] for loc in locs}),
+        members=sorted({loc["member"] for loc in locs}),
+        pass_through=[c for c in chans if c >= spec.rotary_dim])
+
+
+def _prev_power_of_2(n: int) -> int:
+    return 1 << (n.bit_length() - 1)
