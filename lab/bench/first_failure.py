@@ -99,7 +99,7 @@ def measure(name: str, timeout: float) -> dict:
     env = {**os.environ, "CI": "true", "ROPE_CASES_DIR": "off", "ROPE_NO_REPORT": "1",
            "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     cmd = [sys.executable, "-m", "pytest", "-x", "-n", "2", "-q", "-p", "no:cacheprovider", *FILES,
-           "--rope-impl", f"tools.first_failure:{name}"]
+           "--rope-impl", f"lab.bench.first_failure:{name}"]
     began = time.monotonic()
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)

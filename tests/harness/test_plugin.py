@@ -163,7 +163,8 @@ def test_a_sticky_gpu_fault_skips_the_processes_later_gpu_tests(monkeypatch):
     # One kernel's illegal address leaves the process's GPU context unusable; the later GPU tests of
     # that worker are skipped naming the faulting test, CPU tests run on, ordinary errors change nothing.
     from rope.harness import plugin
-    monkeypatch.setattr(plugin, "_LOST_CONTEXT", [])
+    from rope.harness.plugin import device_faults
+    monkeypatch.setattr(device_faults, "_LOST_CONTEXT", [])
     fault = RuntimeError("CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be ...")
     wrapped = AssertionError("liger on cuda does not match the reference")
     wrapped.__cause__ = fault
@@ -216,7 +217,8 @@ def test_a_stopped_run_skips_the_next_check(tmp_path, monkeypatch):
     monkeypatch.setenv(stop.STOP_FILE_ENV, str(tmp_path / "stop"))
     assert comparison.evaluate_case("native", rotate_native, case, "cpu").comparison.ok     # not stopped
     # The controller stops the workers at --maxfail failures, not before.
-    monkeypatch.setattr(plugin, "_STOP_AFTER", [2, 0])
+    from rope.harness.plugin import run_end
+    monkeypatch.setattr(run_end, "_STOP_AFTER", [2, 0])
     failed = type("Report", (), {"failed": True, "when": "call"})()
     plugin._note_failure_for_stop(failed)
     assert not stop.stop_requested()
@@ -236,8 +238,8 @@ def test_a_fail_fast_run_ends_at_the_first_failure_not_the_other_workers_test():
     # GPU (a second failure) and the CPU search would not exist without the interpreter.
     run = _pytest(["-x", "-n", "2", "-q", "-rfs", "--hypothesis-profile", "deep", "properties/test_rotation.py",
                    "--rope-device", "cpu",
-                   "--rope-impl", "tools.first_failure:head_31_unrotated", "--rope-impl", "triton", "-k",
-                   "(test_known_bug_triggers_match_reference and head_31 and gptj-paired-neox-glm41v)"
+                   "--rope-impl", "properties.mutants.broken_rotations:neox_for_gptj", "--rope-impl", "triton", "-k",
+                   "(test_known_bug_triggers_match_reference and neox_for_gptj and gptj-paired-neox-glm41v)"
                    " or (test_rotation_matches_reference and round1 and triton-cpu-bf16-chunked3-neox)"],
                   Path(__file__).resolve().parents[2], CI="true", ROPE_CASES_DIR="off", ROPE_NO_REPORT="1",
                   TRITON_INTERPRET="1")

@@ -1,0 +1,113 @@
+"""The end of a run: stop after --maxfail failures across workers (a stop file), the run's profile
+recorded, and a watchdog that dumps every thread's stacks once if a process hangs after its last
+test."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+
+from rope.harness.plugin.activation import _is_controller
+
+
+def _arm_stop_file(config) -> None:
+    """The controller of a fail-fast run names the stop file (rope.harness.stop) for its workers."""
+    from rope.harness.stop import STOP_FILE_ENV
+    if _is_controller(config) and not os.environ.get(STOP_FILE_ENV):
+        import tempfile
+        config._rope_stop_file = os.path.join(tempfile.gettempdir(), f"rope-stop-{os.getpid()}-{time.time_ns()}")
+        os.environ[STOP_FILE_ENV] = config._rope_stop_file      # the workers, started later, inherit it
+        _STOP_AFTER[:] = [config.getoption("maxfail"), 0]
+
+
+_STOP_AFTER = [0, 0]      # [--maxfail, failures seen] in the controller of a fail-fast run
+
+
+def _note_failure_for_stop(report) -> None:
+    """The controller counts failures; at --maxfail it tells the workers to stop (rope.harness.stop).
+    (Only a fail-fast run's controller arms the count: workers and other runs return at once.)"""
+    if not _STOP_AFTER[0]:
+        return
+    if report.failed and report.when == "call":
+        _STOP_AFTER[1] += 1
+        if _STOP_AFTER[1] >= _STOP_AFTER[0]:
+            from rope.harness.stop import request_stop
+            request_stop()
+
+
+_LAST_REPORT_AT = [None]      # when this process last heard of a test (the end of a run's tests)
+
+
+def _record_profile(config) -> None:
+    """This process's time per phase (rope.harness.profiling) as one record of the run report."""
+    from rope.harness import profiling, report
+    started = getattr(config, "_rope_session_start", None)
+    totals = profiling.snapshot()
+    if started is None or not totals["counts"].get("tests"):
+        return
+    totals["seconds"]["session"] = round(time.perf_counter() - started, 6)
+    report.record(kind="profile", **totals)
+
+
+END_STACKS_ENV = "ROPE_END_STACKS_S"
+
+
+END_STACKS_AFTER_S = 120.0
+
+
+_END_STACKS_FILE: list = []
+
+
+def _arm_end_stacks() -> None:
+    """A run that hangs at its end says where.  Each process, when the teardown of its last test
+    begins (session fixtures included) or else when its session ends (the xdist controller), arms
+    faulthandler's watchdog (a C thread: it fires even while Python is blocked in C code): if the
+    process is still alive ``$ROPE_END_STACKS_S`` seconds later (default 120; 0 or off: never),
+    every thread's Python stack goes to ``end-stacks-<worker>-<pid>.txt`` in the run's record
+    directory.  A process that gets as far as its exit handlers did not hang (Python joins the
+    threads that would hold it before it runs them): it removes its file there, written or not (an
+    xdist worker done early waits idle for the controller, and its stacks say only that), and
+    points the watchdog at stderr for the rest of its shutdown."""
+    from rope.harness.report import RUN_ENV
+    run = os.environ.get(RUN_ENV)
+    raw = os.environ.get(END_STACKS_ENV, "").strip().lower()
+    try:
+        seconds = END_STACKS_AFTER_S if not raw else 0.0 if raw == "off" else float(raw)
+    except ValueError:
+        return
+    if not run or not seconds > 0 or not os.path.isdir(run):
+        return
+    import atexit
+    import faulthandler
+    if _END_STACKS_FILE:
+        # Armed at the last teardown: again at the session's end (pytest's faulthandler_timeout,
+        # where set, cancels the watchdog after each test), for the time left, and not at all once
+        # it has fired.  The watchdog reads the other threads' frames without the GIL: safe on a
+        # process that is stuck, not on one still running Python (a second dump while the report
+        # is written, or while the exit handlers run, can crash the process).
+        out, armed_at = _END_STACKS_FILE
+        if os.fstat(out.fileno()).st_size > 0:
+            return
+        left = seconds - (time.monotonic() - armed_at)
+        faulthandler.dump_traceback_later(left if left > 0 else seconds, repeat=False, file=out)
+        return
+    path = os.path.join(run, f"end-stacks-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-{os.getpid()}.txt")
+    try:
+        out = open(path, "w")           # noqa: SIM115 - held open for the watchdog until the exit handlers
+    except OSError:
+        return
+    armed_at = time.monotonic()
+    _END_STACKS_FILE[:] = [out, armed_at]
+    faulthandler.dump_traceback_later(seconds, repeat=False, file=out)
+
+    def at_exit():
+        faulthandler.cancel_dump_traceback_later()
+        out.close()
+        with contextlib.suppress(OSError):
+            os.remove(path)
+        left = seconds - (time.monotonic() - armed_at)
+        if left > 0 and sys.__stderr__ is not None:
+            faulthandler.dump_traceback_later(left, repeat=False, file=sys.__stderr__)
+    atexit.register(at_exit)

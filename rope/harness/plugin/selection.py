@@ -1,0 +1,101 @@
+"""What a run checks: the devices and GPUs (--rope-device), the implementations of each checked
+thing (--rope-impl, --rope-positions-impl, --rope-position-ids-impl), and the replays alone under
+--rope-repro."""
+
+from __future__ import annotations
+
+import pytest
+
+from rope.harness.plugin.activation import _rope_test
+
+
+def _keep_only_replays(config, items):
+    """With --rope-repro, run the replay only (properties/test_repro.py)."""
+    if not config.getoption("--rope-repro"):
+        return
+    keep = [item for item in items if item.path.name == "test_repro.py"]
+    config.hook.pytest_deselected(items=[item for item in items if item.path.name != "test_repro.py"])
+    items[:] = keep
+
+
+def selected_devices(config) -> list[str]:
+    """The device kinds to run on (cpu, cuda, rocm, xpu); ``--rope-device cuda:1`` selects the kind
+    and, through :func:`selected_gpus`, that GPU."""
+    from rope.devices import available_devices
+    from rope.harness import placement
+    found = available_devices()
+    wanted = []
+    for label in config.getoption("--rope-device") or found:
+        try:
+            kind, index = placement.parse_device(label)
+        except ValueError as exc:
+            raise pytest.UsageError(f"--rope-device: {exc}") from None
+        if kind not in found:
+            raise pytest.UsageError(f"--rope-device={label!r}: not available here (found {found})")
+        if index is not None and index >= placement.gpu_count(kind):
+            raise pytest.UsageError(f"--rope-device={label!r}: only {placement.gpu_count(kind)} {kind} GPU(s) visible")
+        wanted.append(kind)
+    return list(dict.fromkeys(wanted))
+
+
+def selected_gpus(config, kind: str) -> list[int]:
+    """The GPUs of ``kind`` tests are spread over: those named (``--rope-device cuda:1``), else all visible."""
+    from rope.harness import placement
+    named = [placement.parse_device(label) for label in config.getoption("--rope-device")]
+    indices = [i for k, i in named if k == kind and i is not None]
+    if indices and any(k == kind and i is None for k, i in named):
+        indices = []     # plain "cuda" beside "cuda:1" means every GPU
+    return list(dict.fromkeys(indices)) or list(range(max(1, placement.gpu_count(kind))))
+
+
+def _device_params(config, combos: list[tuple], ids: list[str]) -> list:
+    """pytest params for (..., device) combos: a GPU device becomes one param per selected GPU
+    (``cuda:0``, ``cuda:1``, ...), marked ``rope_gpu``; collection keeps one of them per test
+    (:func:`_keep_one_gpu_per_test`)."""
+    params = []
+    for combo, name in zip(combos, ids):
+        kind = combo[-1]
+        if kind == "cpu":
+            params.append(pytest.param(*combo, id=name))
+            continue
+        for index in selected_gpus(config, kind):
+            params.append(pytest.param(*combo, id=f"{name}:{index}", marks=pytest.mark.rope_gpu(kind, index)))
+    return params
+
+
+def _selected(config, option: str, builtins, resolve) -> dict:
+    """The implementations named by a repeatable option (names or module:callable), else all built-ins."""
+    names = config.getoption(option)
+    if not names:
+        return builtins()
+    try:
+        return {name: resolve(name) for name in names}
+    except ValueError as exc:
+        raise pytest.UsageError(f"{option}: {exc}") from None
+
+
+def selected_implementations(config) -> dict:
+    from rope.registry import get_implementation, implementations
+    return _selected(config, "--rope-impl", implementations, get_implementation)
+
+
+def selected_positions_implementations(config) -> dict:
+    from rope.registry import get_positions_implementation, positions_implementations
+    return _selected(config, "--rope-positions-impl", positions_implementations, get_positions_implementation)
+
+
+def selected_position_ids_implementations(config) -> dict:
+    from rope.harness.position_ids import get_position_ids_implementation, position_ids_implementations
+    return _selected(config, "--rope-position-ids-impl", position_ids_implementations, get_position_ids_implementation)
+
+
+def _skip_oracle_tests_without_transformers(items) -> None:
+    """Tests marked ``oracle`` compare against transformers: where it is not installed (the
+    ``oracle`` extra is optional) they skip and say what to install, whatever they import first."""
+    import importlib.util
+    if importlib.util.find_spec("transformers") is not None:
+        return
+    skip = pytest.mark.skip(reason="transformers not installed: pip install 'rope-harness[oracle]'")
+    for item in items:
+        if _rope_test(item) and item.get_closest_marker("oracle") is not None:
+            item.add_marker(skip)
