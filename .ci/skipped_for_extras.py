@@ -32,7 +32,7 @@ def skipped_for_extras(path: str) -> list[str]:
             ids.append(case.get("name", "").replace(".", "/") + ".py")
             continue
         parts = module.split(".")
-        # classname "properties.test_rotation" (a function) or "properties.test_x.TestClass" (a method)
+        # classname "properties.rotation.test_rotation" (a function) or "properties.test_x.TestClass" (a method)
         for split in range(len(parts), 0, -1):
             if parts[split - 1].startswith("test_"):
                 path_part = "/".join(parts[:split]) + ".py"

@@ -23,7 +23,7 @@ from properties.guards import (
 )
 from properties.mutants.kernel import POSITIONS_MUTANTS, ROTARY_MUTANTS
 from properties.strategies import RotationCase, ragged_batches, rotation_cases
-from properties.test_runner_positions import assert_positions_match
+from properties.position_step.test_runner_positions import assert_positions_match
 
 pytestmark = [
     pytest.mark.interpreter,

@@ -92,7 +92,7 @@ packed_key_unrotated = _broken(lambda spec, pos, q, k: k is not None and not k.i
 
 WRAPPERS = ("last_token_unrotated", "gqa_first_kv_head_unrotated", "fp16_partial_pass_through_zeroed",
             "head_31_unrotated", "xd4_first_channel_negated", "last_row_clamped", "packed_key_unrotated")
-FILES = ("properties/test_rotation.py", "properties/test_model_rotation.py")
+FILES = ("properties/rotation/test_rotation.py", "properties/rotation/test_model_rotation.py")
 
 
 def measure(name: str, timeout: float) -> dict:

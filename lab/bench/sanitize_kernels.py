@@ -27,11 +27,11 @@ common = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--hyp
 runs = []
 if args.mutant not in POSITION_STEP_MUTANTS:
     impl = f"properties.mutants.kernel:{args.mutant}" if args.mutant else "triton"
-    runs.append(common + ["--pyargs", "properties.test_rotation", "-k", "test_known_bug_triggers_match_reference",
+    runs.append(common + ["--pyargs", "properties.rotation.test_rotation", "-k", "test_known_bug_triggers_match_reference",
                           "--rope-impl", impl])
 if args.mutant is None or args.mutant in POSITION_STEP_MUTANTS:
     impl = f"properties.mutants.kernel:{args.mutant}" if args.mutant else "triton"
-    runs.append(common + ["--pyargs", "properties.test_runner_positions", "-k",
+    runs.append(common + ["--pyargs", "properties.position_step.test_runner_positions", "-k",
                           "test_prepared_positions_match_reference", "--rope-positions-impl", impl])
 status = 0
 for cmd in runs:

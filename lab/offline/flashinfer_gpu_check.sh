@@ -8,7 +8,7 @@
 # lab/bench/flashinfer_probe.py --check),
 # (c) runs the property tests against it:
 #   pytest -q -p no:cacheprovider --rope-impl flashinfer --rope-device cuda
-#          properties/test_rotation.py tests/backends/test_backends.py
+#          properties/rotation/test_rotation.py tests/backends/test_backends.py
 # Expected with FlashInfer 0.7.4 (H200, lab/runs/flashinfer-suite-h200-2026-11-29.log): test_backends
 # passes (faulting shapes drawn around, wrong ones pinned as strict xfails); test_rotation fails, on
 # the 0-token raise and the wrong-value shapes (README findings, note 4), writing their case files.
@@ -66,7 +66,7 @@ main() {
     PYTHONUNBUFFERED=1 python -m lab.bench.flashinfer_probe --check
     echo "(c) pytest --rope-impl flashinfer --rope-device cuda"
     python3 -m pytest -q -p no:cacheprovider --rope-impl flashinfer --rope-device cuda \
-        properties/test_rotation.py tests/backends/test_backends.py "$@"
+        properties/rotation/test_rotation.py tests/backends/test_backends.py "$@"
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then main "$@"; fi

@@ -12,7 +12,7 @@
 #     compiled for the GPU) on CUDA against the float64 reference;
 # (c) runs pytest with PYTEST_ARGS, by default
 #       -q -p no:cacheprovider --rope-impl sglang --rope-impl sglang-triton --rope-device cuda
-#       properties/test_rotation.py tests/backends/test_backends.py
+#       properties/rotation/test_rotation.py tests/backends/test_backends.py
 #     (any PYTEST_ARGS replace that default after "-q -p no:cacheprovider").
 # Known upstream findings for sglang / sglang-triton (docs/findings.md,
 # docs/upstream-sglang-mrope-padding-lanes.md) show as failures or pinned xfails there.
@@ -89,7 +89,7 @@ PY
 
 if [ $# -eq 0 ]; then
     set -- --rope-impl sglang --rope-impl sglang-triton --rope-device cuda \
-        properties/test_rotation.py tests/backends/test_backends.py
+        properties/rotation/test_rotation.py tests/backends/test_backends.py
 fi
 echo "(c) pytest -q -p no:cacheprovider $*"
 python3 -m pytest -q -p no:cacheprovider "$@"

@@ -1,7 +1,7 @@
 """Position-id implementations with one shipped bug each (``fn(family, prompt) -> (positions, delta)``).
 
 Each mutant is the reference's layout with one rule written the way an engine once wrote it; the
-position-id properties (properties/test_position_ids.py) must reject every one of them.  Selected
+position-id properties (properties/position_ids/test_position_ids.py) must reject every one of them.  Selected
 with ``--rope-position-ids-impl properties.mutants.broken_position_ids:<name>``.
 """
 

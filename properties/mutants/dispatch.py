@@ -1,5 +1,5 @@
 """Broken rope ops: the platform-dispatch bugs of the catalogue (docs/spec.md §7.4, §7.6, §7.7), each a
-small variant of an op in rope.dispatch.  properties/test_dispatch.py must reject every one.
+small variant of an op in rope.dispatch.  properties/dispatch/test_dispatch.py must reject every one.
 
 ``BROKEN_OPS`` maps a name to (the op class it stands in for, the broken class).
 """

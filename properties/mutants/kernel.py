@@ -211,7 +211,7 @@ def neox_pairs_from_4096_tokens():
     paired NeoX-style (docs/spec.md §7.10; the shape of flashinfer#609 -> #619).
 
     Decode and every property drawing up to 48 (or 640) tokens see the right path; only a batch of
-    prefill size shows it (properties/test_prefill.py: the boundaries 4,095 / 4,096 / 4,097).
+    prefill size shows it (properties/rotation/test_prefill.py: the boundaries 4,095 / 4,096 / 4,097).
     """
 
 
@@ -231,7 +231,7 @@ def offsets_32bit():
     kernels).
 
     Right on everything smaller; only a q of more than 2^31 elements shows it, which takes a GPU
-    (properties/test_prefill.py's huge cases, deep profile): the interpreter would take hours.
+    (properties/rotation/test_prefill.py's huge cases, deep profile): the interpreter would take hours.
     """
 
 
@@ -241,7 +241,7 @@ def cache_offsets_32bit():
     2^31 elements (docs/spec.md §7.10, the cache side of Liger#804's 32-bit offsets).
 
     The kernel indexes the cache in 32 bits only where no offset can pass 2^31 - 1; this mutant
-    does so everywhere.  Right on every cache of fewer elements: only properties/test_prefill.py's
+    does so everywhere.  Right on every cache of fewer elements: only properties/rotation/test_prefill.py's
     4 GiB cache (GPU, deep profile) shows it.
     """
 

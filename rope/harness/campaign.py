@@ -43,7 +43,11 @@ EXAMPLES_ENV = "ROPE_CAMPAIGN_EXAMPLES"        # examples per test outside the r
 ROUNDS_ENV = "ROPE_CAMPAIGN_ROUNDS"            # a session's rounds: "examples:seed,examples:seed,..."
 ROUNDS_PER_RUN = 8
 DATABASE_ENV = "ROPE_HYPOTHESIS_DB"            # the shared example database directory
-DEFAULT_TESTS = ("test_rotation.py", "test_model_rotation.py", "test_runner_positions.py")
+# The suite's sub-packages a campaign searches by default, and the tests it leaves out there by
+# marker: the prefill sizes (their float64 reference of a 16k-token batch holds gigabytes of host
+# memory per worker, a campaign's many workers at once).
+DEFAULT_TESTS = ("rotation", "position_step")
+DEFAULT_SELECTION = "not prefill"
 GRACE_S = 30.0                                 # after SIGINT, how long a round may take to wind down
 
 
@@ -99,6 +103,7 @@ class Campaign:
     workers: str
     tests: list[str]
     out: str
+    select: str | None = None      # a -m expression every session takes (the default tests' DEFAULT_SELECTION)
     runs: list[Run] = field(default_factory=list)
     wall_s: float = 0.0
     examples: int = 0
@@ -118,8 +123,12 @@ def _pytest_command(c: Campaign, run: Run, extra: list[str], *, searches_only: b
     own ``-m`` says otherwise)."""
     cmd = [sys.executable, "-m", "pytest", *c.tests, "-q", "-p", "no:cacheprovider",
            "--hypothesis-profile=campaign", f"--hypothesis-seed={run.seeds[0]}"]
-    if searches_only and not any(a == "-m" or a.startswith("-m") for a in extra):
-        cmd += ["-m", "hypothesis"]
+    own_marks = any(a == "-m" or a.startswith("-m") for a in extra)
+    marks = [] if own_marks else [f"({c.select})"] if c.select else []
+    if searches_only and not own_marks:
+        marks.append("hypothesis")
+    if marks:
+        cmd += ["-m", " and ".join(marks)]
     if c.workers != "0":
         cmd += ["-n", c.workers]
     for d in c.devices:
@@ -177,9 +186,10 @@ def run_campaign(minutes: float, *, devices: list[str] | None = None, workers: s
         devices = [d for d in found if d != "cpu"] or ["cpu"]   # every GPU; the CPU where there is none
     out = Path(out or report.reports_dir() / "campaign")
     out.mkdir(parents=True, exist_ok=True)
-    tests = [str(suite_path(t)) if suite_path(t).is_file() else t
+    select = None if tests else DEFAULT_SELECTION
+    tests = [str(suite_path(t)) if suite_path(t).exists() else t
              for t in (tests or DEFAULT_TESTS)]
-    c = Campaign(minutes=minutes, devices=list(devices), workers=str(workers), tests=tests, out=str(out))
+    c = Campaign(minutes=minutes, devices=list(devices), workers=str(workers), tests=tests, out=str(out), select=select)
     run_dir = report.reports_dir() / ".records" / f"campaign-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     run_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, CAMPAIGN_ENV: "1", report.RUN_ENV: str(run_dir), DATABASE_ENV: str(out / "hypothesis-db"),
@@ -298,7 +308,9 @@ def add_campaign_parser(sub) -> None:
     p.add_argument("--max-examples", type=int, default=2000, help="examples per test in the deepest round")
     p.add_argument("--seed", type=int, default=None, help="seed of the round seeds (default: random)")
     p.add_argument("--out", default=None, help="directory for the report (default reports/campaign)")
-    p.add_argument("--tests", action="append", default=[], help="test files (default: the rotation and position properties)")
+    p.add_argument("--tests", action="append", default=[],
+                   help="test files or directories of the suite (default: its rotation and position_step "
+                        "sub-packages, the prefill sizes left out)")
     p.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     p.set_defaults(func=cmd_campaign)
 

@@ -27,12 +27,12 @@ def suite_dir() -> Path:
 
 
 def suite_path(*parts: str) -> Path:
-    """A file or directory of the suite, e.g. ``suite_path("test_rotation.py")``."""
+    """A file or directory of the suite, e.g. ``suite_path("rotation", "test_rotation.py")``."""
     return suite_dir().joinpath(*parts)
 
 
 def is_suite_module(module_name: str | None) -> bool:
-    """True for the suite's own test modules (``properties.test_rotation``, ...)."""
+    """True for the suite's own test modules (``properties.rotation.test_rotation``, ...)."""
     return bool(module_name) and module_name.split(".", 1)[0] == SUITE_PACKAGE
 
 
@@ -51,7 +51,7 @@ def runs_suite(args: list[str], pyargs: bool) -> bool:
             return True
         # A checkout's suite beside an installed one: the same package by its marker file.
         for candidate in (path, *path.parents):
-            if candidate.name == SUITE_PACKAGE and (candidate / "test_rotation.py").is_file():
+            if candidate.name == SUITE_PACKAGE and (candidate / "rotation" / "test_rotation.py").is_file():
                 return True
     return False
 

@@ -519,5 +519,5 @@ def test_known_defects_mode_is_validated(monkeypatch, tmp_path):
     with pytest.raises(ValueError, match="ROPE_KNOWN_DEFECTS='skip'"):
         comparison.known_defects_mode()
     # A run with the bad value ends before any test, with a usage error naming it.
-    run = _pytest(["-q", "--pyargs", "properties.test_rotation", "-k", "known_bug_triggers_match_reference and native-cpu-gptj-paired-neox-glm41v", "--rope-device", "cpu"], tmp_path)
+    run = _pytest(["-q", "--pyargs", "properties.rotation.test_rotation", "-k", "known_bug_triggers_match_reference and native-cpu-gptj-paired-neox-glm41v", "--rope-device", "cpu"], tmp_path)
     assert run.returncode == 4 and "ROPE_KNOWN_DEFECTS='skip'" in run.stderr + run.stdout, run.stdout[-2000:]

@@ -1,7 +1,7 @@
 """Divergences of the engines' position-id code, pinned both ways where the engine is installed:
 the reference keeps its value (a strict xfail against the engine while the divergence holds, so a
 fix upstream shows as an XPASS) and the engine must still give the recorded value.  The drawn
-comparison is properties/test_position_ids.py with --rope-position-ids-impl sglang / vllm."""
+comparison is properties/position_ids/test_position_ids.py with --rope-position-ids-impl sglang / vllm."""
 
 from __future__ import annotations
 

@@ -430,7 +430,7 @@ def test_pytest_rope_repro(good_case, tmp_path):
     env = {case_files.CASES_DIR_ENV: str(tmp_path / "replayed")}
     stored = _pytest("properties/test_repro.py", "--rope-repro", str(good_case), env=env)
     assert stored.returncode == 1 and "a replay never imports a module path stored in a case file" in stored.stdout
-    failing = _pytest("properties/test_repro.py", "properties/test_regressions.py", "--rope-repro", str(good_case),
+    failing = _pytest("properties/test_repro.py", "properties/rotation/test_regressions.py", "--rope-repro", str(good_case),
                       "--rope-impl", MUTANT, env=env)
     assert failing.returncode == 1, failing.stdout + failing.stderr
     assert "diagnosis: pairing_swapped" in failing.stdout and "deselected" in failing.stdout

@@ -151,7 +151,7 @@ def stuck(spec, positions, query, key, cache):
 ], ids=["interrupted", "uninterruptible"])
 def test_a_hanging_implementation_fails_one_test_and_the_run_goes_on(tmp_path, impl, timeout_args, says):
     (tmp_path / "hanging_impl.py").write_text(textwrap.dedent(_HANGING))
-    run = _pytest(["-q", "-n", "1", "--pyargs", "properties.test_rotation", "-k", "known_bug_triggers_match_reference and gptj-paired-neox-glm41v",
+    run = _pytest(["-q", "-n", "1", "--pyargs", "properties.rotation.test_rotation", "-k", "known_bug_triggers_match_reference and gptj-paired-neox-glm41v",
                    "--rope-impl", f"hanging_impl:{impl}", "--rope-impl", "native", "--rope-device", "cpu",
                    "--rope-call-timeout", "5", *timeout_args],
                   tmp_path, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))

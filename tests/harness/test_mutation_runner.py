@@ -397,15 +397,15 @@ def test_memory_safety_mutants_run_the_guarded_tests_first():
 def test_stages_and_arguments_come_from_the_installed_suite(tmp_path, monkeypatch):
     # A wheel's suite in site-packages: the tests are found (and pytest runs) there, not in a checkout.
     site = tmp_path / "site-packages"
-    (site / "properties").mkdir(parents=True)
-    (site / "properties" / "test_rotation.py").write_text(
+    (site / "properties" / "rotation").mkdir(parents=True)
+    (site / "properties" / "rotation" / "test_rotation.py").write_text(
         "def test_b():\n    pass\n\ndef helper():\n    pass\n\ndef test_known_bug_triggers_under_guards():\n    pass\n")
     monkeypatch.setattr(stages, "suite_dir", lambda: site / "properties")
     assert stages.suite_root() == site
     m = Mutant("kernel:x", "rotation-kernel", "properties.mutants.kernel:x", "triton", memory_safety=True)
     first = stages.harness_stages(m)[0]
-    assert first.tests == ("properties/test_rotation.py::test_known_bug_triggers_under_guards",
-                           "properties/test_rotation.py::test_b")
+    assert first.tests == ("properties/rotation/test_rotation.py::test_known_bug_triggers_under_guards",
+                           "properties/rotation/test_rotation.py::test_b")
     args = stages.build_pytest_args(first, first.tests, "dev")
     assert args[args.index("--rootdir") + 1] == str(site)
     assert args[args.index("--rope-impl") + 1] == m.target and "--hypothesis-profile=dev" in args
@@ -486,7 +486,7 @@ def test_suite_that_only_fails_where_the_parent_fails_lets_the_mutant_survive():
 def test_failure_not_naming_the_mutant_is_no_catch():
     fake = FakePytest({})
     runner = MutationRunner(execute=fake)
-    other = "properties/test_rotation.py::test_reference_text_tokens_reduce_to_1d"
+    other = "properties/rotation/test_rotation.py::test_reference_text_tokens_reduce_to_1d"
     stage = Stage("rotation suite", ("properties/baseline",), ("--rope-impl", TARGET), "fail", "--rope-impl")
     result = SuiteResult("harness")
     run = PytestRun.from_records(fake_records([(other, "failed")], 1.0))
@@ -511,7 +511,7 @@ def test_catch_over_the_limit_is_flagged_slow():
 POSITIONS_KERNEL = Mutant("kernel:positions_store_unmasked", "positions-kernel", STORE_UNMASKED, "triton",
                           memory_safety=True)
 DEDICATED = "properties/test_mutants.py::test_position_property_catches_kernel_mutant[positions_store_unmasked]"
-PLAIN = f"properties/test_runner_positions.py::test_prepared_positions_match_reference[{STORE_UNMASKED}-cpu]"
+PLAIN = f"properties/position_step/test_runner_positions.py::test_prepared_positions_match_reference[{STORE_UNMASKED}-cpu]"
 
 
 def test_position_kernel_mutants_run_guarded_first_with_what_raises_caught():
@@ -647,7 +647,7 @@ def test_reports_are_written_atomically_and_well_formed(tmp_path):
     assert "| mutant | kind | harness caught? |" in md
     assert "| `kernel:neox_for_gptj` | rotation-kernel | yes 1 false alarm skipped | 6.0 / 4.0 | n/a | - |" in md
     assert "| `dispatch:x` | dispatch (dedicated test) | NO (survived) |" in md
-    assert "doc \\| pipe" not in md.split("## Details")[0] and "dedicated tests in properties/test_dispatch.py" in md
+    assert "doc \\| pipe" not in md.split("## Details")[0] and "dedicated tests in properties/dispatch/test_dispatch.py" in md
     assert "```text\nAssertionError: properties.mutants.broken_rotations:key_unrotated" in md
     assert exit_code(rep) == 1
     rep.results.pop()
@@ -687,7 +687,7 @@ def test_end_to_end_key_unrotated_is_caught(tmp_path):
     harness = entry["harness"]
     assert entry["name"] == "broken_rotations:key_unrotated" and entry["baseline"] is None
     assert harness["caught"] and harness["stage"] == "rotation suite" and not harness["slow"]
-    assert harness["test"].startswith("properties/test_rotation.py::") and KEY_UNROTATED in harness["test"]
+    assert harness["test"].startswith("properties/rotation/test_rotation.py::") and KEY_UNROTATED in harness["test"]
     assert "does not match the reference" in harness["assertion"][0] and "key_only" in harness["assertion"][1]
     # The known-bug triggers run first (conftest): a fixed case, so no Hypothesis example to shrink.
     assert "test_known_bug_triggers" in harness["test"] and harness["falsifying_example"] == []

@@ -84,7 +84,7 @@ def test_a_projects_own_test_dir_runs_on_the_harness_only_where_declared(tmp_pat
 
 
 def test_suite_runs_from_any_directory_and_reports_there(tmp_path):
-    run = _pytest(["-q", "--pyargs", "properties.test_rotation", "-k", "known_bug_triggers_match_reference and native-cpu-gptj-paired-neox-glm41v"], tmp_path)
+    run = _pytest(["-q", "--pyargs", "properties.rotation.test_rotation", "-k", "known_bug_triggers_match_reference and native-cpu-gptj-paired-neox-glm41v"], tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
     assert (tmp_path / "reports" / "summary.md").is_file(), run.stdout
     assert not (suite_dir().parent / "reports" / ".records" / "never").exists()
@@ -95,22 +95,22 @@ def test_suite_runs_from_any_directory_and_reports_there(tmp_path):
 
 def test_reports_dir_follows_the_environment(tmp_path):
     target = tmp_path / "elsewhere"
-    run = _pytest(["-q", "--pyargs", "properties.test_rotation", "-k", "known_bug_triggers_match_reference and native-cpu-gptj-paired-neox-glm41v"], tmp_path,
+    run = _pytest(["-q", "--pyargs", "properties.rotation.test_rotation", "-k", "known_bug_triggers_match_reference and native-cpu-gptj-paired-neox-glm41v"], tmp_path,
                   ROPE_REPORTS_DIR=str(target))
     assert run.returncode == 0, run.stdout + run.stderr
     assert (target / "summary.md").is_file() and not (tmp_path / "reports").exists()
 
 
 def test_suite_is_found_without_importing_it():
-    assert (suite_dir() / "test_rotation.py").is_file()
+    assert (suite_dir() / "rotation" / "test_rotation.py").is_file()
     assert suite_path("regressions").is_dir()
-    assert is_suite_module("properties.test_rotation") and not is_suite_module("myproject.test_x")
+    assert is_suite_module("properties.rotation.test_rotation") and not is_suite_module("myproject.test_x")
     assert not is_suite_module(None)
 
 
 @pytest.mark.parametrize("args, pyargs, expected", [
     (["properties"], True, True),
-    (["properties.test_rotation::test_x"], True, True),
+    (["properties.rotation.test_rotation::test_x"], True, True),
     (["tests/test_mine.py"], False, False),
     (["myproject"], True, False),
 ])
@@ -119,7 +119,7 @@ def test_runs_suite_recognises_the_suite(args, pyargs, expected):
 
 
 def test_runs_suite_recognises_paths_into_the_suite(tmp_path):
-    assert runs_suite([str(suite_path("test_rotation.py")) + "::test_x"], False)
+    assert runs_suite([str(suite_path("rotation", "test_rotation.py")) + "::test_x"], False)
     assert runs_suite([str(suite_dir())], False)
     assert not runs_suite([str(tmp_path)], False)
 
@@ -186,7 +186,7 @@ def test_a_sticky_gpu_fault_skips_the_processes_later_gpu_tests(monkeypatch):
 def test_a_fail_fast_run_gives_every_search_a_first_pass(tmp_path):
     # -x: each Hypothesis test twice, round0 (FIRST_PASS_EXAMPLES examples) for all before any
     # round1 (the profile's); a full run keeps one copy per test.
-    args = ["--collect-only", "-q", "--pyargs", "properties.test_rotation", "--rope-impl", "native",
+    args = ["--collect-only", "-q", "--pyargs", "properties.rotation.test_rotation", "--rope-impl", "native",
             "--rope-device", "cpu", "-k", "test_rotation_matches_reference and fp32"]
     quick = _pytest(["-x", *args], tmp_path).stdout.splitlines()
     ids = [line for line in quick if "::" in line]
@@ -236,7 +236,7 @@ def test_a_fail_fast_run_ends_at_the_first_failure_not_the_other_workers_test():
     # verdict says so (lab/bench/first_failure.py measured that run ending 99.6 s later).
     # The CPU under the interpreter on every machine: on a GPU box the trigger would also run on the
     # GPU (a second failure) and the CPU search would not exist without the interpreter.
-    run = _pytest(["-x", "-n", "2", "-q", "-rfs", "--hypothesis-profile", "deep", "properties/test_rotation.py",
+    run = _pytest(["-x", "-n", "2", "-q", "-rfs", "--hypothesis-profile", "deep", "properties/rotation/test_rotation.py",
                    "--rope-device", "cpu",
                    "--rope-impl", "properties.mutants.broken_rotations:neox_for_gptj", "--rope-impl", "triton", "-k",
                    "(test_known_bug_triggers_match_reference and neox_for_gptj and gptj-paired-neox-glm41v)"
@@ -247,7 +247,7 @@ def test_a_fail_fast_run_ends_at_the_first_failure_not_the_other_workers_test():
     # pytest's closing line (plugins may warn after it, e.g. pytest-benchmark under xdist).
     closing = [line for line in out.splitlines() if re.match(r"=*\s*\d+ (failed|passed|skipped|error)", line)][-1:]
     closing = closing[0] if closing else ""
-    assert "FAILED properties/test_rotation.py::test_known_bug_triggers_match_reference" in out, out[-3000:]
+    assert "FAILED properties/rotation/test_rotation.py::test_known_bug_triggers_match_reference" in out, out[-3000:]
     # The search (round1: the fail-fast run's search after its first pass) was ended by the stop, or
     # never started; run to its end it would pass.
     assert "1 failed" in closing and "passed" not in closing, out[-3000:]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rope.harness import profiling, report
 from rope.registry import get_positions_implementation
-from properties.test_runner_positions import assert_positions_match, CHUNK_2, LONG_1D, LONG_3D
+from properties.position_step.test_runner_positions import assert_positions_match, CHUNK_2, LONG_1D, LONG_3D
 
 
 def test_outside_implementations_are_called_positionally(monkeypatch):

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from properties.mutants import broken_position_ids as broken
 from properties.prompt_strategies import batches
-from properties.test_position_ids import KNOWN_BUG_PROMPTS
+from properties.position_ids.test_position_ids import KNOWN_BUG_PROMPTS
 from reference.position_ids import Image, Prompt, Text, Video, prompt_positions
 from rope.harness.position_ids import (
     PromptBatch,

@@ -27,7 +27,7 @@ test_ids = st.lists(st.text(min_size=1, max_size=40), min_size=0, max_size=60, u
 
 # ------------------------------------------------------------------ sharding
 @given(ids=test_ids, count=st.integers(1, 9))
-@example(ids=["properties/test_rotation.py::test_x[triton-cuda:1-bf16]"], count=1)
+@example(ids=["properties/rotation/test_rotation.py::test_x[triton-cuda:1-bf16]"], count=1)
 def test_shards_partition_the_tests(ids, count):
     shards = [[t for t in ids if shard_of(t, count) == i] for i in range(count)]
     assert sorted(t for s in shards for t in s) == sorted(ids)          # every test exactly once
@@ -43,7 +43,7 @@ def test_bad_shard_is_a_clear_error(text):
 def _collect(*args: str) -> list[str]:
     env = {**os.environ, report.DISABLE_ENV: "1"}
     out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                          "properties/test_rotation.py", *args],
+                          "properties/rotation/test_rotation.py", *args],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     return [line for line in out.stdout.splitlines() if "::" in line]
@@ -55,7 +55,7 @@ def test_shard_option_runs_every_collected_test_exactly_once():
     assert all(shards), "a shard of 107 tests came out empty"
     assert Counter(t for s in shards for t in s) == Counter(everything)
     out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "--rope-shard=3/3",
-                          "properties/test_rotation.py"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          "properties/rotation/test_rotation.py"], cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env={**os.environ, report.DISABLE_ENV: "1"})
     assert out.returncode != 0 and "--rope-shard" in out.stdout + out.stderr
 
@@ -241,7 +241,7 @@ def test_campaign_rounds_run_in_one_session_with_their_own_examples(tmp_path):
            "ROPE_CASES_DIR": "off"}
     env.pop(report.DISABLE_ENV, None)
     args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--hypothesis-profile=campaign",
-            "--rope-impl", "native", "--rope-device", "cpu", "properties/test_rotation.py", "-k",
+            "--rope-impl", "native", "--rope-device", "cpu", "properties/rotation/test_rotation.py", "-k",
             "test_rotation_matches_reference and fp32-chunked3-neox or test_large_batches or "
             "test_known_bug_triggers_match_reference and qwen3vl"]
     proc = subprocess.run(args + ["-v"], env=env, capture_output=True, text=True, timeout=600,
@@ -276,7 +276,7 @@ def test_campaign_on_cpu_stops_on_time_and_merges_every_workers_records(tmp_path
     # reach their first example in 15 s: a longer budget then, each run held to its own; where not
     # even the longest is enough, the merge cannot be seen here and the test says so.
     for budget_s in (15.0, 45.0, 120.0):
-        c = run_campaign(budget_s / 60, devices=["cpu"], workers="2", tests=["test_rotation.py"], out=tmp_path / "c",
+        c = run_campaign(budget_s / 60, devices=["cpu"], workers="2", tests=["rotation/test_rotation.py"], out=tmp_path / "c",
                          seed=7, pytest_args=["-k", "test_rotation_matches_reference and native"],
                          show_progress=False)
         # On time, by the campaign's own clock: every round but the last ended before the deadline,
@@ -299,3 +299,27 @@ def test_campaign_on_cpu_stops_on_time_and_merges_every_workers_records(tmp_path
     assert data["examples"] == summary["examples"] > 0 and data["failures"] == 0
     assert set(data["per_device"]["cpu"]["workers"]) == {"gw0", "gw1"}      # both workers' records merged
     assert (tmp_path / "c" / "campaign.md").read_text().count("| cpu |") == 1
+
+
+def test_a_default_campaign_searches_the_rotation_and_position_step_packages_without_the_prefill_sizes(tmp_path):
+    # The defaults are the suite's sub-packages, narrowed by marker (no file list): the prefill sizes
+    # are left out in every session, the fixed cases after the first.  A user's own -m replaces both.
+    from rope.harness import campaign
+    from rope.harness.suite import suite_path
+    c = campaign.Campaign(minutes=1, devices=["cpu"], workers="0", out=str(tmp_path),
+                          tests=[str(suite_path(t)) for t in campaign.DEFAULT_TESTS], select=campaign.DEFAULT_SELECTION)
+    run = campaign.Run(seeds=[1], examples_per_test=[10], log=str(tmp_path / "log"))
+    first = campaign._pytest_command(c, run, [])
+    later = campaign._pytest_command(c, run, [], searches_only=True)
+    def marks(cmd):         # the value of the last -m (the first is python's own: -m pytest)
+        return cmd[len(cmd) - 1 - cmd[::-1].index("-m") + 1]
+    assert marks(first) == "(not prefill)" and marks(later) == "(not prefill) and hypothesis"
+    assert [Path(t).name for t in c.tests] == ["rotation", "position_step"]
+    own = campaign._pytest_command(c, run, ["-m", "rotation"], searches_only=True)
+    assert own.count("-m") == 2 and own[-1] == "rotation"        # pytest's own -m, then the user's
+    collected = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                                *c.tests, "-m", "(not prefill)", "--rope-device", "cpu"],
+                               cwd=ROOT, capture_output=True, text=True, timeout=300)
+    files = {line.split("::")[0] for line in collected.stdout.splitlines() if "::" in line}
+    assert "properties/rotation/test_rotation.py" in files and "properties/position_step/test_runner_positions.py" in files
+    assert not any("test_prefill" in f for f in files), files

@@ -16,7 +16,7 @@ from properties.known_cases import KNOWN_BUG_CASES
 from properties.strategies import KINDS, RotationCase, ragged_batches, rotation_cases
 from properties.test_mutants import (KNOWN_PAIRS, MAX_POSITIONS, MAX_TOKENS, HEAD_SIZES, _positions_checks,
                                      check_rotation)
-from properties.test_runner_positions import CHUNK_1, CHUNK_2, DECODE
+from properties.position_step.test_runner_positions import CHUNK_1, CHUNK_2, DECODE
 
 
 pytestmark = [

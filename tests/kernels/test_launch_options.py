@@ -11,7 +11,7 @@ past the heads, a rounding that differs).  Every drawn configuration
 must give the default launch's output bit for bit (the math per element is the same fp32 sequence;
 only which program computes it changes).  On the CPU the interpreter runs it (pdl falls back to an
 ordinary launch there); on a GPU, the compiled kernels.  The large-batch defaults themselves are
-held to the reference by properties/test_rotation.py::test_large_batches_match_reference.
+held to the reference by properties/rotation/test_rotation.py::test_large_batches_match_reference.
 
 The position kernel's ``block``, ``splits`` (programs per request) and ``pdl`` likewise: drawn small here
 so that one request spans several blocks and several programs, held to the reference.

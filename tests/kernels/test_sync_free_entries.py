@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import reference
-from properties.test_runner_positions import CHUNK_1, DECODE
+from properties.position_step.test_runner_positions import CHUNK_1, DECODE
 from rope.cache import cos_sin_cache
 from rope.devices import torch_device, triton_runs_on
 from rope.harness.tolerance import compare_rotation

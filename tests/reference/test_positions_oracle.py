@@ -10,7 +10,7 @@ Three parts:
    (rope/harness/position_ids/transformers.py, with the releases it holds for): a strict xfail
    against the reference while it is active, and the exact value transformers returns.  The
    drawn comparison of any position-id implementation, transformers by default, is
-   properties/test_position_ids.py.
+   properties/position_ids/test_position_ids.py.
 """
 
 from __future__ import annotations
@@ -246,7 +246,7 @@ def test_positions_decode_continues_after_prompt(family, data):
 
 # =====================================================================================  part 3
 # transformers' get_rope_index, through its adapter (rope/harness/position_ids/transformers.py).
-# The drawn comparison is properties/test_position_ids.py (--rope-position-ids-impl transformers,
+# The drawn comparison is properties/position_ids/test_position_ids.py (--rope-position-ids-impl transformers,
 # the default); here, each known departure is pinned both ways: a strict xfail against the
 # reference while the departure is active (a fix upstream turns it into an XPASS, i.e. a failure
 # that asks for the table to be updated), and the exact value transformers returns.

@@ -9,7 +9,7 @@ from hypothesis import given, strategies as st
 
 import reference
 from properties.strategies import KINDS, RotationCase, build_rotation_inputs, rotation_cases
-from properties.test_rotation import _as_1d
+from properties.rotation.test_rotation import _as_1d
 
 
 def complex_rotation(spec, positions, x, cache):

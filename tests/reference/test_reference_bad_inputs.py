@@ -1,4 +1,4 @@
-"""The reference refuses every bad input of the suite's table (properties/test_bad_inputs.py) with a
+"""The reference refuses every bad input of the suite's table (properties/rotation/test_bad_inputs.py) with a
 ValueError naming the field."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import reference
-from properties.test_bad_inputs import _call, ERROR_INPUTS
+from properties.rotation.test_bad_inputs import _call, ERROR_INPUTS
 
 
 @pytest.mark.parametrize("error", list(ERROR_INPUTS), ids=list(ERROR_INPUTS))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import reference
-from properties.test_runner_positions import _good, CHUNK_1, CHUNK_2, DECODE, ERRORS, _PROMPT
+from properties.position_step.test_runner_positions import _good, CHUNK_1, CHUNK_2, DECODE, ERRORS, _PROMPT
 
 
 def test_chunked_prefill_concatenates_to_prompt_then_decodes_with_delta():

@@ -9,7 +9,7 @@ import pytest
 from rope.harness.case_files import load_case
 from rope.harness.comparison import assert_matches_reference, skip_if_unsupported
 from rope.registry import get_recorded_implementation
-from properties.test_regressions import FILES
+from properties.rotation.test_regressions import FILES
 
 
 def test_corpus_is_not_empty_and_loads():

@@ -1,4 +1,4 @@
-"""The rotation properties (properties/test_rotation.py) as a user meets them: they hold a second
+"""The rotation properties (properties/rotation/test_rotation.py) as a user meets them: they hold a second
 kernel of an implementation to the reference, draw only the shapes and kinds it runs (skipping the
 others before drawing), and catch state an implementation keeps per shape."""
 
@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from rope.harness import report
 from rope.harness.comparison import skip_if_none_supported
 from rope.registry import get_implementation
-from properties import test_rotation as rotation_properties
+from properties.rotation import test_rotation as rotation_properties
 from properties.strategies import KINDS, RotationCase, probe_specs, rotation_cases, supported_shapes
 
 

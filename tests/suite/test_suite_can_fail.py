@@ -45,7 +45,7 @@ def test_rotation_property_rejects_broken_implementation(broken, monkeypatch, tm
 # ------------------------------------------------------------------ position preparation
 from properties.mutants.broken_positions import BROKEN_POSITIONS, correct_loop  # noqa: E402
 from properties.strategies import ragged_batches  # noqa: E402
-from properties.test_runner_positions import assert_positions_match  # noqa: E402
+from properties.position_step.test_runner_positions import assert_positions_match  # noqa: E402
 
 # delta_per_chunk corrupts the stored delta for later steps; one step cannot see it (the
 # scheduler state machine in test_scheduler_positions.py does).
@@ -75,7 +75,7 @@ def test_mutant_loop_without_bug_is_correct(batch):
 def test_scheduler_machine_rejects_broken_positions(broken):
     from hypothesis.stateful import run_state_machine_as_test
 
-    from properties.test_scheduler_positions import make_machine
+    from properties.position_step.test_scheduler_positions import make_machine
     machine = make_machine(f"properties.mutants.broken_positions:{broken}", "cpu", "qwen2_5_vl")
     with pytest.raises(AssertionError):
         # Found is enough: shrinking a 25-step run (most of this test's time) proves nothing more.

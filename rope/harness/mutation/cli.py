@@ -20,7 +20,7 @@ How each kind of mutant is run (one pytest subprocess per suite run, ``-x``,
 ``ROPE_NO_REPORT=1``, so deliberate failures write no case files and no run report):
 
 =================  ============================================================================
-rotation           wrappers of rope.native: properties/test_rotation.py with
+rotation           wrappers of rope.native: properties/rotation/test_rotation.py with
                    ``--rope-impl properties.mutants.broken_rotations:NAME``; caught = a test fails
 rotation-kernel    source-patched Triton kernels: the same with
                    ``--rope-impl properties.mutants.kernel:NAME``.  The memory-safety bugs (only
@@ -34,7 +34,7 @@ positions-kernel   the position kernel's mutants: test_mutants.py's guarded sear
                    the plain suites (which run an unmasked store unguarded: the process may
                    crash, which is recorded but is no catch)
 dispatch           op classes, not registry implementations: their dedicated tests in
-                   properties/test_dispatch.py (``test_dispatch_property_rejects_broken_op[NAME]``;
+                   properties/dispatch/test_dispatch.py (``test_dispatch_property_rejects_broken_op[NAME]``;
                    caught = it passes)
 =================  ============================================================================
 

@@ -82,6 +82,7 @@ _MARKERS = (
     "position_step: takes the runner's position step under test (--rope-positions-impl); set by the plugin",
     "position_ids: takes the position-id implementation under test (--rope-position-ids-impl); set by the plugin",
     "dispatch: checks the platform dispatch of the built-in operations",
+    "prefill: a prefill-size batch (1,024 to 16,384 tokens and past); a campaign leaves these out",
 )
 
 

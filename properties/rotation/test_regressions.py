@@ -16,7 +16,7 @@ from rope.harness.case_files import load_case
 from rope.harness.comparison import assert_matches_reference, skip_if_unsupported
 from rope.registry import get_implementation
 
-CORPUS = Path(__file__).parent / "regressions"
+CORPUS = Path(__file__).parents[1] / "regressions"
 FILES = sorted(CORPUS.glob("*.json"))
 
 

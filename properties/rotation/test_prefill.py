@@ -51,6 +51,9 @@ from properties.strategies import (
     prefill_token_counts,
 )
 
+# The prefill sizes: a campaign leaves them out by this marker (rope.harness.campaign).
+pytestmark = pytest.mark.prefill
+
 # Seconds of implementation + reference time the drawn prefill property may spend per test
 # (the explicit boundaries always run); ROPE_PREFILL_BUDGET overrides.
 PREFILL_BUDGET_S = {"cpu": 20.0}

@@ -1,0 +1,1 @@
+"""Dispatch: the platform dispatch of the built-in operations (which path each device takes)."""

@@ -1,0 +1,1 @@
+"""Position ids: the properties a model's position-id implementation (--rope-position-ids-impl) must pass."""
