@@ -510,44 +510,25 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
                   block_hk: int | None = None, cache_offsets_64: bool | None = None,
                   positions_before_wait: bool = False, speculate_positions: bool | None = None,
                   position_guesses=None):
-    """Launch the kernel without validation (the caller has checked); returns (query, key).
+    """Launch the kernel without validation (the caller has checked); returns (query, key), rotated
+    in place (query/key must have unit stride in the last dim).
 
-    query/key must have unit stride in the last dim; they are rotated in place.  Tile sizes come
-    from the H200 sweeps in docs/launch-defaults.md (MAX_TILE, SMALL_BATCH_TOKENS): few tokens ->
-    small head blocks and more programs (latency); many tokens -> tokens x heads x frequencies tiles
-    of MAX_TILE pairs (bandwidth); q and k in separate programs (``split_qk``) unless told otherwise.  ``pdl``: launch with
-    programmatic dependent launch (CUDA, compute capability >= 9, Triton with ``launch_pdl``); by
-    default up to PDL_MAX_TOKENS, where the launch is most of the time, and in ONE_WAVE_TOKENS,
-    whose tiles leave room on the SMs for the next launch's programs (``_default_tile``).  ``evict_first``: q/k loads
-    and stores hint evict_first (each byte is touched once; the cos/sin rows, read by position,
-    keep their L2 lines); by default in the EVICT_FIRST_TOKENS range while the rotated q/k bytes are at most
-    EVICT_FIRST_MAX_BYTES.  ``heads_fastest``: a 1-D
-    grid, head blocks of a token block in consecutive programs; by default from SMALL_BATCH_TOKENS
-    up.  From the H200 measurements in docs/launch-defaults.md (PDL_MAX_TOKENS, EVICT_FIRST_TOKENS,
-    heads_fastest).  ``bf16_rounding``: ``"convert"``
-    (the compiled default: the store's own round-to-nearest-even, 30% fewer instructions than the
-    bit arithmetic and 5-13% faster at 4096+ tokens on the H200: docs/launch-defaults.md,
-    bf16_rounding) or ``"by_hand"`` (bit arithmetic, the same bits; the default under the interpreter, whose convert
-    truncates).  ``block_hk``: the key programs' head block with ``split_qk`` (a power of two
-    dividing ``block_h``; they then take ``block_h // block_hk`` times the tokens); by default the
-    key's head count rounded up to a power of two above KEY_HEAD_BLOCK_TOKENS, else ``block_h`` (a
-    key program of 2 valid heads in 8 pays the position -> cos/sin chain of 8: 3% of GLM-4.1V at
-    65536 tokens; at 256 tokens the longer key programs cost 10%: docs/launch-defaults.md,
-    KEY_HEAD_BLOCK_TOKENS).
-    ``cache_offsets_64``: cache rows and offsets in 64-bit arithmetic; by default only where a 32-bit
-    offset could overflow (``cache_offsets_need_64``), else 32-bit, which shortens a decode step's
-    position -> cos/sin chain (docs/launch-defaults.md, cache_offsets_64).  ``positions_before_wait``:
-    with PDL, read the positions before waiting for the previous kernel, the cache and q/k after it
-    (one dependent round trip after the wait instead of two); valid only when the kernel launched just before in
-    the stream does not write ``positions`` (in a serving engine the rotation follows the QKV
-    projection, and the step's positions were written before the first layer).  Off by default: the
-    public entry makes no such assumption (tests/kernels/test_pdl_order.py shows the hazard).
-    ``speculate_positions``: guess the positions before the PDL wait, read them again after it beside
-    q/k and the cos/sin rows at the guesses, and read cos/sin again only where a guess was wrong:
-    the one round trip of ``positions_before_wait`` with no assumption about the previous kernel; by
-    default with PDL up to SPECULATE_MAX_TOKENS.  ``position_guesses`` (tests): a tensor shaped and
-    strided like ``positions`` that the guesses are read from instead (implies speculation), so that
-    a wrong guess, which on a GPU needs a race, can be staged anywhere.
+    Every option defaults to the launch measured fastest on an H200; docs/launch-defaults.md states
+    each default with its measurement, and no option changes a value (tests/kernels/
+    test_launch_options.py).  The tile: ``block_t`` tokens x ``block_h`` heads per program on
+    ``num_warps`` warps; ``split_qk``: q and k in separate programs, the key's of ``block_hk`` heads
+    (a power of two dividing ``block_h``; they take ``block_h // block_hk`` times the tokens);
+    ``gather_3d``: cos/sin gathered straight into the tile's layout; ``heads_fastest``: a 1-D grid,
+    the head blocks of a token block in consecutive programs.  ``pdl``: programmatic dependent
+    launch, ``evict_first``: the q/k eviction hint (each only where the compile target has it:
+    rope/triton/targets.py).  ``bf16_rounding``: ``"convert"`` (the store's own rounding, compiled)
+    or ``"by_hand"`` (bit arithmetic, the same bits; under the interpreter, whose convert truncates).
+    ``cache_offsets_64``: cache rows and offsets in 64-bit arithmetic (forced where a 32-bit offset
+    could overflow).  ``positions_before_wait``: with PDL, read the positions before waiting for
+    the previous kernel and trust them (valid only when that kernel does not write them; off by
+    default: tests/kernels/test_pdl_order.py shows the hazard).  ``speculate_positions``: guess the
+    positions before the PDL wait, check them after it, re-read cos/sin where a guess was wrong;
+    ``position_guesses`` (tests): where the guesses are read from (see ``_speculate``).
     """
     if bf16_rounding not in (None, "by_hand", "convert"):
         raise ValueError(f"bf16_rounding={bf16_rounding!r}: must be 'by_hand' or 'convert'")
@@ -562,18 +543,54 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
     num_q = query.shape[1] // spec.head_size
     num_k = key.shape[1] // spec.head_size if key is not None else 0
     block_f = next_power_of_2(spec.num_freqs)
-    max_heads = next_power_of_2(max(num_q, num_k))
     split_qk = key is not None and (split_qk is None or bool(split_qk))
     pos_run = _position_run(spec, cos_sin_cache.stride(0))
     if gather_3d is None:
         # The 3-D gather pays off only as vector loads: runs of lanes (POS_RUN > 1) and a lane mask
         # Triton can prove constant over them, i.e. half = num_freqs specialized as a multiple of 16
-        # (else it issues one scalar load per lane and head lane: the slower variant;
-        # docs/launch-defaults.md, gather_3d).
+        # (docs/launch-defaults.md, gather_3d).
         gather_3d = pos_run > 1 and spec.num_freqs % 16 == 0
     if pdl is None:
         pdl = num_tokens <= PDL_MAX_TOKENS or ONE_WAVE_TOKENS[0] <= num_tokens <= ONE_WAVE_TOKENS[1]
     pdl = bool(pdl) and target.pdl
+    speculate = _speculate(positions, position_guesses, speculate_positions, positions_before_wait, pdl)
+    speculating = speculate and pdl     # the tile's band; the kernel reads the guesses whenever speculate is set
+    block_t, block_h, num_warps = _tile(spec, num_tokens, num_q, num_k, split_qk, gather_3d, speculating,
+                                        block_t, block_h, num_warps)
+    if evict_first is None:
+        rotated_bytes = 2 * num_tokens * (num_q + num_k) * spec.rotary_dim * query.element_size()
+        evict_first = (EVICT_FIRST_TOKENS[0] <= num_tokens <= EVICT_FIRST_TOKENS[1]
+                       and rotated_bytes <= EVICT_FIRST_MAX_BYTES)
+    evict_first = bool(evict_first) and target.eviction_hints
+    if heads_fastest is None:
+        heads_fastest = num_tokens >= SMALL_BATCH_TOKENS
+    cache_offsets_64 = _cache_offsets_64(cache_offsets_64, cos_sin_cache, block_f)
+    block_hk = _key_head_block(block_hk, block_h, split_qk, num_tokens, num_k)
+    grid = _grid(num_tokens, num_q, num_k, split_qk, block_t, block_h, block_hk, bool(heads_fastest))
+    extra = ({"enable_fp_fusion": False, "num_warps": num_warps} if target.compiled else {}) | (
+        {"launch_pdl": True} if pdl else {})
+    _rotary_kernel[grid](
+        query, key if key is not None else query, cos_sin_cache, positions,
+        position_guesses if position_guesses is not None else positions,
+        query.stride(0), key.stride(0) if key is not None else 0, cos_sin_cache.stride(0),
+        positions.stride(0) if positions.dim() == 2 else 0,
+        cos_sin_cache.shape[0], num_tokens, num_q, num_k, spec.head_size, spec.num_freqs, *_sections_constexprs(spec),
+        NUM_DIMS=spec.num_dims, INTERLEAVED=spec.layout == "interleaved", IS_NEOX=spec.is_neox_style, HAS_KEY=key is not None,
+        ROUND_BF16=query.dtype == torch.bfloat16 and bf16_rounding == "by_hand",
+        SPLIT_QK=split_qk, BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_F=block_f,
+        POS_RUN=pos_run, GATHER_3D=gather_3d, PDL=pdl, QK_EVICT="evict_first" if evict_first else "",
+        HEADS_FASTEST=bool(heads_fastest), BLOCK_HK=block_hk, CACHE_I64=bool(cache_offsets_64),
+        EARLY_POSITIONS=bool(positions_before_wait), SPECULATE=speculate, **extra,
+    )
+    return query, key
+
+
+def _speculate(positions, position_guesses, speculate_positions, positions_before_wait: bool, pdl: bool) -> bool:
+    """Whether the kernel reads guessed positions first and checks them: asked for, implied by
+    ``position_guesses`` (on any target: a test stages wrong guesses where there is no PDL wait), or
+    by default with PDL up to SPECULATE_MAX_TOKENS (docs/launch-defaults.md).  ``position_guesses``:
+    a tensor shaped and strided like ``positions`` that the guesses are read from instead, so that a
+    wrong guess, which on a GPU needs a race, can be staged anywhere."""
     if position_guesses is not None:
         if speculate_positions is False:
             raise ValueError("position_guesses: given with speculate_positions=False")
@@ -588,62 +605,58 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
         raise ValueError("speculate_positions=True with positions_before_wait=True: the early read is trusted, "
                          "there is nothing to verify")
     if speculate_positions is None:
-        speculate_positions = pdl and not positions_before_wait and num_tokens <= SPECULATE_MAX_TOKENS
-    speculating = bool(speculate_positions) and pdl
+        speculate_positions = pdl and not positions_before_wait and positions.shape[-1] <= SPECULATE_MAX_TOKENS
+    return bool(speculate_positions)
+
+
+def _tile(spec: RopeSpec, num_tokens: int, num_q: int, num_k: int, split_qk: bool, gather_3d: bool,
+          speculating: bool, block_t, block_h, num_warps) -> tuple[int, int, int]:
+    """(block_t, block_h, num_warps): the caller's where given, else the default tile's."""
     tile = _default_tile(num_tokens, num_q, num_k, split_qk, gather_3d,
                          interleaved=spec.num_dims > 1 and spec.layout == "interleaved", speculate=speculating)
     if block_h is None:
         # Narrowed to the heads there are, except in the speculating band: one head block for
         # every head count there (masked head lanes cost no memory traffic; docs/launch-defaults.md, the tile row).
-        block_h = tile[1] if speculating else min(max_heads, tile[1])
+        block_h = tile[1] if speculating else min(next_power_of_2(max(num_q, num_k)), tile[1])
     if block_t is None:
-        block_t = tile[0] if tile[0] else max(1, min(8, MAX_TILE // (block_f * block_h)))
-    if num_warps is None:
-        num_warps = tile[2]
-    if evict_first is None:
-        rotated_bytes = 2 * num_tokens * (num_q + num_k) * spec.rotary_dim * query.element_size()
-        evict_first = (EVICT_FIRST_TOKENS[0] <= num_tokens <= EVICT_FIRST_TOKENS[1]
-                       and rotated_bytes <= EVICT_FIRST_MAX_BYTES)
-    evict_first = bool(evict_first) and target.eviction_hints
-    if heads_fastest is None:
-        heads_fastest = num_tokens >= SMALL_BATCH_TOKENS
+        block_t = tile[0] if tile[0] else max(1, min(8, MAX_TILE // (next_power_of_2(spec.num_freqs) * block_h)))
+    return block_t, block_h, tile[2] if num_warps is None else num_warps
+
+
+def _cache_offsets_64(asked, cos_sin_cache, block_f: int) -> bool:
+    """64-bit cache offsets where asked, and always where a 32-bit offset could overflow
+    (``cache_offsets_need_64``); 32-bit otherwise, a shorter position -> cos/sin chain."""
     needs_64 = cache_offsets_need_64(cos_sin_cache, block_f)
-    if cache_offsets_64 is None:
-        cache_offsets_64 = needs_64
-    elif needs_64 and not cache_offsets_64:
+    if asked is None:
+        return needs_64
+    if needs_64 and not asked:
         raise ValueError(f"cache_offsets_64=False: cos_sin_cache of shape {tuple(cos_sin_cache.shape)} and row "
                          f"stride {cos_sin_cache.stride(0)} has offsets past 2^31 - 1")
+    return bool(asked)
+
+
+def _key_head_block(block_hk, block_h: int, split_qk: bool, num_tokens: int, num_k: int) -> int:
+    """The key programs' head block: ``block_h`` without split_qk; by default the key's head count
+    rounded up to a power of two above KEY_HEAD_BLOCK_TOKENS (docs/launch-defaults.md), else block_h."""
     if not split_qk:
-        block_hk = block_h
-    elif block_hk is None:
-        block_hk = min(block_h, next_power_of_2(num_k)) if num_tokens > KEY_HEAD_BLOCK_TOKENS else block_h
-    elif block_hk < 1 or block_h % block_hk or block_hk & (block_hk - 1):
+        return block_h
+    if block_hk is None:
+        return min(block_h, next_power_of_2(num_k)) if num_tokens > KEY_HEAD_BLOCK_TOKENS else block_h
+    if block_hk < 1 or block_h % block_hk or block_hk & (block_hk - 1):
         raise ValueError(f"block_hk={block_hk}: must be a power of two dividing block_h={block_h}")
-    # With split_qk, programs come in groups of `rounds` token blocks: `rounds` x the q head blocks,
-    # then the k head blocks (of block_hk heads and rounds * block_t tokens).
+    return block_hk
+
+
+def _grid(num_tokens: int, num_q: int, num_k: int, split_qk: bool, block_t: int, block_h: int, block_hk: int,
+          heads_fastest: bool) -> tuple[int, ...]:
+    """The launch grid.  With split_qk, programs come in groups of ``rounds`` token blocks:
+    ``rounds`` x the q head blocks, then the k head blocks (of block_hk heads and rounds * block_t
+    tokens).  heads_fastest: one axis, the head blocks of a token block in consecutive programs."""
     rounds = block_h // block_hk
     head_blocks = (rounds * cdiv(num_q, block_h) + cdiv(num_k, block_hk) if split_qk
                    else cdiv(max(num_q, num_k), block_h))
     token_blocks = cdiv(num_tokens, rounds * block_t)
-    grid = (token_blocks * head_blocks,) if heads_fastest else (token_blocks, head_blocks)
-    sec0, sec1, sec2 = _sections_constexprs(spec)
-    pos_row_stride = positions.stride(0) if positions.dim() == 2 else 0
-    extra = {"enable_fp_fusion": False, "num_warps": num_warps} if target.compiled else {}
-    if pdl:
-        extra["launch_pdl"] = True
-    _rotary_kernel[grid](
-        query, key if key is not None else query, cos_sin_cache, positions,
-        position_guesses if position_guesses is not None else positions,
-        query.stride(0), key.stride(0) if key is not None else 0, cos_sin_cache.stride(0), pos_row_stride,
-        cos_sin_cache.shape[0], num_tokens, num_q, num_k, spec.head_size, spec.num_freqs, sec0, sec1, sec2,
-        NUM_DIMS=spec.num_dims, INTERLEAVED=spec.layout == "interleaved", IS_NEOX=spec.is_neox_style, HAS_KEY=key is not None,
-        ROUND_BF16=query.dtype == torch.bfloat16 and bf16_rounding == "by_hand",
-        SPLIT_QK=split_qk, BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_F=block_f,
-        POS_RUN=pos_run, GATHER_3D=gather_3d, PDL=pdl, QK_EVICT="evict_first" if evict_first else "",
-        HEADS_FASTEST=bool(heads_fastest), BLOCK_HK=block_hk, CACHE_I64=bool(cache_offsets_64),
-        EARLY_POSITIONS=bool(positions_before_wait), SPECULATE=bool(speculate_positions), **extra,
-    )
-    return query, key
+    return (token_blocks * head_blocks,) if heads_fastest else (token_blocks, head_blocks)
 
 
 def _unit_last_stride(t: torch.Tensor | None) -> torch.Tensor | None:
