@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from reference.position_ids import FAMILIES, XDROPE_FAMILIES, Image, Prompt, Text, Video
+from rope.prompts import FAMILIES, XDROPE_FAMILIES, Image, Prompt, Text, Video
 from rope.harness.position_ids import PromptBatch
 
 # Seconds per temporal grid = temporal_patch_size / fps: fps 2, 4, 1, 8, 24, 3, 1.33.  transformers

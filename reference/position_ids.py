@@ -55,124 +55,30 @@ Error messages follow ``<field>=<value>: <rule> (<actual>)``.  Pure Python integ
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "hunyuan_ocr", "hunyuan_ocr_3d")
-XDROPE_FAMILIES = ("hunyuan_ocr", "hunyuan_ocr_3d")
-
-# Modality codes, the values of transformers' mm_token_type_ids.
-TEXT, IMAGE, VIDEO = 0, 1, 2
-ROLES = ("text", "timestamp", "vision_start", "vision_end", "video_start", "video_end", "image", "video")
-
-# Qwen2.5-VL vision_config.tokens_per_second in the released checkpoints (the config class default
-# differs; the checkpoints set 2).  Temporal offsets are spaced by absolute time.
-QWEN2_5_VL_TOKENS_PER_SECOND = 2
+# The prompt description and the families are the contract's (rope/prompts.py), named here too.
+from rope.prompts import (  # noqa: F401 - re-exported
+    FAMILIES,
+    IMAGE,
+    QWEN2_5_VL_TOKENS_PER_SECOND,
+    ROLES,
+    TEXT,
+    VIDEO,
+    XDROPE_FAMILIES,
+    Image,
+    Prompt,
+    Text,
+    Video,
+    check_family,
+    family_num_dims,
+)
 
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_grid(field: str, grid_thw) -> tuple[int, int, int]:
-    try:
-        grid = tuple(grid_thw)
-    except TypeError:
-        raise ValueError(f"{field}={grid_thw!r}: must be a sequence (t, h, w) of ints (got {type(grid_thw).__name__})") from None
-    if len(grid) != 3:
-        raise ValueError(f"{field}={grid!r}: must have 3 entries (t, h, w) (got {len(grid)})")
-    for name, value in zip("thw", grid):
-        if not _is_int(value):
-            raise ValueError(f"{field}={grid!r}: every entry must be an int (got {name}={value!r})")
-        if value < 1:
-            raise ValueError(f"{field}={grid!r}: every entry must be >= 1 (got {name}={value})")
-    return grid
-
-
-# ---------------------------------------------------------------------------------- description
-@dataclass(frozen=True)
-class Text:
-    """A run of ``length`` ordinary text tokens (>= 0)."""
-
-    length: int
-
-    def __post_init__(self) -> None:
-        if not _is_int(self.length):
-            raise ValueError(f"length={self.length!r}: must be an int (got {type(self.length).__name__})")
-        if self.length < 0:
-            raise ValueError(f"length={self.length}: must be >= 0 (got {self.length})")
-
-
-@dataclass(frozen=True)
-class Image:
-    """One image; ``grid_thw`` = (1, h, w) patches before the spatial merge."""
-
-    grid_thw: tuple[int, int, int]
-
-    def __post_init__(self) -> None:
-        grid = _check_grid("grid_thw", self.grid_thw)
-        if grid[0] != 1:
-            raise ValueError(f"grid_thw={grid!r}: an image has t = 1 (got t={grid[0]})")
-        object.__setattr__(self, "grid_thw", grid)
-
-
-@dataclass(frozen=True)
-class Video:
-    """One video; ``grid_thw`` = (t, h, w) grids before the spatial merge.
-
-    ``second_per_grid`` (seconds per temporal grid, = temporal_patch_size / fps) scales the
-    temporal row for qwen2_5_vl only.  ``timestamp_tokens`` is the length of the time text each
-    frame carries in qwen3_vl and glm4v (the tokenizer decides it; positions only need the count).
-    Families that have neither ignore them.
-    """
-
-    grid_thw: tuple[int, int, int]
-    second_per_grid: float = 1.0
-    timestamp_tokens: int = 1
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "grid_thw", _check_grid("grid_thw", self.grid_thw))
-        spg = self.second_per_grid
-        if isinstance(spg, bool) or not isinstance(spg, (int, float)):
-            raise ValueError(f"second_per_grid={spg!r}: must be a number (got {type(spg).__name__})")
-        if not math.isfinite(spg) or spg <= 0:
-            raise ValueError(f"second_per_grid={spg!r}: must be finite and > 0 (got {spg!r})")
-        if not _is_int(self.timestamp_tokens) or self.timestamp_tokens < 0:
-            raise ValueError(f"timestamp_tokens={self.timestamp_tokens!r}: must be an int >= 0 (got {self.timestamp_tokens!r})")
-
-
-SEGMENT_TYPES = (Text, Image, Video)
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """An ordered tuple of segments and the vision tower's ``spatial_merge_size`` (2 in every model here)."""
-
-    segments: tuple[Text | Image | Video, ...]
-    spatial_merge_size: int = 2
-
-    def __post_init__(self) -> None:
-        try:
-            segments = tuple(self.segments)
-        except TypeError:
-            raise ValueError(f"segments={self.segments!r}: must be a sequence of Text, Image, Video (got {type(self.segments).__name__})") from None
-        object.__setattr__(self, "segments", segments)
-        m = self.spatial_merge_size
-        if not _is_int(m) or m < 1:
-            raise ValueError(f"spatial_merge_size={m!r}: must be an int >= 1 (got {m!r})")
-        for i, seg in enumerate(segments):
-            if not isinstance(seg, SEGMENT_TYPES):
-                raise ValueError(f"segments[{i}]={seg!r}: must be a Text, Image or Video (got {type(seg).__name__})")
-            if isinstance(seg, Text):
-                continue
-            _, h, w = seg.grid_thw
-            if h % m or w % m:
-                raise ValueError(
-                    f"segments[{i}].grid_thw={seg.grid_thw!r}: h and w must be multiples of "
-                    f"spatial_merge_size={m} (h % {m} = {h % m}, w % {m} = {w % m})"
-                )
 
 
 # ---------------------------------------------------------------------------------- result
@@ -202,18 +108,6 @@ class PromptPositions:
 
 
 # ---------------------------------------------------------------------------------- rules
-def check_family(family) -> str:
-    """Return ``family`` if it is one of ``FAMILIES``, else raise ValueError."""
-    if family not in FAMILIES:
-        raise ValueError(f"family={family!r}: must be one of {FAMILIES} (got {family!r})")
-    return family
-
-
-def family_num_dims(family: str) -> int:
-    """Position rows of a family: 3 (M-RoPE, and hunyuan_ocr_3d W, H, T) or 4 (hunyuan_ocr P, W, H, T)."""
-    return 4 if check_family(family) == "hunyuan_ocr" else 3
-
-
 def llm_grid(grid_thw: tuple[int, int, int], spatial_merge_size: int) -> tuple[int, int, int]:
     """(t', h', w') = (t, h / m, w / m): the grid the language model sees."""
     t, h, w = grid_thw

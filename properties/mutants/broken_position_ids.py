@@ -9,15 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from reference.position_ids import (
-    IMAGE,
-    QWEN2_5_VL_TOKENS_PER_SECOND,
-    XDROPE_FAMILIES,
-    Image,
-    Prompt,
-    Text,
-    prompt_positions,
-)
+from reference.position_ids import prompt_positions
+from rope.prompts import IMAGE, QWEN2_5_VL_TOKENS_PER_SECOND, XDROPE_FAMILIES, Image, Prompt, Text
 
 
 def _mrope(family: str, prompt: Prompt, *, t_offsets=None, split_frames: bool = True, video_as_text: bool = False,

@@ -19,7 +19,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from properties.prompt_strategies import batches
-from reference.position_ids import FAMILIES, Image, Prompt, Text, Video
+from rope.prompts import FAMILIES, Image, Prompt, Text, Video
 from rope.harness.position_ids import PromptBatch, get_position_ids_implementation, unsupported_reason
 from rope.harness.position_ids.cases import assert_matches
 

@@ -20,7 +20,8 @@ import torch
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
-from reference.position_ids import Image, Prompt, Text, Video, decode_positions, family_num_dims, prompt_positions
+from reference.position_ids import decode_positions, prompt_positions
+from rope.prompts import Image, Prompt, Text, Video, family_num_dims
 from rope.devices import synchronize, torch_device, triton_runs_on
 from rope.registry import get_implementation, get_positions_implementation, positions_unsupported_reason
 from rope.spec import RopeSpec

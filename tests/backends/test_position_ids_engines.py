@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from reference.position_ids import Image, Prompt, Text, prompt_positions
+from reference.position_ids import prompt_positions
+from rope.prompts import Image, Prompt, Text
 
 try:
     from rope.harness.position_ids import PromptBatch

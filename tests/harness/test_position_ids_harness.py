@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from properties.mutants import broken_position_ids as broken
 from properties.prompt_strategies import batches
 from properties.position_ids.test_position_ids import KNOWN_BUG_PROMPTS
-from reference.position_ids import Image, Prompt, Text, Video, prompt_positions
+from reference.position_ids import prompt_positions
+from rope.prompts import Image, Prompt, Text, Video
 from rope.harness.position_ids import (
     PromptBatch,
     check_result,

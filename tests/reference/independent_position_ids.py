@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from reference.position_ids import FAMILIES, XDROPE_FAMILIES, Image, Prompt, Text, Video
+from rope.prompts import FAMILIES, XDROPE_FAMILIES, Image, Prompt, Text, Video
 
 _LONG = torch.int64
 CURSORS = ("max", "max_hw")

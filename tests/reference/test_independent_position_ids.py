@@ -10,7 +10,7 @@ from hypothesis import Phase, example, given, settings
 import reference
 from tests.reference.independent_position_ids import independent_positions
 from properties.prompt_strategies import prompts
-from reference.position_ids import FAMILIES, XDROPE_FAMILIES, Image, Prompt, Text, Video
+from rope.prompts import FAMILIES, XDROPE_FAMILIES, Image, Prompt, Text, Video
 
 
 def disagreements(family: str, prompt: Prompt, *, cursor: str = "max") -> list[str]:

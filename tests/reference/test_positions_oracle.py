@@ -23,21 +23,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from properties.prompt_strategies import prompts
-from reference.position_ids import (
-    FAMILIES,
-    IMAGE,
-    TEXT,
-    VIDEO,
-    XDROPE_FAMILIES,
-    Image,
-    Prompt,
-    Text,
-    Video,
-    decode_positions,
-    family_num_dims,
-    llm_grid,
-    prompt_positions,
-)
+from reference.position_ids import decode_positions, llm_grid, prompt_positions
+from rope.prompts import FAMILIES, IMAGE, TEXT, VIDEO, XDROPE_FAMILIES, Image, Prompt, Text, Video, family_num_dims
 
 # =====================================================================================  part 1
 # Worked examples (computed by hand; the comments show the arithmetic).

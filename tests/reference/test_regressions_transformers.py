@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from reference.position_ids import Image, Prompt, Text, Video, prompt_positions
+from reference.position_ids import prompt_positions
+from rope.prompts import Image, Prompt, Text, Video
 
 CORPUS = Path(__file__).parent / "regressions"
 FILES = sorted(CORPUS.glob("*.json"))

@@ -35,7 +35,8 @@ from typing import Callable
 
 import torch
 
-from reference.position_ids import FAMILIES, Prompt, check_family, family_num_dims, prompt_positions
+from reference.position_ids import prompt_positions
+from rope.prompts import FAMILIES, Prompt, check_family, family_num_dims
 from rope.registry import resolve
 
 ADAPTERS = {

@@ -42,7 +42,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from reference.position_ids import FAMILIES, Image, Prompt, Text, Video
+from rope.prompts import FAMILIES, Image, Prompt, Text, Video
 from rope import registry
 from rope.harness import case_files
 from rope.harness.position_ids import (

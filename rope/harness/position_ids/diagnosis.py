@@ -32,16 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from reference.position_ids import (
-    IMAGE,
-    QWEN2_5_VL_TOKENS_PER_SECOND,
-    VIDEO,
-    XDROPE_FAMILIES,
-    Prompt,
-    Video,
-    llm_grid,
-    prompt_positions,
-)
+from reference.position_ids import llm_grid, prompt_positions
+from rope.prompts import IMAGE, QWEN2_5_VL_TOKENS_PER_SECOND, VIDEO, XDROPE_FAMILIES, Prompt, Video
 
 LABELS = ("video_as_text", "frames_not_split", "temporal_scale_truncated", "temporal_scale_wrong",
           "text_after_video_restart", "ordinal_across_batch", "zero_taken_as_missing", "vision_block_wrong",

@@ -34,9 +34,8 @@ import types
 
 import torch
 
-from reference.position_ids import (
-    FAMILIES, QWEN2_5_VL_TOKENS_PER_SECOND, XDROPE_FAMILIES, Image, Prompt, Text, Video, prompt_positions,
-)
+from reference.position_ids import prompt_positions
+from rope.prompts import FAMILIES, QWEN2_5_VL_TOKENS_PER_SECOND, XDROPE_FAMILIES, Image, Prompt, Text, Video
 from rope.backends import require
 from rope.harness.position_ids import KnownDeviation, PromptBatch
 from rope.harness.position_ids.vocabulary import PAD_TOKEN_ID, TEXT_TOKEN_ID, TIMESTAMP_TOKEN_ID

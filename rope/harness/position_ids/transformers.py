@@ -28,19 +28,9 @@ import inspect
 import torch
 from packaging.version import Version
 
-from reference.position_ids import (
-    FAMILIES,
-    IMAGE,
-    QWEN2_5_VL_TOKENS_PER_SECOND,
-    VIDEO,
-    XDROPE_FAMILIES,
-    Image,
-    Prompt,
-    Video,
-    family_num_dims,
-    llm_grid,
-    prompt_positions,
-)
+from reference.position_ids import llm_grid, prompt_positions
+from rope.prompts import (FAMILIES, IMAGE, QWEN2_5_VL_TOKENS_PER_SECOND, VIDEO, XDROPE_FAMILIES, Image, Prompt,
+                          Video, family_num_dims)
 from rope.backends import require
 from rope.harness.position_ids import KnownDeviation, PromptBatch
 from rope.harness.position_ids.vocabulary import PAD_TOKEN_ID, hunyuan_config_kwargs, token_ids

@@ -38,18 +38,9 @@ import os
 
 import torch
 
-from reference.position_ids import (
-    FAMILIES,
-    IMAGE,
-    QWEN2_5_VL_TOKENS_PER_SECOND,
-    TEXT,
-    VIDEO,
-    XDROPE_FAMILIES,
-    Image,
-    Prompt,
-    Video,
-    prompt_positions,
-)
+from reference.position_ids import prompt_positions
+from rope.prompts import (FAMILIES, IMAGE, QWEN2_5_VL_TOKENS_PER_SECOND, TEXT, VIDEO, XDROPE_FAMILIES, Image,
+                          Prompt, Video)
 from rope.backends import require
 from rope.harness.position_ids.vocabulary import hunyuan_config_kwargs, token_ids
 
