@@ -67,7 +67,7 @@ from rope.harness.tolerance import Comparison, compare_rotation
 from rope.registry import working_precision
 
 FLOAT_FILL = float("nan")
-INT_SENTINEL = -999_983       # int guard of position-preparation inputs: garbage if it reaches `out`
+INT_SENTINEL = -999_983       # int guard of position-step inputs: garbage if it reaches `out`
 ROW_GUARDS = 1                # guard rows before the first and after the last valid row
 CACHE_ROWS_AFTER = 2          # NaN rows after the last cache row (positions == rows index the first)
 OUT_ROW_PAD = 320             # > the positions kernel's BLOCK (256): a whole unmasked tile stays inside
@@ -496,13 +496,13 @@ def assert_matches_reference_traced(impl_name: str, fn, case: RotationCase, devi
     return result
 
 
-# --------------------------------------------------------------------------- position preparation
+# --------------------------------------------------------------------------- the position step
 _POSITION_INPUTS = ("prefill_positions", "prefill_delta", "idx_mapping", "query_start_loc", "prefill_lens",
                     "num_computed_tokens")
 
 
 def guard_position_inputs(batch: RaggedBatch, device: str = "cpu"):
-    """(kwargs, out, guards): every int input of a position-preparation call as a view into a
+    """(kwargs, out, guards): every int input of a position-step call as a view into a
     guarded allocation (sentinel INT_SENTINEL: rows 8 elements apart for the table, 8 elements
     either side of the vectors), and ``out`` as the ``[num_dims, num_tokens + padding]`` view of an
     OUT_SENTINEL-filled allocation whose writable elements are the first ``num_tokens`` columns;
@@ -527,7 +527,7 @@ def guard_position_inputs(batch: RaggedBatch, device: str = "cpu"):
 
 
 def run_positions_guarded(fn, batch: RaggedBatch, device: str = "cpu"):
-    """Run a position-preparation implementation inside guards; returns (out [num_dims, num_tokens]
+    """Run a position-step implementation inside guards; returns (out [num_dims, num_tokens]
     on the CPU, violations)."""
     kwargs, out, guards = guard_position_inputs(batch, device)
     with trace_memory(guards if device == "cpu" else ()) as tracer:

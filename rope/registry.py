@@ -9,7 +9,7 @@ Names resolve to built-ins (``native``, ``triton``), to the adapters of external
 (``liger``, ``transformers``, ``vllm-native``, ``vllm-cuda``, ``vllm-xd``, ``sglang``, ``flashinfer``:
 ``rope.backends``; a missing package is a ValueError naming it and how to install it) or to an import
 path ``package.module:callable``, so any external kernel can be checked without touching the project.
-Position preparation has the built-ins ``native`` and ``triton`` and the adapter ``vllm`` (vLLM's Model
+The position step has the built-ins ``native`` and ``triton`` and the adapter ``vllm`` (vLLM's Model
 Runner V2 kernel: ``rope.backends.vllm_positions``).
 """
 
@@ -119,12 +119,12 @@ def implementations() -> dict[str, Callable]:
 
 
 def get_positions_implementation(name: str) -> Callable:
-    """A position-preparation implementation by registered name or import path."""
+    """A position-step implementation by registered name or import path."""
     return resolve(name, kind="positions_impl", builtins=_POSITIONS)
 
 
 def positions_implementations() -> dict[str, Callable]:
-    """Every built-in position-preparation implementation, by name (not the optional vLLM adapter)."""
+    """Every built-in position-step implementation, by name (not the optional vLLM adapter)."""
     return {name: get_positions_implementation(name) for name in BUILTIN_POSITIONS}
 
 

@@ -1,4 +1,4 @@
-"""The "native" position preparation: the runner step (docs/spec.md §5) in vectorized torch ops."""
+"""The "native" the position step: the runner step (docs/spec.md §5) in vectorized torch ops."""
 
 from __future__ import annotations
 

@@ -320,7 +320,7 @@ def _check_index_vector(name, t, length=None):
 
 def check_position_inputs(prefill_positions, prefill_delta, idx_mapping, query_start_loc, prefill_lens,
                           num_computed_tokens, num_dims, *, check_values: bool | None = None) -> int | None:
-    """Validate a position-preparation call; return the number of tokens of the step, or None when
+    """Validate a position-step call; return the number of tokens of the step, or None when
     the values are not checked (``check_values`` False; None: :func:`checks_values`, so an
     accelerator without ROPE_CHECK_VALUES=1 gets shapes, dtypes and devices checked only)."""
     if not isinstance(num_dims, int) or isinstance(num_dims, bool) or not 1 <= num_dims <= 4:

@@ -32,7 +32,7 @@ if args.mutant not in POSITION_STEP_MUTANTS:
 if args.mutant is None or args.mutant in POSITION_STEP_MUTANTS:
     impl = f"properties.mutants.kernel:{args.mutant}" if args.mutant else "triton"
     runs.append(common + ["--pyargs", "properties.position_step.test_runner_positions", "-k",
-                          "test_prepared_positions_match_reference", "--rope-positions-impl", impl])
+                          "test_prepared_positions_match_reference", "--rope-position-step-impl", impl])
 status = 0
 for cmd in runs:
     print("sanitize_kernels:", " ".join(cmd[1:]), flush=True)

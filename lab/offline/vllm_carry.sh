@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # vLLM's own M-RoPE code (rope/backends/vllm.py: vllm-cuda, vllm-native, vllm-xd; and
-# rope/backends/vllm_positions.py: --rope-positions-impl vllm) for a GPU box with no network:
+# rope/backends/vllm_positions.py: --rope-position-step-impl vllm) for a GPU box with no network:
 #
 #   lab/offline/vllm_carry.sh [WHEEL | WHEEL_DIR | SITE_PACKAGES] [--local-check]   # default /tmp/vllm-wheel
 #   (carry .vllm to the box, then there:) lab/offline/vllm_gpu_check.sh [PYTEST_ARGS...]

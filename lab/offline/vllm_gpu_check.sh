@@ -15,7 +15,7 @@
 #     forward_native none), and prepare_positions_vllm on a prefill chunk and a decode step;
 # (c) runs pytest with PYTEST_ARGS, or by default
 #       python3 -m pytest -q -p no:cacheprovider --rope-device cuda --rope-impl vllm-cuda
-#              --rope-impl vllm-native --rope-positions-impl vllm
+#              --rope-impl vllm-native --rope-position-step-impl vllm
 #              properties/rotation/test_rotation.py properties/position_step/test_runner_positions.py
 # The box has no pydantic, so vLLM's own config classes cannot load there: the stub vllm.config of
 # lab/offline/vllm_stubs/ stands in for them (the rest of vllm.config is extracted from the wheel), and
@@ -101,7 +101,7 @@ PY
 
 if [ $# -eq 0 ]; then
     set -- -q -p no:cacheprovider --rope-device cuda --rope-impl vllm-cuda --rope-impl vllm-native \
-        --rope-positions-impl vllm properties/rotation/test_rotation.py properties/position_step/test_runner_positions.py
+        --rope-position-step-impl vllm properties/rotation/test_rotation.py properties/position_step/test_runner_positions.py
 fi
 echo "pytest $*"
 python3 -m pytest "$@"

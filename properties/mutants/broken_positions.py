@@ -1,4 +1,4 @@
-"""Broken position-preparation implementations: the runner bugs this field has shipped
+"""Broken position-step implementations: the runner bugs this field has shipped
 (docs/spec.md §7.5, vllm#10388, #10403), each a one-line deviation from the reference loop."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ subprocess); :func:`catalogue` returns the same list of dicts, in catalogue orde
 
     name           ``<module>:<attribute>``, unique (neox_for_gptj is a wrapper and a kernel mutant)
     kind           rotation | rotation-kernel | positions | positions-kernel | position-ids | dispatch
-    target         the import path the registry resolves (``--rope-impl`` / ``--rope-positions-impl``)
+    target         the import path the registry resolves (``--rope-impl`` / ``--rope-position-step-impl``)
     parent         the unmutated implementation a failure is confirmed against (None: dispatch)
     doc            the first paragraph of the mutant's docstring, on one line
     memory_safety  whether only the guards / tracer of properties/guards.py see the bug

@@ -194,7 +194,7 @@ def positions_rows_at_token_offsets():
 @_positions(("tl.store(out_ptr + d * out_row_stride + qs + i, pos, mask=valid)",
              "tl.store(out_ptr + d * out_row_stride + qs + i, pos, mask=dims_ok)"))
 def positions_store_unmasked():
-    """(f) Position preparation writes past the step's tokens: the query_len mask dropped from
+    """(f) The position step writes past the step's tokens: the query_len mask dropped from
     the store, so every program with work writes whole BLOCKs of columns from query_start_loc[b] (docs/spec.md §5;
     vLLM Model Runner V2 prepare_mrope_positions writes with ``mask=block < query_len``).
 

@@ -1,4 +1,4 @@
-"""Position preparation (docs/spec.md §5): every implementation on every device against the
+"""The position step (docs/spec.md §5): every implementation on every device against the
 reference."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""vLLM's Model Runner V2 position preparation (``vllm.v1.worker.gpu.mm.rope``; read on vllm 0.33.0).
+"""vLLM's Model Runner V2 position step (``vllm.v1.worker.gpu.mm.rope``; read on vllm 0.33.0).
 
 vLLM keeps the step's inputs in a ``RopeState``: ``prefill_positions`` (a ``StagedWriteTensor`` whose
 ``.gpu`` is int32 ``[max_reqs * num_dims, max_model_len]``, row ``num_dims * r + d``), ``prefill_delta``

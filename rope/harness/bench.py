@@ -1,4 +1,4 @@
-"""``rope-harness bench``: rotation and position-preparation kernels timed against the memory
+"""``rope-harness bench``: rotation and position-step kernels timed against the memory
 floor.
 
 Rotary embedding is memory bound.  The floor for one call is the bytes it must move: the
@@ -298,7 +298,7 @@ def defaults(device: str) -> tuple[tuple[str, ...], tuple[int, ...], tuple[tuple
 def run(models=None, tokens=None, dtypes=("bfloat16",), device="cuda", extra_impls=(),
         positions=None, progress=print, only=CONTENDERS) -> dict:
     """Race every contender (``rope.harness.bench_contenders``) on ``models`` x ``tokens`` x
-    ``dtypes``, then time the position preparation on the ragged steps ``positions`` ((requests,
+    ``dtypes``, then time the position step on the ragged steps ``positions`` ((requests,
     tokens each); empty: none).  ``models``/``tokens``/``positions`` None: the device's defaults."""
     default_models, default_tokens, default_positions = defaults(device)
     models = default_models if models is None else models
@@ -386,7 +386,7 @@ def race(results: list[Result]) -> list[dict]:
 def position_inputs(device: str, num_reqs: int, chunk: int, dims: int = 3):
     """A ragged step of ``num_reqs`` requests of ``chunk`` tokens each (chunk 1: all decode, else
     prefill chunks at random progress) over a randomly mapped slot table: ``(args, tokens, nbytes)``
-    with ``args`` the position-preparation inputs before ``num_dims``, ``nbytes`` the floor's bytes
+    with ``args`` the position-step inputs before ``num_dims``, ``nbytes`` the floor's bytes
     (positions written, and read from the table for prefill, plus five int32 per request)."""
     max_len = max(8192, 2 * chunk)
     gen = torch.Generator().manual_seed(num_reqs)
@@ -404,7 +404,7 @@ def position_inputs(device: str, num_reqs: int, chunk: int, dims: int = 3):
 
 
 def bench_positions(device, time_fn, ceiling, progress, shapes=POSITION_SHAPES) -> list[Result]:
-    """Position preparation for ragged batches: many requests, mixed prefill chunks and decode.
+    """The position step for ragged batches: many requests, mixed prefill chunks and decode.
     Both implementations are timed through ``fn.unchecked`` (the same work without validation and
     without a host sync), after the checked call's output was compared; on a GPU the Triton public
     entry (``triton-public``: its checks included) beside them."""
@@ -557,7 +557,7 @@ def _plot_positions(ax, pos: list[dict], data: dict, colors: dict) -> None:
     if timed:
         ax.set_ylim(top=max(timed) * 8)                        # room for the legend above the bars
     ax.set_ylabel("us per step")
-    ax.set_title("position preparation")
+    ax.set_title("position step")
     ax.grid(True, which="both", axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", ncol=3)
 
@@ -604,7 +604,7 @@ def plot(data: dict) -> bytes:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"Rotary kernels vs the memory floor on {data['device_name']}"
-                 + (" (last: position preparation vs the launch floor)" if pos else ""))
+                 + (" (last: the position step vs the launch floor)" if pos else ""))
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)

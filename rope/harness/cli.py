@@ -1,6 +1,6 @@
 """``rope-harness``: the command-line entry point.
 
-    rope-harness check [--device D ...] [--impl NAME ...] [--positions-impl NAME ...]
+    rope-harness check [--device D ...] [--impl NAME ...] [--position-step-impl NAME ...]
                        [--position-ids-impl NAME ...] [--profile dev|ci|deep] [-- PYTEST ARGS]
         Run the equivalence suite (every implementation against the float64 reference) on every
         available device, in parallel workers, and print the outcome.
@@ -62,7 +62,7 @@ def _pytest_args(args) -> list[str]:
     for name in args.impl:
         out += ["--rope-impl", name]
     for name in args.positions_impl:
-        out += ["--rope-positions-impl", name]
+        out += ["--rope-position-step-impl", name]
     for name in args.position_ids_impl:
         out += ["--rope-position-ids-impl", name]
     return out + list(args.pytest_args)
@@ -173,8 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="run the equivalence suite on every available device")
     check.add_argument("--device", action="append", default=[], help="restrict to this device (repeatable)")
     check.add_argument("--impl", action="append", default=[], help="implementation name or module:callable (repeatable)")
-    check.add_argument("--positions-impl", action="append", default=[], metavar="NAME",
-                       help="position-preparation implementation (name or module:callable; repeatable)")
+    check.add_argument("--position-step-impl", "--positions-impl", action="append", default=[], metavar="NAME",
+                       dest="positions_impl",
+                       help="the runner's position step (name or module:callable; repeatable; --positions-impl: "
+                            "the older name)")
     check.add_argument("--position-ids-impl", action="append", default=[], metavar="NAME",
                        help="position-id implementation: transformers, vllm, sglang or module:callable (repeatable)")
     check.add_argument("--profile", default="dev", choices=["dev", "ci", "deep"], help="Hypothesis profile")
@@ -192,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "torch-compile, native, transformers)")
     bench.add_argument("--dtype", default="bfloat16", help="comma-separated dtypes (bfloat16, float16, float32)")
     bench.add_argument("--impl", action="append", default=[], help="extra implementation (module:callable)")
-    bench.add_argument("--no-positions", action="store_true", help="skip the position-preparation kernels")
+    bench.add_argument("--no-positions", action="store_true", help="skip the position-step kernels")
     bench.add_argument("--out", default=None, help="directory for bench.json/.md/.png (default ./reports)")
     bench.set_defaults(func=cmd_bench)
     devices = sub.add_parser("devices", help="list the devices found and the software stack, and whether it is supported")

@@ -521,7 +521,7 @@ def test_position_kernel_mutants_run_guarded_first_with_what_raises_caught():
 
     def fake(args, timeout_s, env):
         calls.append(args)
-        assert "--rope-positions-impl" not in args
+        assert "--rope-position-step-impl" not in args
         write_records(env, fake_records([(DEDICATED, "passed")], 1.98, caught=[DISPATCH_CAUGHT]))
         return RawRun(0, "", 4.0)
     result = MutationRunner(execute=fake).run_suite(POSITIONS_KERNEL, "harness")
@@ -535,7 +535,7 @@ def test_position_kernel_mutants_run_guarded_first_with_what_raises_caught():
 
 def test_a_crash_is_no_catch_unless_a_failure_was_recorded_before_it():
     def dedicated_fails(args, timeout_s, env):
-        if "--rope-positions-impl" in args:          # the plain suites: dies in its first test
+        if "--rope-position-step-impl" in args:          # the plain suites: dies in its first test
             write_records(env, fake_records([(PLAIN, "crash")], 0.0))
             return RawRun(-11, "Fatal Python error: Segmentation fault", 3.0)
         write_records(env, fake_records([(DEDICATED, "failed")], 1.0, exception=DID_NOT_RAISE))
@@ -547,7 +547,7 @@ def test_a_crash_is_no_catch_unless_a_failure_was_recorded_before_it():
     assert any("SIGSEGV (Segmentation fault)" in note and PLAIN in note for note in crashed.notes)
 
     def fails_then_dies(args, timeout_s, env):
-        if "--rope-positions-impl" in args:          # a failure recorded, then the process dies
+        if "--rope-position-step-impl" in args:          # a failure recorded, then the process dies
             write_records(env, fake_records([(PLAIN, "failed")], 0.0, finished=False))
             return RawRun(-11, "", 3.0)
         write_records(env, fake_records([(DEDICATED, "failed")], 1.0, exception=DID_NOT_RAISE))
@@ -557,7 +557,7 @@ def test_a_crash_is_no_catch_unless_a_failure_was_recorded_before_it():
     assert any("the process then died: killed by SIGSEGV" in note for note in caught.notes)
 
     def nothing_fails(args, timeout_s, env):
-        node = PLAIN if "--rope-positions-impl" in args else DEDICATED
+        node = PLAIN if "--rope-position-step-impl" in args else DEDICATED
         write_records(env, fake_records([(node, "passed" if node == PLAIN else "failed")], 1.0,
                                         exception=DID_NOT_RAISE))
         return RawRun(0 if node == PLAIN else 1, "", 2.0)

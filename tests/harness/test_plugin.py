@@ -344,3 +344,20 @@ def test_check_runs_every_test_that_takes_the_implementation(tmp_path):
         assert wanted in names, (wanted, sorted(names))
     for unwanted in ("test_plugin.py", "test_case_files.py", "test_diagnosis.py", "test_mutation_runner.py"):
         assert unwanted not in names, (unwanted, sorted(names))
+
+
+@pytest.mark.parametrize("flag", ["--rope-position-step-impl", "--rope-positions-impl"])
+def test_the_position_step_flag_and_its_older_name_select_the_same_tests(tmp_path, flag):
+    # The glossary's name (docs/spec.md) and the name before it: the same option, the same selection.
+    run = _pytest(["--collect-only", "-q", "--pyargs", "properties.position_step.test_runner_positions",
+                   flag, "native", "--rope-device", "cpu"], tmp_path)
+    ids = [line for line in run.stdout.splitlines() if "::" in line]
+    assert run.returncode == 0 and ids, run.stdout[-2000:] + run.stderr[-2000:]
+    assert all("[triton-" not in i for i in ids) and any("[native-cpu" in i for i in ids), ids
+
+
+def test_check_takes_the_position_step_flag_and_its_older_name():
+    from rope.harness import cli
+    for flag in ("--position-step-impl", "--positions-impl"):
+        args = cli.build_parser().parse_args(["check", flag, "native"])
+        assert args.positions_impl == ["native"] and "--rope-position-step-impl" in cli._pytest_args(args)

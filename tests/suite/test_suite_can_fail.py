@@ -42,7 +42,7 @@ def test_rotation_property_rejects_broken_implementation(broken, monkeypatch, tm
     assert f"diagnosis: {EXPECTED_DIAGNOSIS[broken]}" in str(failure.value), str(failure.value)[:2000]
 
 
-# ------------------------------------------------------------------ position preparation
+# ------------------------------------------------------------------ the position step
 from properties.mutants.broken_positions import BROKEN_POSITIONS, correct_loop  # noqa: E402
 from properties.strategies import ragged_batches  # noqa: E402
 from properties.position_step.test_runner_positions import assert_positions_match  # noqa: E402

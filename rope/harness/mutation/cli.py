@@ -29,7 +29,7 @@ rotation-kernel    source-patched Triton kernels: the same with
                    then, should that not catch them, test_mutants.py's guarded search for the
                    mutant (a dedicated test: caught = it passes)
 positions          broken position loops: test_runner_positions.py and test_scheduler_positions.py
-                   with ``--rope-positions-impl``; caught = a test fails
+                   with ``--rope-position-step-impl``; caught = a test fails
 positions-kernel   the position kernel's mutants: test_mutants.py's guarded search first, then
                    the plain suites (which run an unmasked store unguarded: the process may
                    crash, which is recorded but is no catch)

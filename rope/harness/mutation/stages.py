@@ -71,8 +71,8 @@ def harness_stages(m: Mutant) -> list[Stage]:
                       (f"{MUTANTS_TESTS}::test_rotation_property_catches_kernel_mutant[{m.attribute}]",),
                       (), "pass")]
     if m.kind in POSITION_KINDS:
-        stages = [Stage("position suites", POSITION_SUITES, ("--rope-positions-impl", m.target), "fail",
-                        "--rope-positions-impl")]
+        stages = [Stage("position suites", POSITION_SUITES, ("--rope-position-step-impl", m.target), "fail",
+                        "--rope-position-step-impl")]
         if m.kind == "positions-kernel":
             # Guarded first: unguarded, a kernel writing past its output corrupts the test process's
             # own memory, which may crash it at once or hang it until the budget is spent.

@@ -5,7 +5,8 @@ property suite against any implementation, from any directory.
 Options:
   --rope-impl NAME|module:callable     (repeatable) rotation implementations to check; default all built-ins
   --rope-device cpu|cuda|rocm|xpu      (repeatable) restrict to these devices; default every device found
-  --rope-positions-impl NAME|module:callable   (repeatable) position-preparation implementations
+  --rope-position-step-impl NAME|module:callable  (repeatable) the runner's position step under test
+                                       (--rope-positions-impl, the older name, still works)
   --rope-position-ids-impl NAME|module:callable  (repeatable) position-id implementations (a model's
                                        get_rope_index: transformers, vllm, sglang); default transformers
   --rope-repro CASE                    (repeatable) replay case files (a file, or every *.json in a directory)
@@ -79,7 +80,7 @@ _MARKERS = (
     "baseline: the serving-engine-style fixed-example suite (--rope-baseline)",
     "rope_gpu(kind, index): the GPU this test runs on (rope.harness.placement)",
     "rotation: takes the rotation implementation under test (--rope-impl); set by the plugin",
-    "position_step: takes the runner's position step under test (--rope-positions-impl); set by the plugin",
+    "position_step: takes the runner's position step under test (--rope-position-step-impl); set by the plugin",
     "position_ids: takes the position-id implementation under test (--rope-position-ids-impl); set by the plugin",
     "dispatch: checks the platform dispatch of the built-in operations",
     "prefill: a prefill-size batch (1,024 to 16,384 tokens and past); a campaign leaves these out",
@@ -113,8 +114,10 @@ def pytest_addoption(parser):
                     help="restrict to these devices (cpu, cuda, rocm, xpu; cuda:1 picks a GPU); repeatable")
     group.addoption("--rope-baseline", action="store_true", default=False,
                     help="also run the serving-engine-style baseline suite (properties/baseline)")
-    group.addoption("--rope-positions-impl", action="append", default=[], metavar="NAME",
-                    help="position-preparation implementation (name or package.module:callable); repeatable")
+    group.addoption("--rope-position-step-impl", "--rope-positions-impl", action="append", default=[], metavar="NAME",
+                    dest="rope_positions_impl",
+                    help="the runner's position step under test (name or package.module:callable); repeatable "
+                         "(--rope-positions-impl: the older name)")
     group.addoption("--rope-position-ids-impl", action="append", default=[], metavar="NAME",
                     help="position-id implementation, fn(family, prompt) -> (positions, delta): transformers, vllm, "
                          "sglang or package.module:callable; repeatable (default: transformers where installed)")

@@ -1,5 +1,5 @@
 """What a run checks: the devices and GPUs (--rope-device), the implementations of each checked
-thing (--rope-impl, --rope-positions-impl, --rope-position-ids-impl), and the replays alone under
+thing (--rope-impl, --rope-position-step-impl, --rope-position-ids-impl), and the replays alone under
 --rope-repro."""
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def selected_implementations(config) -> dict:
 
 def selected_positions_implementations(config) -> dict:
     from rope.registry import get_positions_implementation, positions_implementations
-    return _selected(config, "--rope-positions-impl", positions_implementations, get_positions_implementation)
+    return _selected(config, "--rope-position-step-impl", positions_implementations, get_positions_implementation)
 
 
 def selected_position_ids_implementations(config) -> dict:
