@@ -1,13 +1,20 @@
-"""Case files: a rotation mismatch, recorded well enough to replay it on any machine.
+"""Case files: a mismatch, recorded well enough to replay it on any machine.
+
+Every case file is a JSON object with ``schema_version`` and ``kind``: ``"rotation"`` (this module's
+records; a file without ``kind`` is one, as the first files were written) or ``"position_ids"``
+(rope.harness.position_ids.cases).  :func:`read_header` is the one reader of both: the JSON, the
+schema version and the kind, each a ValueError naming the file and the field.
 
 When the suite's check (``rope.harness.comparison``) finds a mismatch it writes
 ``reports/cases/<id>.json`` (or ``$ROPE_CASES_DIR/<id>.json``); ``rope-harness repro FILE`` and
 ``pytest --rope-repro FILE`` replay it.  Promoting a case to the regression corpus is copying
 the file into ``properties/regressions/``.
 
-Schema version 1 (every top-level key is required; ``hypothesis`` and ``test`` may be null)::
+The rotation kind, schema version 1 (every top-level key is required but ``kind``; ``hypothesis``
+and ``test`` may be null)::
 
     schema_version     1
+    kind               "rotation"
     id                 16 hex digits: sha256 of (implementation, device, case incl. spec)
     implementation     registered name or "package.module:callable" (what --impl takes)
     device             harness device name: cpu, cuda, rocm, xpu
@@ -64,6 +71,9 @@ from rope.registry import WORKING_PRECISIONS, get_implementation
 from rope.spec import RopeSpec
 
 SCHEMA_VERSION = 1
+KIND = "rotation"
+# Each kind of case file and the newest schema version this code reads of it.
+KINDS = {"rotation": SCHEMA_VERSION, "position_ids": 1}
 CASES_DIR_ENV = "ROPE_CASES_DIR"
 _OFF = ("", "0", "off", "none", "false", "no")
 
@@ -183,6 +193,7 @@ def case_record(*, implementation: str, device: str, working_precision: str, cas
     spec = RopeSpec.from_dict(case["spec"])
     record = {
         "schema_version": SCHEMA_VERSION,
+        "kind": KIND,
         "id": case_id(implementation, device, case),
         "implementation": implementation,
         "device": device,
@@ -276,6 +287,41 @@ def read_record(path: Path) -> dict:
     return record
 
 
+def read_header(path: Path | str, kind: str | None = None) -> tuple[dict, str]:
+    """A case file's record and kind, whatever the kind: the JSON object (read_record), a
+    ``schema_version`` this code reads for the file's ``kind`` (absent: ``"rotation"``), and, where
+    ``kind`` is given, that kind.  Any problem is a ValueError naming the file and the field."""
+    path = Path(path)
+
+    def bad(problem: str) -> ValueError:
+        return ValueError(f"case file {path}: {problem}")
+
+    record = read_record(path)
+    found = record.get("kind", KIND)
+    if found not in KINDS:
+        raise bad(f"kind={found!r}: must be one of {tuple(KINDS)}")
+    if kind is not None and found != kind:
+        raise bad(f"kind={found!r}: must be {kind!r} here")
+    if "schema_version" not in record:
+        raise bad("missing field 'schema_version'")
+    version = record["schema_version"]
+    if not is_int(version) or version < 1:
+        raise bad(f"schema_version={version!r}: must be an int >= 1")
+    if version > KINDS[found]:
+        raise bad(f"schema_version={version}: newer than this rope-harness understands ({KINDS[found]}); "
+                  f"upgrade rope-harness to replay it")
+    return record, found
+
+
+def case_kind(path: Path | str) -> str | None:
+    """The kind of the case file at ``path``, or None for anything unreadable (the loader of the
+    kind asked for then says what is wrong with it)."""
+    try:
+        return read_header(path)[1]
+    except ValueError:
+        return None
+
+
 def load_case(path: Path | str) -> CaseFile:
     """Read and validate a case file.  Any problem is a ``ValueError`` naming the file and the
     field: unreadable or corrupt JSON, a missing field, a wrong type or value, a schema version
@@ -285,15 +331,7 @@ def load_case(path: Path | str) -> CaseFile:
     def bad(problem: str) -> ValueError:
         return ValueError(f"case file {path}: {problem}")
 
-    record = read_record(path)
-    if "schema_version" not in record:
-        raise bad("missing field 'schema_version'")
-    version = record["schema_version"]
-    if not is_int(version) or version < 1:
-        raise bad(f"schema_version={version!r}: must be an int >= 1")
-    if version > SCHEMA_VERSION:
-        raise bad(f"schema_version={version}: newer than this rope-harness understands ({SCHEMA_VERSION}); "
-                  f"upgrade rope-harness to replay it")
+    record, _ = read_header(path, KIND)
     for name in FIELDS:
         if name not in record:
             raise bad(f"missing field {name!r}")

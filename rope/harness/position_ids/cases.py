@@ -57,7 +57,7 @@ from rope.harness.position_ids import (
 from rope.harness.position_ids.diagnosis import LABELS, PositionIdsMismatch, compare
 
 KIND = "position_ids"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = case_files.KINDS[KIND]
 FIELDS = ("schema_version", "kind", "id", "implementation", "family", "batch", "prompt_index", "result",
           "known_deviation", "diagnosis", "hypothesis", "test", "versions", "created")
 NULLABLE = ("known_deviation", "hypothesis", "test")
@@ -114,13 +114,9 @@ def case_record(*, implementation: str, fn: Callable, family: str, batch: Prompt
 
 
 def is_position_ids_case(path: Path | str) -> bool:
-    """Whether ``path`` holds a position-id case file (its ``kind``); False for anything unreadable
-    (the rotation loader then says what is wrong with it)."""
-    try:
-        record = case_files.read_record(Path(path))
-    except ValueError:
-        return False
-    return record.get("kind") == KIND
+    """Whether ``path`` holds a position-id case file (its ``kind``, read by the case files' one
+    header reader); False for anything unreadable (the rotation loader then says what is wrong)."""
+    return case_files.case_kind(path) == KIND
 
 
 # ------------------------------------------------------------------------------------------ check
@@ -268,16 +264,12 @@ def load(path: Path | str) -> PositionIdsCase:
     def bad(problem: str) -> ValueError:
         return ValueError(f"case file {path}: {problem}")
 
-    record = case_files.read_record(path)
+    record, _ = case_files.read_header(path, KIND)
     for name in FIELDS:
         if name not in record:
             raise bad(f"missing field {name!r}")
         if record[name] is None and name not in NULLABLE:
             raise bad(f"{name}=null: must have a value")
-    if record["schema_version"] != SCHEMA_VERSION:
-        raise bad(f"schema_version={record['schema_version']!r}: must be {SCHEMA_VERSION}")
-    if record["kind"] != KIND:
-        raise bad(f"kind={record['kind']!r}: must be {KIND!r}")
     for name in ("id", "implementation", "created"):
         if not isinstance(record[name], str) or not record[name]:
             raise bad(f"{name}={record[name]!r}: must be a non-empty string")
