@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "hunyuan_ocr", "hunyuan_ocr_3d")
 XDROPE_FAMILIES = ("hunyuan_ocr", "hunyuan_ocr_3d")
 
@@ -136,3 +138,53 @@ def check_family(family) -> str:
 def family_num_dims(family: str) -> int:
     """Position rows of a family: 3 (M-RoPE, and hunyuan_ocr_3d W, H, T) or 4 (hunyuan_ocr P, W, H, T)."""
     return 4 if check_family(family) == "hunyuan_ocr" else 3
+
+
+# ---------------------------------------------------------------------------------- batches
+SIDES = ("left", "right")
+MAX_PAD = 1 << 12
+
+
+@dataclass(frozen=True)
+class PromptBatch:
+    """Prompts of one batched call, each padded with ``pads[i]`` tokens on ``side``.
+
+    An API that takes one prompt at a time runs them one by one; one that is batched gets them
+    together, padded to the longest (``attention_mask`` 0 on the pads).  The prompts share one
+    ``spatial_merge_size`` (one vision config per call).
+    """
+
+    prompts: tuple[Prompt, ...]
+    pads: tuple[int, ...] = ()
+    side: str = "left"
+
+    def __post_init__(self) -> None:
+        prompts = tuple(self.prompts)
+        if not prompts or not all(isinstance(p, Prompt) for p in prompts):
+            raise ValueError(f"prompts={self.prompts!r}: must be a non-empty sequence of Prompt")
+        pads = tuple(self.pads) if self.pads else (0,) * len(prompts)
+        if len(pads) != len(prompts):
+            raise ValueError(f"pads={pads!r}: must have one entry per prompt ({len(prompts)})")
+        if not all(isinstance(p, int) and not isinstance(p, bool) and 0 <= p <= MAX_PAD for p in pads):
+            raise ValueError(f"pads={pads!r}: every pad must be an int in [0, {MAX_PAD}]")
+        if self.side not in SIDES:
+            raise ValueError(f"side={self.side!r}: must be one of {SIDES}")
+        merges = {p.spatial_merge_size for p in prompts}
+        if len(merges) != 1:
+            raise ValueError(f"prompts: must share one spatial_merge_size (got {sorted(merges)})")
+        object.__setattr__(self, "prompts", prompts)
+        object.__setattr__(self, "pads", pads)
+
+
+@dataclass(frozen=True)
+class KnownDeviation:
+    """The value an implementation is pinned to return where a documented upstream departure applies.
+
+    ``keys`` name the departures that changed something (e.g. ``cursor_after_video``); ``reason``
+    is the sentence a report shows.
+    """
+
+    positions: torch.Tensor
+    delta: int
+    keys: tuple[str, ...]
+    reason: str

@@ -10,7 +10,7 @@ Names resolve to built-ins (``native``, ``triton``), to the adapters of external
 ``rope.backends``; a missing package is a ValueError naming it and how to install it) or to an import
 path ``package.module:callable``, so any external kernel can be checked without touching the project.
 The position step has the built-ins ``native`` and ``triton`` and the adapter ``vllm`` (vLLM's Model
-Runner V2 kernel: ``rope.backends.vllm_positions``).
+Runner V2 kernel: ``rope.backends.vllm.position_step``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ _POSITIONS = {
     "native": "rope.runner_positions:prepare_positions_native",
     "triton": "rope.triton.positions:prepare_positions_triton",
     # vLLM's Model Runner V2 kernel (optional package): by name only, never in positions_implementations().
-    "vllm": "rope.backends.vllm_positions:prepare_positions_vllm",
+    "vllm": "rope.backends.vllm.position_step:prepare_positions_vllm",
 }
 BUILTIN_POSITIONS = ("native", "triton")
 

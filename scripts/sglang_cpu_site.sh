@@ -7,7 +7,7 @@
 # sglang 0.5.23 pins torch==2.14.1 and CUDA kernel packages; its MRotaryEmbedding itself is Python
 # and Triton.  The wheel is installed with --no-deps into SITE together with the pure-Python modules
 # its import chain touches (found by importing until it succeeded), next to the project's own torch.
-# rope/backends/sglang.py sets SGLANG_USE_CPU_ENGINE=1 when there is no GPU (SGLang's CPU switch).
+# rope/backends/sglang/rotation.py sets SGLANG_USE_CPU_ENGINE=1 when there is no GPU (SGLang's CPU switch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SITE=${1:-/tmp/sglang-site}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# SGLang's MRotaryEmbedding (rope/backends/sglang.py: `sglang` = forward_native, `sglang-triton` =
+# SGLang's MRotaryEmbedding (rope/backends/sglang/rotation.py: `sglang` = forward_native, `sglang-triton` =
 # forward_triton, the fused Triton kernel triton_mrope_fused) for a GPU box with no network:
 #
 #   lab/offline/sglang_carry.sh [WHEEL] [--check]     # WHEEL: a sglang-0.5.23-*.whl, or a folder holding
@@ -11,7 +11,7 @@
 #   site/sglang/...     real: files of the published sglang 0.5.23 wheel, unmodified (checked
 #                       against the wheel's RECORD hashes), that the rotary path imports: the whole
 #                       srt/layers/rotary_embedding package (mrope_rope_index.py too: the position-id
-#                       adapter rope/harness/position_ids/sglang.py calls it), the Triton kernels
+#                       adapter rope/backends/sglang/position_ids.py calls it), the Triton kernels
 #                       (kernels/ops/attention/rotary_triton.py, mrope.py), what SGLang imports on
 #                       CUDA only (kernels/ops/attention/rope.py, its JIT kernels registered as torch
 #                       custom ops at import: kernels/jit/utils, srt/utils/custom_op.py,
@@ -233,7 +233,7 @@ if mode == 'cuda':
 else:
     os.environ['SGLANG_USE_CPU_ENGINE'] = '1'
 
-import rope.backends.sglang as adapter
+import rope.backends.sglang.rotation as adapter
 import sglang
 from sglang.srt.layers.rotary_embedding import base, mrope
 

@@ -3,7 +3,7 @@
 #
 #   lab/offline/sglang_gpu_check.sh [PYTEST_ARGS...]
 #
-# (a) puts .sgl/site and the repo on PYTHONPATH, imports rope.backends.sglang, and prints the SGLang
+# (a) puts .sgl/site and the repo on PYTHONPATH, imports rope.backends.sglang.rotation, and prints the SGLang
 #     version, whether SGLang took its CUDA path (SGLANG_USE_CPU_ENGINE unset, as the adapter leaves
 #     it on a GPU host) and which of the sglang modules loaded are the wheel's files, which were
 #     extracted from the wheel's files (lab/offline/sglang_keep.txt) and which are the carry's own stubs
@@ -29,10 +29,10 @@ import hashlib, importlib.metadata, os, sys, time
 import torch, triton
 
 t = time.perf_counter()
-import rope.backends.sglang as adapter
+import rope.backends.sglang.rotation as adapter
 import sglang
 from sglang.srt.layers.rotary_embedding import mrope
-print(f'(a) import rope.backends.sglang: {time.perf_counter() - t:.1f} s; torch {torch.__version__} '
+print(f'(a) import rope.backends.sglang.rotation: {time.perf_counter() - t:.1f} s; torch {torch.__version__} '
       f'(CUDA {torch.version.cuda}, {torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"}), '
       f'triton {triton.__version__}')
 print(f'    sglang {sglang.__version__} (metadata {importlib.metadata.version("sglang")}) from '

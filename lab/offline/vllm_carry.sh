@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# vLLM's own M-RoPE code (rope/backends/vllm.py: vllm-cuda, vllm-native, vllm-xd; and
-# rope/backends/vllm_positions.py: --rope-position-step-impl vllm) for a GPU box with no network:
+# vLLM's own M-RoPE code (rope/backends/vllm/rotation.py: vllm-cuda, vllm-native, vllm-xd; and
+# rope/backends/vllm/position_step.py: --rope-position-step-impl vllm) for a GPU box with no network:
 #
 #   lab/offline/vllm_carry.sh [WHEEL | WHEEL_DIR | SITE_PACKAGES] [--local-check]   # default /tmp/vllm-wheel
 #   (carry .vllm to the box, then there:) lab/offline/vllm_gpu_check.sh [PYTEST_ARGS...]
@@ -242,8 +242,8 @@ if force:
     platforms.builtin_platform_plugins['cuda'] = lambda: 'vllm.platforms.cuda.CudaPlatform'
 
 import torch
-import rope.backends.vllm as adapter
-import rope.backends.vllm_positions as positions_adapter
+import rope.backends.vllm.rotation as adapter
+import rope.backends.vllm.position_step as positions_adapter
 import vllm
 from vllm.platforms import current_platform
 from vllm.triton_utils import HAS_TRITON

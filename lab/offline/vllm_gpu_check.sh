@@ -4,7 +4,7 @@
 #   lab/offline/vllm_gpu_check.sh [PYTEST_ARGS...]
 #
 # (a) puts .vllm/site first on PYTHONPATH (PYTHONPATH=$root/.vllm/site:$root), imports
-#     rope.backends.vllm and rope.backends.vllm_positions, prints the vLLM version, where it comes
+#     rope.backends.vllm.rotation and rope.backends.vllm.position_step, prints the vLLM version, where it comes
 #     from, the platform vLLM detected (must be CUDA: vLLM's CudaPlatform, extracted from the wheel,
 #     so forward_cuda runs the Triton kernel triton_mrope), and which of the loaded vllm modules are
 #     extracted from vLLM's files or our stubs (.vllm/manifest.txt; every other one is a real vllm
@@ -30,8 +30,8 @@ PYTHONUNBUFFERED=1 python3 - <<'PY'
 import hashlib, os, sys
 
 import torch
-import rope.backends.vllm as adapter
-import rope.backends.vllm_positions
+import rope.backends.vllm.rotation as adapter
+import rope.backends.vllm.position_step
 import vllm
 from vllm.platforms import current_platform
 from vllm.triton_utils import HAS_TRITON
@@ -92,7 +92,7 @@ args = (table, torch.tensor([0, 7], device=dev, dtype=i32), torch.tensor([0, 1],
         torch.tensor([0, 4, 5], device=dev, dtype=i32), torch.tensor([6, 3], device=dev, dtype=i32),
         torch.tensor([1, 5], device=dev, dtype=i32))
 out = torch.full((3, 6), -1, device=dev, dtype=torch.int64)
-rope.backends.vllm_positions.prepare_positions_vllm(*args, 3, out)
+rope.backends.vllm.position_step.prepare_positions_vllm(*args, 3, out)
 expected = prepare_positions(*args, 3)
 print(f'prepare_positions_vllm on cuda: {out[:, :5].tolist()} '
       f'({"matches" if torch.equal(out[:, :5], expected) else "DIFFERS FROM"} the reference)')

@@ -147,10 +147,10 @@ def _vllm_reason(reason):
     return why
 
 
-ENGINES = (("vllm-cuda", "rope.backends.vllm", None, None),
+ENGINES = (("vllm-cuda", "rope.backends.vllm.rotation", None, None),
            ("liger", "rope.backends.liger", None, None),
            ("liger", "rope.backends.liger", {"pregathered": True}, "liger-pregathered"),
-           ("sglang-triton", "rope.backends.sglang", None, None),
+           ("sglang-triton", "rope.backends.sglang.rotation", None, None),
            ("flashinfer", "rope.backends.flashinfer", None, None))
 
 CONTENDERS = ("triton", "triton-public", "vllm-cuda", "liger", "liger-pregathered", "sglang-triton",

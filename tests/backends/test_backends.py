@@ -342,15 +342,16 @@ def _stubbed_adapters(monkeypatch) -> dict:
                  "vllm.model_executor.layers.rotary_embedding.mrope", "vllm.config"):
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", ""))   # the vLLM adapter may set it
-    import rope.backends
     adapters = {}
-    for module in ("flashinfer", "sglang", "vllm"):
+    for module in ("flashinfer", "sglang.rotation", "vllm.rotation"):
         # The stubbed adapter must not outlive the test (a later get_implementation would get it):
-        # what was there before, the real adapter or nothing, is put back in sys.modules and on the package.
-        monkeypatch.delitem(sys.modules, f"rope.backends.{module}", raising=False)
-        monkeypatch.setattr(rope.backends, module, None, raising=False)
-        adapters[module] = importlib.import_module(f"rope.backends.{module}")
-        del sys.modules[f"rope.backends.{module}"]
+        # what was there before, the real adapter or nothing, is put back in sys.modules and on its package.
+        name = f"rope.backends.{module}"
+        parent, _, leaf = name.rpartition(".")
+        monkeypatch.delitem(sys.modules, name, raising=False)
+        monkeypatch.setattr(importlib.import_module(parent), leaf, None, raising=False)
+        adapters[module.split(".")[0]] = importlib.import_module(name)
+        del sys.modules[name]
     return {"flashinfer": adapters["flashinfer"].rotate_flashinfer, "sglang": adapters["sglang"].rotate_sglang,
             "sglang-triton": adapters["sglang"].rotate_sglang_triton,
             "vllm-native": adapters["vllm"].rotate_vllm_native, "vllm-cuda": adapters["vllm"].rotate_vllm_cuda}

@@ -12,7 +12,7 @@ from rope.prompts import Image, Prompt, Text
 
 try:
     from rope.harness.position_ids import PromptBatch
-    from rope.harness.position_ids import sglang
+    from rope.backends.sglang import position_ids as sglang
 except ImportError as exc:   # no SGLang here: scripts/sglang_cpu_site.sh
     sglang, REASON = None, str(exc)
 else:

@@ -23,7 +23,7 @@ def test_outside_implementations_are_called_positionally(monkeypatch):
 
 
 def test_vllm_positions_adapter_is_optional():
-    # "vllm" (Model Runner V2's kernel, rope/backends/vllm_positions.py) is resolvable by name, never
+    # "vllm" (Model Runner V2's kernel, rope/backends/vllm/position_step.py) is resolvable by name, never
     # one of the built-ins that run by default; without vLLM the name is a ValueError with the install hint.
     from rope.registry import positions_implementations
     assert "vllm" not in positions_implementations()

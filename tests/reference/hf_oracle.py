@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import torch
 
-# The family catalogue and runner live with the transformers adapter (rope/backends/transformers.py).
-from rope.backends.transformers import (  # noqa: F401  (re-exported for the oracle tests)
+# The family catalogue and runner live with the transformers adapter (rope/backends/transformers/rotation.py).
+from rope.backends.transformers.rotation import (  # noqa: F401  (re-exported for the oracle tests)
     FAMILIES,
     KNOWN_MISMATCH_HUNYUAN_VL,
     MIN_TRANSFORMERS,

@@ -7,7 +7,7 @@ Three parts:
    reference itself and need no transformers.
 2. Hypothesis properties of the reference alone (text-only prompts, token counts, decode).
 3. Each departure of transformers' ``get_rope_index`` that ``KNOWN_MISMATCHES`` records
-   (rope/harness/position_ids/transformers.py, with the releases it holds for): a strict xfail
+   (rope/backends/transformers/position_ids.py, with the releases it holds for): a strict xfail
    against the reference while it is active, and the exact value transformers returns.  The
    drawn comparison of any position-id implementation, transformers by default, is
    properties/position_ids/test_position_ids.py.
@@ -232,7 +232,7 @@ def test_positions_decode_continues_after_prompt(family, data):
 
 
 # =====================================================================================  part 3
-# transformers' get_rope_index, through its adapter (rope/harness/position_ids/transformers.py).
+# transformers' get_rope_index, through its adapter (rope/backends/transformers/position_ids.py).
 # The drawn comparison is properties/position_ids/test_position_ids.py (--rope-position-ids-impl transformers,
 # the default); here, each known departure is pinned both ways: a strict xfail against the
 # reference while the departure is active (a fix upstream turns it into an XPASS, i.e. a failure
@@ -240,7 +240,7 @@ def test_positions_decode_continues_after_prompt(family, data):
 
 try:
     from rope.harness.position_ids import PromptBatch
-    from rope.harness.position_ids import transformers as hf
+    from rope.backends.transformers import position_ids as hf
 except ImportError:  # pragma: no cover - CI always has transformers
     hf = None
 

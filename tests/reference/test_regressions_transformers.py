@@ -48,7 +48,7 @@ def test_reference_still_gives_the_recorded_positions(path):
 @pytest.mark.oracle
 @pytest.mark.parametrize("path", POSITION_FILES, ids=[p.stem for p in POSITION_FILES])
 def test_transformers_still_diverges_as_recorded(path):
-    from rope.harness.position_ids import transformers as hf
+    from rope.backends.transformers import position_ids as hf
     rec = json.loads(path.read_text())
     reason = hf.family_unavailable(rec["family"])
     if reason:

@@ -30,69 +30,22 @@ ValueError naming it and how to install it) or to an import path ``package.modul
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from reference.position_ids import prompt_positions
-from rope.prompts import FAMILIES, Prompt, check_family, family_num_dims
+# The batch and the declaration are the contract's (rope/prompts.py), named here too.
+from rope.prompts import FAMILIES, KnownDeviation, Prompt, PromptBatch, check_family, family_num_dims  # noqa: F401
 from rope.registry import resolve
 
 ADAPTERS = {
-    "transformers": "rope.harness.position_ids.transformers:position_ids_transformers",
-    "vllm": "rope.harness.position_ids.vllm:position_ids_vllm",
-    "sglang": "rope.harness.position_ids.sglang:position_ids_sglang",
+    "transformers": "rope.backends.transformers.position_ids:position_ids_transformers",
+    "vllm": "rope.backends.vllm.position_ids:position_ids_vllm",
+    "sglang": "rope.backends.sglang.position_ids:position_ids_sglang",
 }
 # What a run checks when --rope-position-ids-impl is not given: transformers where it is installed.
 DEFAULT_ADAPTERS = ("transformers",)
-SIDES = ("left", "right")
-MAX_PAD = 1 << 12
-
-
-@dataclass(frozen=True)
-class PromptBatch:
-    """Prompts of one batched call, each padded with ``pads[i]`` tokens on ``side``.
-
-    An API that takes one prompt at a time runs them one by one; one that is batched gets them
-    together, padded to the longest (``attention_mask`` 0 on the pads).  The prompts share one
-    ``spatial_merge_size`` (one vision config per call).
-    """
-
-    prompts: tuple[Prompt, ...]
-    pads: tuple[int, ...] = ()
-    side: str = "left"
-
-    def __post_init__(self) -> None:
-        prompts = tuple(self.prompts)
-        if not prompts or not all(isinstance(p, Prompt) for p in prompts):
-            raise ValueError(f"prompts={self.prompts!r}: must be a non-empty sequence of Prompt")
-        pads = tuple(self.pads) if self.pads else (0,) * len(prompts)
-        if len(pads) != len(prompts):
-            raise ValueError(f"pads={pads!r}: must have one entry per prompt ({len(prompts)})")
-        if not all(isinstance(p, int) and not isinstance(p, bool) and 0 <= p <= MAX_PAD for p in pads):
-            raise ValueError(f"pads={pads!r}: every pad must be an int in [0, {MAX_PAD}]")
-        if self.side not in SIDES:
-            raise ValueError(f"side={self.side!r}: must be one of {SIDES}")
-        merges = {p.spatial_merge_size for p in prompts}
-        if len(merges) != 1:
-            raise ValueError(f"prompts: must share one spatial_merge_size (got {sorted(merges)})")
-        object.__setattr__(self, "prompts", prompts)
-        object.__setattr__(self, "pads", pads)
-
-
-@dataclass(frozen=True)
-class KnownDeviation:
-    """The value an implementation is pinned to return where a documented upstream departure applies.
-
-    ``keys`` name the departures that changed something (e.g. ``cursor_after_video``); ``reason``
-    is the sentence a report shows.
-    """
-
-    positions: torch.Tensor
-    delta: int
-    keys: tuple[str, ...]
-    reason: str
 
 
 def get_position_ids_implementation(name: str) -> Callable:

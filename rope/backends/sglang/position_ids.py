@@ -37,10 +37,10 @@ import torch
 from reference.position_ids import prompt_positions
 from rope.prompts import FAMILIES, QWEN2_5_VL_TOKENS_PER_SECOND, XDROPE_FAMILIES, Image, Prompt, Text, Video
 from rope.backends import require
-from rope.harness.position_ids import KnownDeviation, PromptBatch
-from rope.harness.position_ids.vocabulary import PAD_TOKEN_ID, TEXT_TOKEN_ID, TIMESTAMP_TOKEN_ID
+from rope.prompts import KnownDeviation, PromptBatch
+from rope.backends.vocabulary import PAD_TOKEN_ID, TEXT_TOKEN_ID, TIMESTAMP_TOKEN_ID
 
-# SGLang's own switch for a GPU-less host (as rope/backends/sglang.py): without it the rotary
+# SGLang's own switch for a GPU-less host (as rope/backends/sglang/rotation.py): without it the rotary
 # package reaches for CUDA ops at import.
 if not torch.cuda.is_available():
     os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")

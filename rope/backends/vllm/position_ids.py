@@ -42,9 +42,9 @@ from reference.position_ids import prompt_positions
 from rope.prompts import (FAMILIES, IMAGE, QWEN2_5_VL_TOKENS_PER_SECOND, TEXT, VIDEO, XDROPE_FAMILIES, Image,
                           Prompt, Video)
 from rope.backends import require
-from rope.harness.position_ids.vocabulary import hunyuan_config_kwargs, token_ids
+from rope.backends.vocabulary import hunyuan_config_kwargs, token_ids
 
-# Same rule as rope/backends/vllm.py: on a GPU-less host say so before vLLM is imported.
+# Same rule as rope/backends/vllm/rotation.py: on a GPU-less host say so before vLLM is imported.
 if not torch.cuda.is_available():
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 _INSTALL = ("pip install vllm; on a CPU box scripts/vllm_cpu_env.sh (its own venv): see "

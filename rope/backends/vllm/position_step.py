@@ -28,7 +28,7 @@ import torch
 
 from rope.spec import check_position_inputs
 from rope.backends import require
-from rope.backends.vllm import _INSTALL  # noqa: F401 - its import also keeps real Triton on a GPU-less host
+from rope.backends.vllm.rotation import _INSTALL  # noqa: F401 - its import also keeps real Triton on a GPU-less host
 from rope.devices import device_name, triton_runs_on
 from rope.runner_positions import check_out
 

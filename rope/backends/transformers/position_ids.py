@@ -32,8 +32,8 @@ from reference.position_ids import llm_grid, prompt_positions
 from rope.prompts import (FAMILIES, IMAGE, QWEN2_5_VL_TOKENS_PER_SECOND, VIDEO, XDROPE_FAMILIES, Image, Prompt,
                           Video, family_num_dims)
 from rope.backends import require
-from rope.harness.position_ids import KnownDeviation, PromptBatch
-from rope.harness.position_ids.vocabulary import PAD_TOKEN_ID, hunyuan_config_kwargs, token_ids
+from rope.prompts import KnownDeviation, PromptBatch
+from rope.backends.vocabulary import PAD_TOKEN_ID, hunyuan_config_kwargs, token_ids
 
 transformers = require("transformers", distribution="transformers", install="pip install '.[oracle]'")
 TRANSFORMERS_VERSION = Version(transformers.__version__)
