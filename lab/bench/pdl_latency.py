@@ -16,7 +16,7 @@ import triton
 import rope
 from rope.harness import bench
 from rope.models import get_model
-from rope.triton.pdl import pdl_available
+from rope.triton.targets import pdl_available
 from rope.triton.rotary import launch_rotary
 
 from lab.bench.latency_floor import chain_ms

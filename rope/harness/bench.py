@@ -42,7 +42,8 @@ from rope.models import load_models
 from rope.harness.bench_contenders import CONTENDERS, contenders, runs_here, timed_here
 from rope.spec import RopeSpec
 from rope.harness.tolerance import compare_rotation
-from rope.triton.pdl import HAS_PDL, pdl_available
+from rope.triton.pdl import HAS_PDL
+from rope.triton.targets import pdl_available
 from rope.triton.rotary import ONE_WAVE_TOKENS, PDL_MAX_TOKENS
 
 if HAS_PDL:     # _empty_kernel's PDL variant calls these by their global names
@@ -204,7 +205,7 @@ def copy_bandwidth(device: str) -> float:
 
 @triton.jit
 def _empty_kernel(x_ptr, PDL: tl.constexpr):
-    if PDL:             # compiled only where rope.triton.rotary.pdl_available
+    if PDL:             # compiled only where rope.triton.targets.pdl_available
         gdc_wait()
         gdc_launch_dependents()
 

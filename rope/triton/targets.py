@@ -79,3 +79,9 @@ def launch_target(device: torch.device) -> Target:
     if is_interpreter() or device.type not in ("cuda", "xpu"):
         return INTERPRETER
     return _gpu_target(device.type, device.index)
+
+
+def pdl_available(device: torch.device) -> bool:
+    """A CUDA (not ROCm) device of compute capability >= 9, compiled (not the interpreter), and a
+    Triton that has ``launch_pdl``: the launch target's own answer."""
+    return launch_target(device).pdl

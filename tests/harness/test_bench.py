@@ -108,7 +108,7 @@ def test_pdl_empty_launch_only_where_pdl_runs():
     # PDL is a CUDA (cc >= 9) launch attribute: elsewhere the PDL empty launch is NaN and the report
     # does not claim one; where it was measured, the report names it.
     import torch
-    from rope.triton.pdl import pdl_available
+    from rope.triton.targets import pdl_available
     assert not pdl_available(torch.device("cpu"))
     assert bench.empty_launch_ms("cpu", pdl=True) != bench.empty_launch_ms("cpu", pdl=True)   # NaN
     data = {"device": "cpu", "device_name": "x", "copy_gbps": 1.0, "empty_launch_ms": 0.001, "torch": "t",

@@ -39,7 +39,8 @@ from rope.devices import torch_device
 from rope.harness.tolerance import compare_rotation
 from rope.models import load_models
 from rope.registry import get_implementation
-from rope.triton.pdl import HAS_PDL, pdl_available
+from rope.triton.pdl import HAS_PDL
+from rope.triton.targets import pdl_available
 from rope.triton.rotary import launch_rotary
 
 if HAS_PDL:
