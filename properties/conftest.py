@@ -1,10 +1,9 @@
 """What is specific to this suite (the harness's plugin, rope.harness.plugin, does the rest):
-the default Hypothesis profile, the order of the tests, the baseline suite's opt-in, and the
-self-tests kept out of the run report."""
+the default Hypothesis profile, the order of the tests, and the self-tests kept out of the run
+report (the plugin keeps the baseline, the replays and the mutants' searches out of a plain run)."""
 
 from __future__ import annotations
 
-import pytest
 
 from rope.harness.plugin import kept_out_of_the_report, load_default_profile
 
@@ -37,9 +36,3 @@ def _fixed_rank(item, fail_fast: bool) -> int:
 def pytest_collection_modifyitems(config, items):
     fail_fast = bool(config.getoption("maxfail", 0))
     items.sort(key=lambda item: _fixed_rank(item, fail_fast))
-    if config.getoption("--rope-baseline"):
-        return
-    skip = pytest.mark.skip(reason="baseline suite: run with --rope-baseline (rope-harness mutants does)")
-    for item in items:
-        if "baseline" in item.keywords:
-            item.add_marker(skip)

@@ -21,7 +21,7 @@ from rope.native import rotate_native
 from rope.harness.comparison import call_rotation
 from rope.registry import get_implementation
 
-pytestmark = pytest.mark.baseline
+pytestmark = [pytest.mark.baseline, pytest.mark.harness_stage]     # with --rope-baseline only
 
 MODELS_TO_TEST = ["glm-4.1v-9b", "qwen2-vl-7b", "qwen2-vl-72b", "qwen2.5-vl-72b", "qwen3-vl-4b", "qwen3-vl-30b-a3b"]
 

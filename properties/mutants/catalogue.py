@@ -49,7 +49,7 @@ def catalogue() -> list[dict]:
     from properties.mutants.broken_positions import BROKEN_POSITIONS
     from properties.mutants.broken_rotations import BROKEN_ROTATIONS
     from properties.mutants.dispatch import BROKEN_OPS
-    from properties.mutants.kernel import GPU_DEEP_MUTANTS, POSITIONS_MUTANTS, ROTARY_MUTANTS
+    from properties.mutants.kernel import GPU_DEEP_MUTANTS, POSITIONS_MUTANTS, ROTARY_MUTANTS, SubstitutionError
 
     correct_loop = f"{PACKAGE}.broken_positions:correct_loop"
     out = [_entry("broken_rotations", name, "rotation", name, "native", fn.__doc__)
@@ -68,6 +68,18 @@ def catalogue() -> list[dict]:
     # Dispatch mutants are op classes: the target names the class, the catalogue name the entry.
     out += [_entry("dispatch", name, "dispatch", cls.__name__, None, cls.__doc__)
             for name, (_, cls) in BROKEN_OPS.items()]
+    # A kernel mutant is a patch of the kernel's source: one that no longer applies (the kernel was
+    # edited under it) would raise where the bug should be, and a raise fails the suite's tests like
+    # a catch.  The catalogue refuses it, so the runner never counts it as caught.
+    stale = []
+    for m in [*ROTARY_MUTANTS.values(), *GPU_DEEP_MUTANTS.values(), *POSITIONS_MUTANTS.values()]:
+        try:
+            m.source()
+        except SubstitutionError as exc:
+            stale.append(str(exc))
+    if stale:
+        raise SubstitutionError("kernel mutants that no longer apply to the kernel's source (update their "
+                                "substitutions to the bug's new place):\n" + "\n".join(stale))
     return out
 
 

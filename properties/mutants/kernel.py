@@ -137,7 +137,8 @@ def cos_sin_unmasked_head_padded():
     """
 
 
-@_rotary(("spec.head_size, spec.num_freqs, sec0", "spec.head_size, spec.head_size // 2, sec0"))
+@_rotary(("spec.head_size, spec.num_freqs, *_sections_constexprs(spec)",
+          "spec.head_size, spec.head_size // 2, *_sections_constexprs(spec)"))
 def partial_rotary_head_half():
     """(c) Partial rotary with head_size/2 where rotary_dim/2 belongs (docs/spec.md §7.3).
 
@@ -235,7 +236,7 @@ def offsets_32bit():
     """
 
 
-@_rotary(("        cache_offsets_64 = needs_64\n", "        cache_offsets_64 = False\n"))
+@_rotary(("    if asked is None:\n        return needs_64\n", "    if asked is None:\n        return False\n"))
 def cache_offsets_32bit():
     """(h') Cache offsets always in 32 bits: position * row_stride wraps once the cos/sin cache passes
     2^31 elements (docs/spec.md §7.10, the cache side of Liger#804's 32-bit offsets).

@@ -18,6 +18,7 @@ from properties.mutants.broken_rotations import TOKEN_HEAD_SWITCHES
 from properties.mutants.kernel import (GPU_DEEP_MUTANTS, POSITIONS_MUTANTS, PREFILL_ONLY, ROTARY_MUTANTS, KernelMutant,
                                        SubstitutionError)
 from properties.strategies import KINDS
+from properties import test_mutants as dedicated
 from properties.test_mutants import KNOWN_PAIRS, ROTARY_CELLS, _positions_checks, check_rotation, expect_failure
 from properties.position_step.test_runner_positions import CHUNK_1, CHUNK_2, DECODE
 
@@ -113,3 +114,28 @@ def test_known_steps_catch_positions_mutant(batch, record_property):
     mutant = POSITIONS_MUTANTS["positions_store_unmasked"]
     found = expect_failure(lambda: _positions_checks(mutant.name, mutant, batch), record_property)
     assert "guard-write" in found, found
+
+
+# The guarded searches rope-harness mutants runs as a kernel mutant's dedicated stage live in the
+# shipped suite (properties/test_mutants.py), kept out of a plain run there; the project's own run
+# holds every one of them to its catch here.
+@pytest.mark.parametrize("name", list(dedicated.ROTARY_CELLS))
+def test_the_dedicated_search_catches_rotation_kernel_mutant(name, record_property):
+    dedicated.test_rotation_property_catches_kernel_mutant(name, record_property)
+
+
+@pytest.mark.parametrize("name", list(POSITIONS_MUTANTS))
+def test_the_dedicated_search_catches_position_kernel_mutant(name, record_property):
+    dedicated.test_position_property_catches_kernel_mutant(name, record_property)
+
+
+def test_a_kernel_mutant_that_no_longer_applies_is_refused_by_the_catalogue(monkeypatch):
+    # A kernel edited under a mutant leaves a patch that matches nothing: the mutant would raise
+    # where its bug should be, and the suite's tests fail on a raise as on a catch.  The catalogue
+    # (what rope-harness mutants reads) refuses it instead, naming it.
+    from properties.mutants import catalogue, kernel
+    assert catalogue.catalogue()                      # every mutant applies today
+    stale = KernelMutant("stale", rotary_module, "rotate_triton", [("no such source line", "x")], "stale (x)")
+    monkeypatch.setitem(kernel.ROTARY_MUTANTS, "stale", stale)
+    with pytest.raises(SubstitutionError, match="(?s)no longer apply.*mutant stale: substitution must match"):
+        catalogue.catalogue()

@@ -59,7 +59,7 @@ from rope.harness.plugin import run_end
 from rope.harness.plugin.run_end import (_END_STACKS_FILE, _LAST_REPORT_AT, _arm_end_stacks, _arm_stop_file,
                                          _note_failure_for_stop,
                                          _record_profile)
-from rope.harness.plugin.selection import (_device_params, _keep_only_replays,
+from rope.harness.plugin.selection import (_device_params, _keep_harness_stages_out, _keep_only_replays,
                                            _skip_oracle_tests_without_transformers, selected_devices,
                                            selected_implementations, selected_position_ids_implementations,
                                            selected_positions_implementations)
@@ -84,6 +84,7 @@ _MARKERS = (
     "position_ids: takes the position-id implementation under test (--rope-position-ids-impl); set by the plugin",
     "dispatch: checks the platform dispatch of the built-in operations",
     "prefill: a prefill-size batch (1,024 to 16,384 tokens and past); a campaign leaves these out",
+    "harness_stage: run by a rope-harness command (a replay, the baseline, a mutant's guarded search), not a plain run",
 )
 
 
@@ -274,6 +275,7 @@ def pytest_collection_modifyitems(config, items):
     if not is_active(config):
         return
     _keep_one_gpu_per_test(items)
+    _keep_harness_stages_out(config, items)
     _keep_only_replays(config, items)
     _keep_shard(config, items)
     _set_test_timeouts(config, items)
