@@ -31,7 +31,8 @@ from rope.harness.position_ids import get_position_ids_implementation, unsupport
 from rope.harness.position_ids.cases import is_position_ids_case
 from rope.harness.repro import regeneration_notes
 
-pytestmark = pytest.mark.harness_stage      # with --rope-repro (or named), not in a plain run
+# The replays: run with --rope-repro (or when named), not in a plain run.
+pytestmark = [pytest.mark.replay, pytest.mark.harness_stage]
 
 
 def case_paths(arguments: list[str]) -> list[Path]:

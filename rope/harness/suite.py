@@ -49,9 +49,9 @@ def runs_suite(args: list[str], pyargs: bool) -> bool:
         path = Path(target).resolve()
         if path == root or root in path.parents:
             return True
-        # A checkout's suite beside an installed one: the same package by its marker file.
+        # A checkout's suite beside an installed one: the same package, by its ownership marker.
         for candidate in (path, *path.parents):
-            if candidate.name == SUITE_PACKAGE and (candidate / "rotation" / "test_rotation.py").is_file():
+            if candidate.name == SUITE_PACKAGE and _is_ours(candidate / "__init__.py"):
                 return True
     return False
 
@@ -77,3 +77,12 @@ def plugin_args() -> list[str]:
     """pytest arguments that load the harness's plugin where the entry point does not (a checkout
     used without ``pip install``)."""
     return [] if plugin_registered() else ["-p", "rope.harness.plugin"]
+
+
+def _is_ours(init: Path) -> bool:
+    """Whether a package's ``__init__.py`` carries rope-harness's ownership marker."""
+    from rope.harness.ownership import MARKER
+    try:
+        return MARKER in init.read_text(encoding="utf-8")
+    except OSError:
+        return False

@@ -10,7 +10,7 @@ Options:
   --rope-position-ids-impl NAME|module:callable  (repeatable) position-id implementations (a model's
                                        get_rope_index: transformers, vllm, sglang); default transformers
   --rope-repro CASE                    (repeatable) replay case files (a file, or every *.json in a directory)
-                                       through the suite's test_repro.py; every other test is deselected
+                                       through the suite's replay tests (marked replay); every other test is deselected
   --rope-shard I/N                     run only shard I of N (a deterministic partition by test id), for
                                        splitting the suite over CI runners or hosts; merge with rope-harness merge
   --rope-baseline                      also run the serving-engine-style baseline suite
@@ -85,6 +85,7 @@ _MARKERS = (
     "dispatch: checks the platform dispatch of the built-in operations",
     "prefill: a prefill-size batch (1,024 to 16,384 tokens and past); a campaign leaves these out",
     "harness_stage: run by a rope-harness command (a replay, the baseline, a mutant's guarded search), not a plain run",
+    "replay: replays case files (--rope-repro)",
 )
 
 

@@ -22,7 +22,7 @@ def _keep_harness_stages_out(config, items):
             return True
         if item.get_closest_marker("baseline") is not None:
             return bool(config.getoption("--rope-baseline"))
-        return item.path.name == "test_repro.py" and bool(config.getoption("--rope-repro"))
+        return item.get_closest_marker("replay") is not None and bool(config.getoption("--rope-repro"))
     keep = [item for item in items if asked(item)]
     if len(keep) != len(items):
         config.hook.pytest_deselected(items=[item for item in items if not asked(item)])
@@ -30,11 +30,11 @@ def _keep_harness_stages_out(config, items):
 
 
 def _keep_only_replays(config, items):
-    """With --rope-repro, run the replay only (properties/test_repro.py)."""
+    """With --rope-repro, run the replays only (the tests marked ``replay``: properties/test_repro.py)."""
     if not config.getoption("--rope-repro"):
         return
-    keep = [item for item in items if item.path.name == "test_repro.py"]
-    config.hook.pytest_deselected(items=[item for item in items if item.path.name != "test_repro.py"])
+    keep = [item for item in items if item.get_closest_marker("replay") is not None]
+    config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("replay") is None])
     items[:] = keep
 
 
