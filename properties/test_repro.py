@@ -26,6 +26,7 @@ from properties.strategies import build_rotation_inputs
 from rope.harness.case_files import load_case
 from rope.devices import available_devices
 from rope.registry import get_implementation, get_recorded_implementation
+from rope.harness import case_files
 from rope.harness.position_ids import cases as position_id_cases
 from rope.harness.position_ids import get_position_ids_implementation, unsupported_reason
 from rope.harness.position_ids.cases import is_position_ids_case
@@ -94,7 +95,7 @@ def _generate_position_ids_replays(metafunc):
         if not is_position_ids_case(path):
             continue
         try:
-            case = position_id_cases.load(path)
+            case = case_files.load_position_ids_case(path)
         except ValueError as exc:
             raise pytest.UsageError(f"--rope-repro: {exc}") from None
         named = config.getoption("--rope-position-ids-impl")

@@ -49,6 +49,27 @@ case files off.
 
 The ``case`` record turns back into a ``rope.harness.inputs.RotationCase``, which regenerates
 the tensors.
+
+The position_ids kind, schema version 1 (every key required, ``hypothesis`` and ``test`` may be
+null)::
+
+    schema_version  1
+    kind            "position_ids"
+    id              16 hex digits: sha256 of (implementation, family, batch)
+    implementation  registered name (transformers, vllm, sglang) or "package.module:callable"
+    family          one of reference.FAMILIES
+    batch           {"prompts": [prompt, ...], "pads": [int, ...], "side": "left" | "right"}
+                    prompt = {"spatial_merge_size": int, "segments": [{"text": n} |
+                    {"image": [1, h, w]} | {"video": [t, h, w], "second_per_grid": x, "timestamp_tokens": n}]}
+    prompt_index    which prompt of the batch differs
+    result          PositionIdsMismatch.to_dict(): token, rows, segment, role, got, expected,
+                    num_differing, got_delta, expected_delta
+    known_deviation null, or the keys of the pinned upstream departures the expectation applied
+    diagnosis       {"label", "sentence"}
+    hypothesis      {"version", "reproduce_blob", "decorator"} or null
+    test            the pytest node id, or null
+    versions        python, torch, transformers, hypothesis, rope-harness, the implementation's
+    created         ISO 8601 UTC
 """
 
 from __future__ import annotations
@@ -63,12 +84,15 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
+from typing import Callable
 
 from rope.harness.atomic import atomic_write
 from rope.devices import DEVICE_NAMES
 from rope.harness.diagnosis import Diagnosis, channel_location
 from rope.registry import WORKING_PRECISIONS, get_implementation
 from rope.spec import RopeSpec
+from rope.prompts import FAMILIES, Image, Prompt, PromptBatch, Text, Video
+from rope.harness.position_ids.diagnosis import LABELS, PositionIdsMismatch
 
 SCHEMA_VERSION = 1
 KIND = "rotation"
@@ -410,3 +434,171 @@ def format_mismatch(*, header: str, diagnosis: Diagnosis, comparison, case, case
     elif note:
         lines.append(f"case file: {note}")
     return "\n".join(lines)
+
+
+# ======================================================================== the position_ids kind
+# Its schema: the module's docstring; the check and the replay: rope/harness/position_ids/cases.py.
+POSITION_IDS_KIND = "position_ids"
+POSITION_IDS_SCHEMA_VERSION = KINDS[POSITION_IDS_KIND]
+POSITION_IDS_FIELDS = ("schema_version", "kind", "id", "implementation", "family", "batch", "prompt_index", "result",
+          "known_deviation", "diagnosis", "hypothesis", "test", "versions", "created")
+POSITION_IDS_NULLABLE = ("known_deviation", "hypothesis", "test")
+# Bounds on what a case file may ask a replay to build: prompts, segments, grid sides, frames.
+MAX_PROMPTS = 64
+MAX_SEGMENTS = 256
+MAX_TEXT = 1 << 16
+MAX_SIDE = 1 << 10
+MAX_FRAMES = 1 << 10
+MAX_PROMPT_TOKENS = 1 << 20
+
+
+def prompt_to_dict(prompt: Prompt) -> dict:
+    segments = []
+    for seg in prompt.segments:
+        if isinstance(seg, Text):
+            segments.append({"text": seg.length})
+        elif isinstance(seg, Image):
+            segments.append({"image": list(seg.grid_thw)})
+        else:
+            segments.append({"video": list(seg.grid_thw), "second_per_grid": seg.second_per_grid,
+                             "timestamp_tokens": seg.timestamp_tokens})
+    return {"spatial_merge_size": prompt.spatial_merge_size, "segments": segments}
+
+
+def batch_to_dict(batch: PromptBatch) -> dict:
+    return {"prompts": [prompt_to_dict(p) for p in batch.prompts], "pads": list(batch.pads), "side": batch.side}
+
+
+def position_ids_case_id(implementation: str, family: str, batch: PromptBatch) -> str:
+    key = json.dumps({"implementation": implementation, "family": family, "batch": batch_to_dict(batch)},
+                     sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def position_ids_case_record(*, implementation: str, fn: Callable, family: str, batch: PromptBatch, index: int,
+                             mismatch: PositionIdsMismatch, deviation, hypothesis: dict | None) -> dict:
+    """A position-id case file's contents (the position_ids kind of the module's docstring)."""
+    found = versions("cpu")
+    found["implementation"] = getattr(fn, "version", None)
+    return {
+        "schema_version": POSITION_IDS_SCHEMA_VERSION, "kind": POSITION_IDS_KIND,
+        "id": position_ids_case_id(implementation, family, batch),
+        "implementation": implementation, "family": family, "batch": batch_to_dict(batch), "prompt_index": index,
+        "result": mismatch.to_dict(), "known_deviation": list(deviation.keys) if deviation else None,
+        "diagnosis": {"label": mismatch.label, "sentence": mismatch.sentence}, "hypothesis": hypothesis,
+        "test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0] or None,
+        "versions": found, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _segment(where: str, raw) -> Text | Image | Video:
+    if not isinstance(raw, dict) or len(set(raw) & {"text", "image", "video"}) != 1:
+        raise ValueError(f"{where}: must be an object with exactly one of 'text', 'image', 'video'")
+    if "text" in raw:
+        if set(raw) != {"text"} or not is_int(raw["text"]) or not 0 <= raw["text"] <= MAX_TEXT:
+            raise ValueError(f"{where}.text={raw.get('text')!r}: must be an int in [0, {MAX_TEXT}] and alone")
+        return Text(raw["text"])
+    key = "image" if "image" in raw else "video"
+    grid = raw[key]
+    if not isinstance(grid, list) or len(grid) != 3 or not all(is_int(v) for v in grid):
+        raise ValueError(f"{where}.{key}={grid!r}: must be a list [t, h, w] of ints")
+    t, h, w = grid
+    if not (1 <= t <= MAX_FRAMES and 1 <= h <= MAX_SIDE and 1 <= w <= MAX_SIDE):
+        raise ValueError(f"{where}.{key}={grid!r}: t must be in [1, {MAX_FRAMES}], h and w in [1, {MAX_SIDE}]")
+    if key == "image":
+        if set(raw) != {"image"}:
+            raise ValueError(f"{where}: unknown fields {sorted(set(raw) - {'image'})}")
+        return Image(tuple(grid))
+    extra = set(raw) - {"video", "second_per_grid", "timestamp_tokens"}
+    if extra:
+        raise ValueError(f"{where}: unknown fields {sorted(extra)}")
+    spg, ts = raw.get("second_per_grid", 1.0), raw.get("timestamp_tokens", 1)
+    if isinstance(spg, bool) or not isinstance(spg, (int, float)) or not math.isfinite(spg) or not 0 < spg <= 1e6:
+        raise ValueError(f"{where}.second_per_grid={spg!r}: must be a finite number in (0, 1e6]")
+    if not is_int(ts) or not 0 <= ts <= 64:
+        raise ValueError(f"{where}.timestamp_tokens={ts!r}: must be an int in [0, 64]")
+    return Video(tuple(grid), second_per_grid=float(spg), timestamp_tokens=ts)
+
+
+def prompt_from_dict(where: str, raw) -> Prompt:
+    if not isinstance(raw, dict) or set(raw) != {"spatial_merge_size", "segments"}:
+        raise ValueError(f"{where}: must be an object with 'spatial_merge_size' and 'segments'")
+    merge, segments = raw["spatial_merge_size"], raw["segments"]
+    if not is_int(merge) or not 1 <= merge <= 16:
+        raise ValueError(f"{where}.spatial_merge_size={merge!r}: must be an int in [1, 16]")
+    if not isinstance(segments, list) or not 1 <= len(segments) <= MAX_SEGMENTS:
+        raise ValueError(f"{where}.segments: must be a list of 1 to {MAX_SEGMENTS} segments")
+    try:
+        return Prompt(tuple(_segment(f"{where}.segments[{i}]", s) for i, s in enumerate(segments)), merge)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def _tokens(prompt: Prompt) -> int:
+    """An upper bound of the prompt's tokens in any family's layout (checked before laying it out)."""
+    total = 0
+    for seg in prompt.segments:
+        if isinstance(seg, Text):
+            total += seg.length
+        else:
+            t, h, w = seg.grid_thw
+            total += t * (h * w + h + 4 + getattr(seg, "timestamp_tokens", 0))
+    return total
+
+
+@dataclass(frozen=True)
+class PositionIdsCase:
+    path: Path
+    record: dict
+    family: str
+    batch: PromptBatch
+
+    @property
+    def id(self) -> str:
+        return self.record["id"]
+
+    @property
+    def implementation(self) -> str:
+        return self.record["implementation"]
+
+
+def load_position_ids_case(path: Path | str) -> PositionIdsCase:
+    """Read and validate a position-id case file; any problem is a ValueError naming file and field."""
+    path = Path(path)
+
+    def bad(problem: str) -> ValueError:
+        return ValueError(f"case file {path}: {problem}")
+
+    record, _ = read_header(path, POSITION_IDS_KIND)
+    for name in POSITION_IDS_FIELDS:
+        if name not in record:
+            raise bad(f"missing field {name!r}")
+        if record[name] is None and name not in POSITION_IDS_NULLABLE:
+            raise bad(f"{name}=null: must have a value")
+    for name in ("id", "implementation", "created"):
+        if not isinstance(record[name], str) or not record[name]:
+            raise bad(f"{name}={record[name]!r}: must be a non-empty string")
+    if record["family"] not in FAMILIES:
+        raise bad(f"family={record['family']!r}: must be one of {FAMILIES}")
+    raw = record["batch"]
+    if not isinstance(raw, dict) or set(raw) != {"prompts", "pads", "side"}:
+        raise bad("batch: must be an object with 'prompts', 'pads' and 'side'")
+    if not isinstance(raw["prompts"], list) or not 1 <= len(raw["prompts"]) <= MAX_PROMPTS:
+        raise bad(f"batch.prompts: must be a list of 1 to {MAX_PROMPTS} prompts")
+    if not isinstance(raw["pads"], list):
+        raise bad("batch.pads: must be a list of ints")
+    try:
+        prompts = tuple(prompt_from_dict(f"batch.prompts[{i}]", p) for i, p in enumerate(raw["prompts"]))
+        tokens = sum(_tokens(p) for p in prompts)
+        if tokens > MAX_PROMPT_TOKENS:
+            raise ValueError(f"batch: about {tokens} tokens: must be at most {MAX_PROMPT_TOKENS}")
+        batch = PromptBatch(prompts, tuple(raw["pads"]), raw["side"])
+    except ValueError as exc:
+        raise bad(str(exc)) from None
+    index = record["prompt_index"]
+    if not is_int(index) or not 0 <= index < len(prompts):
+        raise bad(f"prompt_index={index!r}: must be an int in [0, {len(prompts)})")
+    diagnosis = record["diagnosis"]
+    if not isinstance(diagnosis, dict) or diagnosis.get("label") not in LABELS:
+        raise bad(f"diagnosis: must be an object whose label is one of {LABELS}")
+    return PositionIdsCase(path, record, record["family"], batch)

@@ -27,6 +27,7 @@ from rope.harness.position_ids import (
     get_position_ids_implementation,
     unsupported_reason,
 )
+from rope.harness import case_files
 from rope.harness.position_ids import cases
 from rope.harness.position_ids.diagnosis import LABELS, compare
 from rope.harness.suite import plugin_args, subprocess_env, suite_dir
@@ -232,7 +233,7 @@ def test_mismatch_writes_a_case_file_that_loads_and_replays(tmp_path, monkeypatc
     record = json.loads(path.read_text())
     assert record["kind"] == "position_ids" and record["family"] == "qwen2_5_vl"
     assert record["result"]["rows"] == [0] and record["diagnosis"]["label"] == "temporal_scale_truncated"
-    case = cases.load(path)
+    case = case_files.load_position_ids_case(path)
     assert case.batch == PROMPTS["transformers#48669-fps4"][1]
     # replayed against the mutant it still differs; against the reference it is fixed
     assert not cases.replay(path, impl=f"{MUTANTS}:temporal_scale_truncated")[2].ok
@@ -292,7 +293,7 @@ def test_load_names_a_bad_field(tmp_path, monkeypatch, edit, match):
     edit(record)
     path.write_text(json.dumps(record))
     with pytest.raises(ValueError, match=match):
-        cases.load(path)
+        case_files.load_position_ids_case(path)
 
 
 def test_cli_check_runs_the_position_id_suite_only_on_a_named_implementation(tmp_path):
