@@ -258,11 +258,10 @@ def write_case(record: dict, directory: Path | str | None = None) -> Path:
 
 # --------------------------------------------------------------------------- load
 @dataclass(frozen=True)
-class CaseFile:
-    """A loaded, validated case file.  ``case`` is a ``rope.harness.inputs.RotationCase``."""
+class LoadedCase:
+    """What every kind of loaded, validated case file has: its path, its record, id and implementation."""
     path: Path
     record: dict
-    case: object
 
     @property
     def id(self) -> str:
@@ -271,6 +270,12 @@ class CaseFile:
     @property
     def implementation(self) -> str:
         return self.record["implementation"]
+
+
+@dataclass(frozen=True)
+class CaseFile(LoadedCase):
+    """A loaded rotation case file.  ``case`` is a ``rope.harness.inputs.RotationCase``."""
+    case: object
 
     @property
     def device(self) -> str:
@@ -346,24 +351,31 @@ def case_kind(path: Path | str) -> str | None:
         return None
 
 
+def _read_fields(path: Path, kind: str, fields: tuple[str, ...], nullable: tuple[str, ...]):
+    """The header (read_header), then what every kind's record holds: each of ``fields`` present,
+    non-null unless ``nullable``, and ``id``, ``implementation``, ``created`` non-empty strings.
+    Returns the record and the kind loader's ``bad(problem) -> ValueError`` naming the file."""
+    def bad(problem: str) -> ValueError:
+        return ValueError(f"case file {path}: {problem}")
+
+    record, _ = read_header(path, kind)
+    for name in fields:
+        if name not in record:
+            raise bad(f"missing field {name!r}")
+        if record[name] is None and name not in nullable:
+            raise bad(f"{name}=null: must have a value")
+    for name in ("id", "implementation", "created"):
+        if not isinstance(record[name], str) or not record[name]:
+            raise bad(f"{name}={record[name]!r}: must be a non-empty string")
+    return record, bad
+
+
 def load_case(path: Path | str) -> CaseFile:
     """Read and validate a case file.  Any problem is a ``ValueError`` naming the file and the
     field: unreadable or corrupt JSON, a missing field, a wrong type or value, a schema version
     newer than this code understands."""
     path = Path(path)
-
-    def bad(problem: str) -> ValueError:
-        return ValueError(f"case file {path}: {problem}")
-
-    record, _ = read_header(path, KIND)
-    for name in FIELDS:
-        if name not in record:
-            raise bad(f"missing field {name!r}")
-        if record[name] is None and name not in NULLABLE:
-            raise bad(f"{name}=null: must have a value")
-    for name in ("id", "implementation", "created"):
-        if not isinstance(record[name], str) or not record[name]:
-            raise bad(f"{name}={record[name]!r}: must be a non-empty string")
+    record, bad = _read_fields(path, KIND, FIELDS, NULLABLE)
     if record["device"] not in DEVICE_NAMES:
         raise bad(f"device={record['device']!r}: must be one of {DEVICE_NAMES}")
     if record["working_precision"] not in WORKING_PRECISIONS:
@@ -547,37 +559,16 @@ def _tokens(prompt: Prompt) -> int:
 
 
 @dataclass(frozen=True)
-class PositionIdsCase:
-    path: Path
-    record: dict
+class PositionIdsCase(LoadedCase):
+    """A loaded position-id case file: the family and the batch of prompts it replays."""
     family: str
     batch: PromptBatch
-
-    @property
-    def id(self) -> str:
-        return self.record["id"]
-
-    @property
-    def implementation(self) -> str:
-        return self.record["implementation"]
 
 
 def load_position_ids_case(path: Path | str) -> PositionIdsCase:
     """Read and validate a position-id case file; any problem is a ValueError naming file and field."""
     path = Path(path)
-
-    def bad(problem: str) -> ValueError:
-        return ValueError(f"case file {path}: {problem}")
-
-    record, _ = read_header(path, POSITION_IDS_KIND)
-    for name in POSITION_IDS_FIELDS:
-        if name not in record:
-            raise bad(f"missing field {name!r}")
-        if record[name] is None and name not in POSITION_IDS_NULLABLE:
-            raise bad(f"{name}=null: must have a value")
-    for name in ("id", "implementation", "created"):
-        if not isinstance(record[name], str) or not record[name]:
-            raise bad(f"{name}={record[name]!r}: must be a non-empty string")
+    record, bad = _read_fields(path, POSITION_IDS_KIND, POSITION_IDS_FIELDS, POSITION_IDS_NULLABLE)
     if record["family"] not in FAMILIES:
         raise bad(f"family={record['family']!r}: must be one of {FAMILIES}")
     raw = record["batch"]
