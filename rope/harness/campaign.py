@@ -34,7 +34,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rope.harness import profiling, report
+from rope.harness import case_files, profiling, report
 from rope.harness.atomic import atomic_write
 from rope.harness.suite import suite_path
 
@@ -273,7 +273,7 @@ def markdown(data: dict) -> str:
                   f"{sum(r['wall_s'] for r in data['runs']):.0f} s of sessions:", ""]
         lines += profiling.markdown_rows(data["profile"])
     if data["case_files"]:
-        lines += ["", "## Case files", ""] + [f"- `{f}`: replay with `rope-harness repro {f}`" for f in data["case_files"]]
+        lines += ["", "## Case files", ""] + [f"- `{f}`: replay with `{case_files.replay_command(f)}`" for f in data["case_files"]]
     lines += ["", "Matrix and plots: summary.md beside this file."]
     return "\n".join(lines) + "\n"
 

@@ -435,14 +435,28 @@ def display_path(path: Path | str) -> str:
         return str(path)
 
 
+def replay_command(shown: str, implementation: str | None = None) -> str:
+    """The command that replays the case file at ``shown``, as it must be typed: a replay runs a
+    registered name it reads from the file, never a module path stored there, so an implementation
+    named by import path (``package.module:callable``) is named again with ``--impl``.  Without
+    ``implementation`` the file's own record says it (nothing where it cannot be read)."""
+    if implementation is None:
+        try:
+            implementation = read_record(Path(shown)).get("implementation")
+        except ValueError:
+            implementation = None
+    extra = f" --impl {implementation}" if isinstance(implementation, str) and ":" in implementation else ""
+    return f"rope-harness repro {shown}{extra}"
+
+
 def format_mismatch(*, header: str, diagnosis: Diagnosis, comparison, case, case_path=None,
-                    note: str | None = None) -> str:
+                    note: str | None = None, implementation: str | None = None) -> str:
     """The mismatch report: header (implementation, device, case id), diagnosis, counts and
     worst elements, the case, then the case file and the command that replays it."""
     lines = [header, *diagnosis.lines(), comparison.message(), f"case: {case}"]
     if case_path is not None:
         shown = display_path(case_path)
-        lines += [f"case file: {shown}", f"replay: rope-harness repro {shown}"]
+        lines += [f"case file: {shown}", f"replay: {replay_command(shown, implementation)}"]
     elif note:
         lines.append(f"case file: {note}")
     return "\n".join(lines)

@@ -34,18 +34,25 @@ from pathlib import Path
 from rope.harness.suite import suite_dir
 
 
-def _selection(args) -> list[str]:
-    """The suite's tests a check runs: every test that takes an implementation of a checked thing
-    (rotation, position step, position ids; the platform dispatch), selected by the markers the
-    plugin sets (rope.harness.suite.CHECKED_THINGS), prefill sizes and the regression corpus
-    included; only the position-id tests when only position ids are named; --all: everything."""
+def checked_things(args) -> list[str]:
+    """What a check covers: the checked things whose implementations are named (``--impl``:
+    rotation, ``--position-step-impl``: position_step, ``--position-ids-impl``: position_ids), so
+    that ``check --impl mine`` checks mine only; with none named, every checked thing of the
+    built-ins, the platform dispatch included."""
     from rope.harness.suite import CHECKED_THINGS
+    named = [thing for thing, given in (("rotation", args.impl), ("position_step", args.positions_impl),
+                                        ("position_ids", args.position_ids_impl)) if given]
+    return named or list(CHECKED_THINGS)
+
+
+def _selection(args) -> list[str]:
+    """The suite's tests a check runs: every test that takes an implementation of a checked thing,
+    selected by the markers the plugin sets, prefill sizes and the regression corpus included;
+    --all: everything."""
     tests = [str(suite_dir())]
     if args.all:
         return tests
-    if args.position_ids_impl and not (args.impl or args.positions_impl):
-        return tests + ["-m", "position_ids"]     # only position ids named: check only those
-    return tests + ["-m", " or ".join(CHECKED_THINGS)]
+    return tests + ["-m", " or ".join(checked_things(args))]
 
 
 def _pytest_args(args) -> list[str]:
@@ -108,7 +115,8 @@ def cmd_check(args) -> int:
     from rope.devices import available_devices
     devices = args.device or available_devices()
     named = [*args.impl, *args.positions_impl, *args.position_ids_impl]
-    print(f"rope-harness check: devices {', '.join(devices)}; implementations "
+    things = "all" if args.all else ", ".join(checked_things(args)).replace("_", " ")
+    print(f"rope-harness check: {things}; devices {', '.join(devices)}; implementations "
           f"{', '.join(named) if named else 'all built-in'}; profile {args.profile}", flush=True)
     code = int(pytest.main(_pytest_args(args), plugins=[_ProgressBar()]))
     from rope.harness.report import reports_dir

@@ -432,4 +432,5 @@ def mismatch_message(impl_name: str, implementation: str, case: RotationCase, de
     case_id = case_files.case_id(implementation, device, case.to_dict())
     return case_files.format_mismatch(
         header=f"{name} on {device} does not match the reference (case {case_id})",
-        diagnosis=diagnosis, comparison=comparison, case=case, case_path=case_path, note=note)
+        diagnosis=diagnosis, comparison=comparison, case=case, case_path=case_path, note=note,
+        implementation=implementation)

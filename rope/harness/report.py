@@ -18,7 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from rope.harness.atomic import atomic_write
-from rope.harness import profiling
+from rope.harness import case_files, profiling
 
 RUN_ENV = "ROPE_REPORT_RUN"          # the record directory of the current run
 DISABLE_ENV = "ROPE_NO_REPORT"       # set to skip recording (e.g. nested runs of deliberate mutants)
@@ -234,9 +234,10 @@ def markdown(summary: dict, plots: list[str]) -> str:
                   f"Summed over {summary['profile']['processes']} test processes "
                   f"({summary['profile']['calls']} implementation calls):", ""]
         lines += profiling.markdown_rows(summary["profile"])
-    failures = [f for c in summary["matrix"] for f in c["case_files"]]
+    failures = {f: c["impl"] for c in summary["matrix"] for f in c["case_files"]}
     if failures:
-        lines += ["", "## Case files", ""] + [f"- `{f}`: replay with `rope-harness repro {f}`" for f in sorted(set(failures))]
+        lines += ["", "## Case files", ""] + [f"- `{f}`: replay with `{case_files.replay_command(f, failures[f])}`"
+                                              for f in sorted(failures)]
     if plots:
         lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
     return "\n".join(lines) + "\n"
@@ -339,7 +340,6 @@ def merge(inputs: list[Path], out_dir: Path) -> list[Path]:
     """One report from the reports of several runners or hosts (``pytest --rope-shard I/N`` on
     each, then ``rope-harness merge OUT DIR...``): the records are concatenated, the case files
     copied (the same id is the same mismatch), and the summary and plots rebuilt."""
-    import shutil
     out_dir = Path(out_dir)
     records, runs = [], []
     for directory in map(Path, inputs):

@@ -91,7 +91,10 @@ def test_message_anatomy(case_dir):
     first_worst = next(i for i, line in enumerate(lines) if "error/bound" in line and "[token" in line)
     assert first_worst > lines.index(next(line for line in lines if line.startswith("Mismatched elements")))
     assert lines[-2] == f"case file: {case_files.display_path(case_dir / f'{cid}.json')}"
-    assert lines[-1] == f"replay: rope-harness repro {case_files.display_path(case_dir / f'{cid}.json')}"
+    # The command as it must be typed: a replay never imports a module path stored in the file, so
+    # an implementation named by import path is named again with --impl.
+    assert lines[-1] == f"replay: rope-harness repro {case_files.display_path(case_dir / f'{cid}.json')} --impl {MUTANT}"
+    assert case_files.replay_command("c.json", "native") == "rope-harness repro c.json"
 
 
 def test_mismatch_report_steps(case_dir, monkeypatch):

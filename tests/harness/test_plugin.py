@@ -330,20 +330,32 @@ def test_the_end_watchdog_fires_once_and_keeps_the_first_deadline(tmp_path, monk
         out.close()
 
 # ------------------------------------------------------------------ what rope-harness check runs
-def test_check_runs_every_test_that_takes_the_implementation(tmp_path):
-    # Selected by the checked things' markers, not by file: the prefill sizes and the regression
-    # corpus are in; the harness's own tests (plugin, case files, ...) are out.
-    run = subprocess.run([sys.executable, "-m", "rope.harness.cli", "check", "--impl", "native", "--device", "cpu",
+def _check_collects(tmp_path, *args) -> tuple[str, set[str]]:
+    run = subprocess.run([sys.executable, "-m", "rope.harness.cli", "check", *args, "--device", "cpu",
                           "--workers", "0", "--", "--collect-only"], cwd=tmp_path, capture_output=True, text=True,
                          timeout=300, env=subprocess_env())
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    files = dict(re.findall(r"(\S+\.py): (\d+)", run.stdout))
-    names = {Path(f).name for f in files}
-    for wanted in ("test_rotation.py", "test_prefill.py", "test_regressions.py", "test_model_rotation.py",
-                   "test_runner_positions.py", "test_scheduler_positions.py", "test_dispatch.py", "test_bad_inputs.py"):
-        assert wanted in names, (wanted, sorted(names))
-    for unwanted in ("test_plugin.py", "test_case_files.py", "test_diagnosis.py", "test_mutation_runner.py"):
-        assert unwanted not in names, (unwanted, sorted(names))
+    return run.stdout.splitlines()[0], {Path(f).name for f, _ in re.findall(r"(\S+\.py): (\d+)", run.stdout)}
+
+
+ROTATION_FILES = ("test_rotation.py", "test_prefill.py", "test_regressions.py", "test_model_rotation.py",
+                  "test_bad_inputs.py")
+OTHER_CHECKED_FILES = ("test_runner_positions.py", "test_scheduler_positions.py", "test_dispatch.py")
+
+
+def test_check_runs_every_test_that_takes_the_implementation_and_no_other(tmp_path):
+    # Selected by the checked things' markers, not by file: the prefill sizes and the regression
+    # corpus are in; the harness's own tests are out; and `check --impl mine` checks mine, not the
+    # built-in position steps or the dispatch (its first line says what it checks).
+    first, names = _check_collects(tmp_path, "--impl", "native")
+    assert first.startswith("rope-harness check: rotation;"), first
+    assert set(ROTATION_FILES) <= names and not names & {*OTHER_CHECKED_FILES, "test_plugin.py", "test_case_files.py"}, \
+        sorted(names)
+    first, names = _check_collects(tmp_path, "--impl", "native", "--position-step-impl", "native")
+    assert first.startswith("rope-harness check: rotation, position step;") and "test_runner_positions.py" in names
+    first, names = _check_collects(tmp_path)          # nothing named: every built-in, every checked thing
+    assert first.startswith("rope-harness check: rotation, position step, position ids, dispatch;"), first
+    assert set(ROTATION_FILES + OTHER_CHECKED_FILES) <= names, sorted(names)
 
 
 @pytest.mark.parametrize("flag", ["--rope-position-step-impl", "--rope-positions-impl"])

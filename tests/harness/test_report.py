@@ -58,7 +58,12 @@ def test_records_from_workers_merge_and_a_torn_line_is_dropped(run_dir, monkeypa
     assert cell["worst_ratio"] == "inf" or cell["worst_ratio"] > 1
     assert {s["test"] for s in summary["skips"]} == {"t2", "t3"}
     md = (tmp_path / "summary.md").read_text()
-    assert "| x | cpu | float32 | chunked3-gptj-partial | 2 |" in md and "rope-harness repro reports/cases/abc.json" in md
+    assert "| x | cpu | float32 | chunked3-gptj-partial | 2 |" in md and "`rope-harness repro reports/cases/abc.json`" in md
+    # An implementation named by import path: the printed replay names it again (--impl).
+    report.record_comparison(test="t", impl="mypkg.rope:fn", device="cpu", dtype="float32", variant=GLM.variant(),
+                             comparison=bad, case_file="reports/cases/def.json")
+    report.write_summary(run_dir, tmp_path)
+    assert "`rope-harness repro reports/cases/def.json --impl mypkg.rope:fn`" in (tmp_path / "summary.md").read_text()
     names = {p.name for p in paths}
     assert {"summary.md", "summary.json", "error_bound.png", "failure_00_heatmap.png"} <= names
     assert (tmp_path / "failure_00_heatmap.png").read_bytes()[:4] == b"\x89PNG"
