@@ -22,7 +22,7 @@ def suite_dir() -> Path:
     spec = importlib.util.find_spec(SUITE_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit(f"rope-harness: the test suite package {SUITE_PACKAGE!r} is not installed "
-                         f"(pip install rope-harness, or pip install -e . in a checkout)")
+                         f"(pip install -e . in a checkout, or pip install a wheel built there)")
     return Path(list(spec.submodule_search_locations)[0]).resolve()
 
 
