@@ -43,6 +43,10 @@ KNOWN_BUG_CASES = {
     "xdrope-4rows-hunyuanocr": RotationCase(HUNYUAN_OCR, 12, 16, 8, "bfloat16", "grid", False, 7),
     # Early Triton stride review (vllm#22375): h/w row offsets use num_tokens strides.
     "row-strides-many-tokens": RotationCase(QWEN3_VL, 97, 2, 1, "float16", "uniform", True, 8),
-    # MQA, key absent, a single token.
+    # MQA, key absent, a single token: the query alone is rotated, the key comes back None.
     "single-token-no-key": RotationCase(GLM_41V, 1, 3, 0, "float16", "uniform", False, 9),
+    # 0 tokens (a step with no token of this batch): empty outputs, no error. Peers that view q as
+    # (num_tokens, -1, head_size) raise there (vLLM's and SGLang's forward paths, FlashInfer: their
+    # adapters declare it, rope/backends/known_faults.py).
+    "empty-batch-glm41v": RotationCase(GLM_41V, 0, 32, 2, "bfloat16", "uniform", False, 11),
 }
