@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from rope.harness.suite import suite_dir
@@ -80,10 +81,15 @@ class _ProgressBar:
     sees every worker's reports)."""
 
     def __init__(self):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from collections import Counter
+
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn)
         self.progress = Progress(TextColumn("[bold]checking"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(), transient=False)
+                                 TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(),
+                                 TextColumn("left"), TimeRemainingColumn(), transient=False)
         self.task = None
+        self.outcomes = Counter()       # each test's outcome: passed, failed, skipped
 
     def pytest_collection_finish(self, session):
         if self.task is None:
@@ -91,6 +97,8 @@ class _ProgressBar:
             self.task = self.progress.add_task("check", total=len(session.items), failed=0)
 
     def pytest_runtest_logreport(self, report):
+        if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+            self.outcomes["failed" if report.failed else report.outcome] += 1
         if self.task is None:
             return
         if report.failed:
@@ -118,14 +126,29 @@ def cmd_check(args) -> int:
     things = "all" if args.all else ", ".join(checked_things(args)).replace("_", " ")
     print(f"rope-harness check: {things}; devices {', '.join(devices)}; implementations "
           f"{', '.join(named) if named else 'all built-in'}; profile {args.profile}", flush=True)
-    code = int(pytest.main(_pytest_args(args), plugins=[_ProgressBar()]))
+    started = time.perf_counter()
+    bar = _ProgressBar()
+    code = int(pytest.main(_pytest_args(args), plugins=[bar]))
     from rope.harness.report import reports_dir
     summary = reports_dir() / "summary.md"
     if summary.exists():
         print(f"report: {summary} (plots and case files beside it)")
-    print("rope-harness check: " + ("all implementations match the reference" if code == 0 else
-                                    f"FAILED (pytest exit code {code}); see the case files and the report"))
+    print(closing_line(code, bar.outcomes, reports_dir() / "summary.json", time.perf_counter() - started))
     return code
+
+
+def closing_line(code: int, outcomes, summary_json: Path, seconds: float) -> str:
+    """The run's last line: the verdict, the tests' outcomes, the comparisons (the report's count)
+    and the time."""
+    verdict = ("all implementations match the reference" if code == 0 else
+               f"FAILED (pytest exit code {code}); see the case files and the report")
+    counts = f"{outcomes['passed']} passed, {outcomes['failed']} failed, {outcomes['skipped']} skipped"
+    try:
+        data = json.loads(summary_json.read_text())
+        counts += f"; {data['examples']} comparisons, {data['failures']} failed"
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return f"rope-harness check: {verdict} ({counts}) in {seconds:.0f} s"
 
 
 def cmd_bench(args) -> int:

@@ -373,3 +373,15 @@ def test_check_takes_the_position_step_flag_and_its_older_name():
     for flag in ("--position-step-impl", "--positions-impl"):
         args = cli.build_parser().parse_args(["check", flag, "native"])
         assert args.positions_impl == ["native"] and "--rope-position-step-impl" in cli._pytest_args(args)
+
+
+def test_check_ends_with_one_closing_line_of_counts_and_time(tmp_path):
+    # The user's verdict in one line: tests passed / failed / skipped, the report's comparisons and
+    # failures, the seconds.
+    run = subprocess.run([sys.executable, "-m", "rope.harness.cli", "check", "--impl", "native", "--device", "cpu",
+                          "--workers", "0", "--", "-k", "known_bug_triggers_match_reference and glm41v"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300, env=subprocess_env())
+    last = run.stdout.strip().splitlines()[-1]
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert re.fullmatch(r"rope-harness check: all implementations match the reference \(\d+ passed, 0 failed, "
+                        r"0 skipped; \d+ comparisons, 0 failed\) in \d+ s", last), last
