@@ -198,6 +198,14 @@ def _worker_order(name: str):
     return (0, int(name[2:])) if name.startswith("gw") and name[2:].isdigit() else (1, name)
 
 
+# What the variant names of the table mean (rope.spec.RopeSpec.variant, the position step's rows).
+VARIANT_LEGEND = ("Variants: `1d` 1-D RoPE; `chunkedN` sections in consecutive runs over N position rows "
+                  "(`chunked3` M-RoPE, `chunked4` XD-RoPE, `chunked1` one row); `interleaved` Qwen3-VL's "
+                  "interleaved map; `neox` / `gptj` the pairing, (i, i + rotary_dim/2) or (2i, 2i + 1); "
+                  "`partial` rotary_dim < head_size (the rest passes through); `positions-Nrows` the "
+                  "runner's position step with N rows.")
+
+
 def markdown(summary: dict, plots: list[str]) -> str:
     lines = ["# rope-harness run report", "",
              f"{summary['examples']} comparisons against the float64 reference, {summary['failures']} failed.", "",
@@ -208,6 +216,8 @@ def markdown(summary: dict, plots: list[str]) -> str:
         wr = wr if isinstance(wr, str) else f"{wr:.3g}"
         lines.append(f"| {c['impl']} | {c['device']} | {c['dtype']} | {c['variant']} | {c['examples']} | {wr} | "
                      f"{c['failures']} |")
+    if summary["matrix"]:
+        lines += ["", VARIANT_LEGEND]
     if summary.get("placement"):
         lines += ["", "## Where it ran", "", "| device | examples | workers |", "|---|---:|---|"]
         lines += [f"| {p['device']} | {p['examples']} | {worker_ranges(p['workers'])} |" for p in summary["placement"]]

@@ -59,6 +59,7 @@ def test_records_from_workers_merge_and_a_torn_line_is_dropped(run_dir, monkeypa
     assert {s["test"] for s in summary["skips"]} == {"t2", "t3"}
     md = (tmp_path / "summary.md").read_text()
     assert "| x | cpu | float32 | chunked3-gptj-partial | 2 |" in md and "`rope-harness repro reports/cases/abc.json`" in md
+    assert report.VARIANT_LEGEND in md and "`partial` rotary_dim < head_size" in md       # the names explained
     # An implementation named by import path: the printed replay names it again (--impl).
     report.record_comparison(test="t", impl="mypkg.rope:fn", device="cpu", dtype="float32", variant=GLM.variant(),
                              comparison=bad, case_file="reports/cases/def.json")
