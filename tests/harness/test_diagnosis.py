@@ -711,3 +711,13 @@ def test_unknown_is_the_fallback():
     ctx = _context(FP32_CASE, *_garbage_rotary(FP32_CASE, x, range(4), range(2)), x=x)
     assert [rule.__name__ for rule in RULES if rule(ctx) is not None] == []
     assert diagnosis.unknown(ctx).label == "unknown"
+
+
+def test_a_location_says_a_pattern_not_thousands_of_ranges():
+    # A kernel wrong on three tokens of every four at 16,383 tokens (as one was on the H200): the
+    # location says the period, the count and a few runs, in one short line.
+    assert ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+    wide = ranges([t for t in range(16383) if t % 4])
+    assert wide == "3 of every 4 from 1: 1-3,5-7,9-11,...,16381-16382 (12287 in 4096 runs)"
+    scattered = ranges([2, 22, 26, 40, 77, 99, 150, 151, 300, 967])
+    assert scattered.startswith("2,22,26,...,967 (10 in 9 runs)") and len(scattered) < 60

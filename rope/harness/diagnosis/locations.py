@@ -11,20 +11,36 @@ from rope.spec import RopeSpec
 
 
 # --------------------------------------------------------------------------- locations
+MAX_RUNS = 8      # runs a location lists in full; past this it is said as a pattern
+
+
 def ranges(values) -> str:
-    """Compact sorted ranges: [0, 1, 2, 5, 7, 8] -> '0-2,5,7-8'; empty -> 'none'."""
+    """Compact sorted ranges: [0, 1, 2, 5, 7, 8] -> '0-2,5,7-8'; empty -> 'none'.  Past MAX_RUNS
+    runs, a summary instead of an enumeration (a wrong kernel can leave thousands of runs): the
+    count, the first and last runs, and the period where the runs repeat at one step
+    ('3 of every 4 from 1: 1-3,5-7,...,16381-16383 (12288 in 4096 runs)')."""
     vals = sorted(set(int(v) for v in values))
     if not vals:
         return "none"
-    out, start, prev = [], vals[0], vals[0]
+    runs, start, prev = [], vals[0], vals[0]
     for v in vals[1:] + [None]:
         if v is not None and v == prev + 1:
             prev = v
             continue
-        out.append(str(start) if start == prev else f"{start}-{prev}")
+        runs.append((start, prev))
         if v is not None:
             start = prev = v
-    return ",".join(out)
+    text = [str(a) if a == b else f"{a}-{b}" for a, b in runs]
+    if len(runs) <= MAX_RUNS:
+        return ",".join(text)
+    shown = ",".join(text[:3]) + ",...," + text[-1]
+    steps = {b2[0] - b1[0] for b1, b2 in zip(runs, runs[1:])}
+    lengths = {b - a + 1 for a, b in runs[:-1]}
+    pattern = ""
+    if len(steps) == 1 and len(lengths) == 1:
+        step, length = steps.pop(), lengths.pop()
+        pattern = f"{length} of every {step} from {runs[0][0]}: "
+    return f"{pattern}{shown} ({len(vals)} in {len(runs)} runs)"
 
 
 def channel_location(spec: RopeSpec, channel: int) -> dict:
