@@ -74,11 +74,9 @@ from rope.prompts import (  # noqa: F401 - re-exported
     Video,
     check_family,
     family_num_dims,
+    is_int,
 )
 
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 # ---------------------------------------------------------------------------------- result
@@ -138,7 +136,7 @@ def decode_positions(n_start: int, count: int, delta: int, num_dims: int) -> tor
     0 for XD-RoPE, where every row simply continues the token index.
     """
     for name, value in (("n_start", n_start), ("count", count), ("delta", delta), ("num_dims", num_dims)):
-        if not _is_int(value):
+        if not is_int(value):
             raise ValueError(f"{name}={value!r}: must be an int (got {type(value).__name__})")
     if n_start < 0:
         raise ValueError(f"n_start={n_start}: must be >= 0 (got {n_start})")

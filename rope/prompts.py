@@ -25,7 +25,8 @@ ROLES = ("text", "timestamp", "vision_start", "vision_end", "video_start", "vide
 QWEN2_5_VL_TOKENS_PER_SECOND = 2
 
 
-def _is_int(value) -> bool:
+def is_int(value) -> bool:
+    """An int that is not a bool (the contract's integer fields)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -37,7 +38,7 @@ def _check_grid(field: str, grid_thw) -> tuple[int, int, int]:
     if len(grid) != 3:
         raise ValueError(f"{field}={grid!r}: must have 3 entries (t, h, w) (got {len(grid)})")
     for name, value in zip("thw", grid):
-        if not _is_int(value):
+        if not is_int(value):
             raise ValueError(f"{field}={grid!r}: every entry must be an int (got {name}={value!r})")
         if value < 1:
             raise ValueError(f"{field}={grid!r}: every entry must be >= 1 (got {name}={value})")
@@ -52,7 +53,7 @@ class Text:
     length: int
 
     def __post_init__(self) -> None:
-        if not _is_int(self.length):
+        if not is_int(self.length):
             raise ValueError(f"length={self.length!r}: must be an int (got {type(self.length).__name__})")
         if self.length < 0:
             raise ValueError(f"length={self.length}: must be >= 0 (got {self.length})")
@@ -92,7 +93,7 @@ class Video:
             raise ValueError(f"second_per_grid={spg!r}: must be a number (got {type(spg).__name__})")
         if not math.isfinite(spg) or spg <= 0:
             raise ValueError(f"second_per_grid={spg!r}: must be finite and > 0 (got {spg!r})")
-        if not _is_int(self.timestamp_tokens) or self.timestamp_tokens < 0:
+        if not is_int(self.timestamp_tokens) or self.timestamp_tokens < 0:
             raise ValueError(f"timestamp_tokens={self.timestamp_tokens!r}: must be an int >= 0 (got {self.timestamp_tokens!r})")
 
 
@@ -113,7 +114,7 @@ class Prompt:
             raise ValueError(f"segments={self.segments!r}: must be a sequence of Text, Image, Video (got {type(self.segments).__name__})") from None
         object.__setattr__(self, "segments", segments)
         m = self.spatial_merge_size
-        if not _is_int(m) or m < 1:
+        if not is_int(m) or m < 1:
             raise ValueError(f"spatial_merge_size={m!r}: must be an int >= 1 (got {m!r})")
         for i, seg in enumerate(segments):
             if not isinstance(seg, SEGMENT_TYPES):

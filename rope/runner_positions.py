@@ -1,4 +1,4 @@
-"""The "native" the position step: the runner step (docs/spec.md §5) in vectorized torch ops."""
+"""The "native" position step: the runner step (docs/spec.md §5) in vectorized torch ops."""
 
 from __future__ import annotations
 

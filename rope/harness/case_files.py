@@ -1,7 +1,7 @@
 """Case files: a mismatch, recorded well enough to replay it on any machine.
 
 Every case file is a JSON object with ``schema_version`` and ``kind``: ``"rotation"`` (this module's
-records; a file without ``kind`` is one, as the first files were written) or ``"position_ids"``
+records; a file without ``kind`` is read as one) or ``"position_ids"``
 (rope.harness.position_ids.cases).  :func:`read_header` is the one reader of both: the JSON, the
 schema version and the kind, each a ValueError naming the file and the field.
 

@@ -206,8 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--impl", action="append", default=[], help="implementation name or module:callable (repeatable)")
     check.add_argument("--position-step-impl", "--positions-impl", action="append", default=[], metavar="NAME",
                        dest="positions_impl",
-                       help="the runner's position step (name or module:callable; repeatable; --positions-impl: "
-                            "the older name)")
+                       help="the runner's position step (name or module:callable; repeatable; alias: "
+                            "--positions-impl)")
     check.add_argument("--position-ids-impl", action="append", default=[], metavar="NAME",
                        help="position-id implementation: transformers, vllm, sglang or module:callable (repeatable)")
     check.add_argument("--profile", default="dev", choices=["dev", "ci", "deep"], help="Hypothesis profile")

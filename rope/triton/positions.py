@@ -1,4 +1,4 @@
-"""Triton the position step (docs/spec.md §5): programs (b, s) for request b of the step, split s.
+"""The Triton position step (docs/spec.md §5): programs (b, s) for request b of the step, split s.
 
 Program (b, s) reads its request slot r = idx_mapping[b] and writes the columns
 [query_start_loc[b], query_start_loc[b+1]) of every row of ``out``, nothing else: the blocks

@@ -451,8 +451,8 @@ def test_pytest_rope_repro(good_case, tmp_path):
 
 
 def test_one_header_reader_for_every_kind_of_case_file(tmp_path):
-    # The kind names the loader: a rotation file without one (as the first files and the regression
-    # corpus were written) is a rotation case; a position-id file is refused by the rotation loader
+    # The kind names the loader: a rotation file without one (as in the regression
+    # corpus) is a rotation case; a position-id file is refused by the rotation loader
     # and the other way round, naming the field; an unknown kind or a newer schema is refused.
     corpus = sorted((Path(properties.__file__).parent / "regressions").glob("*.json"))
     assert corpus and "kind" not in json.loads(corpus[0].read_text())

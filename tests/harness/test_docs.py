@@ -15,9 +15,9 @@ DOCUMENTS = ("README.md", "docs/implementations.md")
 BLOCK = re.compile(r"^```python( no-run)?\n(.*?)^```$", re.M | re.S)
 
 
-def python_blocks(document: str) -> list[tuple[int, bool, str]]:
+def python_blocks(document: str, root: Path = ROOT) -> list[tuple[int, bool, str]]:
     """(line, runs, code) of every python block of a document."""
-    text = (ROOT / document).read_text()
+    text = (root / document).read_text()
     return [(text.count("\n", 0, m.start()) + 1, m.group(1) is None, m.group(2)) for m in BLOCK.finditer(text)]
 
 
@@ -33,11 +33,10 @@ def test_the_documents_python_blocks_run_as_written(document, monkeypatch, tmp_p
             exec(compiled, namespace)        # noqa: S102 - the project's own documents
 
 
-def test_a_block_that_does_not_run_fails_the_doc_test(tmp_path, monkeypatch):
+def test_a_block_that_does_not_run_fails_the_doc_test(tmp_path):
     # The control: the README's example before it named its inputs (positions, query, key undefined).
     broken = "```python\nimport torch\nq = positions + 1\n```\n"
     (tmp_path / "README.md").write_text(broken)
-    monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
-    code = python_blocks("README.md")[0][2]
+    code = python_blocks("README.md", tmp_path)[0][2]
     with pytest.raises(NameError, match="positions"):
         exec(compile(code, "README.md", "exec"), {})   # noqa: S102

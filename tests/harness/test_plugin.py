@@ -359,8 +359,8 @@ def test_check_runs_every_test_that_takes_the_implementation_and_no_other(tmp_pa
 
 
 @pytest.mark.parametrize("flag", ["--rope-position-step-impl", "--rope-positions-impl"])
-def test_the_position_step_flag_and_its_older_name_select_the_same_tests(tmp_path, flag):
-    # The glossary's name (docs/spec.md) and the name before it: the same option, the same selection.
+def test_the_position_step_flag_and_its_alias_select_the_same_tests(tmp_path, flag):
+    # The glossary's name (docs/spec.md) and its alias: the same option, the same selection.
     run = _pytest(["--collect-only", "-q", "--pyargs", "properties.position_step.test_runner_positions",
                    flag, "native", "--rope-device", "cpu"], tmp_path)
     ids = [line for line in run.stdout.splitlines() if "::" in line]
@@ -368,7 +368,7 @@ def test_the_position_step_flag_and_its_older_name_select_the_same_tests(tmp_pat
     assert all("[triton-" not in i for i in ids) and any("[native-cpu" in i for i in ids), ids
 
 
-def test_check_takes_the_position_step_flag_and_its_older_name():
+def test_check_takes_the_position_step_flag_and_its_alias():
     from rope.harness import cli
     for flag in ("--position-step-impl", "--positions-impl"):
         args = cli.build_parser().parse_args(["check", flag, "native"])

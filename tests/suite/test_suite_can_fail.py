@@ -99,6 +99,25 @@ def test_rotation_check_rejects_an_implementation_that_writes_the_cache(monkeypa
         assert_matches_reference("scribbles", scribbles_on_cache, KNOWN_BUG_CASES["single-token-no-key"], "cpu")
 
 
+def test_the_empty_batch_case_rejects_an_implementation_that_raises_on_0_tokens(monkeypatch, tmp_path):
+    # The known case empty-batch-glm41v against the peers' defect: q viewed as (num_tokens, -1,
+    # head_size) before the kernel, which cannot infer -1 from 0 elements.  The suite's check on it
+    # fails; on the single-token case the same code is right.
+    from properties.known_cases import KNOWN_BUG_CASES
+    from rope.harness import report
+    from rope.native import rotate_native
+    monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))
+    monkeypatch.setenv(report.DISABLE_ENV, "1")
+
+    def views_before_the_kernel(spec, positions, query, key, cache):
+        query.view(query.shape[0], -1, spec.head_size)
+        return rotate_native(spec, positions, query, key, cache)
+    views_before_the_kernel.working_precision = "activation"
+    assert_matches_reference("views", views_before_the_kernel, KNOWN_BUG_CASES["single-token-no-key"], "cpu")
+    with pytest.raises(AssertionError, match="raised RuntimeError"):
+        assert_matches_reference("views", views_before_the_kernel, KNOWN_BUG_CASES["empty-batch-glm41v"], "cpu")
+
+
 def test_spec_without_section_sum_rule_is_caught(monkeypatch):
     # docs/spec.md §7.8 as a mutant of our spec: the section-sum rule dropped (vLLM's XDRotaryEmbedding
     # never checked it; a wrong sum gave a shape error or a silent mismatch).  The bad-spec

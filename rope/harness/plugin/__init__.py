@@ -6,7 +6,7 @@ Options:
   --rope-impl NAME|module:callable     (repeatable) rotation implementations to check; default all built-ins
   --rope-device cpu|cuda|rocm|xpu      (repeatable) restrict to these devices; default every device found
   --rope-position-step-impl NAME|module:callable  (repeatable) the runner's position step under test
-                                       (--rope-positions-impl, the older name, still works)
+                                       (alias: --rope-positions-impl)
   --rope-position-ids-impl NAME|module:callable  (repeatable) position-id implementations (a model's
                                        get_rope_index: transformers, vllm, sglang); default transformers
   --rope-repro CASE                    (repeatable) replay case files (a file, or every *.json in a directory)
@@ -119,7 +119,7 @@ def pytest_addoption(parser):
     group.addoption("--rope-position-step-impl", "--rope-positions-impl", action="append", default=[], metavar="NAME",
                     dest="rope_positions_impl",
                     help="the runner's position step under test (name or package.module:callable); repeatable "
-                         "(--rope-positions-impl: the older name)")
+                         "(alias: --rope-positions-impl)")
     group.addoption("--rope-position-ids-impl", action="append", default=[], metavar="NAME",
                     help="position-id implementation, fn(family, prompt) -> (positions, delta): transformers, vllm, "
                          "sglang or package.module:callable; repeatable (default: transformers where installed)")
