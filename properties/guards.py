@@ -61,6 +61,7 @@ import torch
 import reference
 from properties.strategies import OUT_SENTINEL, RaggedBatch, RotationCase, build_rotation_inputs
 from rope.devices import is_interpreter, synchronize, torch_device
+from rope.harness import case_files, causes
 from rope.harness.comparison import call_positions, call_rotation, check_positions
 from rope.harness.diagnosis import Diagnosis, diagnose
 from rope.harness.tolerance import Comparison, compare_rotation
@@ -477,11 +478,28 @@ def _compare_guarded(fn, case: RotationCase, device: str):
 
 
 def assert_matches_reference_guarded(impl_name: str, fn, case: RotationCase, device: str = "cpu") -> Comparison:
-    """Raise AssertionError when ``fn`` mismatches the reference on guarded inputs or violates a guard."""
-    result = compare_case_guarded(impl_name, fn, case, device)
+    """Raise AssertionError when ``fn`` mismatches the reference on guarded inputs or violates a guard:
+    the message and the failure's cause (rope.harness.causes) carry the diagnosis."""
+    result, run, ref_in = _compare_guarded(fn, case, device)
     if not result.ok:
-        raise AssertionError(result.message(f"{impl_name} on {device} fails under guards\ncase: {case}"))
+        q_out, k_out = run.outputs
+        try:
+            diagnosis = diagnose(case.spec, ref_in.positions, ref_in.query, ref_in.key, ref_in.cache, q_out, k_out,
+                                 precision=working_precision(fn), comparison=result)
+        except Exception as exc:   # noqa: BLE001 - the mismatch is reported all the same
+            diagnosis = Diagnosis("unknown", f"(diagnosis failed: {type(exc).__name__}: {exc})")
+        _fail(f"{impl_name} on {device} fails under guards", case, result, diagnosis)
     return result
+
+
+def _fail(header: str, case: RotationCase, result: Comparison, diagnosis: Diagnosis | None = None):
+    """The AssertionError of a guarded or traced check: short lines, the diagnosis first, tagged
+    with its cause for the run's grouping."""
+    lines = [*(diagnosis.lines() if diagnosis else []), *result.message().splitlines(), *case_files.describe_case(case)]
+    message = "\n".join([header, *(piece for line in lines for piece in case_files.wrap(line))])
+    cause = diagnosis.label if diagnosis else None
+    headline = f"{diagnosis.label}: {diagnosis.sentence}" if diagnosis else None
+    raise causes.tag(AssertionError(message), cause=cause, headline=headline, size=case.size, case=case.brief())
 
 
 def assert_matches_reference_traced(impl_name: str, fn, case: RotationCase, device: str = "cpu") -> Comparison:
@@ -492,7 +510,7 @@ def assert_matches_reference_traced(impl_name: str, fn, case: RotationCase, devi
         result = compare_case(impl_name, fn, case, device)
     result.problems += [f"memory violation: {m}" for m in tracer.messages()]
     if not result.ok:
-        raise AssertionError(result.message(f"{impl_name} on {device} does not match the reference\ncase: {case}"))
+        _fail(f"{impl_name} on {device} does not match the reference (traced)", case, result)
     return result
 
 

@@ -453,13 +453,42 @@ def format_mismatch(*, header: str, diagnosis: Diagnosis, comparison, case, case
                     note: str | None = None, implementation: str | None = None) -> str:
     """The mismatch report: header (implementation, device, case id), diagnosis, counts and
     worst elements, the case, then the case file and the command that replays it."""
-    lines = [header, *diagnosis.lines(), comparison.message(), f"case: {case}"]
-    if case_path is not None:
+    # A problem the diagnosis already states (what the implementation raised) is said once.
+    said = diagnosis.sentence.split("; ")
+    shown_problems = [p for p in comparison.problems if p not in said]
+    lines = [header] + [piece for line in [*diagnosis.lines(), *comparison.message(problems=shown_problems).splitlines(),
+                                           *describe_case(case)] for piece in wrap(line)]
+    if case_path is not None:          # never wrapped: copied as they are
         shown = display_path(case_path)
         lines += [f"case file: {shown}", f"replay: {replay_command(shown, implementation)}"]
     elif note:
         lines.append(f"case file: {note}")
     return "\n".join(lines)
+
+
+def describe_case(case) -> list[str]:
+    """A rotation case in two short lines (the case file holds it whole)."""
+    spec = case.spec
+    fields = [f"head_size={spec.head_size}", f"rotary_dim={spec.rotary_dim}",
+              f"is_neox_style={spec.is_neox_style}", f"sections={spec.sections}", f"layout={spec.layout}",
+              f"base={spec.base:g}", f"max_position={spec.max_position}"]
+    if spec.ntk_alpha is not None:
+        fields.append(f"ntk_alpha={spec.ntk_alpha:g}")
+    extra = [f"positions {case.positions_kind}", f"seed {case.seed}"] + (["NaN/inf planted"] if case.nonfinite else [])
+    return [f"case: {case.brief()}; {', '.join(extra)}", f"spec: {', '.join(fields)}"]
+
+
+LINE_WIDTH = 120
+
+
+def wrap(line: str, width: int = LINE_WIDTH) -> list[str]:
+    """A long line of a message as lines of at most ``width`` (continuations indented); a word
+    longer than that (a path) stays whole."""
+    import textwrap
+    if len(line) <= width:
+        return [line]
+    indent = " " * (len(line) - len(line.lstrip()) + 4)
+    return textwrap.wrap(line, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
 
 
 # ======================================================================== the position_ids kind

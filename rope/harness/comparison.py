@@ -13,7 +13,7 @@ import torch
 
 import reference
 from rope.harness.inputs import DTYPES, RotationCase, RotationInputs, build_rotation_inputs, build_rotation_pair
-from rope.harness import case_files, profiling, report
+from rope.harness import case_files, causes, profiling, report
 from rope.harness.deadline import ImplementationHung, call_timeout, deadline
 from rope.harness.stop import skip_if_stopped
 from rope.devices import synchronize
@@ -162,12 +162,18 @@ def contained_rotation(fn, case: RotationCase, device: str, *, on_hang=None, inp
             synchronize(device)
     except Exception as exc:     # noqa: BLE001 - the implementation's failure is the finding
         frame = traceback.extract_tb(exc.__traceback__)[-1]
+        _RAISED_CAUSE[0] = causes.crash_cause(exc)
         return inputs, None, None, f"{RAISED} {type(exc).__name__}: {exc} (at {frame.filename}:{frame.lineno})"
     if not isinstance(result, (tuple, list)) or len(result) != 2:
         shape = f"a {len(result)}-{type(result).__name__}" if isinstance(result, (tuple, list)) else \
             f"a {type(result).__name__}"
         return inputs, None, None, f"the implementation returned {shape}: it must return (query_out, key_out)"
     return inputs, result[0], result[1], None
+
+
+# The cause of the last raise contained_rotation contained (causes.crash_cause): the exception and
+# the line that raised it, the group a run's failures are counted under.
+_RAISED_CAUSE: list = [None]
 
 
 class _HangReport:
@@ -217,6 +223,7 @@ class CaseRun:
     comparison: Comparison
     case_file: str | None = None    # set when a mismatch was written to reports/cases
     failure: str | None = None      # what it raised or returned instead of (query_out, key_out)
+    raised_cause: str | None = None  # for a raise: its type and the line that raised it (rope.harness.causes)
 
     @property
     def raised(self) -> bool:
@@ -233,6 +240,8 @@ def evaluate_case(impl_name: str, fn, case: RotationCase, device: str) -> CaseRu
     deadline raises ImplementationHung (after writing its case file): Hypothesis does not shrink
     through it, so the test fails on the first hang instead of waiting out one per shrink step."""
     skip_if_stopped()          # a fail-fast run ended by another worker's failure: no more examples
+    causes.note_case(case.size, case.brief())
+    _RAISED_CAUSE[0] = None
     hang = _HangReport(impl_name, fn, case, device)
     with profiling.phase("inputs"):
         # One generation: the device copy for the implementation, the CPU tensors it was copied
@@ -252,7 +261,8 @@ def evaluate_case(impl_name: str, fn, case: RotationCase, device: str) -> CaseRu
                                       q_out, k_out, ref_q, ref_k, working_precision(fn), device=inputs.query.device)
     with profiling.phase("checks"):
         result.problems += read_only_problems(case, inputs, ref_in)
-    return CaseRun(inputs, ref_in, q_out, k_out, ref_q, ref_k, result, failure=failure)
+    return CaseRun(inputs, ref_in, q_out, k_out, ref_q, ref_k, result, failure=failure,
+                   raised_cause=_RAISED_CAUSE[0] if failure is not None else None)
 
 
 def read_only_problems(case: RotationCase, inputs: RotationInputs, ref_in: RotationInputs) -> list[str]:
@@ -289,17 +299,23 @@ def assert_matches_reference(impl_name: str, fn, case: RotationCase, device: str
     final, hypothesis = hypothesis_example()
     if not final:                 # Hypothesis still searching or shrinking: many failures, none reported
         raise AssertionError(plain_message(impl_name, case, device, run.comparison))
+    failure = {"cause": run.raised_cause, "size": case.size, "case": case.brief()}
     try:
         diagnosis = diagnose_mismatch(fn, case, run)                    # failures: an 'unknown' diagnosis
         implementation = case_files.implementation_path(impl_name, fn)
         case_path, note = write_case_file(implementation, fn, case, device, run, diagnosis, hypothesis)
         message = mismatch_message(impl_name, implementation, case, device, run.comparison, diagnosis,
                                    case_path=case_path, note=note)
+        failure.update(headline=run.failure if run.raised else f"{diagnosis.label}: {diagnosis.sentence}")
+        failure["cause"] = failure["cause"] or diagnosis.label
+        if case_path is not None:
+            shown = case_files.display_path(case_path)
+            failure.update(case_file=shown, replay=case_files.replay_command(shown, implementation))
     except Exception as exc:      # noqa: BLE001 - the mismatch is reported all the same
         message = (plain_message(impl_name, case, device, run.comparison)
                    + f"\n(mismatch report failed: {type(exc).__name__}: {exc})")
     _record(impl_name, case, device, run)
-    raise AssertionError(message)
+    raise causes.tag(AssertionError(message), **failure)
 
 
 def _current_test() -> str:
@@ -420,7 +436,9 @@ def write_case_file(implementation: str, fn, case: RotationCase, device: str, ru
 
 def plain_message(impl_name: str, case: RotationCase, device: str, comparison: Comparison) -> str:
     """The mismatch report without diagnosis or case file (while Hypothesis searches or shrinks)."""
-    return comparison.message(f"{impl_name} on {device} does not match the reference\ncase: {case}")
+    lines = [*comparison.message().splitlines(), *case_files.describe_case(case)]
+    return "\n".join([f"{impl_name} on {device} does not match the reference",
+                      *(piece for line in lines for piece in case_files.wrap(line))])
 
 
 def mismatch_message(impl_name: str, implementation: str, case: RotationCase, device: str, comparison: Comparison,

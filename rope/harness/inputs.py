@@ -48,6 +48,17 @@ class RotationCase:
     seed: int = 0
     nonfinite: bool = False    # NaN, +inf and -inf planted in q and k (inject_nonfinite)
 
+    @property
+    def size(self) -> int:
+        """Elements of q and k: what orders a group of failures, the smallest case first."""
+        return self.num_tokens * (self.num_q_heads + self.num_kv_heads) * self.spec.head_size
+
+    def brief(self) -> str:
+        """One short line: ``3 tokens, 2 q + 1 kv heads, bfloat16, chunked3-neox``."""
+        kv = f"{self.num_kv_heads} kv heads" if self.num_kv_heads else "no key"
+        return (f"{self.num_tokens} tokens, {self.num_q_heads} q heads, {kv}, {self.dtype}, "
+                f"{self.spec.variant()}" + (", packed qkv" if self.packed_qkv else ""))
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["spec"] = self.spec.to_dict()

@@ -18,7 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from rope.harness.atomic import atomic_write
-from rope.harness import case_files, profiling
+from rope.harness import case_files, causes, profiling
 
 RUN_ENV = "ROPE_REPORT_RUN"          # the record directory of the current run
 DISABLE_ENV = "ROPE_NO_REPORT"       # set to skip recording (e.g. nested runs of deliberate mutants)
@@ -62,11 +62,19 @@ def _record_file() -> Path | None:
     return Path(run) / f"{worker}-{os.getpid()}.jsonl"
 
 
+# Comparisons this process made, and how many failed (a test's share goes on its report, for the
+# progress bar of rope-harness check).
+COMPARISONS = [0, 0]
+
+
 def record(**fields) -> None:
     """Append one record (a comparison, a skip, a failure) to this process's file."""
     path = _record_file()
     if path is None:
         return
+    if fields.get("kind") == "comparison":
+        COMPARISONS[0] += 1
+        COMPARISONS[1] += 0 if fields.get("ok") else 1
     fields.setdefault("worker", os.environ.get("PYTEST_XDIST_WORKER", "main"))
     line = (json.dumps(fields, default=float) + "\n").encode()
     try:
@@ -150,9 +158,13 @@ def summarize(records: list[dict]) -> dict:
     # the run's failures; they are listed apart with the reason.
     expected = {r["test"]: r.get("reason", "") for r in records if r.get("kind") == "expected_failure"}
     expected_counts = defaultdict(lambda: [0, 0])          # test -> [comparisons, failed]
+    failed_tests = []                          # each failed test with its cause (rope.harness.causes)
     for r in records:
         if r.get("kind") == "profile":
             profiles.append(r)
+            continue
+        if r.get("kind") == "failure":
+            failed_tests.append({k: v for k, v in r.items() if k not in ("kind", "worker")})
             continue
         if r.get("kind") == "skip":
             skips[(r.get("test", ""), r.get("reason", ""))] += 1
@@ -199,6 +211,7 @@ def summarize(records: list[dict]) -> dict:
                           for d, p in sorted(placed.items())],
             "expected_failures": [{"test": t, "reason": expected[t], "comparisons": expected_counts[t][0],
                                    "failed": expected_counts[t][1]} for t in sorted(expected)],
+            "causes": causes.group(failed_tests),
             "examples": sum(c["examples"] for c in cells.values()),
             "failures": sum(c["failures"] for c in cells.values()),
             "profile": profiling.combine(profiles)}
@@ -260,10 +273,15 @@ def markdown(summary: dict, plots: list[str]) -> str:
                   f"Summed over {summary['profile']['processes']} test processes "
                   f"({summary['profile']['calls']} implementation calls):", ""]
         lines += profiling.markdown_rows(summary["profile"])
-    failures = {f: c["impl"] for c in summary["matrix"] for f in c["case_files"]}
-    if failures:
-        lines += ["", "## Case files", ""] + [f"- `{f}`: replay with `{case_files.replay_command(f, failures[f])}`"
-                                              for f in sorted(failures)]
+    if summary.get("causes"):
+        lines += [""] + causes.markdown_lines(summary["causes"])
+    # Case files no failed test names (a worker that crashed before its report came back).
+    named = {Path(f["case_file"]).name for g in summary.get("causes", ()) for f in [g["representative"], *g["others"]]
+             if f.get("case_file")}
+    orphans = {f: c["impl"] for c in summary["matrix"] for f in c["case_files"] if Path(f).name not in named}
+    if orphans:
+        lines += ["", "## Other case files", ""] + [f"- `{f}`: replay with `{case_files.replay_command(f, orphans[f])}`"
+                                                    for f in sorted(orphans)]
     if plots:
         lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
     return "\n".join(lines) + "\n"

@@ -144,9 +144,11 @@ class Comparison:
     def ok(self) -> bool:
         return not self.problems and self.num_mismatched == 0
 
-    def message(self, header: str = "") -> str:
+    def message(self, header: str = "", *, problems: list[str] | None = None) -> str:
+        """The header, the problems (``problems``: the ones to show, default all), the counts and
+        the worst elements."""
         lines = [header] if header else []
-        lines += self.problems
+        lines += self.problems if problems is None else problems
         if self.num_mismatched:
             share = self.num_mismatched / max(1, self.num_elements)
             lines.append(f"Mismatched elements: {self.num_mismatched} / {self.num_elements} ({share:.1%})")

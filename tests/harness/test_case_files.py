@@ -87,8 +87,12 @@ def test_message_anatomy(case_dir):
     cid = _written(case_dir).stem
     assert lines[0] == f"neox_for_gptj ({MUTANT}) on cpu does not match the reference (case {cid})"
     assert lines[1].startswith("diagnosis: pairing_swapped: ")
-    assert lines[2].startswith("  where: query: ")
-    first_worst = next(i for i, line in enumerate(lines) if "error/bound" in line and "[token" in line)
+    # Every line short (a long one wrapped, its continuation indented), the header and the case
+    # file's two lines, which are copied as they are, excepted.
+    assert all(len(line) <= case_files.LINE_WIDTH for line in lines[1:-2]), lines
+    where = next(i for i, line in enumerate(lines) if line.startswith("  where: "))
+    assert lines[where].startswith("  where: query: ") and all(line.startswith("    ") for line in lines[2:where])
+    first_worst = next(i for i, line in enumerate(lines) if "[token" in line)
     assert first_worst > lines.index(next(line for line in lines if line.startswith("Mismatched elements")))
     assert lines[-2] == f"case file: {case_files.display_path(case_dir / f'{cid}.json')}"
     # The command as it must be typed: a replay never imports a module path stored in the file, so
@@ -131,7 +135,9 @@ def _raises(spec, positions, query, key, cache):
 def test_a_misbehaving_implementation_fails_with_a_case_file(case_dir, fn, says):
     # Contained: not a raw TypeError inside the harness, but a mismatch with its reason and a case file.
     message = _fail("misbehaving", fn)
-    assert "misbehaving on cpu does not match the reference (case " in message and says in message, message
+    # Long lines are wrapped (rope.harness.case_files.wrap): the words are compared, not the breaks.
+    words = " ".join(message.split())
+    assert "misbehaving on cpu does not match the reference (case " in message and says in words, message
     assert "diagnosis: wrong_output" in message and _written(case_dir).is_file()
 
 

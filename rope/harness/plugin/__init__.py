@@ -55,7 +55,7 @@ from rope.harness.plugin.gpus import _gpu_copy_key, _keep_one_gpu_per_test, _kee
 from rope.harness.plugin.profiles import default_profile, kept_out_of_the_report, load_default_profile
 from rope.harness.plugin.rounds import (FAIL_FAST_SHRINK_S, ROUND, _apply_round, _order_rounds, _parametrize_rounds, fail_fast,
                                         rope_round, without_round)
-from rope.harness.plugin import run_end
+from rope.harness.plugin import failures, run_end
 from rope.harness.plugin.run_end import (_END_STACKS_FILE, _LAST_REPORT_AT, _arm_end_stacks, _arm_stop_file,
                                          _note_failure_for_stop,
                                          _record_profile)
@@ -87,14 +87,6 @@ _MARKERS = (
     "harness_stage: run by a rope-harness command (a replay, the baseline, a mutant's guarded search), not a plain run",
     "replay: replays case files (--rope-repro)",
 )
-
-
-
-
-
-
-
-
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -142,22 +134,6 @@ def pytest_addoption(parser):
                          "kernel searches for what is not known yet")
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 def pytest_generate_tests(metafunc):
     """The suite's tests taking ``impl_name`` (or ``positions_impl_name``) and ``device`` run for
     every implementation on every device; those taking ``position_ids_impl_name`` (no device: the
@@ -188,42 +164,6 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("device", _device_params(metafunc.config, [(d,) for d in devices], devices))
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 @pytest.hookimpl(wrapper=True)
 def pytest_pyfunc_call(pyfuncitem):
     """A Hypothesis test whose every draw the implementation does not support is skipped with
@@ -242,6 +182,9 @@ def pytest_pyfunc_call(pyfuncitem):
     from rope.harness.stop import skip_if_stopped
     skip_if_stopped()
     comparison.REJECTED_DRAWS.clear()
+    from rope.harness import causes
+    causes.forget_case()
+    pyfuncitem._rope_comparisons_before = tuple(report.COMPARISONS)
     restore = _apply_round(pyfuncitem) if callspec is not None and ROUND in callspec.params else None
     started, calls_before = time.perf_counter(), profiling.calls()
     # A test expected to fail (a pinned upstream mismatch) writes no case file: its mismatch is known.
@@ -295,16 +238,6 @@ def pytest_collection_modifyitems(config, items):
     _order_rounds(items)
 
 
-
-
-
-
-
-
-
-
-
-
 def pytest_report_header(config):
     if not is_active(config):
         return None
@@ -318,13 +251,12 @@ def pytest_report_header(config):
     return f"rope-harness: call deadline {f'{call:g} s' if call else 'none'}, per-test timeout {per_test}"
 
 
-
-
 def pytest_configure(config):
     for line in _MARKERS:
         config.addinivalue_line("markers", line)
     if not is_active(config):
         return
+    config.pluginmanager.register(failures.RestoreFailed(), "rope-harness-restore-failed")
     _configure_call_timeout(config)
     _configure_known_defects(config)
     if fail_fast(config):
@@ -358,10 +290,6 @@ def pytest_configure(config):
         config._rope_run_dir = report.start_run()
 
 
-
-
-
-
 def _configure_known_defects(config) -> None:
     """--rope-known-defects reaches every process (xdist workers, subprocesses) through the environment."""
     from rope.harness.comparison import KNOWN_DEFECTS_ENV, known_defects_mode
@@ -374,21 +302,15 @@ def _configure_known_defects(config) -> None:
         raise pytest.UsageError(str(exc)) from None
 
 
-
-
-
-
-
-
-
-
 def pytest_runtest_logreport(report):
     _note_failure_for_stop(report)
     _LAST_REPORT_AT[0] = time.perf_counter()
     # Under xdist both the worker and the controller see every report: the controller records.
     if os.environ.get("PYTEST_XDIST_WORKER") or not os.environ.get("ROPE_REPORT_RUN"):
         return
-    if hasattr(report, "wasxfail") and report.when == "call":
+    if report.failed and report.when == "call":
+        failures.record_failure(report)
+    elif hasattr(report, "wasxfail") and report.when == "call":
         from rope.harness import report as run_report
         run_report.record(kind="expected_failure", test=report.nodeid, reason=str(report.wasxfail))
     elif report.skipped and isinstance(report.longrepr, tuple) and not hasattr(report, "wasxfail"):
@@ -398,12 +320,56 @@ def pytest_runtest_logreport(report):
 
 def pytest_sessionstart(session):
     session.config._rope_session_start = time.perf_counter()
+    if is_active(session.config):
+        _quiet_xdist_startup(session.config)
 
 
+def _quiet_xdist_startup(config) -> None:
+    """pytest-xdist's "bringing up nodes..." lines (one per start-up step where the output is not a
+    terminal) stay out of a normal run; -v shows them.  Its other lines (workers, items, a worker
+    down) are kept."""
+    trdist = config.pluginmanager.getplugin("terminaldistreporter")
+    show = getattr(trdist, "ensure_show_status", None)
+    if show is None or config.get_verbosity() > 0:
+        return
+
+    def ensure_show_status():
+        if trdist.getstatus() != "bringing up nodes...":
+            show()
+    trdist.ensure_show_status = ensure_show_status
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed suite test: the harness's frames leave its traceback, its cause and the
+    comparisons it made go on its report (plugin/failures.py)."""
+    if not _rope_test(item):
+        return (yield)
+    failures.before_report(item, call)
+    before = getattr(item, "_rope_comparisons_before", (0, 0))
+    report = yield
+    failures.after_report(item, call, report, before)
+    return report
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """One block per cause: each cause's smallest case printed in full, the others as a line naming
+    it, then the causes and their counts last (plugin/failures.py)."""
+    groups = failures.shorten_failures(terminalreporter) if is_active(config) else []
+    result = yield
+    failures.write_causes(terminalreporter, groups)
+    _write_report_line(terminalreporter, config)
+    return result
+
+
+def _write_report_line(terminalreporter, config) -> None:
+    paths = getattr(config, "_rope_report_paths", None)
+    if paths:
+        shutdown, written = getattr(config, "_rope_report_timing", (None, None))
+        timing = "" if written is None else (
+            f" (written in {written:.1f} s" + ("" if shutdown is None else f", {shutdown:.1f} s after the last test") + ")")
+        terminalreporter.write_line(f"rope-harness report: {paths[0]}{timing}")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -436,12 +402,3 @@ def pytest_sessionfinish(session, exitstatus):
     except Exception as exc:   # noqa: BLE001 - a broken report must not change the test outcome
         session.config._rope_report_paths = [f"(report failed: {type(exc).__name__}: {exc})"]
     session.config._rope_report_timing = (shutdown, time.perf_counter() - began)
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    paths = getattr(config, "_rope_report_paths", None)
-    if paths:
-        shutdown, written = getattr(config, "_rope_report_timing", (None, None))
-        timing = "" if written is None else (
-            f" (written in {written:.1f} s" + ("" if shutdown is None else f", {shutdown:.1f} s after the last test") + ")")
-        terminalreporter.write_line(f"rope-harness report: {paths[0]}{timing}")

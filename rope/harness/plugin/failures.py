@@ -1,0 +1,125 @@
+"""A run's failures, one block per cause (rope.harness.causes): each failed suite test's report
+carries its cause; the terminal prints the smallest case of each cause in full and the others as
+one line pointing to it, then the causes with their counts; the run report gets the same.
+
+``--full-trace`` or ``-v`` keeps every failure's block and every frame."""
+
+from __future__ import annotations
+
+import os
+
+from rope.harness import causes
+from rope.harness.suite import is_suite_module
+
+# What a test report carries for the progress bar: (comparisons, failed comparisons) of the test.
+COMPARISONS_PROPERTY = "rope_comparisons"
+
+
+def _keeps_everything(config) -> bool:
+    return bool(config.getoption("fulltrace", False)) or config.get_verbosity() > 0
+
+
+def _in_suite(item) -> bool:
+    return is_suite_module(getattr(getattr(item, "module", None), "__name__", None))
+
+
+def before_report(item, call) -> None:
+    """Before pytest renders a failure: the harness's frames leave a suite test's traceback."""
+    if call.excinfo is None or not _in_suite(item) or item.config.getoption("fulltrace", False):
+        return
+    import pytest
+    if call.excinfo.errisinstance((pytest.skip.Exception, pytest.xfail.Exception, pytest.exit.Exception)):
+        return            # not a failure: pytest locates a skip by its frames
+    try:
+        causes.hide_harness_frames(call.excinfo)
+    except Exception:   # noqa: BLE001 - a traceback left whole is better than a lost failure
+        pass
+
+
+def after_report(item, call, report, comparisons_before: tuple[int, int]) -> None:
+    """The cause of a failed call, and the comparisons the test made, on its report (xdist sends
+    user properties to the controller)."""
+    from rope.harness import report as run_report
+    if report.when != "call":
+        return
+    done, failed = run_report.COMPARISONS
+    report.user_properties.append((COMPARISONS_PROPERTY, (done - comparisons_before[0], failed - comparisons_before[1])))
+    if report.failed and call.excinfo is not None:
+        try:
+            info = causes.failure_of(call.excinfo.value)
+        except Exception as exc:   # noqa: BLE001
+            info = {"cause": "unknown", "headline": f"(cause not found: {type(exc).__name__}: {exc})"}
+        report.user_properties.append((causes.REPORT_PROPERTY, info))
+
+
+def failure_info(report) -> dict | None:
+    for name, value in getattr(report, "user_properties", ()):
+        if name == causes.REPORT_PROPERTY and isinstance(value, dict):
+            return {"test": report.nodeid, **value}
+    return None
+
+
+def record_failure(report) -> None:
+    """The controller's record of a failed suite test (summary.md groups them by cause)."""
+    info = failure_info(report)
+    if info is None or os.environ.get("PYTEST_XDIST_WORKER") or not os.environ.get("ROPE_REPORT_RUN"):
+        return
+    from rope.harness import report as run_report
+    run_report.record(kind="failure", **info)
+
+
+def _groups(terminalreporter) -> list[dict]:
+    failures = [(r, failure_info(r)) for r in terminalreporter.stats.get("failed", [])]
+    by_test = {info["test"]: r for r, info in failures if info is not None}
+    groups = causes.group([info for _, info in failures if info is not None])
+    for g in groups:
+        g["reports"] = [by_test[f["test"]] for f in [g["representative"], *g["others"]]]
+    return groups
+
+
+def shorten_failures(terminalreporter) -> list[dict]:
+    """Before pytest prints the failures: only the representative of each cause (its smallest
+    case) is printed in full, with a section naming how many other tests failed of it; the others
+    leave the failures section (unless -v or --full-trace) and come back for pytest's short summary
+    and counts (:class:`RestoreFailed`)."""
+    groups = _groups(terminalreporter)
+    if not groups:
+        return groups
+    stats = terminalreporter.stats
+    everything = list(stats.get("failed", []))
+    grouped = [r for g in groups for r in g["reports"]]
+    ungrouped = [r for r in everything if all(r is not g for g in grouped)]
+    stats["failed"] = [r for g in groups for r in g["reports"]] + ungrouped
+    if _keeps_everything(terminalreporter.config):
+        return groups
+    terminalreporter.config._rope_all_failed = everything
+    stats["failed"] = [g["reports"][0] for g in groups] + ungrouped
+    for g in groups:
+        if g["others"]:
+            g["reports"][0].sections.append((
+                "rope-harness", f"{len(g['others'])} more failed of this cause ({g['cause']}): listed at the "
+                                f"end and in reports/summary.md; -v prints each"))
+    return groups
+
+
+class RestoreFailed:
+    """Puts every failed test back after pytest printed the failures section (a plain
+    pytest_terminal_summary runs between the terminal's printing of the failures and its short
+    summary)."""
+
+    def pytest_terminal_summary(self, terminalreporter, config):
+        everything = getattr(config, "_rope_all_failed", None)
+        if everything is not None:
+            terminalreporter.stats["failed"] = everything
+            config._rope_all_failed = None
+
+
+def write_causes(terminalreporter, groups: list[dict]) -> None:
+    """After the failures: the causes, the largest first, with the smallest case of each."""
+    if not groups:
+        return
+    total = sum(g["count"] for g in groups)
+    terminalreporter.write_sep("=", f"rope-harness: {total} failed, {len(groups)} "
+                                    f"cause{'s' if len(groups) != 1 else ''}", red=True, bold=True)
+    for line in causes.terminal_lines(groups):
+        terminalreporter.write_line(line)
