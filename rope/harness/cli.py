@@ -32,6 +32,9 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from rope.harness.plugin.failures import COMPARISONS_PROPERTY
 from rope.harness.suite import suite_dir
 
 
@@ -61,7 +64,11 @@ def _pytest_args(args) -> list[str]:
     # No cache provider: the suite may live in site-packages, which is no place for .pytest_cache.
     # The command imported rope before pytest started, so pytest cannot rewrite its asserts (it
     # needs not: the suite's are rewritten); say nothing of it.
-    out = files + ["-qq", "-p", "no:cacheprovider", f"--hypothesis-profile={args.profile}",
+    # The bar draws the progress: pytest's percentages stay out (classic style; the bar blanks the letters).
+    # The failures are listed by cause at the end (rope.harness.causes), and the skips in the report:
+    # pytest's short summary keeps the errors only.
+    out = files + ["-qq", "-rE", "-p", "no:cacheprovider", f"--hypothesis-profile={args.profile}", "-o",
+                   "console_output_style=classic",
                    "-W", "ignore::pytest.PytestAssertRewriteWarning"]
     if args.workers != "0":
         out += ["-n", args.workers]
@@ -78,39 +85,58 @@ def _pytest_args(args) -> list[str]:
 
 class _ProgressBar:
     """A pytest plugin drawing a rich progress bar over the tests (xdist-aware: the controller
-    sees every worker's reports)."""
+    sees every worker's reports): tests done of all, the comparisons they made and how many
+    failed, the time spent and the time left.  pytest's own progress letters are left out."""
 
     def __init__(self):
         from collections import Counter
 
+        from rich.console import Console
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                    TimeRemainingColumn)
-        self.progress = Progress(TextColumn("[bold]checking"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(),
-                                 TextColumn("left"), TimeRemainingColumn(), transient=False)
+        console = Console()
+        if not console.is_terminal:           # a log: the whole line, not the 80 columns of no terminal
+            console = Console(width=160)
+        self.progress = Progress(TextColumn("[bold]checking"), BarColumn(bar_width=24), MofNCompleteColumn(),
+                                 TextColumn("tests, {task.fields[comparisons]} comparisons, "
+                                            "{task.fields[failed]} failed,"),
+                                 TimeElapsedColumn(), TextColumn("spent,"), TimeRemainingColumn(), TextColumn("left"),
+                                 console=console, transient=False)
         self.task = None
         self.outcomes = Counter()       # each test's outcome: passed, failed, skipped
+        self.comparisons = [0, 0]       # done, failed
 
-    def pytest_collection_finish(self, session):
+    def _start(self, total: int) -> None:
         if self.task is None:
             self.progress.start()
-            self.task = self.progress.add_task("check", total=len(session.items), failed=0)
+            self.task = self.progress.add_task("check", total=total, failed=0, comparisons=0)
+
+    def pytest_collection_finish(self, session):
+        self._start(len(session.items))
+
+    def pytest_xdist_node_collection_finished(self, node, ids):
+        self._start(len(ids))
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_report_teststatus(self, report, config):
+        """The bar shows progress: pytest's letters (dots) would draw into it."""
+        result = yield
+        if isinstance(result, tuple) and len(result) == 3:
+            return result[0], "", result[2]
+        return result
 
     def pytest_runtest_logreport(self, report):
         if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
             self.outcomes["failed" if report.failed else report.outcome] += 1
+        for name, value in getattr(report, "user_properties", ()):
+            if name == COMPARISONS_PROPERTY:
+                self.comparisons[0] += value[0]
+                self.comparisons[1] += value[1]
         if self.task is None:
             return
-        if report.failed:
-            failed = self.progress.tasks[0].fields["failed"] + 1
-            self.progress.update(self.task, failed=failed)
+        self.progress.update(self.task, failed=self.outcomes["failed"], comparisons=self.comparisons[0])
         if report.when == "teardown":
             self.progress.advance(self.task)
-
-    def pytest_xdist_node_collection_finished(self, node, ids):
-        if self.task is None:
-            self.progress.start()
-            self.task = self.progress.add_task("check", total=len(ids), failed=0)
 
     def pytest_sessionfinish(self, session):
         if self.task is not None:
@@ -130,9 +156,6 @@ def cmd_check(args) -> int:
     bar = _ProgressBar()
     code = int(pytest.main(_pytest_args(args), plugins=[bar]))
     from rope.harness.report import reports_dir
-    summary = reports_dir() / "summary.md"
-    if summary.exists():
-        print(f"report: {summary} (plots and case files beside it)")
     print(closing_line(code, bar.outcomes, reports_dir() / "summary.json", time.perf_counter() - started))
     return code
 
@@ -140,7 +163,7 @@ def cmd_check(args) -> int:
 def closing_line(code: int, outcomes, summary_json: Path, seconds: float) -> str:
     """The run's last line: the verdict, the tests' outcomes, the comparisons (the report's count)
     and the time."""
-    verdict = ("all implementations match the reference" if code == 0 else
+    verdict = ("every implementation checked matches the reference" if code == 0 else
                f"FAILED (pytest exit code {code}); see the case files and the report")
     counts = f"{outcomes['passed']} passed, {outcomes['failed']} failed, {outcomes['skipped']} skipped"
     try:
