@@ -406,3 +406,15 @@ def test_the_interpreters_nan_warnings_stay_out_of_a_normal_run_and_show_with_v(
     loud = _pytest(["-v", "mytests/test_noise.py", "--rope-device", "cpu"], tmp_path)
     assert quiet.returncode == 0 and "warning" not in quiet.stdout.split("passed")[-1], quiet.stdout[-1500:]
     assert loud.returncode == 0 and "1 warning" in loud.stdout, loud.stdout[-1500:]
+
+
+def test_xdists_start_up_lines_stay_out_of_a_quiet_run_and_show_with_v(tmp_path):
+    # Where the output is not a terminal, pytest-xdist writes "bringing up nodes..." at each start-up
+    # step of a -q run (seven such lines in a CI log); its other lines (a worker down) are kept.
+    (tmp_path / "mytests").mkdir()
+    (tmp_path / "mytests" / "test_noise.py").write_text(_INTERPRETER_NOISE)
+    (tmp_path / "pytest.ini").write_text("[pytest]\nrope_harness_test_dirs = mytests\n")
+    quiet = _pytest(["-q", "-n", "2", "mytests/test_noise.py", "--rope-device", "cpu"], tmp_path)
+    loud = _pytest(["-v", "-n", "2", "mytests/test_noise.py", "--rope-device", "cpu"], tmp_path)
+    assert quiet.returncode == 0 and "bringing up nodes" not in quiet.stdout, quiet.stdout[-1500:]
+    assert loud.returncode == 0 and re.search(r"created: 2/2 workers|bringing up nodes", loud.stdout), loud.stdout[-1500:]
