@@ -148,7 +148,8 @@ class KnownMismatch:
     """A transformers behaviour that departs from the model's original semantics.
 
     ``since``: first release with it (or the oldest wheel read); ``until``: first release without
-    it, None while it is still in the newest release read (NEWEST_VERSION_READ).
+    it, None while it is still in the newest release read (NEWEST_VERSION_READ).  ``reason`` may
+    name ``{installed}``, the installed release (:attr:`said`).
     """
 
     key: str
@@ -156,6 +157,12 @@ class KnownMismatch:
     since: str
     until: str | None
     reason: str
+
+    @property
+    def said(self) -> str:
+        """The reason as a report prints it: the installed release named (the run that finds the
+        mismatch there is the evidence it is still there)."""
+        return self.reason.format(installed=TRANSFORMERS_VERSION)
 
     def active(self, version: Version | None = None) -> bool:
         version = TRANSFORMERS_VERSION if version is None else version
@@ -173,7 +180,7 @@ KNOWN_MISMATCHES = {
             since="5.3.0",
             until=None,
             reason=(
-                "known mismatch: transformers >=5.3.0 (through 5.24.0) get_rope_index moves the cursor past a "
+                "known mismatch: transformers >=5.3.0 (still in the installed {installed}) get_rope_index moves the cursor past a "
                 "vision block by max(h', w') instead of to max(block positions) + 1, so the tokens after a video "
                 "whose last temporal offset f(t'-1) >= max(h', w') restart inside the video's range "
                 "(<= 5.2.0 and vLLM continue at max + 1)"
@@ -197,7 +204,7 @@ KNOWN_MISMATCHES = {
             since="5.13.0",
             until=None,
             reason=(
-                "known mismatch: transformers >=5.13.0 (through 5.24.0) HunYuanVL get_rope_index counts the image "
+                "known mismatch: transformers >=5.13.0 (still in the installed {installed}) HunYuanVL get_rope_index counts the image "
                 "ordinal T across the whole batch instead of per prompt, so in a batch the images of prompt b start "
                 "at T = (images in prompts 0..b-1); vLLM and the original count per request"
             ),
@@ -278,7 +285,7 @@ def known_deviations(family: str, batch: PromptBatch) -> list[KnownDeviation | N
         if not hit:
             out.append(None)
             continue
-        reasons = "; ".join(KNOWN_MISMATCHES[k].reason for k in sorted(hit))
+        reasons = "; ".join(KNOWN_MISMATCHES[k].said for k in sorted(hit))
         out.append(KnownDeviation(positions, delta, tuple(sorted(hit)), reasons))
     return out
 
