@@ -182,7 +182,9 @@ def terminal_lines(groups: list[dict], *, listed: int = 3) -> list[str]:
         rep = g["representative"]
         lines.append(f"{g['count']} failed: {g['cause']}")
         lines.append(f"    {rep.get('headline', '')}")
-        lines.append(f"    first: {rep['test']}" + (f" ({rep['case']})" if rep.get("case") else ""))
+        lines.append(f"    first: {rep['test']}")
+        if rep.get("case"):
+            lines.append(f"    case: {rep['case']}")
         if rep.get("replay"):
             lines.append(f"    replay: {rep['replay']}")
         for other in g["others"][:listed]:

@@ -68,8 +68,8 @@ def test_two_bugs_are_two_causes_each_printed_once_in_full(grouped_run):
     assert "1 failed: ValueError at two_bugs.py:9" in tail, tail
     assert re.search(r"replay: rope-harness repro reports/cases/\w+\.json --impl two_bugs:rope", tail), tail
     # The smallest interleaved case first: 7 tokens (the padding-lane triggers), not the 97-token one.
-    first = next(line for line in lines if line.startswith("    first:"))
-    assert "(7 tokens" in first, tail
+    case = next(line for line in lines if line.startswith("    case:"))
+    assert case.startswith("    case: 7 tokens"), tail
     # No harness source in the tracebacks: the messages alone.
     assert "def assert_matches_reference" not in out and "rope/harness/comparison.py" not in out, out
 
