@@ -498,7 +498,7 @@ def _fail(header: str, case: RotationCase, result: Comparison, diagnosis: Diagno
     lines = [*(diagnosis.lines() if diagnosis else []), *result.message().splitlines(), *case_files.describe_case(case)]
     message = "\n".join([header, *(piece for line in lines for piece in case_files.wrap(line))])
     cause = diagnosis.label if diagnosis else None
-    headline = f"{diagnosis.label}: {diagnosis.sentence}" if diagnosis else None
+    headline = diagnosis.sentence if diagnosis else None
     raise causes.tag(AssertionError(message), cause=cause, headline=headline, size=case.size, case=case.brief())
 
 

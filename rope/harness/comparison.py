@@ -306,7 +306,7 @@ def assert_matches_reference(impl_name: str, fn, case: RotationCase, device: str
         case_path, note = write_case_file(implementation, fn, case, device, run, diagnosis, hypothesis)
         message = mismatch_message(impl_name, implementation, case, device, run.comparison, diagnosis,
                                    case_path=case_path, note=note)
-        failure.update(headline=run.failure if run.raised else f"{diagnosis.label}: {diagnosis.sentence}")
+        failure.update(headline=run.failure if run.raised else diagnosis.sentence)
         failure["cause"] = failure["cause"] or diagnosis.label
         if case_path is not None:
             shown = case_files.display_path(case_path)
