@@ -15,7 +15,8 @@ The campaign is pytest-xdist doing what it does best, in rounds:
   has its own default GPU);
 * all workers and rounds share one Hypothesis example database (``<out>/hypothesis-db``): a
   failure one worker finds is saved there, and every later run of that test - on any worker, GPU
-  or implementation, in the next round - replays it first;
+  or implementation, in the next round - replays it first; campaigns on several hosts share theirs
+  through a Redis server (``--shared-db``, rope.harness.shared_db);
 * every comparison is appended to one record directory (rope.harness.report) as it happens, so when the
   deadline comes the running round is interrupted (SIGINT, as Ctrl-C: pytest stops cleanly) and
   nothing already checked is lost; the merged report, the case files and ``campaign.json``
@@ -43,6 +44,7 @@ EXAMPLES_ENV = "ROPE_CAMPAIGN_EXAMPLES"        # examples per test outside the r
 ROUNDS_ENV = "ROPE_CAMPAIGN_ROUNDS"            # a session's rounds: "examples:seed,examples:seed,..."
 ROUNDS_PER_RUN = 8
 DATABASE_ENV = "ROPE_HYPOTHESIS_DB"            # the shared example database directory
+SHARED_DATABASE_ENV = "ROPE_SHARED_DB"         # a Redis URL campaigns on several hosts share (--shared-db)
 # The suite's sub-packages a campaign searches by default, and the tests it leaves out there by
 # marker: the prefill sizes (their float64 reference of a 16k-token batch holds gigabytes of host
 # memory per worker, a campaign's many workers at once).
@@ -56,7 +58,10 @@ def campaign_profile(env) -> dict:
     environment: its examples per test, and the example database every worker and round shares."""
     from hypothesis.database import DirectoryBasedExampleDatabase
     out = {"max_examples": int(env.get(EXAMPLES_ENV, "200")), "deadline": None, "print_blob": True}
-    if env.get(DATABASE_ENV):
+    if env.get(SHARED_DATABASE_ENV):        # campaigns on several hosts: rope.harness.shared_db
+        from rope.harness.shared_db import shared_database
+        out["database"] = shared_database(env[SHARED_DATABASE_ENV], env.get(DATABASE_ENV))
+    elif env.get(DATABASE_ENV):
         out["database"] = DirectoryBasedExampleDatabase(env[DATABASE_ENV])
     return out
 
@@ -175,7 +180,8 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def run_campaign(minutes: float, *, devices: list[str] | None = None, workers: str = "auto",
                  tests: list[str] | None = None, out: Path | None = None, max_examples: int = 2000,
-                 seed: int | None = None, pytest_args: list[str] | None = None, show_progress: bool = True) -> Campaign:
+                 seed: int | None = None, pytest_args: list[str] | None = None, show_progress: bool = True,
+                 shared_db: str | None = None) -> Campaign:
     if not minutes > 0:
         raise ValueError(f"minutes={minutes!r}: must be positive")
     if max_examples < 1:
@@ -194,6 +200,11 @@ def run_campaign(minutes: float, *, devices: list[str] | None = None, workers: s
     run_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, CAMPAIGN_ENV: "1", report.RUN_ENV: str(run_dir), DATABASE_ENV: str(out / "hypothesis-db"),
            "PYTHONUNBUFFERED": "1"}
+    env.pop(SHARED_DATABASE_ENV, None)
+    if shared_db is not None:
+        from rope.harness.shared_db import shared_database
+        shared_database(shared_db)             # a bad URL or a missing redis package: before any round
+        env[SHARED_DATABASE_ENV] = shared_db
     env.pop(report.DISABLE_ENV, None)
     rng = random.Random(seed)
     counter = _RecordCounter(run_dir)
@@ -311,6 +322,9 @@ def add_campaign_parser(sub) -> None:
     p.add_argument("--tests", action="append", default=[],
                    help="test files or directories of the suite (default: its rotation and position_step "
                         "sub-packages, the prefill sizes left out)")
+    p.add_argument("--shared-db", default=None, metavar="URL",
+                   help="a Redis server campaigns on several hosts share their examples through "
+                        "(redis://host:6379/0, rediss://..., unix:///path/redis.sock; pip install redis)")
     p.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     p.set_defaults(func=cmd_campaign)
 
@@ -338,7 +352,7 @@ def cmd_campaign(args) -> int:
         devices = args.device or _devices_for(args.gpus)
         c = run_campaign(args.minutes, devices=devices, workers=args.workers, tests=args.tests or None,
                          out=Path(args.out) if args.out else None, max_examples=args.max_examples, seed=args.seed,
-                         pytest_args=args.pytest_args)
+                         pytest_args=args.pytest_args, shared_db=args.shared_db)
     except ValueError as exc:
         print(f"rope-harness campaign: {exc}", file=sys.stderr)
         return 2
