@@ -122,10 +122,10 @@ MAX_ELEMENTS = 1 << 28
 # --------------------------------------------------------------------------- where and who
 def cases_dir() -> Path | None:
     """Where case files go: $ROPE_CASES_DIR, else ``cases/`` of the reports directory
-    (``./reports/cases``, rope.harness.report.reports_dir); None when turned off."""
+    (``./reports/cases``, rope.harness.output_dir.reports_dir); None when turned off."""
     value = os.environ.get(CASES_DIR_ENV)
     if value is None:
-        from rope.harness.report import reports_dir
+        from rope.harness.output_dir import reports_dir
         return reports_dir() / "cases"
     if value.strip().lower() in _OFF:
         return None

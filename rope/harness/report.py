@@ -18,19 +18,11 @@ from collections import defaultdict
 from pathlib import Path
 
 from rope.harness.atomic import atomic_write
+from rope.harness.output_dir import reports_dir
 from rope.harness import case_files, causes, profiling
 
 RUN_ENV = "ROPE_REPORT_RUN"          # the record directory of the current run
 DISABLE_ENV = "ROPE_NO_REPORT"       # set to skip recording (e.g. nested runs of deliberate mutants)
-
-
-REPORTS_DIR_ENV = "ROPE_REPORTS_DIR"
-
-
-def reports_dir() -> Path:
-    """Where a run writes: ``$ROPE_REPORTS_DIR``, else ``./reports`` of the working directory
-    (never the installed package)."""
-    return Path(os.environ.get(REPORTS_DIR_ENV) or Path.cwd() / "reports")
 
 
 STALE_AFTER_S = 24 * 3600   # record directories of runs older than this are removed
