@@ -294,13 +294,18 @@ def check_rotation_inputs(spec: RopeSpec, positions, query, key, cos_sin_cache,
 
     if check_values is None:
         check_values = checks_values(positions)
-    if num_tokens and check_values:
+    if check_values:
+        check_position_range(positions, cos_sin_cache.shape[0])
+    return num_tokens, query.shape[1] // spec.head_size, num_kv_heads
+
+
+def check_position_range(positions: torch.Tensor, rows: int) -> None:
+    """Every position in [0, rows), the cache's rows (reads the values: a host sync on a GPU)."""
+    if positions.numel():
         lo, hi = int(positions.min()), int(positions.max())
-        rows = cos_sin_cache.shape[0]
         if lo < 0 or hi >= rows:
             raise ValueError(
                 f"positions=[{lo}..{hi}]: must lie in [0, {rows}) = cos_sin_cache rows (got min {lo}, max {hi})")
-    return num_tokens, query.shape[1] // spec.head_size, num_kv_heads
 
 
 # ------------------------------------------------------------------ the runner's position step (§5)

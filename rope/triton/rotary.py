@@ -13,12 +13,14 @@ never touches channels >= rotary_dim, heads >= num_heads or frequencies >= rotar
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from rope.devices import device_name, triton_runs_on
-from rope.spec import RopeSpec, check_rotation_inputs
+from rope.spec import RopeSpec, check_position_range, check_rotation_inputs, checks_values
 
 from rope.triton.grid import cdiv, next_power_of_2
 from rope.triton.pdl import HAS_PDL
@@ -494,8 +496,11 @@ def _default_tile(num_tokens: int, num_q: int, num_k: int, split_qk: bool, gathe
 def cache_offsets_need_64(cos_sin_cache, block_f: int) -> bool:
     """Whether an element offset into the cache (row * row stride + lane, lanes < block_f) can pass
     2^31 - 1, so that the kernel must index it in 64 bits."""
-    rows = cos_sin_cache.shape[0]
-    return rows > 0 and (rows - 1) * cos_sin_cache.stride(0) + block_f > 2**31 - 1
+    return _offsets_need_64(cos_sin_cache.shape[0], cos_sin_cache.stride(0), block_f)
+
+
+def _offsets_need_64(rows: int, row_stride: int, block_f: int) -> bool:
+    return rows > 0 and (rows - 1) * row_stride + block_f > 2**31 - 1
 
 
 def _sections_constexprs(spec: RopeSpec) -> tuple[int, int, int]:
@@ -528,23 +533,53 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
     the previous kernel and trust them (valid only when that kernel does not write them; off by
     default: tests/kernels/test_pdl_order.py shows the hazard).  ``speculate_positions``: guess the
     positions before the PDL wait, check them after it, re-read cos/sin where a guess was wrong;
-    ``position_guesses`` (tests): where the guesses are read from (see ``_speculate``).
+    ``position_guesses`` (tests): where the guesses are read from (see ``_check_guesses``).  The
+    default launch's plan (grid, constexprs) is computed once per signature (``_default_plan``).
     """
     if bf16_rounding not in (None, "by_hand", "convert"):
         raise ValueError(f"bf16_rounding={bf16_rounding!r}: must be 'by_hand' or 'convert'")
     # What this device's compile target may use (rope/triton/targets.py): PDL and the eviction hint
     # exist on some targets only, and the interpreter takes no compile options.
     target = launch_target(query.device)
-    if bf16_rounding is None:
-        bf16_rounding = "convert" if target.compiled else "by_hand"
     num_tokens = positions.shape[-1]
     if num_tokens == 0:
         return query, key
     num_q = query.shape[1] // spec.head_size
     num_k = key.shape[1] // spec.head_size if key is not None else 0
+    signature = (spec, num_tokens, num_q, num_k, key is not None, query.dtype, cos_sin_cache.shape[0],
+                 cos_sin_cache.stride(0), target)
+    asked = (block_h, num_warps, block_t, split_qk, gather_3d, pdl, evict_first, heads_fastest, bf16_rounding,
+             block_hk, cache_offsets_64, speculate_positions)
+    if asked == _DEFAULTS and not positions_before_wait and position_guesses is None:
+        grid, constexprs = _default_plan(*signature)              # once per signature
+    else:
+        speculate_positions = _check_guesses(positions, position_guesses, speculate_positions, positions_before_wait)
+        grid, constexprs = _plan(*signature, *asked[:-1], speculate_positions, positions_before_wait)
+    _rotary_kernel[grid](
+        query, key if key is not None else query, cos_sin_cache, positions,
+        position_guesses if position_guesses is not None else positions,
+        query.stride(0), key.stride(0) if key is not None else 0, cos_sin_cache.stride(0),
+        positions.stride(0) if positions.dim() == 2 else 0,
+        cos_sin_cache.shape[0], num_tokens, num_q, num_k, spec.head_size, spec.num_freqs, *_sections_constexprs(spec),
+        **constexprs,
+    )
+    return query, key
+
+
+_DEFAULTS = (None,) * 12        # launch_rotary's options, none given: the default launch
+
+
+def _plan(spec: RopeSpec, num_tokens: int, num_q: int, num_k: int, has_key: bool, dtype: torch.dtype,
+          cache_rows: int, cache_row_stride: int, target, block_h=None, num_warps=None, block_t=None, split_qk=None,
+          gather_3d=None, pdl=None, evict_first=None, heads_fastest=None, bf16_rounding=None, block_hk=None,
+          cache_offsets_64=None, speculate_positions=None, positions_before_wait: bool = False):
+    """(grid, constexprs and compile options) of a launch: every option the caller left None takes
+    its default (docs/launch-defaults.md), computed from the shapes alone."""
+    if bf16_rounding is None:
+        bf16_rounding = "convert" if target.compiled else "by_hand"
     block_f = next_power_of_2(spec.num_freqs)
-    split_qk = key is not None and (split_qk is None or bool(split_qk))
-    pos_run = _position_run(spec, cos_sin_cache.stride(0))
+    split_qk = has_key and (split_qk is None or bool(split_qk))
+    pos_run = _position_run(spec, cache_row_stride)
     if gather_3d is None:
         # The 3-D gather pays off only as vector loads: runs of lanes (POS_RUN > 1) and a lane mask
         # Triton can prove constant over them, i.e. half = num_freqs specialized as a multiple of 16
@@ -553,44 +588,49 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
     if pdl is None:
         pdl = num_tokens <= PDL_MAX_TOKENS or ONE_WAVE_TOKENS[0] <= num_tokens <= ONE_WAVE_TOKENS[1]
     pdl = bool(pdl) and target.pdl
-    speculate = _speculate(positions, position_guesses, speculate_positions, positions_before_wait, pdl)
+    if speculate_positions is None:
+        speculate_positions = pdl and not positions_before_wait and num_tokens <= SPECULATE_MAX_TOKENS
+    speculate = bool(speculate_positions)
     speculating = speculate and pdl     # the tile's band; the kernel reads the guesses whenever speculate is set
     block_t, block_h, num_warps = _tile(spec, num_tokens, num_q, num_k, split_qk, gather_3d, speculating,
                                         block_t, block_h, num_warps)
     if evict_first is None:
-        rotated_bytes = 2 * num_tokens * (num_q + num_k) * spec.rotary_dim * query.element_size()
+        rotated_bytes = 2 * num_tokens * (num_q + num_k) * spec.rotary_dim * dtype.itemsize
         evict_first = (EVICT_FIRST_TOKENS[0] <= num_tokens <= EVICT_FIRST_TOKENS[1]
                        and rotated_bytes <= EVICT_FIRST_MAX_BYTES)
     evict_first = bool(evict_first) and target.eviction_hints
     if heads_fastest is None:
         heads_fastest = num_tokens >= SMALL_BATCH_TOKENS
-    cache_offsets_64 = _cache_offsets_64(cache_offsets_64, cos_sin_cache, block_f)
+    cache_offsets_64 = _cache_offsets_64(cache_offsets_64, cache_rows, cache_row_stride, block_f)
     block_hk = _key_head_block(block_hk, block_h, split_qk, num_tokens, num_k)
     grid = _grid(num_tokens, num_q, num_k, split_qk, block_t, block_h, block_hk, bool(heads_fastest))
     extra = ({"enable_fp_fusion": False, "num_warps": num_warps} if target.compiled else {}) | (
         {"launch_pdl": True} if pdl else {})
-    _rotary_kernel[grid](
-        query, key if key is not None else query, cos_sin_cache, positions,
-        position_guesses if position_guesses is not None else positions,
-        query.stride(0), key.stride(0) if key is not None else 0, cos_sin_cache.stride(0),
-        positions.stride(0) if positions.dim() == 2 else 0,
-        cos_sin_cache.shape[0], num_tokens, num_q, num_k, spec.head_size, spec.num_freqs, *_sections_constexprs(spec),
-        NUM_DIMS=spec.num_dims, INTERLEAVED=spec.layout == "interleaved", IS_NEOX=spec.is_neox_style, HAS_KEY=key is not None,
-        ROUND_BF16=query.dtype == torch.bfloat16 and bf16_rounding == "by_hand",
+    constexprs = dict(
+        NUM_DIMS=spec.num_dims, INTERLEAVED=spec.layout == "interleaved", IS_NEOX=spec.is_neox_style, HAS_KEY=has_key,
+        ROUND_BF16=dtype == torch.bfloat16 and bf16_rounding == "by_hand",
         SPLIT_QK=split_qk, BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_F=block_f,
         POS_RUN=pos_run, GATHER_3D=gather_3d, PDL=pdl, QK_EVICT="evict_first" if evict_first else "",
         HEADS_FASTEST=bool(heads_fastest), BLOCK_HK=block_hk, CACHE_I64=bool(cache_offsets_64),
         EARLY_POSITIONS=bool(positions_before_wait), SPECULATE=speculate, **extra,
     )
-    return query, key
+    return grid, constexprs
 
 
-def _speculate(positions, position_guesses, speculate_positions, positions_before_wait: bool, pdl: bool) -> bool:
-    """Whether the kernel reads guessed positions first and checks them: asked for, implied by
-    ``position_guesses`` (on any target: a test stages wrong guesses where there is no PDL wait), or
-    by default with PDL up to SPECULATE_MAX_TOKENS (docs/launch-defaults.md).  ``position_guesses``:
-    a tensor shaped and strided like ``positions`` that the guesses are read from instead, so that a
-    wrong guess, which on a GPU needs a race, can be staged anywhere."""
+@functools.lru_cache(maxsize=4096)
+def _default_plan(spec: RopeSpec, num_tokens: int, num_q: int, num_k: int, has_key: bool, dtype: torch.dtype,
+                  cache_rows: int, cache_row_stride: int, target):
+    """The default launch's plan, once per signature (the shapes, the dtype, the cache's rows and
+    row stride, the compile target): a decode step's host path is a dictionary lookup and the launch."""
+    return _plan(spec, num_tokens, num_q, num_k, has_key, dtype, cache_rows, cache_row_stride, target)
+
+
+def _check_guesses(positions, position_guesses, speculate_positions, positions_before_wait: bool):
+    """The caller's speculation options, checked: ``position_guesses`` (tests) is a tensor shaped
+    and strided like ``positions`` that the guesses are read from instead, so that a wrong guess,
+    which on a GPU needs a race, can be staged anywhere; it implies speculating (on any target: a
+    test stages wrong guesses where there is no PDL wait).  Returns ``speculate_positions`` (None:
+    the default, with PDL up to SPECULATE_MAX_TOKENS: docs/launch-defaults.md)."""
     if position_guesses is not None:
         if speculate_positions is False:
             raise ValueError("position_guesses: given with speculate_positions=False")
@@ -604,9 +644,7 @@ def _speculate(positions, position_guesses, speculate_positions, positions_befor
     if speculate_positions and positions_before_wait:
         raise ValueError("speculate_positions=True with positions_before_wait=True: the early read is trusted, "
                          "there is nothing to verify")
-    if speculate_positions is None:
-        speculate_positions = pdl and not positions_before_wait and positions.shape[-1] <= SPECULATE_MAX_TOKENS
-    return bool(speculate_positions)
+    return speculate_positions
 
 
 def _tile(spec: RopeSpec, num_tokens: int, num_q: int, num_k: int, split_qk: bool, gather_3d: bool,
@@ -623,15 +661,15 @@ def _tile(spec: RopeSpec, num_tokens: int, num_q: int, num_k: int, split_qk: boo
     return block_t, block_h, tile[2] if num_warps is None else num_warps
 
 
-def _cache_offsets_64(asked, cos_sin_cache, block_f: int) -> bool:
+def _cache_offsets_64(asked, cache_rows: int, cache_row_stride: int, block_f: int) -> bool:
     """64-bit cache offsets where asked, and always where a 32-bit offset could overflow
     (``cache_offsets_need_64``); 32-bit otherwise, a shorter position -> cos/sin chain."""
-    needs_64 = cache_offsets_need_64(cos_sin_cache, block_f)
+    needs_64 = _offsets_need_64(cache_rows, cache_row_stride, block_f)
     if asked is None:
         return needs_64
     if needs_64 and not asked:
-        raise ValueError(f"cache_offsets_64=False: cos_sin_cache of shape {tuple(cos_sin_cache.shape)} and row "
-                         f"stride {cos_sin_cache.stride(0)} has offsets past 2^31 - 1")
+        raise ValueError(f"cache_offsets_64=False: cos_sin_cache of {cache_rows} rows and row "
+                         f"stride {cache_row_stride} has offsets past 2^31 - 1")
     return bool(asked)
 
 
@@ -675,17 +713,48 @@ def rotate_triton(spec: RopeSpec, positions, query, key, cos_sin_cache):
     Returns:
         (query, key): the same tensors, rotated (copies only if the last dim was strided).
     """
-    check_rotation_inputs(spec, positions, query, key, cos_sin_cache)
-    if query.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"query.dtype={query.dtype}: the Triton kernel supports {SUPPORTED_DTYPES}")
-    device = device_name(query.device)
-    if not triton_runs_on(device):
-        raise ValueError(f"query.device={query.device}: Triton needs a GPU tensor here, or TRITON_INTERPRET=1")
+    _check_inputs(spec, positions, query, key, cos_sin_cache)
     if cos_sin_cache.stride(1) != 1:
         cos_sin_cache = cos_sin_cache.contiguous()
     if positions.stride(-1) != 1:   # 1-D or row-strided positions: columns must be contiguous
         positions = positions.contiguous()
     return launch_rotary(spec, positions, _unit_last_stride(query), _unit_last_stride(key), cos_sin_cache)
+
+
+# The calls whose metadata passed the checks: (spec, then each tensor's dtype, shape, strides,
+# device and address) -> True.  Everything the checks read but the values is in the key (the
+# overlap checks read addresses, sizes and strides only: rope/overlap.py), so a call with the same
+# key passes them again; a serving engine's steady state hits it on every call.
+_CHECKED: dict = {}
+_CHECKED_MAX = 4096
+
+
+def _metadata(t):
+    return None if t is None else (t.dtype, t.shape, t.stride(), t.device, t.data_ptr())
+
+
+def _check_inputs(spec: RopeSpec, positions, query, key, cos_sin_cache) -> None:
+    """The public entry's checks (rope.spec.check_rotation_inputs, the kernel's dtypes and
+    devices), the metadata's once per signature; the position range wherever values are checked
+    (rope.spec.checks_values: on the CPU, or under ROPE_CHECK_VALUES=1)."""
+    try:
+        signature = (spec, _metadata(positions), _metadata(query), _metadata(key), _metadata(cos_sin_cache))
+        hash(signature)
+    except (AttributeError, TypeError, RuntimeError, NotImplementedError):   # not tensors, or without storage
+        signature = None
+    if signature is None or signature not in _CHECKED:
+        check_rotation_inputs(spec, positions, query, key, cos_sin_cache, check_values=False)
+        if query.dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"query.dtype={query.dtype}: the Triton kernel supports {SUPPORTED_DTYPES}")
+        device = device_name(query.device)
+        if not triton_runs_on(device):
+            raise ValueError(f"query.device={query.device}: Triton needs a GPU tensor here, or TRITON_INTERPRET=1")
+        if signature is not None:
+            if len(_CHECKED) >= _CHECKED_MAX:
+                _CHECKED.clear()
+            _CHECKED[signature] = True
+    if checks_values(positions):
+        check_position_range(positions, cos_sin_cache.shape[0])
 
 
 def supports(spec: RopeSpec, dtype: torch.dtype, device: str) -> bool:

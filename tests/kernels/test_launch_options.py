@@ -251,7 +251,7 @@ def test_cache_offsets_are_64_bit_where_32_bits_would_overflow(rows, row_stride,
     assert _recorded_constexprs(positions, q, k, cache)["CACHE_I64"] is needs_64
     assert _recorded_constexprs(positions, q, k, cache, cache_offsets_64=True)["CACHE_I64"] is True
     if needs_64:
-        with pytest.raises(ValueError, match=r"cache_offsets_64=False: cos_sin_cache of shape .* has offsets past 2\^31 - 1"):
+        with pytest.raises(ValueError, match=r"cache_offsets_64=False: cos_sin_cache of \d+ rows and row stride \d+ has offsets past 2\^31 - 1"):
             launch_rotary(QWEN72, positions, q, k, cache, cache_offsets_64=False)
 
 
@@ -297,3 +297,46 @@ def test_each_target_gets_only_the_launch_options_it_has(target, pdl, evict, com
     (_, _grid, _args, step), = _record(positions_module, "_prepare_positions_kernel", lambda: launch_prepare_positions(
         torch.zeros(12, 64, dtype=torch.int32, device=meta), *small, 3, out), target)
     assert step["PDL"] is pdl and ("launch_pdl" in step) is pdl, step
+
+
+def test_the_default_plan_is_computed_once_per_signature():
+    # The default launch's grid and constexprs are a function of the shapes, the dtype, the cache's
+    # rows and row stride and the compile target: computed once, then a lookup.
+    import rope.triton.rotary as rotary
+    meta = torch.device("meta")
+    cache = torch.empty(4096, 128, device=meta, dtype=torch.bfloat16)
+    q, k = torch.empty(5, 8 * 128, device=meta, dtype=torch.bfloat16), torch.empty(5, 128, device=meta, dtype=torch.bfloat16)
+    positions = torch.zeros(3, 5, dtype=torch.long, device=meta)
+    rotary._default_plan.cache_clear()
+    first = _recorded_constexprs(positions, q, k, cache)
+    again = _recorded_constexprs(positions, q, k, cache)
+    info = rotary._default_plan.cache_info()
+    assert first == again and (info.misses, info.hits) == (1, 1), info
+    # Another token count, or an option given, is planned anew (an option never from the cache).
+    _recorded_constexprs(torch.zeros(3, 6, dtype=torch.long, device=meta), q[:1].expand(6, -1), k[:1].expand(6, -1), cache)
+    asked = _recorded_constexprs(positions, q, k, cache, evict_first=False, block_h=2)
+    info = rotary._default_plan.cache_info()
+    assert info.misses == 2 and asked["BLOCK_H"] == 2, info
+
+
+def test_the_public_entrys_checks_are_cached_by_metadata_and_still_refuse_what_differs():
+    import rope.triton.rotary as rotary
+    from rope import RopeSpec, cos_sin_cache
+    spec = RopeSpec(head_size=64, rotary_dim=64, sections=(8, 12, 12), max_position=16)
+    cache = cos_sin_cache(spec, dtype=torch.float32)
+    positions = torch.zeros(3, 4, dtype=torch.long)
+    q, k = torch.randn(4, 2 * 64), torch.randn(4, 64)
+    rotary._CHECKED.clear()
+    rotary.rotate_triton(spec, positions, q, k, cache)
+    assert len(rotary._CHECKED) == 1
+    rotary.rotate_triton(spec, positions, q, k, cache)
+    assert len(rotary._CHECKED) == 1                  # the same metadata: no second entry
+    with pytest.raises(ValueError, match="key"):       # key is query: refused although q was checked
+        rotary.rotate_triton(spec, positions, q, q[:, :64], cache)
+    with pytest.raises(ValueError, match="key.dtype"):
+        rotary.rotate_triton(spec, positions, q, k.double(), cache)
+    # The values are checked on every call where they are checked at all (the CPU): the same
+    # metadata with a position past the cache is refused.
+    positions[0, 0] = 16                               # in place: the same address
+    with pytest.raises(ValueError, match=r"positions=\[0\.\.16\]"):
+        rotary.rotate_triton(spec, positions, q, k, cache)
