@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from rope.spec import check_position_inputs
+from rope.spec import check_position_inputs, checks_values
 from rope.devices import device_name, triton_runs_on
 from rope.runner_positions import check_out
 from rope.triton.grid import cdiv, next_power_of_2
@@ -76,6 +76,35 @@ def _prepare_positions_kernel(
 def prepare_positions_triton(prefill_positions, prefill_delta, idx_mapping, query_start_loc, prefill_lens,
                              num_computed_tokens, num_dims, out) -> None:
     """Write out[:, :num_tokens] with the Triton kernel."""
+    _check_inputs(prefill_positions, prefill_delta, idx_mapping, query_start_loc, prefill_lens,
+                  num_computed_tokens, num_dims, out)
+    # The kernel indexes the 1-D inputs with unit stride: strided views are copied, never misread.
+    vectors = [t.contiguous() for t in (prefill_delta, idx_mapping, query_start_loc, prefill_lens, num_computed_tokens)]
+    launch_prepare_positions(prefill_positions, vectors[0], vectors[1], vectors[2], vectors[3], vectors[4], num_dims, out)
+
+
+# Calls whose metadata passed the checks, where the values are not read (a GPU without
+# ROPE_CHECK_VALUES=1): each tensor's dtype, shape, strides, device and address, and num_dims.
+# Where the values are checked (the CPU) every call is checked whole: it reads them anyway.
+_CHECKED: dict = {}
+_CHECKED_MAX = 4096
+
+
+def _metadata(t):
+    return (t.dtype, t.shape, t.stride(), t.device, t.data_ptr())
+
+
+def _check_inputs(prefill_positions, prefill_delta, idx_mapping, query_start_loc, prefill_lens,
+                  num_computed_tokens, num_dims, out) -> None:
+    tensors = (prefill_positions, prefill_delta, idx_mapping, query_start_loc, prefill_lens, num_computed_tokens, out)
+    try:
+        # Where values are checked, never from the cache (ROPE_CHECK_VALUES may be set at any time).
+        signature = None if checks_values(idx_mapping) else (num_dims, *map(_metadata, tensors))
+        hash(signature)
+    except (AttributeError, TypeError, RuntimeError, NotImplementedError):   # not tensors, or without storage
+        signature = None
+    if signature is not None and signature in _CHECKED:
+        return
     num_tokens = check_position_inputs(prefill_positions, prefill_delta, idx_mapping, query_start_loc,
                                        prefill_lens, num_computed_tokens, num_dims)
     check_out(out, num_dims, num_tokens, prefill_positions.device)
@@ -85,9 +114,10 @@ def prepare_positions_triton(prefill_positions, prefill_delta, idx_mapping, quer
     for name, t in (("prefill_positions", prefill_positions), ("out", out)):
         if t.stride(1) != 1:
             raise ValueError(f"{name}.stride={t.stride()}: the last dim must be contiguous")
-    # The kernel indexes the 1-D inputs with unit stride: strided views are copied, never misread.
-    vectors = [t.contiguous() for t in (prefill_delta, idx_mapping, query_start_loc, prefill_lens, num_computed_tokens)]
-    launch_prepare_positions(prefill_positions, vectors[0], vectors[1], vectors[2], vectors[3], vectors[4], num_dims, out)
+    if num_tokens is None and signature is not None:     # only metadata was checked: the same passes again
+        if len(_CHECKED) >= _CHECKED_MAX:
+            _CHECKED.clear()
+        _CHECKED[signature] = True
 
 
 def default_splits(num_reqs: int, capacity: int, block: int = BLOCK, target: int = TARGET_PROGRAMS) -> int:

@@ -340,3 +340,26 @@ def test_the_public_entrys_checks_are_cached_by_metadata_and_still_refuse_what_d
     positions[0, 0] = 16                               # in place: the same address
     with pytest.raises(ValueError, match=r"positions=\[0\.\.16\]"):
         rotary.rotate_triton(spec, positions, q, k, cache)
+
+
+def test_the_position_steps_metadata_checks_are_cached_where_values_are_not_read(monkeypatch):
+    # On a GPU (values unread) a step's metadata is checked once per signature; a tensor that
+    # differs is checked again, and ROPE_CHECK_VALUES=1 checks every call whole.
+    import rope.triton.positions as positions_module
+    from properties.position_step.test_runner_positions import CHUNK_2
+    from rope.harness.comparison import POSITION_ARGUMENTS
+    tensors = CHUNK_2.tensors("cpu")
+    args = [tensors[name] if name != "num_dims" else CHUNK_2.num_dims for name in POSITION_ARGUMENTS]
+    out = torch.full((CHUNK_2.num_dims, CHUNK_2.num_tokens + CHUNK_2.padding), OUT_SENTINEL, dtype=torch.int64)
+    positions_module._CHECKED.clear()
+    monkeypatch.setenv("ROPE_CHECK_VALUES", "0")
+    positions_module.prepare_positions_triton(*args, out)
+    positions_module.prepare_positions_triton(*args, out)
+    assert len(positions_module._CHECKED) == 1
+    with pytest.raises(ValueError, match="out"):
+        positions_module.prepare_positions_triton(*args, out[:, :1].contiguous().to(torch.int32))
+    monkeypatch.setenv("ROPE_CHECK_VALUES", "1")
+    args[2][0] = 7                                         # idx_mapping in place: a slot past the table
+    with pytest.raises(ValueError, match="idx_mapping"):   # the cached signature, values checked all the same
+        positions_module.prepare_positions_triton(*args, out)
+    assert len(positions_module._CHECKED) == 1             # a checked-values call is never cached
