@@ -62,7 +62,7 @@ import reference
 from properties.strategies import OUT_SENTINEL, RaggedBatch, RotationCase, build_rotation_inputs
 from rope.devices import is_interpreter, synchronize, torch_device
 from rope.harness import case_files, causes
-from rope.harness.comparison import call_positions, call_rotation, check_positions
+from rope.harness.comparison import call_positions, call_rotation, check_positions, positions_failure
 from rope.harness.diagnosis import Diagnosis, diagnose
 from rope.harness.tolerance import Comparison, compare_rotation
 from rope.registry import working_precision
@@ -561,4 +561,6 @@ def run_positions_guarded(fn, batch: RaggedBatch, device: str = "cpu"):
 def assert_positions_match_guarded(name: str, fn, batch: RaggedBatch, device: str = "cpu") -> None:
     out, violations = run_positions_guarded(fn, batch, device)
     problems = check_positions(name, device, batch.tensors("cpu"), out, [f"guard violation: {v}" for v in violations])
-    assert not problems, f"{name} on {device} fails under guards\nbatch: {batch}\n" + "\n".join(problems)
+    if problems:
+        raise positions_failure(f"{name} on {device} fails under guards", problems + case_files.wrap(f"batch: {batch}"),
+                                tokens=batch.num_tokens, requests=len(batch.query_lens))

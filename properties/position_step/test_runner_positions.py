@@ -8,7 +8,7 @@ import torch
 from hypothesis import example, given
 
 from rope.devices import synchronize, torch_device
-from rope.harness.comparison import call_positions, check_positions, skip_unless_builtin
+from rope.harness.comparison import call_positions, check_positions, positions_failure, skip_unless_builtin
 from rope.registry import get_positions_implementation, positions_unsupported_reason
 import reference
 from properties.strategies import OUT_SENTINEL, RaggedBatch, affine_table, prefill_steps, ragged_batches
@@ -35,7 +35,9 @@ def assert_positions_match(name: str, fn, batch: RaggedBatch, device: str) -> No
     n = batch.num_tokens
     past = [] if torch.all(out[:, n:] == OUT_SENTINEL) else [f"wrote columns past the step's {n} tokens"]
     problems = check_positions(name, device, batch.tensors("cpu"), out[:, :n], past)
-    assert not problems, f"{name} on {device}: " + "; ".join(problems)
+    if problems:
+        raise positions_failure(f"{name} on {device}: the step's positions are wrong", problems, tokens=n,
+                                requests=len(batch.query_lens))
 
 
 def positions_impl_or_skip(name: str, device: str):

@@ -334,6 +334,17 @@ def check_positions(impl_name: str, device: str, args: dict, out: torch.Tensor, 
     return problems
 
 
+def positions_failure(header: str, problems: list[str], *, tokens: int, requests: int) -> AssertionError:
+    """The AssertionError of a position step that failed its check: the header, then each problem
+    on lines of its own (wrapped short), tagged with its cause for the run's grouping
+    (``wrong_positions``; ``writes_outside`` for a write past the step or into a guard)."""
+    outside = any(p.startswith(("wrote ", "guard violation")) for p in problems)
+    lines = [header] + [piece for p in problems for piece in case_files.wrap(p)]
+    return causes.tag(AssertionError("\n".join(lines)), cause="writes_outside" if outside else "wrong_positions",
+                      headline=causes.clip(problems[0]), size=tokens,
+                      case=f"{tokens} tokens, {requests} request{'s' if requests != 1 else ''}")
+
+
 def _record_positions_check(impl_name: str, device: str, num_dims: int, num_tokens: int, wrong: str | None) -> None:
     """A position step's check in the run report: never lets reporting break it."""
     try:

@@ -141,3 +141,15 @@ def test_a_long_line_is_wrapped_and_a_short_one_kept():
     assert len(pieces) > 1 and all(len(p) <= 120 for p in pieces)
     assert " ".join(" ".join(pieces).split()) == long and pieces[1].startswith("    ")
     assert wrap("short") == ["short"]
+
+
+def test_a_wrong_position_step_is_one_cause_in_short_lines():
+    from properties.mutants.broken_positions import BROKEN_POSITIONS
+    from properties.position_step.test_runner_positions import CHUNK_2, assert_positions_match
+    name = next(iter(BROKEN_POSITIONS))
+    with pytest.raises(AssertionError) as failure:
+        assert_positions_match(name, BROKEN_POSITIONS[name], CHUNK_2, "cpu")
+    info = causes.failure_of(failure.value)
+    assert info["cause"] in ("wrong_positions", "writes_outside") and info["size"] == CHUNK_2.num_tokens, info
+    lines = str(failure.value).splitlines()
+    assert len(lines) > 1 and all(len(line) <= causes.LINE_WIDTH for line in lines[1:]), lines
