@@ -221,6 +221,11 @@ def _write_case(tmp_path, monkeypatch, name="temporal_scale_truncated"):
     with pytest.raises(AssertionError) as info:
         cases.assert_matches(f"{MUTANTS}:{name}", broken.BROKEN_POSITION_IDS[name], family, batch)
     (path,) = tmp_path.glob("*.json")
+    # The run groups it under its diagnosis, the replay as printed (rope.harness.causes).
+    from rope.harness import causes
+    failure = causes.failure_of(info.value)
+    assert failure["cause"] == name and failure["replay"].endswith(f"{path.name} --impl {MUTANTS}:{name}"), failure
+    assert failure["size"] > 0, failure
     return path, str(info.value)
 
 

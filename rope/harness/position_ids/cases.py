@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from rope import registry
-from rope.harness import case_files
+from rope.harness import case_files, causes
 from rope.harness.position_ids import (
     ADAPTERS,
     ImplementationFailed,
@@ -73,6 +73,15 @@ def check(fn: Callable, family: str, batch: PromptBatch) -> BatchCheck:
     return BatchCheck(mismatches, tuple(sorted(keys)))
 
 
+def _tokens(family: str, prompt) -> int | None:
+    """The prompt's length as the family lays it out (what orders a cause's failures), if known."""
+    try:
+        import reference
+        return int(reference.prompt_positions(family, prompt).positions.shape[-1])
+    except Exception:   # noqa: BLE001 - only an ordering hint
+        return None
+
+
 def assert_matches(name: str, fn: Callable, family: str, batch: PromptBatch) -> tuple[str, ...]:
     """Hold ``fn`` to the expected ids of every prompt of ``batch``; return the keys of the known
     deviations that applied.  On a mismatch, write the case file (once Hypothesis has shrunk) and
@@ -93,6 +102,8 @@ def assert_matches(name: str, fn: Callable, family: str, batch: PromptBatch) -> 
     message = f"{head}\n{mismatch.describe()}"
     if deviation is not None:
         message += f"\nexpected value pinned by: {deviation.reason}"
+    failure = {"cause": mismatch.label, "headline": mismatch.sentence, "size": _tokens(family, batch.prompts[index]),
+               "case": f"{family}, prompt {index} of {len(batch.prompts)}"}
     final, hypothesis = hypothesis_example()
     if final:
         try:
@@ -108,9 +119,10 @@ def assert_matches(name: str, fn: Callable, family: str, batch: PromptBatch) -> 
                 shown = case_files.display_path(path)
                 impl = "" if implementation in ADAPTERS else f" --impl {implementation}"
                 message += f"\ncase file: {shown}\nreplay: rope-harness repro {shown}{impl}"
+                failure.update(case_file=shown, replay=f"rope-harness repro {shown}{impl}")
         except Exception as exc:     # noqa: BLE001 - the mismatch is reported all the same
             message += f"\n(case file not written: {type(exc).__name__}: {exc})"
-    raise AssertionError(message)
+    raise causes.tag(AssertionError(message), **failure)
 
 
 # ------------------------------------------------------------------------------------------ replay
