@@ -87,6 +87,7 @@ from pathlib import Path
 from typing import Callable
 
 from rope.harness.atomic import atomic_write
+from rope.harness.causes import LINE_WIDTH
 from rope.devices import DEVICE_NAMES
 from rope.harness.diagnosis import Diagnosis, channel_location
 from rope.registry import WORKING_PRECISIONS, get_implementation
@@ -476,9 +477,6 @@ def describe_case(case) -> list[str]:
         fields.append(f"ntk_alpha={spec.ntk_alpha:g}")
     extra = [f"positions {case.positions_kind}", f"seed {case.seed}"] + (["NaN/inf planted"] if case.nonfinite else [])
     return [f"case: {case.brief()}; {', '.join(extra)}", f"spec: {', '.join(fields)}"]
-
-
-LINE_WIDTH = 120
 
 
 def wrap(line: str, width: int = LINE_WIDTH) -> list[str]:

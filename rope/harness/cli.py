@@ -104,7 +104,7 @@ class _ProgressBar:
                                  console=console, transient=False)
         self.task = None
         self.outcomes = Counter()       # each test's outcome: passed, failed, skipped
-        self.comparisons = [0, 0]       # done, failed
+        self.comparisons = 0            # made by the tests so far
 
     def _start(self, total: int) -> None:
         if self.task is None:
@@ -130,11 +130,10 @@ class _ProgressBar:
             self.outcomes["failed" if report.failed else report.outcome] += 1
         for name, value in getattr(report, "user_properties", ()):
             if name == COMPARISONS_PROPERTY:
-                self.comparisons[0] += value[0]
-                self.comparisons[1] += value[1]
+                self.comparisons += value
         if self.task is None:
             return
-        self.progress.update(self.task, failed=self.outcomes["failed"], comparisons=self.comparisons[0])
+        self.progress.update(self.task, failed=self.outcomes["failed"], comparisons=self.comparisons)
         if report.when == "teardown":
             self.progress.advance(self.task)
 

@@ -149,8 +149,9 @@ RAISED = "the implementation raised"
 
 def contained_rotation(fn, case: RotationCase, device: str, *, on_hang=None, inputs: RotationInputs | None = None):
     """:func:`run_rotation` for an implementation that is not trusted to behave: returns (inputs,
-    q_out, k_out, failure), where ``failure`` says what it raised, or what it returned instead of
-    ``(query_out, key_out)``, and the outputs are then None.  The call runs under the call
+    q_out, k_out, failure, raised_cause), where ``failure`` says what it raised, or what it returned
+    instead of ``(query_out, key_out)``, and the outputs are then None; ``raised_cause``: for a raise,
+    its type and the line that raised it (rope.harness.causes.crash_cause), else None.  The call runs under the call
     deadline (rope.harness.deadline): past it ``on_hang()`` runs and ImplementationHung is raised.
     ``inputs``: the case's tensors on ``device`` when the caller built them already."""
     if inputs is None:
@@ -162,18 +163,13 @@ def contained_rotation(fn, case: RotationCase, device: str, *, on_hang=None, inp
             synchronize(device)
     except Exception as exc:     # noqa: BLE001 - the implementation's failure is the finding
         frame = traceback.extract_tb(exc.__traceback__)[-1]
-        _RAISED_CAUSE[0] = causes.crash_cause(exc)
-        return inputs, None, None, f"{RAISED} {type(exc).__name__}: {exc} (at {frame.filename}:{frame.lineno})"
+        failure = f"{RAISED} {type(exc).__name__}: {exc} (at {frame.filename}:{frame.lineno})"
+        return inputs, None, None, failure, causes.crash_cause(exc)
     if not isinstance(result, (tuple, list)) or len(result) != 2:
         shape = f"a {len(result)}-{type(result).__name__}" if isinstance(result, (tuple, list)) else \
             f"a {type(result).__name__}"
-        return inputs, None, None, f"the implementation returned {shape}: it must return (query_out, key_out)"
-    return inputs, result[0], result[1], None
-
-
-# The cause of the last raise contained_rotation contained (causes.crash_cause): the exception and
-# the line that raised it, the group a run's failures are counted under.
-_RAISED_CAUSE: list = [None]
+        return inputs, None, None, f"the implementation returned {shape}: it must return (query_out, key_out)", None
+    return inputs, result[0], result[1], None, None
 
 
 class _HangReport:
@@ -241,14 +237,14 @@ def evaluate_case(impl_name: str, fn, case: RotationCase, device: str) -> CaseRu
     through it, so the test fails on the first hang instead of waiting out one per shrink step."""
     skip_if_stopped()          # a fail-fast run ended by another worker's failure: no more examples
     causes.note_case(case.size, case.brief())
-    _RAISED_CAUSE[0] = None
     hang = _HangReport(impl_name, fn, case, device)
     with profiling.phase("inputs"):
         # One generation: the device copy for the implementation, the CPU tensors it was copied
         # from (untouched, same strides) for the reference and the read-only checks.
         inputs, ref_in = build_rotation_pair(case, device)
     try:
-        inputs, q_out, k_out, failure = contained_rotation(fn, case, device, on_hang=hang.write, inputs=inputs)
+        inputs, q_out, k_out, failure, raised_cause = contained_rotation(fn, case, device, on_hang=hang.write,
+                                                                         inputs=inputs)
     except ImplementationHung:
         raise ImplementationHung(hang.message()) from None
     with profiling.phase("reference"):
@@ -261,8 +257,7 @@ def evaluate_case(impl_name: str, fn, case: RotationCase, device: str) -> CaseRu
                                       q_out, k_out, ref_q, ref_k, working_precision(fn), device=inputs.query.device)
     with profiling.phase("checks"):
         result.problems += read_only_problems(case, inputs, ref_in)
-    return CaseRun(inputs, ref_in, q_out, k_out, ref_q, ref_k, result, failure=failure,
-                   raised_cause=_RAISED_CAUSE[0] if failure is not None else None)
+    return CaseRun(inputs, ref_in, q_out, k_out, ref_q, ref_k, result, failure=failure, raised_cause=raised_cause)
 
 
 def read_only_problems(case: RotationCase, inputs: RotationInputs, ref_in: RotationInputs) -> list[str]:

@@ -19,6 +19,7 @@ import triton.language as tl
 from rope.spec import check_position_inputs, checks_values
 from rope.devices import device_name, triton_runs_on
 from rope.runner_positions import check_out
+from rope.triton.checked import CheckedCalls
 from rope.triton.grid import cdiv, next_power_of_2
 from rope.triton.pdl import HAS_PDL
 from rope.triton.targets import launch_target
@@ -83,27 +84,19 @@ def prepare_positions_triton(prefill_positions, prefill_delta, idx_mapping, quer
     launch_prepare_positions(prefill_positions, vectors[0], vectors[1], vectors[2], vectors[3], vectors[4], num_dims, out)
 
 
-# Calls whose metadata passed the checks, where the values are not read (a GPU without
-# ROPE_CHECK_VALUES=1): each tensor's dtype, shape, strides, device and address, and num_dims.
-# Where the values are checked (the CPU) every call is checked whole: it reads them anyway.
-_CHECKED: dict = {}
-_CHECKED_MAX = 4096
-
-
-def _metadata(t):
-    return (t.dtype, t.shape, t.stride(), t.device, t.data_ptr())
+# Calls whose metadata passed the checks where the values are not read (a GPU without
+# ROPE_CHECK_VALUES=1; rope/triton/checked.py).  Where the values are checked (the CPU) every call
+# is checked whole: it reads them anyway.
+_CHECKED = CheckedCalls()
 
 
 def _check_inputs(prefill_positions, prefill_delta, idx_mapping, query_start_loc, prefill_lens,
                   num_computed_tokens, num_dims, out) -> None:
     tensors = (prefill_positions, prefill_delta, idx_mapping, query_start_loc, prefill_lens, num_computed_tokens, out)
-    try:
-        # Where values are checked, never from the cache (ROPE_CHECK_VALUES may be set at any time).
-        signature = None if checks_values(idx_mapping) else (num_dims, *map(_metadata, tensors))
-        hash(signature)
-    except (AttributeError, TypeError, RuntimeError, NotImplementedError):   # not tensors, or without storage
-        signature = None
-    if signature is not None and signature in _CHECKED:
+    signature = CheckedCalls.signature((num_dims,), tensors)
+    if signature is not None and checks_values(idx_mapping):
+        signature = None      # values checked: never from the cache (ROPE_CHECK_VALUES may be set at any time)
+    if signature in _CHECKED:
         return
     num_tokens = check_position_inputs(prefill_positions, prefill_delta, idx_mapping, query_start_loc,
                                        prefill_lens, num_computed_tokens, num_dims)
@@ -114,10 +107,7 @@ def _check_inputs(prefill_positions, prefill_delta, idx_mapping, query_start_loc
     for name, t in (("prefill_positions", prefill_positions), ("out", out)):
         if t.stride(1) != 1:
             raise ValueError(f"{name}.stride={t.stride()}: the last dim must be contiguous")
-    if num_tokens is None and signature is not None:     # only metadata was checked: the same passes again
-        if len(_CHECKED) >= _CHECKED_MAX:
-            _CHECKED.clear()
-        _CHECKED[signature] = True
+    _CHECKED.add(signature)         # only metadata was checked (else no signature): the same passes again
 
 
 def default_splits(num_reqs: int, capacity: int, block: int = BLOCK, target: int = TARGET_PROGRAMS) -> int:

@@ -22,6 +22,7 @@ import triton.language as tl
 from rope.devices import device_name, triton_runs_on
 from rope.spec import RopeSpec, check_position_range, check_rotation_inputs, checks_values
 
+from rope.triton.checked import CheckedCalls
 from rope.triton.grid import cdiv, next_power_of_2
 from rope.triton.pdl import HAS_PDL
 from rope.triton.targets import launch_target
@@ -721,38 +722,23 @@ def rotate_triton(spec: RopeSpec, positions, query, key, cos_sin_cache):
     return launch_rotary(spec, positions, _unit_last_stride(query), _unit_last_stride(key), cos_sin_cache)
 
 
-# The calls whose metadata passed the checks: (spec, then each tensor's dtype, shape, strides,
-# device and address) -> True.  Everything the checks read but the values is in the key (the
-# overlap checks read addresses, sizes and strides only: rope/overlap.py), so a call with the same
-# key passes them again; a serving engine's steady state hits it on every call.
-_CHECKED: dict = {}
-_CHECKED_MAX = 4096
-
-
-def _metadata(t):
-    return None if t is None else (t.dtype, t.shape, t.stride(), t.device, t.data_ptr())
+# Calls whose metadata passed the checks (rope/triton/checked.py).
+_CHECKED = CheckedCalls()
 
 
 def _check_inputs(spec: RopeSpec, positions, query, key, cos_sin_cache) -> None:
     """The public entry's checks (rope.spec.check_rotation_inputs, the kernel's dtypes and
     devices), the metadata's once per signature; the position range wherever values are checked
     (rope.spec.checks_values: on the CPU, or under ROPE_CHECK_VALUES=1)."""
-    try:
-        signature = (spec, _metadata(positions), _metadata(query), _metadata(key), _metadata(cos_sin_cache))
-        hash(signature)
-    except (AttributeError, TypeError, RuntimeError, NotImplementedError):   # not tensors, or without storage
-        signature = None
-    if signature is None or signature not in _CHECKED:
+    signature = CheckedCalls.signature((spec,), (positions, query, key, cos_sin_cache))
+    if signature not in _CHECKED:
         check_rotation_inputs(spec, positions, query, key, cos_sin_cache, check_values=False)
         if query.dtype not in SUPPORTED_DTYPES:
             raise ValueError(f"query.dtype={query.dtype}: the Triton kernel supports {SUPPORTED_DTYPES}")
         device = device_name(query.device)
         if not triton_runs_on(device):
             raise ValueError(f"query.device={query.device}: Triton needs a GPU tensor here, or TRITON_INTERPRET=1")
-        if signature is not None:
-            if len(_CHECKED) >= _CHECKED_MAX:
-                _CHECKED.clear()
-            _CHECKED[signature] = True
+        _CHECKED.add(signature)
     if checks_values(positions):
         check_position_range(positions, cos_sin_cache.shape[0])
 

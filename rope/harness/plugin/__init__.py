@@ -184,7 +184,7 @@ def pytest_pyfunc_call(pyfuncitem):
     comparison.REJECTED_DRAWS.clear()
     from rope.harness import causes
     causes.forget_case()
-    pyfuncitem._rope_comparisons_before = tuple(report.COMPARISONS)
+    pyfuncitem._rope_comparisons_before = report.COMPARISONS[0]
     restore = _apply_round(pyfuncitem) if callspec is not None and ROUND in callspec.params else None
     started, calls_before = time.perf_counter(), profiling.calls()
     # A test expected to fail (a pinned upstream mismatch) writes no case file: its mismatch is known.
@@ -346,7 +346,7 @@ def pytest_runtest_makereport(item, call):
     if not _rope_test(item):
         return (yield)
     failures.before_report(item, call)
-    before = getattr(item, "_rope_comparisons_before", (0, 0))
+    before = getattr(item, "_rope_comparisons_before", 0)
     report = yield
     failures.after_report(item, call, report, before)
     return report

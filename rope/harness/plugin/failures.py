@@ -1,17 +1,15 @@
 """A run's failures, one block per cause (rope.harness.causes): each failed suite test's report
-carries its cause; the terminal prints the smallest case of each cause in full and the others as
-one line pointing to it, then the causes with their counts; the run report gets the same.
+carries its cause; the terminal prints the smallest case of each cause in full, counts the others
+under it, and ends with the causes; the run report gets the same.
 
 ``--full-trace`` or ``-v`` keeps every failure's block and every frame."""
 
 from __future__ import annotations
 
-import os
-
 from rope.harness import causes
 from rope.harness.suite import is_suite_module
 
-# What a test report carries for the progress bar: (comparisons, failed comparisons) of the test.
+# What a test report carries for the progress bar: the comparisons the test made.
 COMPARISONS_PROPERTY = "rope_comparisons"
 
 
@@ -36,14 +34,13 @@ def before_report(item, call) -> None:
         pass
 
 
-def after_report(item, call, report, comparisons_before: tuple[int, int]) -> None:
+def after_report(item, call, report, comparisons_before: int) -> None:
     """The cause of a failed call, and the comparisons the test made, on its report (xdist sends
     user properties to the controller)."""
     from rope.harness import report as run_report
     if report.when != "call":
         return
-    done, failed = run_report.COMPARISONS
-    report.user_properties.append((COMPARISONS_PROPERTY, (done - comparisons_before[0], failed - comparisons_before[1])))
+    report.user_properties.append((COMPARISONS_PROPERTY, run_report.COMPARISONS[0] - comparisons_before))
     if report.failed and call.excinfo is not None:
         try:
             info = causes.failure_of(call.excinfo.value)
@@ -60,9 +57,10 @@ def failure_info(report) -> dict | None:
 
 
 def record_failure(report) -> None:
-    """The controller's record of a failed suite test (summary.md groups them by cause)."""
+    """The controller's record of a failed suite test (summary.md groups them by cause); the caller
+    records on the controller only."""
     info = failure_info(report)
-    if info is None or os.environ.get("PYTEST_XDIST_WORKER") or not os.environ.get("ROPE_REPORT_RUN"):
+    if info is None:
         return
     from rope.harness import report as run_report
     run_report.record(kind="failure", **info)

@@ -1,0 +1,48 @@
+"""The calls whose metadata the public entries have checked, so that a serving engine's steady
+state (the same buffers every step) pays for the checks once.
+
+A call's signature is its scalars and, for each tensor, its dtype, shape, strides, device and
+address: everything the entries' checks read but the values (the overlap checks read addresses,
+sizes and strides only: rope/overlap.py).  A call with a signature seen before passes them again.
+"""
+
+from __future__ import annotations
+
+
+def _metadata(t):
+    return None if t is None else (t.dtype, t.shape, t.stride(), t.device, t.data_ptr())
+
+
+class CheckedCalls:
+    """Signatures that passed, at most ``limit`` (then forgotten all at once)."""
+
+    def __init__(self, limit: int = 4096):
+        self.limit = limit
+        self._seen: set = set()
+
+    @staticmethod
+    def signature(scalars: tuple, tensors: tuple):
+        """The call's signature, or None where there is none to trust (an argument that is not a
+        tensor, a tensor without storage such as a fake one while tracing)."""
+        try:
+            signature = (*scalars, *map(_metadata, tensors))
+            hash(signature)
+        except (AttributeError, TypeError, RuntimeError, NotImplementedError):
+            return None
+        return signature
+
+    def __contains__(self, signature) -> bool:
+        return signature is not None and signature in self._seen
+
+    def add(self, signature) -> None:
+        if signature is None:
+            return
+        if len(self._seen) >= self.limit:
+            self._seen.clear()
+        self._seen.add(signature)
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def clear(self) -> None:
+        self._seen.clear()
