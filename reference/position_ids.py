@@ -78,7 +78,6 @@ from rope.prompts import (  # noqa: F401 - re-exported
 )
 
 
-
 # ---------------------------------------------------------------------------------- result
 @dataclass(frozen=True, eq=False)
 class PromptPositions:
