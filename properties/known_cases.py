@@ -25,6 +25,13 @@ PADDING_LANES = RopeSpec(head_size=80, rotary_dim=80, is_neox_style=True, sectio
                          layout="interleaved", base=10000.0, max_position=4096)
 SMALL_INTERLEAVED = RopeSpec(head_size=128, rotary_dim=64, is_neox_style=True, sections=(8, 12, 12),
                              layout="interleaved", base=10000.0, max_position=4096)
+# The maps read from the kernel's table (rope/row_maps.py): SGLang's GLM round-robin over [8, 12, 12]
+# (past 24 frequencies only H and W), Ernie-4.5-VL's H/W alternation with a T tail (GPT-J pairs),
+# HunyuanImage-3.0's two-row y/x map.
+GLM_ROUND_ROBIN = RopeSpec.glm_round_robin(128, 64, (8, 12, 12), is_neox_style=True, base=10000.0,
+                                           max_position=4 * 65536)
+ERNIE_45_VL = RopeSpec.ernie45(128, 128, (22, 22, 20), is_neox_style=False, base=500000.0, max_position=4 * 131072)
+HUNYUAN_IMAGE = RopeSpec.two_row_interleaved(128, 128, is_neox_style=True, base=10000.0, max_position=32768)
 
 KNOWN_BUG_CASES = {
     # 1. Triton M-RoPE paired NeoX for GPT-J models (vllm#42016, #49290, fixed by #49906).
@@ -39,6 +46,13 @@ KNOWN_BUG_CASES = {
     # 9. Interleaved map pinned exactly, including 3*s_h > rotary_dim/2 ([8,12,12] over 32 freqs).
     "interleaved-map-qwen3vl": RotationCase(QWEN3_VL, 9, 8, 2, "float32", "uniform", False, 5),
     "interleaved-map-short-sections": RotationCase(SMALL_INTERLEAVED, 9, 4, 1, "float32", "uniform", False, 6),
+    # GLM round-robin: a row with its section's count is skipped (the map without the skip is i % 3).
+    "glm-round-robin-short-sections": RotationCase(GLM_ROUND_ROBIN, 9, 4, 1, "float32", "uniform", False, 12),
+    # Ernie-4.5-VL: H on even, W on odd frequencies of the first 44, T on the last 20; GPT-J pairs.
+    "ernie45-map-gptj": RotationCase(ERNIE_45_VL, 9, 4, 1, "bfloat16", "grid", False, 13),
+    # HunyuanImage-3.0's y/x rows alternate by frequency; vLLM's chunked map gave half of them the wrong
+    # row (vllm-omni#1784).
+    "two-row-map-hunyuan-image": RotationCase(HUNYUAN_IMAGE, 9, 4, 2, "float32", "uniform", False, 14),
     # XD-RoPE 4 rows with NTK alpha (HunyuanOCR), image grid positions.
     "xdrope-4rows-hunyuanocr": RotationCase(HUNYUAN_OCR, 12, 16, 8, "bfloat16", "grid", False, 7),
     # Early Triton stride review (vllm#22375): h/w row offsets use num_tokens strides.

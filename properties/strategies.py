@@ -49,9 +49,12 @@ def _memoized(factory):
 REAL_HEAD_COUNTS = (28, 14, 7, 64, 32, 16, 8, 96, 48, 12, 6, 3, 2)
 BASES = (10000.0, 1000000.0, 5000000.0, 10000000.0, 500000.0)
 MAX_POSITIONS = (4096, 1, 7, 300, 2048, 32768, 131072)
-# Variant kinds, as used in test ids: how many position rows and which layout.
-KINDS = ("1d", "chunked3", "chunked4", "interleaved", "chunked1")
-KIND_ROWS = {"1d": 1, "chunked1": 1, "chunked3": 3, "chunked4": 4, "interleaved": 3}
+# Variant kinds, as used in test ids: how many position rows and which layout.  "mapped": every
+# other map from frequencies to rows (rope/row_maps.py): the named GLM round-robin, Ernie-4.5-VL and
+# two-row interleaved maps, and any valid map of 1-4 rows.
+KINDS = ("1d", "chunked3", "chunked4", "interleaved", "chunked1", "mapped")
+KIND_ROWS = {"1d": 1, "chunked1": 1, "chunked3": 3, "chunked4": 4, "interleaved": 3, "mapped": None}
+MAPPED_LAYOUTS = ("glm_round_robin", "ernie45", "two_row_interleaved", "custom")
 
 
 @_memoized
@@ -67,31 +70,60 @@ def sections(draw, *, total: int, parts: int):
     return tuple(b - a for a, b in zip(edges, edges[1:]))
 
 
+def _min_half(kind: str) -> int:
+    return {"chunked3": 3, "interleaved": 3, "mapped": 3, "chunked4": 4}.get(kind, 1)
+
+
 @_memoized
 @st.composite
 def rope_specs(draw, *, kind: str = "chunked3", is_neox_style: bool | None = None,
-               head_sizes=HEAD_SIZES, max_positions=MAX_POSITIONS, full_rotary_only: bool = False):
+               head_sizes=HEAD_SIZES, max_positions=MAX_POSITIONS, full_rotary_only: bool = False,
+               layouts=MAPPED_LAYOUTS):
     """A valid RopeSpec of the given kind; shrinks to head 64, full rotary, base 1e4.
-    ``full_rotary_only``: the whole head rotates (for an implementation without partial rotary)."""
+    ``full_rotary_only``: the whole head rotates (for an implementation without partial rotary);
+    ``layouts``: the maps kind "mapped" draws from (those an implementation runs)."""
     check_choice("kind", kind, KINDS)
     rows = KIND_ROWS[kind]
     head_size = draw(st.sampled_from(head_sizes))
     half_max = head_size // 2
-    min_half = 3 if kind in ("chunked3", "interleaved") else (4 if kind == "chunked4" else 1)
+    min_half = _min_half(kind)
     half = half_max if full_rotary_only else draw(_rotary_halves(min_half, half_max))
     if half < min_half:
         half = half_max
+    neox = draw(st.booleans()) if is_neox_style is None else is_neox_style
+    fields = dict(is_neox_style=neox, base=draw(st.sampled_from(BASES)), max_position=draw(st.sampled_from(max_positions)))
+    if kind == "mapped":
+        return draw(mapped_specs(head_size=head_size, half=half, layouts=tuple(layouts), **fields))
     if kind == "1d":
         secs, layout = None, "chunked"
     elif kind == "interleaved":
         secs, layout = draw(sections(total=half, parts=3)), "interleaved"
     else:
         secs, layout = draw(sections(total=half, parts=rows)), "chunked"
-    neox = draw(st.booleans()) if is_neox_style is None else is_neox_style
     alpha = draw(st.sampled_from([None, 1000.0])) if kind in ("chunked3", "chunked4") and half > 1 else None
-    return RopeSpec(head_size=head_size, rotary_dim=2 * half, is_neox_style=neox, sections=secs, layout=layout,
-                    base=draw(st.sampled_from(BASES)), max_position=draw(st.sampled_from(max_positions)),
-                    ntk_alpha=alpha)
+    return RopeSpec(head_size=head_size, rotary_dim=2 * half, sections=secs, layout=layout, ntk_alpha=alpha, **fields)
+
+
+@st.composite
+def mapped_specs(draw, *, head_size: int, half: int, layouts=MAPPED_LAYOUTS, **fields):
+    """A spec of ``half`` frequencies with one of ``layouts``: GLM round-robin over any 3 sections,
+    Ernie-4.5-VL's (s, s, t), two-row interleaved, or a custom map of 1-4 rows (each row at least
+    one frequency, any order); shrinks to the first layout and to row 0 everywhere it can."""
+    layout = draw(st.sampled_from(layouts))
+    if layout == "glm_round_robin":
+        return RopeSpec.glm_round_robin(head_size, 2 * half, draw(sections(total=half, parts=3)), **fields)
+    if layout == "ernie45":
+        s = draw(st.integers(1, (half - 1) // 2))
+        return RopeSpec.ernie45(head_size, 2 * half, (s, s, half - 2 * s), **fields)
+    if layout == "two_row_interleaved":
+        return RopeSpec.two_row_interleaved(head_size, 2 * half, **fields)
+    num_dims = draw(st.integers(1, min(4, half)))
+    rest = draw(st.lists(st.integers(0, num_dims - 1), min_size=half - num_dims, max_size=half - num_dims))
+    order = draw(st.permutations(range(half)))
+    rows = [0] * half
+    for slot, row in zip(order, [*range(num_dims), *rest]):
+        rows[slot] = row
+    return RopeSpec.from_map(rows, head_size=head_size, num_dims=num_dims, **fields)
 
 
 @functools.lru_cache(maxsize=None)
@@ -121,17 +153,31 @@ def probe_specs(kind: str, is_neox_style: bool) -> list[RopeSpec]:
     the shapes rotation_cases draws, for asking an implementation up front whether it runs any."""
     check_choice("kind", kind, KINDS)
     rows = KIND_ROWS[kind]
-    min_half = 3 if kind in ("chunked3", "interleaved") else (4 if kind == "chunked4" else 1)
+    min_half = _min_half(kind)
     specs = []
     for head_size in HEAD_SIZES:
         for half in sorted({head_size // 2, head_size // 4, head_size // 8}, reverse=True):
             if half < min_half:
+                continue
+            if kind == "mapped":
+                specs += _mapped_probes(head_size, half, is_neox_style)
                 continue
             parts = 3 if kind == "interleaved" else rows
             secs = None if kind == "1d" else tuple(half // parts + (i < half % parts) for i in range(parts))
             specs.append(RopeSpec(head_size=head_size, rotary_dim=2 * half, is_neox_style=is_neox_style, sections=secs,
                                   layout="interleaved" if kind == "interleaved" else "chunked", max_position=4096))
     return specs
+
+
+def _mapped_probes(head_size: int, half: int, is_neox_style: bool) -> list[RopeSpec]:
+    """One spec per layout of kind "mapped" (the custom one: rows 0 1 2 0 1 2 ... reversed, not chunked)."""
+    fields = dict(is_neox_style=is_neox_style, max_position=4096)
+    s = (half - 1) // 2
+    custom = tuple(reversed([i % 3 for i in range(half)]))
+    return [RopeSpec.glm_round_robin(head_size, 2 * half, (half - 2 * (half // 3), half // 3, half // 3), **fields),
+            RopeSpec.ernie45(head_size, 2 * half, (s, s, half - 2 * s), **fields),
+            RopeSpec.two_row_interleaved(head_size, 2 * half, **fields),
+            RopeSpec.from_map(custom, head_size=head_size, **fields)]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -155,6 +201,9 @@ def supported_shapes(impl_name: str, impl, kind: str, is_neox_style: bool, dtype
         narrowed["head_sizes"] = tuple(h for h in HEAD_SIZES if h in sizes)
     if all(s.rotary_dim == s.head_size for s in ok):
         narrowed["full_rotary_only"] = True
+    layouts = tuple(x for x in MAPPED_LAYOUTS if any(s.layout == x for s in ok))
+    if kind == "mapped" and layouts != MAPPED_LAYOUTS:
+        narrowed["layouts"] = layouts
     return narrowed
 
 
@@ -178,7 +227,7 @@ def head_counts(*, key: bool | None = None):
 @st.composite
 def rotation_cases(draw, *, dtype: str = "float32", kind: str = "chunked3", is_neox_style: bool | None = None,
                    min_tokens: int = 0, max_tokens: int = 48, head_sizes=HEAD_SIZES, max_positions=MAX_POSITIONS,
-                   nonfinite: bool = False, full_rotary_only: bool = False):
+                   nonfinite: bool = False, full_rotary_only: bool = False, layouts=MAPPED_LAYOUTS):
     """A full rotation case; shrinks to one token, one head, uniform positions, contiguous q/k.
     ``nonfinite`` (opt in; the rotation properties do) also draws cases with NaN and infinities
     planted in q and k: the output must then have NaN where the reference has NaN, the same
@@ -187,7 +236,7 @@ def rotation_cases(draw, *, dtype: str = "float32", kind: str = "chunked3", is_n
     if not 0 <= min_tokens <= max_tokens:
         raise ValueError(f"min_tokens={min_tokens}: must be in [0, max_tokens={max_tokens}]")
     spec = draw(rope_specs(kind=kind, is_neox_style=is_neox_style, head_sizes=head_sizes,
-                           max_positions=max_positions, full_rotary_only=full_rotary_only))
+                           max_positions=max_positions, full_rotary_only=full_rotary_only, layouts=layouts))
     num_tokens = draw(_token_counts(min_tokens, max_tokens))
     nq, nkv = draw(head_counts())
     # Keep interpreter runs cheap: large real head counts with big heads only for few tokens.

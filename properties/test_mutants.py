@@ -61,6 +61,7 @@ ROTARY_CELLS = {
                                        ()),
     "interleaved_thw_order_swapped": (("float32", "interleaved", True), ["interleaved-map-short-sections"],
                                       VALUE_BUG, ()),
+    "row_map_table_shifted": (("float32", "mapped", True), ["two-row-map-hunyuan-image"], VALUE_BUG, ()),
     # Identical to the right kernel on contiguous positions: only the row-strided guarded positions see it
     # (the sentinel it reads as a position is clamped to a cache row: a wrong value, and a traced read).
     "positions_rows_packed": (("float16", "chunked3", True), ["row-strides-many-tokens"], ("guarded", "traced-read"),

@@ -12,15 +12,17 @@ Error messages follow ``<field>=<value>: <rule> (<actual>)``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
 import torch
 from dataclasses import dataclass
 
+from rope import row_maps
 from rope.overlap import check_no_overlap
+from rope.row_maps import CUSTOM, LAYOUT_ROWS, LAYOUTS
 
-LAYOUTS = ("chunked", "interleaved")
 MAX_NUM_DIMS = 4
 # Limits of a spec (documented in docs/spec.md §1): the widest heads of real models are 256 wide,
 # the longest catalogued cache has 4 x 262,144 rows; past these a cache is not worth allocating and
@@ -33,7 +35,7 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class RopeSpec:
     """One rotary embedding configuration.
 
@@ -42,14 +44,22 @@ class RopeSpec:
         rotary_dim: leading channels of each head that rotate (even, <= head_size);
             the rest pass through unchanged (partial rotary).
         is_neox_style: True pairs (i, i + rotary_dim/2), False pairs (2i, 2i+1) (GPT-J).
-        sections: None for 1-D RoPE; else positive frequency counts per position row,
-            summing to rotary_dim/2 (3 rows for M-RoPE, 3 or 4 for XD-RoPE).
-        layout: "chunked" (row d owns a contiguous run of frequencies) or "interleaved"
-            (Qwen3-VL: T H W T H W ..., 3 rows only).
+        sections: None for 1-D RoPE; else positive ints summing to rotary_dim/2, one per position
+            row (3 rows for M-RoPE, 3 or 4 for XD-RoPE, 2 for HunyuanImage-3.0): the layout's
+            parameters as the model's config writes them (for chunked, custom and two-row maps the
+            rows' frequency counts; Ernie-4.5-VL writes (s_h, s_w, s_t)).
+        layout: the map from frequencies to position rows (docs/spec.md §2; rope/row_maps.py):
+            "chunked" (row d owns a contiguous run), "interleaved" (Qwen3-VL: T H W T H W ...,
+            bounded by 3*s), "glm_round_robin" (SGLang's GLM map), "ernie45" (Ernie-4.5-VL),
+            "two_row_interleaved" (HunyuanImage-3.0: y x y x ...), or "custom" (``freq_rows``).
+            The named constructors (:meth:`chunked`, :meth:`interleaved`, :meth:`glm_round_robin`,
+            :meth:`ernie45`, :meth:`two_row_interleaved`, :meth:`from_map`) build each.
         base: rope_theta.
         max_position: cache length; every position must be < max_position.
         ntk_alpha: XD-RoPE dynamic NTK-alpha; the effective base becomes
             base * ntk_alpha ** (rotary_dim / (rotary_dim - 2)).
+        freq_rows: layout "custom" only: the position row of each of the rotary_dim/2 frequencies
+            (every row 0 .. len(sections) - 1 drives sections[row] of them).
     """
 
     head_size: int
@@ -60,14 +70,80 @@ class RopeSpec:
     base: float = 10000.0
     max_position: int = 4096
     ntk_alpha: float | None = None
+    freq_rows: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.sections is not None and not isinstance(self.sections, tuple):
-            try:
-                object.__setattr__(self, "sections", tuple(self.sections))
-            except TypeError:
-                raise ValueError(f"sections={self.sections!r}: must be a sequence of ints or None") from None
+        for name in ("sections", "freq_rows"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, tuple):
+                if isinstance(value, (str, bytes)):
+                    raise ValueError(f"{name}={value!r}: must be a sequence of ints or None")
+                try:
+                    object.__setattr__(self, name, tuple(value))
+                except TypeError:
+                    raise ValueError(f"{name}={value!r}: must be a sequence of ints or None") from None
         self._validate()
+
+    def __repr__(self) -> str:
+        shown = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+                 if not (f.name == "freq_rows" and self.freq_rows is None)]
+        return f"RopeSpec({', '.join(shown)})"
+
+    # ------------------------------------------------------------ constructors
+    @classmethod
+    def chunked(cls, head_size: int, rotary_dim: int, sections=None, **fields) -> "RopeSpec":
+        """Row d owns a contiguous run of sections[d] frequencies (sections None: 1-D RoPE)."""
+        return cls(head_size, rotary_dim, sections=sections, layout="chunked", **fields)
+
+    @classmethod
+    def interleaved(cls, head_size: int, rotary_dim: int, sections, **fields) -> "RopeSpec":
+        """Qwen3-VL's map of sections (s_t, s_h, s_w): T H W T H W ..., H below 3*s_h, W below 3*s_w."""
+        return cls(head_size, rotary_dim, sections=sections, layout="interleaved", **fields)
+
+    @classmethod
+    def glm_round_robin(cls, head_size: int, rotary_dim: int, sections, **fields) -> "RopeSpec":
+        """SGLang's GLM map of sections (s_t, s_h, s_w): row i % 3, or the next with room."""
+        return cls(head_size, rotary_dim, sections=sections, layout="glm_round_robin", **fields)
+
+    @classmethod
+    def ernie45(cls, head_size: int, rotary_dim: int, sections, **fields) -> "RopeSpec":
+        """Ernie-4.5-VL's map of its config's sections (s_h, s_w, s_t), s_h == s_w: H and W
+        alternate over the first s_h + s_w frequencies, T takes the last s_t (rows T, H, W)."""
+        return cls(head_size, rotary_dim, sections=sections, layout="ernie45", **fields)
+
+    @classmethod
+    def two_row_interleaved(cls, head_size: int, rotary_dim: int, **fields) -> "RopeSpec":
+        """HunyuanImage-3.0's 2-D map over rows (y, x): even frequencies y, odd ones x."""
+        if not _is_int(rotary_dim):
+            raise ValueError(f"rotary_dim={rotary_dim!r}: must be a positive int")
+        return cls(head_size, rotary_dim, sections=row_maps.two_row_sections(rotary_dim // 2),
+                   layout="two_row_interleaved", **fields)
+
+    @classmethod
+    def from_map(cls, freq_rows, *, head_size: int, num_dims: int | None = None, **fields) -> "RopeSpec":
+        """Any map: ``freq_rows[i]`` is the position row of frequency i (rotary_dim = 2 x its
+        length; num_dims: the rows, default the highest used + 1; each row must drive at least one
+        frequency).  A map that is chunked comes back as the chunked spec (the same rotation)."""
+        if isinstance(freq_rows, (str, bytes)) or not hasattr(freq_rows, "__len__"):
+            raise ValueError(f"freq_rows={freq_rows!r}: must be a sequence of ints")
+        rows = tuple(freq_rows)
+        if not rows:
+            raise ValueError("freq_rows=(): must give the row of at least one frequency")
+        for i, r in enumerate(rows):
+            if not _is_int(r) or not 0 <= r < MAX_NUM_DIMS:
+                raise ValueError(f"freq_rows[{i}]={r!r}: must be a row index in [0, {MAX_NUM_DIMS})")
+        if num_dims is None:
+            num_dims = max(rows) + 1
+        if not _is_int(num_dims) or not 1 <= num_dims <= MAX_NUM_DIMS:
+            raise ValueError(f"num_dims={num_dims!r}: must be an int in [1, {MAX_NUM_DIMS}]")
+        sections = row_maps.row_counts(rows, num_dims)
+        if 0 in sections:
+            raise ValueError(f"freq_rows: row {sections.index(0)} of num_dims={num_dims} drives no frequency "
+                             f"(every row must drive at least one)")
+        fields.setdefault("rotary_dim", 2 * len(rows))
+        if rows == row_maps.chunked(sections) and 0 not in sections:
+            return cls(head_size, sections=None if num_dims == 1 else sections, layout="chunked", **fields)
+        return cls(head_size, sections=sections, layout=CUSTOM, freq_rows=rows, **fields)
 
     # ------------------------------------------------------------------ checks
     def _validate(self) -> None:
@@ -84,8 +160,11 @@ class RopeSpec:
             raise ValueError(f"rotary_dim={rd}: must be <= head_size (head_size={hs})")
         if not isinstance(self.is_neox_style, bool):
             raise ValueError(f"is_neox_style={self.is_neox_style!r}: must be a bool")
-        if self.layout not in LAYOUTS:
+        if not isinstance(self.layout, str) or self.layout not in LAYOUTS:
             raise ValueError(f"layout={self.layout!r}: must be one of {LAYOUTS}")
+        if self.freq_rows is not None and self.layout != CUSTOM:
+            raise ValueError(f"freq_rows: given with layout={self.layout!r}, which derives the map from sections "
+                             f"(freq_rows goes with layout='custom')")
         if self.sections is None:
             if self.layout != "chunked":
                 raise ValueError(f"layout={self.layout!r}: needs sections (1-D RoPE has sections=None)")
@@ -98,8 +177,14 @@ class RopeSpec:
                     raise ValueError(f"sections={s}: every entry must be a positive int (got {x!r})")
             if sum(s) != rd // 2:
                 raise ValueError(f"sections={s}: must sum to rotary_dim/2 = {rd // 2} (got {sum(s)})")
-            if self.layout == "interleaved" and len(s) != 3:
-                raise ValueError(f"sections={s}: layout='interleaved' needs exactly 3 rows (got {len(s)})")
+            want = LAYOUT_ROWS.get(self.layout)
+            if want is not None and len(s) != want:
+                raise ValueError(f"sections={s}: layout={self.layout!r} needs exactly {want} rows (got {len(s)})")
+            rule = row_maps.layout_rule_error(self.layout, s)
+            if rule:
+                raise ValueError(f"sections={s}: {rule}")
+            if self.layout == CUSTOM:
+                self._validate_freq_rows()
         if isinstance(self.base, bool) or not isinstance(self.base, (int, float)) or not math.isfinite(self.base) or self.base <= 1:
             raise ValueError(f"base={self.base!r}: must be a finite number > 1")
         if not _is_int(self.max_position) or self.max_position <= 0:
@@ -124,6 +209,22 @@ class RopeSpec:
                                  f"(rotary_dim / (rotary_dim - 2))), which must be a finite number > 1, or the "
                                  f"cos/sin cache is not finite")
 
+    def _validate_freq_rows(self) -> None:
+        rows, secs = self.freq_rows, self.sections
+        if rows is None:
+            raise ValueError("freq_rows=None: layout='custom' needs the row of every frequency "
+                             "(RopeSpec.from_map builds one from a map)")
+        if len(rows) != self.num_freqs:
+            raise ValueError(f"freq_rows: has {len(rows)} entries, must have rotary_dim/2 = {self.num_freqs}")
+        for i, r in enumerate(rows):
+            if not _is_int(r) or not 0 <= r < len(secs):
+                raise ValueError(f"freq_rows[{i}]={r!r}: must be a row index in [0, {len(secs)}) "
+                                 f"(sections has {len(secs)} rows)")
+        counts = row_maps.row_counts(rows, len(secs))
+        if counts != secs:
+            raise ValueError(f"sections={secs}: must be the rows' frequency counts in freq_rows {counts} "
+                             f"(every row drives at least one frequency)")
+
     # ------------------------------------------------------------- derived
     @property
     def num_dims(self) -> int:
@@ -144,42 +245,27 @@ class RopeSpec:
 
     def axis_map(self) -> tuple[int, ...]:
         """Row of the positions that drives each frequency i (length rotary_dim/2). docs/spec.md §2."""
-        n = self.num_freqs
         if self.sections is None or len(self.sections) == 1:
-            return (0,) * n
-        if self.layout == "chunked":
-            out: list[int] = []
-            for row, count in enumerate(self.sections):
-                out.extend([row] * count)
-            return tuple(out)
-        # interleaved (Qwen3-VL): start from T, overwrite i % 3 == 1 below 3*s_h with H,
-        # i % 3 == 2 below 3*s_w with W.  s_t is never read; T takes the remainder.
-        _, s_h, s_w = self.sections
-        out = []
-        for i in range(n):
-            if i % 3 == 1 and i < 3 * s_h:
-                out.append(1)
-            elif i % 3 == 2 and i < 3 * s_w:
-                out.append(2)
-            else:
-                out.append(0)
-        return tuple(out)
+            return (0,) * self.num_freqs
+        if self.layout == CUSTOM:
+            return self.freq_rows
+        return row_maps.named_map(self.layout, self.sections)
 
     def variant(self) -> str:
         """Short name of the variant, used in test ids and reports: ``interleaved-neox-partial``."""
         if self.sections is None:
             kind = "1d"
-        elif self.layout == "interleaved":
-            kind = "interleaved"
+        elif self.layout in ("chunked", CUSTOM):
+            kind = f"{self.layout}{self.num_dims}"
         else:
-            kind = f"chunked{self.num_dims}"
+            kind = _VARIANT_KINDS[self.layout]
         parts = [kind, "neox" if self.is_neox_style else "gptj"]
         if self.rotary_dim < self.head_size:
             parts.append("partial")
         return "-".join(parts)
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "head_size": self.head_size,
             "rotary_dim": self.rotary_dim,
             "is_neox_style": self.is_neox_style,
@@ -189,17 +275,22 @@ class RopeSpec:
             "max_position": self.max_position,
             "ntk_alpha": self.ntk_alpha,
         }
+        if self.freq_rows is not None:      # layout "custom" only: older readers see no new key otherwise
+            out["freq_rows"] = list(self.freq_rows)
+        return out
 
     @classmethod
     def from_dict(cls, d: dict) -> "RopeSpec":
-        known = {"head_size", "rotary_dim", "is_neox_style", "sections", "layout", "base", "max_position", "ntk_alpha"}
+        known = {"head_size", "rotary_dim", "is_neox_style", "sections", "layout", "base", "max_position", "ntk_alpha",
+                 "freq_rows"}
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"spec: unknown fields {sorted(unknown)}")
-        d = dict(d)
-        if d.get("sections") is not None:
-            d["sections"] = tuple(d["sections"])
         return cls(**d)
+
+
+_VARIANT_KINDS = {"interleaved": "interleaved", "glm_round_robin": "glmrr", "ernie45": "ernie45",
+                  "two_row_interleaved": "tworow"}
 
 
 _POSITION_DTYPES = (torch.int64, torch.int32)

@@ -13,6 +13,7 @@ import dataclasses
 import torch
 
 from rope.native import rotate_native, rotate_native_unchecked
+from rope.spec import RopeSpec
 
 
 def neox_for_gptj(spec, positions, query, key, cache):
@@ -22,7 +23,50 @@ def neox_for_gptj(spec, positions, query, key, cache):
 
 def chunked_for_interleaved(spec, positions, query, key, cache):
     """Uses the chunked axis map for Qwen3-VL interleaved sections (vllm-gaudi#1437)."""
-    return rotate_native(dataclasses.replace(spec, layout="chunked"), positions, query, key, cache)
+    if spec.layout == "interleaved":
+        spec = dataclasses.replace(spec, layout="chunked")
+    return rotate_native(spec, positions, query, key, cache)
+
+
+def _with_rows(spec: RopeSpec, rows) -> RopeSpec:
+    """``spec`` with the map ``rows`` (the same rows, base, pairing and cache length)."""
+    return RopeSpec.from_map(tuple(rows), head_size=spec.head_size, num_dims=spec.num_dims,
+                             is_neox_style=spec.is_neox_style, base=spec.base, max_position=spec.max_position,
+                             ntk_alpha=spec.ntk_alpha)
+
+
+def chunked_for_two_row(spec, positions, query, key, cache):
+    """Uses the chunked map for HunyuanImage-3.0's two-row interleaved one: the first half of the
+    frequencies read y, the second x, so half of them take the wrong row (vllm-omni#1784)."""
+    if spec.layout == "two_row_interleaved":
+        spec = dataclasses.replace(spec, layout="chunked")
+    return rotate_native(spec, positions, query, key, cache)
+
+
+def glm_round_robin_without_skip(spec, positions, query, key, cache):
+    """Cycles T H W over every frequency without skipping a row that has its section's count, so
+    past 3 x the smallest section the rows' counts differ from the sections (SGLang's
+    mrope_interleaved_glm map skips full rows)."""
+    if spec.layout == "glm_round_robin":
+        spec = _with_rows(spec, [i % 3 for i in range(spec.num_freqs)])
+    return rotate_native(spec, positions, query, key, cache)
+
+
+def ernie45_h_w_swapped(spec, positions, query, key, cache):
+    """Ernie-4.5-VL's map with H and W swapped: even frequencies below s_h + s_w read W, odd ones
+    H (sections read as (t, h, w) where Ernie's config writes (h, w, t))."""
+    if spec.layout == "ernie45":
+        spec = _with_rows(spec, [{1: 2, 2: 1}.get(r, r) for r in spec.axis_map()])
+    return rotate_native(spec, positions, query, key, cache)
+
+
+def row_map_shifted_by_one(spec, positions, query, key, cache):
+    """Every map but chunked and interleaved read one frequency off: frequency i takes the row of
+    i + 1 (the last that of 0), e.g. a table indexed from 1 or a lane offset by one."""
+    if spec.num_dims > 1 and spec.layout not in ("chunked", "interleaved"):
+        rows = spec.axis_map()
+        spec = _with_rows(spec, rows[1:] + rows[:1])
+    return rotate_native(spec, positions, query, key, cache)
 
 
 def key_unrotated(spec, positions, query, key, cache):
@@ -91,13 +135,18 @@ def hides_nonfinite(spec, positions, query, key, cache):
 
 # Wrappers of the native path compute in the activation dtype and say so, so the suite rejects
 # them for their structural bug, not for precision (bf16_claiming_fp32's bug is the claim).
-for _fn in (neox_for_gptj, chunked_for_interleaved, key_unrotated, touches_pass_through, first_pow2_heads,
+for _fn in (neox_for_gptj, chunked_for_interleaved, chunked_for_two_row, glm_round_robin_without_skip,
+            ernie45_h_w_swapped, row_map_shifted_by_one, key_unrotated, touches_pass_through, first_pow2_heads,
             assumes_contiguous, hides_nonfinite):
     _fn.working_precision = "activation"
 
 BROKEN_ROTATIONS = {
     "neox_for_gptj": neox_for_gptj,
     "chunked_for_interleaved": chunked_for_interleaved,
+    "chunked_for_two_row": chunked_for_two_row,
+    "glm_round_robin_without_skip": glm_round_robin_without_skip,
+    "ernie45_h_w_swapped": ernie45_h_w_swapped,
+    "row_map_shifted_by_one": row_map_shifted_by_one,
     "key_unrotated": key_unrotated,
     "touches_pass_through": touches_pass_through,
     "first_pow2_heads": first_pow2_heads,

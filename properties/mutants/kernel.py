@@ -191,6 +191,18 @@ def positions_rows_at_token_offsets():
     """
 
 
+@_rotary(("axis = tl.load(map_ptr + freq, mask=freq < half, other=0)",
+          "axis = tl.load(map_ptr + (freq + 1) % half, mask=freq < half, other=0)"))
+def row_map_table_shifted():
+    """(d'') A map read from a table one frequency off: lane i takes the row of frequency i + 1
+    (the last lane that of 0), the table indexed from 1.
+
+    Every map the kernel reads from its table (GLM round-robin, Ernie-4.5-VL, two-row interleaved,
+    custom) rotates frequency i by the wrong row wherever rows i and i + 1 differ; the two-row map
+    has its rows swapped outright (vllm-omni#1784's symptom: half of the frequencies on the wrong axis).
+    """
+
+
 # --------------------------------------------------------------------------- positions kernel
 @_positions(("tl.store(out_ptr + d * out_row_stride + qs + i, pos, mask=valid)",
              "tl.store(out_ptr + d * out_row_stride + qs + i, pos, mask=dims_ok)"))
@@ -218,7 +230,7 @@ def neox_pairs_from_4096_tokens():
 
 ROTARY_MUTANTS = {m.name: m for m in (
     neox_for_gptj, cos_sin_unmasked, cos_sin_unmasked_head_padded, partial_rotary_head_half,
-    interleaved_h_bound_off_by_one, interleaved_thw_order_swapped, positions_rows_packed,
+    interleaved_h_bound_off_by_one, interleaved_thw_order_swapped, row_map_table_shifted, positions_rows_packed,
     positions_rows_at_token_offsets, neox_pairs_from_4096_tokens)}
 @_rotary(("        token = token_block.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)\n",
            "        token = token_block * BLOCK_T + tl.arange(0, BLOCK_T)\n"),

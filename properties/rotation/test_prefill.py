@@ -68,9 +68,25 @@ def _small_heads(device: str) -> bool:
     return device == "cpu"
 
 
-def _spec(kind: str, neox: bool, head_size: int, rotary: int) -> RopeSpec:
+# The layouts the boundary cases cycle through: "mapped" twice, so that the cycle (7) is prime to
+# the pairing's, the dtype's and the rotary width's (2, 3, 4) and every combination comes round.
+BOUNDARY_KINDS = (*KINDS, "mapped")
+
+
+def _spec(kind: str, neox: bool, head_size: int, rotary: int, index: int = 0) -> RopeSpec:
+    """The spec of a prefill case; kind "mapped" takes the table-read maps in turn with ``index``:
+    GLM round-robin (sections whose map differs from the interleaved one), Ernie-4.5-VL, two-row
+    interleaved, and a custom map (T H W cycles reversed)."""
     half = rotary // 2
     third, quarter = half // 3, half // 4
+    if kind == "mapped":
+        fields = dict(is_neox_style=neox, max_position=32768)
+        s = (half - 1) // 2
+        return (RopeSpec.glm_round_robin(head_size, rotary, (half - 2 * third, third, third), **fields),
+                RopeSpec.ernie45(head_size, rotary, (s, s, half - 2 * s), **fields),
+                RopeSpec.two_row_interleaved(head_size, rotary, **fields),
+                RopeSpec.from_map(tuple(i % 3 for i in range(half))[::-1], head_size=head_size, **fields),
+                )[index % 4]
     sections = {"1d": None, "chunked1": (half,), "chunked3": (half - 2 * third, third, third),
                 "interleaved": (half - 2 * third, third, third),
                 "chunked4": (half - 3 * quarter, quarter, quarter, quarter)}[kind]
@@ -80,12 +96,12 @@ def _spec(kind: str, neox: bool, head_size: int, rotary: int) -> RopeSpec:
 
 def boundary_case(index: int, num_tokens: int, device: str) -> RotationCase:
     """The explicit case at a boundary: layout, pairing, dtype, partial rotary and packed q/k
-    cycle with ``index`` (periods 5, 2, 3, 4), so neighbouring counts differ in each."""
-    kind = KINDS[index % len(KINDS)]
+    cycle with ``index`` (periods 7, 2, 3, 4), so neighbouring counts differ in each."""
+    kind = BOUNDARY_KINDS[index % len(BOUNDARY_KINDS)]
     neox = index % 2 == 0
     dtype = list(DTYPES)[index % len(DTYPES)]
     head_size = 32 if _small_heads(device) else 128
-    spec = _spec(kind, neox, head_size, head_size // 2 if index % 4 == 3 else head_size)
+    spec = _spec(kind, neox, head_size, head_size // 2 if index % 4 == 3 else head_size, index)
     # CPU: a key on every other count below 8192 tokens (a key doubles the interpreter's programs,
     # and its programs run the same code as the query's, exercised at every smaller boundary).
     nq, nkv = (1, index % 2 if num_tokens < CPU_KEY_MAX_TOKENS else 0) if _small_heads(device) else GPU_HEADS
@@ -193,7 +209,7 @@ def token_head_case(kind: str, neox: bool, partial: bool, index: int, device: st
     last under it, one token fewer), for ``kind`` and pairing, full or half rotary; dtype and packed
     q/k cycle with ``index``."""
     head_size = CPU_TOKEN_HEAD_SIZE if _small_heads(device) else 128
-    spec = _spec(kind, neox, head_size, head_size // 2 if partial else head_size)
+    spec = _spec(kind, neox, head_size, head_size // 2 if partial else head_size, index)
     nq, nkv = CPU_TOKEN_HEADS if _small_heads(device) else GPU_TOKEN_HEADS
     nq = max(nq, -(-product // TOKEN_HEAD_MAX_TOKENS) - nkv)
     first = -(-product // (nq + nkv))          # the first token count whose product reaches ``product``

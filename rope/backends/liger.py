@@ -72,7 +72,7 @@ def _reason(spec: RopeSpec, dtype, device: str) -> str | None:
     if spec.num_dims != 3:
         return f"liger_multimodal_rotary_pos_emb reads exactly 3 position rows (spec has {spec.num_dims})"
     if spec.layout != "chunked":
-        return "liger_multimodal_rotary_pos_emb has chunked sections only (no Qwen3-VL interleaved map)"
+        return f"liger_multimodal_rotary_pos_emb has chunked sections only (layout={spec.layout!r})"
     if not spec.is_neox_style:
         return "liger_multimodal_rotary_pos_emb pairs NeoX-style only (no GPT-J)"
     if spec.rotary_dim != spec.head_size:

@@ -475,6 +475,8 @@ def describe_case(case) -> list[str]:
               f"base={spec.base:g}", f"max_position={spec.max_position}"]
     if spec.ntk_alpha is not None:
         fields.append(f"ntk_alpha={spec.ntk_alpha:g}")
+    if spec.freq_rows is not None:
+        fields.append(f"freq_rows={''.join(map(str, spec.freq_rows))}")
     extra = [f"positions {case.positions_kind}", f"seed {case.seed}"] + (["NaN/inf planted"] if case.nonfinite else [])
     return [f"case: {case.brief()}; {', '.join(extra)}", f"spec: {', '.join(fields)}"]
 

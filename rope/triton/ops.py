@@ -4,8 +4,9 @@ linear layer, the rotation, a write) through them without a graph break, and the
 function can be captured in a CUDA graph.
 
     torch.ops.rope_harness.rotary_(positions, query, key, cos_sin_cache,
-                                   head_size, rotary_dim, is_neox_style, sections, layout) -> ()
-        rotates query and key (None allowed) in place; ``sections`` empty for 1-D RoPE.
+                                   head_size, rotary_dim, is_neox_style, sections, layout, freq_rows) -> ()
+        rotates query and key (None allowed) in place; ``sections`` empty for 1-D RoPE,
+        ``freq_rows`` empty except for layout "custom" (the spec's fields of those names).
     torch.ops.rope_harness.prepare_positions_(prefill_positions, prefill_delta, idx_mapping,
                                               query_start_loc, prefill_lens, num_computed_tokens,
                                               num_dims, out) -> ()
@@ -31,18 +32,19 @@ NAMESPACE = "rope_harness"
 
 
 @functools.lru_cache(maxsize=256)
-def _spec(head_size: int, rotary_dim: int, is_neox_style: bool, sections: tuple[int, ...], layout: str) -> RopeSpec:
+def _spec(head_size: int, rotary_dim: int, is_neox_style: bool, sections: tuple[int, ...], layout: str,
+          freq_rows: tuple[int, ...]) -> RopeSpec:
     """The spec of an op call (validated once per configuration); the kernel reads neither the
     base nor the cache length, which the cache tensor already holds."""
     return RopeSpec(head_size=head_size, rotary_dim=rotary_dim, is_neox_style=is_neox_style,
-                    sections=sections or None, layout=layout)
+                    sections=sections or None, layout=layout, freq_rows=freq_rows or None)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::rotary_", mutates_args=("query", "key"))
 def _rotary_op(positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor],
                cos_sin_cache: torch.Tensor, head_size: int, rotary_dim: int, is_neox_style: bool,
-               sections: list[int], layout: str) -> None:
-    spec = _spec(head_size, rotary_dim, is_neox_style, tuple(sections), layout)
+               sections: list[int], layout: str, freq_rows: list[int]) -> None:
+    spec = _spec(head_size, rotary_dim, is_neox_style, tuple(sections), layout, tuple(freq_rows))
     q_out, k_out = rotate_triton(spec, positions, query, key, cos_sin_cache)
     # The entry rotates a copy when the last dim is strided: the op's contract is in place.
     if q_out is not query:
@@ -52,7 +54,8 @@ def _rotary_op(positions: torch.Tensor, query: torch.Tensor, key: Optional[torch
 
 
 @_rotary_op.register_fake
-def _rotary_fake(positions, query, key, cos_sin_cache, head_size, rotary_dim, is_neox_style, sections, layout):
+def _rotary_fake(positions, query, key, cos_sin_cache, head_size, rotary_dim, is_neox_style, sections, layout,
+                 freq_rows):
     return None
 
 
@@ -74,7 +77,8 @@ def rotary(spec: RopeSpec, positions, query, key, cos_sin_cache):
     """The rotation through the custom op: the rotation contract's call, returning (query, key)
     rotated in place."""
     torch.ops.rope_harness.rotary_(positions, query, key, cos_sin_cache, spec.head_size, spec.rotary_dim,
-                                   spec.is_neox_style, list(spec.sections or ()), spec.layout)
+                                   spec.is_neox_style, list(spec.sections or ()), spec.layout,
+                                   list(spec.freq_rows or ()))
     return query, key
 
 

@@ -1,5 +1,5 @@
 """One Triton kernel for every rotary variant: 1-D RoPE, M-RoPE (chunked or interleaved
-sections), XD-RoPE (3 or 4 rows), NeoX or GPT-J pairing, partial rotary, key present or absent.
+sections, or any other map from frequencies to position rows), XD-RoPE (3 or 4 rows), NeoX or GPT-J pairing, partial rotary, key present or absent.
 
 Precision contract (docs/spec.md §3): load in the storage dtype, convert to fp32, compute in fp32 with
 no FMA contraction, and round to the output dtype at the store (round to nearest even).  Under
@@ -123,10 +123,16 @@ def _rotate_store_tile(row_ptrs, token_ok, heads, num_heads, head_size, freq, ha
 
 
 @triton.jit
-def _lane_axes(freq, sec0, sec1, sec2, NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr):
-    """The position row that drives each frequency lane (docs/spec.md §2)."""
+def _lane_axes(freq, half, map_ptr, sec0, sec1, sec2, NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr,
+               MAP_TABLE: tl.constexpr):
+    """The position row that drives each frequency lane (docs/spec.md §2): computed from the
+    sections for the chunked and Qwen3-VL interleaved maps, read from the map's table (int32, one
+    row per frequency: rope/row_maps.py) for every other map."""
     axis = tl.zeros(freq.shape, dtype=tl.int32)
-    if INTERLEAVED:
+    if MAP_TABLE:
+        # Padding lanes (>= half) read nothing and take row 0; their loads stay masked.
+        axis = tl.load(map_ptr + freq, mask=freq < half, other=0)
+    elif INTERLEAVED:
         # Qwen3-VL: H at i%3==1 below 3*s_h, W at i%3==2 below 3*s_w, T elsewhere.
         axis = tl.where((freq % 3 == 1) & (freq < 3 * sec1), 1, axis)
         axis = tl.where((freq % 3 == 2) & (freq < 3 * sec2), 2, axis)
@@ -196,8 +202,8 @@ def _load_tile_and_positions(x_rows, token_ok, heads, x_heads, head_size, freq, 
 
 
 @triton.jit
-def _cos_sin_offsets(pos_0, pos_1, pos_2, pos_3, cache_row_stride, cache_rows, freq, half, sec0, sec1, sec2,
-                     NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+def _cos_sin_offsets(pos_0, pos_1, pos_2, pos_3, cache_row_stride, cache_rows, freq, half, map_ptr, sec0, sec1, sec2,
+                     NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, MAP_TABLE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
                      BLOCK_F: tl.constexpr, POS_RUN: tl.constexpr, GATHER_3D: tl.constexpr, CACHE_I64: tl.constexpr):
     """The cache offsets of cos = cache[positions[axis(i), t], i] (sin: + half) for the positions of
     :func:`_load_positions`, and their lane mask, for :func:`_load_cos_sin` (three steps, so that the
@@ -211,7 +217,7 @@ def _cos_sin_offsets(pos_0, pos_1, pos_2, pos_3, cache_row_stride, cache_rows, f
     3-D gather issues one per lane and head lane (interleaved sections: POS_RUN 1).
     Lanes >= half are padding and masked."""
     freq_ok = freq < half
-    axis = _lane_axes(freq, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED)
+    axis = _lane_axes(freq, half, map_ptr, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, MAP_TABLE)
     # Positions are not range-checked on a GPU (a host sync; rope.spec.checks_values): each loaded
     # row is clamped to the cache's rows, so a bad position reads a wrong row of the cache, never
     # past it.  Per token, before the broadcast over lanes: a tile-wide clamp measured about 1%
@@ -247,7 +253,8 @@ def _load_cos_sin(cache_ptr, offs, lane_ok, half):
 
 @triton.jit
 def _gather_cos_sin(cache_ptr, cache_row_stride, cache_rows, pos_0, pos_1, pos_2, pos_3, guess_0, guess_1, guess_2,
-                    guess_3, freq, half, sec0, sec1, sec2, NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr,
+                    guess_3, freq, half, map_ptr, sec0, sec1, sec2, NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr,
+                    MAP_TABLE: tl.constexpr,
                     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr, POS_RUN: tl.constexpr,
                     GATHER_3D: tl.constexpr, CACHE_I64: tl.constexpr, SPECULATE: tl.constexpr):
     """cos and sin of the tile's positions, as [BLOCK_T, BLOCK_H, BLOCK_F] fp32 in the q/k tile's layout.
@@ -258,8 +265,8 @@ def _gather_cos_sin(cache_ptr, cache_row_stride, cache_rows, pos_0, pos_1, pos_2
     its predicate is off, and issued the first cos/sin loads only after the positions had arrived (two
     round trips again); the branch's condition is the only use of the positions on the common path."""
     offs, lane_ok = _cos_sin_offsets(guess_0, guess_1, guess_2, guess_3, cache_row_stride, cache_rows, freq, half,
-                                     sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN,
-                                     GATHER_3D, CACHE_I64)
+                                     map_ptr, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, MAP_TABLE, BLOCK_T, BLOCK_H,
+                                     BLOCK_F, POS_RUN, GATHER_3D, CACHE_I64)
     cos, sin = _load_cos_sin(cache_ptr, offs, lane_ok, half)
     if SPECULATE:
         # Compared as the rows are computed: only the low 32 bits, unless CACHE_I64 (the loads then
@@ -269,8 +276,8 @@ def _gather_cos_sin(cache_ptr, cache_row_stride, cache_rows, pos_0, pos_1, pos_2
                  | (pos_2.to(ROW) != guess_2.to(ROW)) | (pos_3.to(ROW) != guess_3.to(ROW)))
         if tl.max(wrong.to(tl.int32), axis=0) != 0:
             offs, lane_ok = _cos_sin_offsets(pos_0, pos_1, pos_2, pos_3, cache_row_stride, cache_rows, freq, half,
-                                             sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, BLOCK_T, BLOCK_H, BLOCK_F,
-                                             POS_RUN, GATHER_3D, CACHE_I64)
+                                             map_ptr, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, MAP_TABLE, BLOCK_T,
+                                             BLOCK_H, BLOCK_F, POS_RUN, GATHER_3D, CACHE_I64)
             cos, sin = _load_cos_sin(cache_ptr, offs, lane_ok, half)
     return _cos_sin_to_tile(cos, sin, GATHER_3D)
 
@@ -288,8 +295,8 @@ def _cos_sin_to_tile(cos, sin, GATHER_3D: tl.constexpr):
 
 @triton.jit
 def _rotate_tile(x_ptr, x_stride, token, heads, x_heads, cache_ptr, cache_row_stride, cache_rows, pos_ptr,
-                 guess_ptr, pos_row_stride, num_tokens, head_size, half, sec0, sec1, sec2,
-                 NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, IS_NEOX: tl.constexpr, ROUND_BF16: tl.constexpr,
+                 guess_ptr, map_ptr, pos_row_stride, num_tokens, head_size, half, sec0, sec1, sec2,
+                 NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, MAP_TABLE: tl.constexpr, IS_NEOX: tl.constexpr, ROUND_BF16: tl.constexpr,
                  BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr, POS_RUN: tl.constexpr,
                  GATHER_3D: tl.constexpr, QK_EVICT: tl.constexpr, CACHE_I64: tl.constexpr, PDL: tl.constexpr,
                  EARLY_POSITIONS: tl.constexpr, SPECULATE: tl.constexpr):
@@ -302,8 +309,8 @@ def _rotate_tile(x_ptr, x_stride, token, heads, x_heads, cache_ptr, cache_row_st
         x_rows, token_ok, heads, x_heads, head_size, freq, half, pos_ptr, guess_ptr, pos_row_stride, token,
         num_tokens, NUM_DIMS, IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT, PDL, EARLY_POSITIONS, SPECULATE)
     cos, sin = _gather_cos_sin(cache_ptr, cache_row_stride, cache_rows, pos_0, pos_1, pos_2, pos_3, guess_0, guess_1,
-                               guess_2, guess_3, freq, half, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, BLOCK_T, BLOCK_H,
-                               BLOCK_F, POS_RUN, GATHER_3D, CACHE_I64, SPECULATE)
+                               guess_2, guess_3, freq, half, map_ptr, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, MAP_TABLE,
+                               BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN, GATHER_3D, CACHE_I64, SPECULATE)
     # Rotate and store: NeoX pairs (i, i + half), GPT-J pairs (2i, 2i + 1).
     _rotate_store_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half, x1, x2, cos, sin,
                        IS_NEOX, ROUND_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
@@ -314,10 +321,10 @@ def _rotate_tile(x_ptr, x_stride, token, heads, x_heads, cache_ptr, cache_row_st
 @triton.jit(do_not_specialize=["pos_row_stride", "num_tokens", "num_q_heads", "num_kv_heads", "sec0", "sec1", "sec2",
                                "cache_rows"])
 def _rotary_kernel(
-    q_ptr, k_ptr, cache_ptr, pos_ptr, guess_ptr,
+    q_ptr, k_ptr, cache_ptr, pos_ptr, guess_ptr, map_ptr,
     q_row_stride, k_row_stride, cache_row_stride, pos_row_stride, cache_rows,
     num_tokens, num_q_heads, num_kv_heads, head_size, half, sec0, sec1, sec2,
-    NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, IS_NEOX: tl.constexpr, HAS_KEY: tl.constexpr, ROUND_BF16: tl.constexpr,
+    NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, MAP_TABLE: tl.constexpr, IS_NEOX: tl.constexpr, HAS_KEY: tl.constexpr, ROUND_BF16: tl.constexpr,
     SPLIT_QK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr,
     POS_RUN: tl.constexpr, GATHER_3D: tl.constexpr, PDL: tl.constexpr, QK_EVICT: tl.constexpr,
     HEADS_FASTEST: tl.constexpr, BLOCK_HK: tl.constexpr, CACHE_I64: tl.constexpr, EARLY_POSITIONS: tl.constexpr,
@@ -345,7 +352,8 @@ def _rotary_kernel(
     # k's, one tensor per program; else each program does its heads of q, then of k.
     # Sizes are runtime ints (fewer recompiles; Triton still specializes multiples of 16);
     # only the variant switches and the power-of-two tile sizes are constexpr.
-    # half = rotary_dim / 2; sec0..sec2 are the first three sections (row 3 takes the rest).
+    # half = rotary_dim / 2; sec0..sec2 are the first three sections (row 3 takes the rest);
+    # MAP_TABLE: the lanes' rows are read from map_ptr (every map but chunked and interleaved).
     # HEADS_FASTEST: a 1-D grid whose consecutive programs take the head blocks of one token block
     # (programs in flight then cover a contiguous band of rows, walked once), else a 2-D grid
     # (token blocks fastest: each head block sweeps the whole tensor).
@@ -368,16 +376,16 @@ def _rotary_kernel(
             _rotate_tile(q_ptr, q_row_stride,
                          (group * R + slot // q_blocks).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T),
                          (slot % q_blocks) * BLOCK_H + tl.arange(0, BLOCK_H), num_q_heads,
-                         cache_ptr, cache_row_stride, cache_rows, pos_ptr, guess_ptr, pos_row_stride, num_tokens, head_size,
-                         half, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, IS_NEOX, ROUND_BF16,
+                         cache_ptr, cache_row_stride, cache_rows, pos_ptr, guess_ptr, map_ptr, pos_row_stride, num_tokens,
+                         head_size, half, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, MAP_TABLE, IS_NEOX, ROUND_BF16,
                          BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN, GATHER_3D, QK_EVICT, CACHE_I64, PDL, EARLY_POSITIONS,
                          SPECULATE)
         else:
             _rotate_tile(k_ptr, k_row_stride,
                          group.to(tl.int64) * (R * BLOCK_T) + tl.arange(0, R * BLOCK_T),
                          (slot - R * q_blocks) * BLOCK_HK + tl.arange(0, BLOCK_HK), num_kv_heads,
-                         cache_ptr, cache_row_stride, cache_rows, pos_ptr, guess_ptr, pos_row_stride, num_tokens, head_size,
-                         half, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, IS_NEOX, ROUND_BF16,
+                         cache_ptr, cache_row_stride, cache_rows, pos_ptr, guess_ptr, map_ptr, pos_row_stride, num_tokens,
+                         head_size, half, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, MAP_TABLE, IS_NEOX, ROUND_BF16,
                          R * BLOCK_T, BLOCK_HK, BLOCK_F, POS_RUN, GATHER_3D, QK_EVICT, CACHE_I64, PDL,
                          EARLY_POSITIONS, SPECULATE)
     else:
@@ -416,8 +424,8 @@ def _rotary_kernel(
             x_rows, token_ok, heads, x_heads, head_size, freq, half, pos_ptr, guess_ptr, pos_row_stride, token,
             num_tokens, NUM_DIMS, IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT, PDL, EARLY_POSITIONS, SPECULATE)
         cos, sin = _gather_cos_sin(cache_ptr, cache_row_stride, cache_rows, pos_0, pos_1, pos_2, pos_3, guess_0, guess_1,
-                                   guess_2, guess_3, freq, half, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, BLOCK_T, BLOCK_H,
-                                   BLOCK_F, POS_RUN, GATHER_3D, CACHE_I64, SPECULATE)
+                                   guess_2, guess_3, freq, half, map_ptr, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED,
+                                   MAP_TABLE, BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN, GATHER_3D, CACHE_I64, SPECULATE)
         # Rotate and store: NeoX pairs (i, i + half), GPT-J pairs (2i, 2i + 1).
         _rotate_store_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half, x1, x2, cos, sin,
                            IS_NEOX, ROUND_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
@@ -433,18 +441,25 @@ def _rotary_kernel(
 def _position_run(spec: RopeSpec, cache_row_stride: int) -> int:
     """The longest aligned run of frequency lanes (a power of two, at most 8) that always share one
     position row and whose cache offsets are aligned to it: the vector width of the cos/sin gather."""
-    if spec.num_dims > 1 and spec.layout == "interleaved":
-        return 1
-    bounds = [spec.num_freqs, cache_row_stride]
-    if spec.num_dims > 1:
-        acc = 0
-        for sec in spec.sections[:-1]:
-            acc += sec
-            bounds.append(acc)
+    rows = spec.axis_map()
     run = 8
-    while run > 1 and any(b % run for b in bounds):
+    while run > 1 and (spec.num_freqs % run or cache_row_stride % run
+                       or any(len(set(rows[i:i + run])) > 1 for i in range(0, len(rows), run))):
         run //= 2
     return run
+
+
+def _map_table_for(spec: RopeSpec) -> bool:
+    """Whether the kernel reads the lanes' rows from a table: every map but 1-D, chunked and the
+    Qwen3-VL interleaved one, which it computes from the sections."""
+    return spec.num_dims > 1 and spec.layout not in ("chunked", "interleaved")
+
+
+@functools.lru_cache(maxsize=256)
+def map_table(spec: RopeSpec, device: torch.device) -> torch.Tensor:
+    """The spec's map as an int32 tensor on ``device``, built once per (spec, device): a launch
+    copies nothing to the device (create it before capturing a CUDA graph: a warm-up call does)."""
+    return torch.tensor(spec.axis_map(), dtype=torch.int32, device=device)
 
 
 def _default_tile(num_tokens: int, num_q: int, num_k: int, split_qk: bool, gather_3d: bool,
@@ -559,6 +574,7 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
     _rotary_kernel[grid](
         query, key if key is not None else query, cos_sin_cache, positions,
         position_guesses if position_guesses is not None else positions,
+        map_table(spec, positions.device) if constexprs["MAP_TABLE"] else positions,
         query.stride(0), key.stride(0) if key is not None else 0, cos_sin_cache.stride(0),
         positions.stride(0) if positions.dim() == 2 else 0,
         cos_sin_cache.shape[0], num_tokens, num_q, num_k, spec.head_size, spec.num_freqs, *_sections_constexprs(spec),
@@ -608,7 +624,8 @@ def _plan(spec: RopeSpec, num_tokens: int, num_q: int, num_k: int, has_key: bool
     extra = ({"enable_fp_fusion": False, "num_warps": num_warps} if target.compiled else {}) | (
         {"launch_pdl": True} if pdl else {})
     constexprs = dict(
-        NUM_DIMS=spec.num_dims, INTERLEAVED=spec.layout == "interleaved", IS_NEOX=spec.is_neox_style, HAS_KEY=has_key,
+        NUM_DIMS=spec.num_dims, INTERLEAVED=spec.num_dims > 1 and spec.layout == "interleaved",
+        MAP_TABLE=_map_table_for(spec), IS_NEOX=spec.is_neox_style, HAS_KEY=has_key,
         ROUND_BF16=dtype == torch.bfloat16 and bf16_rounding == "by_hand",
         SPLIT_QK=split_qk, BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_F=block_f,
         POS_RUN=pos_run, GATHER_3D=gather_3d, PDL=pdl, QK_EVICT="evict_first" if evict_first else "",
@@ -652,7 +669,7 @@ def _tile(spec: RopeSpec, num_tokens: int, num_q: int, num_k: int, split_qk: boo
           speculating: bool, block_t, block_h, num_warps) -> tuple[int, int, int]:
     """(block_t, block_h, num_warps): the caller's where given, else the default tile's."""
     tile = _default_tile(num_tokens, num_q, num_k, split_qk, gather_3d,
-                         interleaved=spec.num_dims > 1 and spec.layout == "interleaved", speculate=speculating)
+                         interleaved=spec.num_dims > 1 and spec.layout != "chunked", speculate=speculating)
     if block_h is None:
         # Narrowed to the heads there are, except in the speculating band: one head block for
         # every head count there (masked head lanes cost no memory traffic; docs/launch-defaults.md, the tile row).
@@ -732,14 +749,16 @@ def _check_inputs(spec: RopeSpec, positions, query, key, cos_sin_cache) -> None:
     (rope.spec.checks_values: on the CPU, or under ROPE_CHECK_VALUES=1)."""
     signature = CheckedCalls.signature((spec,), (positions, query, key, cos_sin_cache))
     if signature not in _CHECKED:
-        check_rotation_inputs(spec, positions, query, key, cos_sin_cache, check_values=False)
+        # The contract's checks first (the values among them where checks_values says so), then
+        # the kernel's own limits.
+        check_rotation_inputs(spec, positions, query, key, cos_sin_cache)
         if query.dtype not in SUPPORTED_DTYPES:
             raise ValueError(f"query.dtype={query.dtype}: the Triton kernel supports {SUPPORTED_DTYPES}")
         device = device_name(query.device)
         if not triton_runs_on(device):
             raise ValueError(f"query.device={query.device}: Triton needs a GPU tensor here, or TRITON_INTERPRET=1")
         _CHECKED.add(signature)
-    if checks_values(positions):
+    elif checks_values(positions):
         check_position_range(positions, cos_sin_cache.shape[0])
 
 

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 import reference
 from rope.harness.comparison import assert_matches_reference
 from properties.known_cases import KNOWN_BUG_CASES
-from properties.strategies import DTYPE_SHORT, DTYPES, KINDS, RotationCase, rotation_cases
+from properties.strategies import DTYPE_SHORT, DTYPES, KINDS, MAPPED_LAYOUTS, RotationCase, probe_specs, rotation_cases
 from rope.backends import BACKENDS
 from rope.backends.known_faults import FLASHINFER_WRONG_SHAPES, flashinfer_wrong
 from rope.registry import get_implementation, known_defect, unsupported_reason
@@ -65,11 +65,14 @@ def backend_or_skip(name: str):
         pytest.skip(f"{name} not installed here: {exc}")
 
 
-def _probe(kind: str, neox: bool) -> RopeSpec:
-    """The plainest spec of a kind (head 64, whole head rotates): a backend that cannot run it cannot run the kind."""
+def _probes(kind: str, neox: bool) -> list[RopeSpec]:
+    """The plainest specs of a kind (head 64, whole head rotates; kind "mapped": one per layout): a
+    backend that runs none of them cannot run the kind."""
+    if kind == "mapped":
+        return [s for s in probe_specs("mapped", neox) if s.head_size == s.rotary_dim == 64]
     sections = {"1d": None, "chunked1": (32,), "chunked3": (16, 8, 8), "chunked4": (8, 8, 8, 8),
                 "interleaved": (12, 10, 10)}[kind]
-    return RopeSpec(64, 64, neox, sections, "interleaved" if kind == "interleaved" else "chunked")
+    return [RopeSpec(64, 64, neox, sections, "interleaved" if kind == "interleaved" else "chunked")]
 
 
 @pytest.mark.parametrize("is_neox_style", [pytest.param(True, id="neox"), pytest.param(False, id="gptj")])
@@ -80,11 +83,13 @@ def _probe(kind: str, neox: bool) -> RopeSpec:
 @given(data=st.data())
 def test_backend_rotation_matches_reference(backend, device, dtype, kind, is_neox_style, data):
     impl = backend_or_skip(backend)
-    why = unsupported_reason(backend, impl, _probe(kind, is_neox_style), DTYPES[dtype], device)
-    if why:
-        pytest.skip(why)
-    case = data.draw(rotation_cases(dtype=dtype, kind=kind, is_neox_style=is_neox_style, nonfinite=True),
-                     label="case")
+    probes = _probes(kind, is_neox_style)
+    reasons = {p.layout: unsupported_reason(backend, impl, p, DTYPES[dtype], device) for p in probes}
+    if all(reasons.values()):
+        pytest.skip("; ".join(dict.fromkeys(reasons.values())))
+    layouts = tuple(x for x in MAPPED_LAYOUTS if x in reasons and reasons[x] is None) or MAPPED_LAYOUTS
+    case = data.draw(rotation_cases(dtype=dtype, kind=kind, is_neox_style=is_neox_style, nonfinite=True,
+                                    layouts=layouts), label="case")
     if KNOWN_MISMATCHES.get(backend, lambda spec: False)(case.spec):
         assume(case.positions_kind == "text")
     assume(known_defect(backend, impl, case.spec, case.num_tokens, DTYPES[dtype], device, num_heads=case.num_q_heads,

@@ -38,6 +38,9 @@ QWEN3_VL = RopeSpec(head_size=128, rotary_dim=128, is_neox_style=True, sections=
                     layout="interleaved", base=5000000.0, max_position=4096)
 HUNYUAN_OCR = RopeSpec(head_size=128, rotary_dim=128, is_neox_style=True, sections=(16, 16, 16, 16),
                        layout="chunked", base=10000.0, max_position=4096, ntk_alpha=1000.0)
+GLM_ROUND_ROBIN = RopeSpec.glm_round_robin(128, 64, (8, 12, 12), max_position=4096)
+ERNIE_45_VL = RopeSpec.ernie45(128, 128, (22, 22, 20), is_neox_style=False, base=500000.0, max_position=4096)
+HUNYUAN_IMAGE = RopeSpec.two_row_interleaved(128, 128, max_position=4096)
 
 # mutant -> (a case where it fails, expected label, a phrase the sentence must contain).
 # float32 cases: the mutants wrap the native path and declare float32, so in fp16/bf16 they are
@@ -47,6 +50,14 @@ MUTANT_CASES = {
                       "pairing_swapped", "NeoX pairs"),
     "chunked_for_interleaved": (RotationCase(QWEN3_VL, 5, 2, 1, "float32", "uniform", False, 2),
                                 "axis_map_wrong", "layout='chunked'"),
+    "chunked_for_two_row": (RotationCase(HUNYUAN_IMAGE, 5, 2, 1, "float32", "uniform", False, 21),
+                            "axis_map_wrong", "layout='chunked' instead of 'two_row_interleaved'"),
+    "glm_round_robin_without_skip": (RotationCase(GLM_ROUND_ROBIN, 5, 2, 1, "float32", "uniform", False, 22),
+                                     "axis_map_wrong", "layout='interleaved' instead of 'glm_round_robin'"),
+    "ernie45_h_w_swapped": (RotationCase(ERNIE_45_VL, 5, 2, 1, "float32", "uniform", False, 23),
+                            "position_rows_swapped", "(0, 2, 1)"),
+    "row_map_shifted_by_one": (RotationCase(ERNIE_45_VL, 5, 2, 1, "float32", "uniform", False, 24),
+                               "axis_map_wrong", "read one frequency off"),
     "key_unrotated": (RotationCase(GLM_41V, 5, 3, 2, "float32", "uniform", False, 3),
                       "key_only", "never rotated"),
     "touches_pass_through": (RotationCase(GLM_41V, 5, 3, 2, "float32", "uniform", False, 4),
@@ -277,6 +288,9 @@ MUTANT_LABELS = {
     "kernel:interleaved_thw_order_swapped": (
         "plain", RotationCase(SMALL_INTERLEAVED, 5, 4, 1, "float32", "uniform", False, 6), "position_rows_swapped",
         "(0, 2, 1)"),
+    "kernel:row_map_table_shifted": (
+        "plain", RotationCase(ERNIE_45_VL, 5, 2, 1, "float32", "uniform", False, 25), "axis_map_wrong",
+        "read one frequency off"),
     # Identical to the right kernel on contiguous positions: the guarded, row-strided ones read guards
     # (clamped to a cache row by the kernel, so the output is the reference for other positions).
     # The sentinel it reads as a position is clamped to a cache row: other positions than given.

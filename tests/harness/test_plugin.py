@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from rope.harness.suite import is_suite_module, plugin_args, runs_suite, subprocess_env, suite_dir, suite_path
+from properties.strategies import KINDS
 
 _FOREIGN_TEST = '''
 import os, sys
@@ -191,9 +192,10 @@ def test_a_fail_fast_run_gives_every_search_a_first_pass(tmp_path):
     quick = _pytest(["-x", *args], tmp_path).stdout.splitlines()
     ids = [line for line in quick if "::" in line]
     rounds = [int(line.split("[round")[1][0]) for line in ids]
-    assert len(ids) == 20 and rounds == sorted(rounds) == [0] * 10 + [1] * 10, ids
+    variants = 2 * len(KINDS)           # kinds x pairings
+    assert len(ids) == 2 * variants and rounds == sorted(rounds) == [0] * variants + [1] * variants, ids
     full = [line for line in _pytest(args, tmp_path).stdout.splitlines() if "::" in line]
-    assert len(full) == 10 and not any("round" in line for line in full)
+    assert len(full) == variants and not any("round" in line for line in full)
 
 
 def test_a_fail_fast_run_caps_shrinking():

@@ -11,13 +11,26 @@ import torch
 import reference
 from rope import RopeSpec, cos_sin_cache
 from rope.triton import ops
+from rope.devices import triton_runs_on
 from rope.triton.rotary import rotate_triton
 
 GLM41V = RopeSpec(head_size=128, rotary_dim=64, is_neox_style=False, sections=(8, 12, 12), layout="chunked",
                   max_position=64)
 QWEN3VL = RopeSpec(head_size=128, rotary_dim=128, is_neox_style=True, sections=(24, 20, 20), layout="interleaved",
                    max_position=64)
+# A map the kernel reads from its table (layout "custom": the op passes freq_rows).
+CUSTOM_MAP = RopeSpec.from_map(tuple(i % 3 for i in range(64))[::-1], head_size=128, is_neox_style=False,
+                               max_position=64)
 Q_HEADS, KV_HEADS = 4, 2
+
+
+@pytest.fixture(autouse=True)
+def _triton_runs_there(request):
+    """The ops launch the Triton kernels: on a device where Triton does not run here (the CPU of a
+    GPU box, without TRITON_INTERPRET=1) there is nothing to check."""
+    device = request.getfixturevalue("device") if "device" in request.fixturenames else None
+    if device is not None and not triton_runs_on(device):
+        pytest.skip(f"Triton does not run on {device} here (TRITON_INTERPRET=1 runs it on the CPU)")
 
 
 def _inputs(spec: RopeSpec, tokens: int, device: str, dtype=torch.bfloat16, seed: int = 0):
@@ -32,18 +45,18 @@ def _split(qkv, spec):
     return qkv.split([Q_HEADS * spec.head_size, KV_HEADS * spec.head_size, KV_HEADS * spec.head_size], dim=-1)
 
 
-@pytest.mark.parametrize("spec", [GLM41V, QWEN3VL], ids=["glm41v", "qwen3vl"])
+@pytest.mark.parametrize("spec", [GLM41V, QWEN3VL, CUSTOM_MAP], ids=["glm41v", "qwen3vl", "custom"])
 def test_the_rotation_op_keeps_its_declarations(device, spec):
     positions, qkv, cache = _inputs(spec, 5, device)
     q, k, _ = _split(qkv.clone(), spec)
     args = (positions, q.contiguous(), k.contiguous(), cache, spec.head_size, spec.rotary_dim, spec.is_neox_style,
-            list(spec.sections), spec.layout)
+            list(spec.sections), spec.layout, list(spec.freq_rows or ()))
     torch.library.opcheck(torch.ops.rope_harness.rotary_.default, args)
     no_key = (positions, q.contiguous(), None, cache, *args[4:])
     torch.library.opcheck(torch.ops.rope_harness.rotary_.default, no_key)
 
 
-@pytest.mark.parametrize("spec", [GLM41V, QWEN3VL], ids=["glm41v", "qwen3vl"])
+@pytest.mark.parametrize("spec", [GLM41V, QWEN3VL, CUSTOM_MAP], ids=["glm41v", "qwen3vl", "custom"])
 def test_the_rotation_op_gives_the_entrys_bits_in_place(device, spec):
     positions, qkv, cache = _inputs(spec, 7, device)
     q_ref, k_ref, _ = _split(qkv.clone(), spec)

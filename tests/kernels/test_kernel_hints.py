@@ -15,14 +15,15 @@ from hypothesis import example, given, settings, strategies as st
 from properties.strategies import KINDS, rope_specs
 from rope.models import load_models
 from rope.spec import RopeSpec
-from rope.triton.rotary import _lane_axes, _position_run, _sections_constexprs
+from rope.triton.rotary import _lane_axes, _plan, _position_run, _sections_constexprs, map_table
+from rope.triton.targets import launch_target
 
 
 @triton.jit
-def _lane_axes_kernel(out_ptr, sec0, sec1, sec2, NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr,
-                      BLOCK_F: tl.constexpr):
+def _lane_axes_kernel(out_ptr, map_ptr, half, sec0, sec1, sec2, NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr,
+                      MAP_TABLE: tl.constexpr, BLOCK_F: tl.constexpr):
     freq = tl.arange(0, BLOCK_F)
-    tl.store(out_ptr + freq, _lane_axes(freq, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED))
+    tl.store(out_ptr + freq, _lane_axes(freq, half, map_ptr, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, MAP_TABLE))
 
 
 def kernel_lane_axes(spec: RopeSpec) -> list[int]:
@@ -32,8 +33,11 @@ def kernel_lane_axes(spec: RopeSpec) -> list[int]:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     out = torch.full((block_f,), -1, dtype=torch.int32, device=device)
     sec0, sec1, sec2 = _sections_constexprs(spec)
-    _lane_axes_kernel[(1,)](out, sec0, sec1, sec2, NUM_DIMS=spec.num_dims,
-                            INTERLEAVED=spec.layout == "interleaved", BLOCK_F=block_f)
+    constexprs = _plan(spec, 1, 1, 0, False, torch.float32, spec.max_position, spec.rotary_dim,
+                       launch_target(torch.device(device)))[1]
+    table = map_table(spec, torch.device(device)) if constexprs["MAP_TABLE"] else out
+    _lane_axes_kernel[(1,)](out, table, spec.num_freqs, sec0, sec1, sec2, NUM_DIMS=spec.num_dims,
+                            INTERLEAVED=constexprs["INTERLEAVED"], MAP_TABLE=constexprs["MAP_TABLE"], BLOCK_F=block_f)
     return out.cpu().tolist()
 
 
@@ -63,3 +67,5 @@ def test_position_run_declares_the_widest_true_run():
     assert _position_run(models["glm-4.1v-9b"].spec, 64) == 4        # [8, 12, 12]
     assert _position_run(models["qwen3-vl-8b"].spec, 128) == 1       # interleaved
     assert _position_run(models["qwen2.5-vl-72b"].spec, 130) == 2    # a padded cache row
+    # A custom map of runs of four lanes (the table path) keeps the vector width of its runs.
+    assert _position_run(RopeSpec.from_map((0,) * 4 + (1,) * 4 + (0,) * 4 + (2,) * 4, head_size=32), 32) == 4

@@ -21,7 +21,15 @@ EXPECTED_DIAGNOSIS = {
     "assumes_contiguous": "row_stride_ignored",
     "bf16_claiming_fp32": "precision_loss",
     "hides_nonfinite": "nan",
+    "chunked_for_two_row": "axis_map_wrong",
+    "glm_round_robin_without_skip": "axis_map_wrong",
+    "ernie45_h_w_swapped": "position_rows_swapped",
+    "row_map_shifted_by_one": "axis_map_wrong",
 }
+# The kinds a mutant's bug lives in, where it is not every kind: the maps' mutants break one layout
+# of kind "mapped" (a sixth of the kinds; a quarter of its draws).
+MUTANT_KINDS = {name: ["mapped"] for name in ("chunked_for_two_row", "glm_round_robin_without_skip",
+                                              "ernie45_h_w_swapped", "row_map_shifted_by_one")}
 
 
 @pytest.mark.parametrize("broken", list(BROKEN_ROTATIONS))
@@ -31,7 +39,7 @@ def test_rotation_property_rejects_broken_implementation(broken, monkeypatch, tm
 
     # The same property test_rotation_matches_reference runs, over all variants at once.
     @settings(max_examples=300, derandomize=True, database=None, deadline=None, print_blob=False)
-    @given(case=st.tuples(st.sampled_from(list(DTYPES)), st.sampled_from(KINDS)).flatmap(
+    @given(case=st.tuples(st.sampled_from(list(DTYPES)), st.sampled_from(MUTANT_KINDS.get(broken, KINDS))).flatmap(
         lambda dk: rotation_cases(dtype=dk[0], kind=dk[1], nonfinite=True)))
     def rotation_matches_reference(case):
         assert_matches_reference(broken, fn, case, "cpu")

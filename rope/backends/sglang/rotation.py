@@ -12,12 +12,14 @@ module per spec and dtype (``max_position_embeddings`` = the spec's cache length
   cache dtype.
 
 SGLang's M-RoPE has exactly 3 rows: 4-row XD-RoPE is not in it.  The GLM round-robin map
-(``mrope_interleaved_glm``) has no RopeSpec layout, so it is not driven from the suite.
+(``mrope_interleaved_glm``) is the spec's layout "glm_round_robin", driven where the installed
+MRotaryEmbedding takes that flag.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 
 import torch
@@ -39,7 +41,9 @@ def _module(spec: RopeSpec, dtype: torch.dtype):
     return _mrope.MRotaryEmbedding(
         spec.head_size, spec.rotary_dim, spec.max_position, spec.base, spec.is_neox_style, dtype,
         mrope_section=list(spec.sections) if spec.sections else None,
-        mrope_interleaved=spec.layout == "interleaved")
+        # SGLang reads mrope_interleaved_glm only where mrope_interleaved is set as well.
+        mrope_interleaved=spec.layout in ("interleaved", "glm_round_robin"),
+        **({"mrope_interleaved_glm": True} if spec.layout == "glm_round_robin" else {}))
 
 
 def _bind(method: str, spec: RopeSpec, positions, query, key, cos_sin_cache):
@@ -90,7 +94,16 @@ def _spec_reason(spec: RopeSpec) -> str | None:
         return "SGLang's MRotaryEmbedding has no NTK-alpha (XD-RoPE) base"
     if spec.num_dims == 1 and spec.sections is not None:
         return "one-row sections are not an SGLang configuration (1-D RoPE has mrope_section=None)"
+    if spec.layout not in ("chunked", "interleaved", "glm_round_robin"):
+        return f"MRotaryEmbedding maps frequencies chunked, interleaved or GLM round-robin (layout={spec.layout!r})"
+    if spec.layout == "glm_round_robin" and not _has_glm_map():
+        return "this SGLang's MRotaryEmbedding has no mrope_interleaved_glm"
     return None
+
+
+@functools.lru_cache(maxsize=1)
+def _has_glm_map() -> bool:
+    return "mrope_interleaved_glm" in inspect.signature(_mrope.MRotaryEmbedding).parameters
 
 
 def _native_reason(spec: RopeSpec, dtype, device: str) -> str | None:

@@ -211,6 +211,8 @@ def from_hf_heads(x: torch.Tensor) -> torch.Tensor:
 def family_for(spec: RopeSpec) -> tuple[HFFamily | None, str | None]:
     """(the family whose rotation path runs ``spec``, None) or (None, why none can)."""
     partial = spec.rotary_dim != spec.head_size
+    if spec.layout not in ("chunked", "interleaved"):
+        return None, f"no transformers family here maps frequencies {spec.layout!r}"
     if spec.num_dims == 4 or spec.ntk_alpha is not None:
         family = FAMILIES["hunyuan-vl"]
         if spec.layout != "chunked" or not spec.is_neox_style or partial:

@@ -109,6 +109,9 @@ def _mrope_reason(spec: RopeSpec) -> str | None:
         return "one-row sections are not a vLLM configuration (1-D RoPE has mrope_section=None)"
     if spec.ntk_alpha is not None:
         return "MRotaryEmbedding has no NTK-alpha base (that is XDRotaryEmbedding)"
+    if spec.layout not in ("chunked", "interleaved"):
+        return (f"MRotaryEmbedding maps frequencies chunked or interleaved (layout={spec.layout!r}; Ernie-4.5-VL "
+                f"is Ernie4_5_VLRotaryEmbedding)")
     return None
 
 

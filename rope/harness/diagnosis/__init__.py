@@ -26,7 +26,7 @@ does; the label it gives follows the rule's name where the two differ):
  4. ``out_of_bounds_read``: the values are right but the guards' tracer saw reads outside the
     inputs (properties/guards.py reports them as problems).
  5. ``pairing_swapped``: the output is the reference with the other of NeoX / GPT-J pairs.
- 6. ``axis_map_wrong``: ... with the other layout's axis map (chunked / interleaved).
+ 6. ``axis_map_wrong``: ... with another layout's axis map, or the map one frequency off.
  7. ``section_boundary_shifted``: ... with one section boundary, or one interleaved bound 3*s,
     moved by one.
  8. ``position_rows_swapped``: ... with the position rows permuted.

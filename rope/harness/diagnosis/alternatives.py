@@ -13,6 +13,7 @@ import torch
 
 from rope.harness.diagnosis.verdict import ALTERNATIVE_RESIDUE
 from rope.harness.tolerance import Comparison, rotation_bound
+from rope.row_maps import CUSTOM, LAYOUT_ROWS, row_counts
 from rope.spec import RopeSpec
 from reference.rotation import pair_indices, rotate_heads, select_cos_sin
 
@@ -105,17 +106,50 @@ def _pairing_alternatives(spec: RopeSpec, positions, query, key, cache):
 
 
 def _axis_map_alternatives(spec: RopeSpec, positions, query, key, cache):
-    """The other layout's axis map (chunked for interleaved, or the reverse; three sections only)."""
+    """Every other named layout's map of the same sections (chunked for interleaved, interleaved
+    or GLM round-robin for chunked, chunked for two-row interleaved, ...), then the spec's own map
+    read one frequency off either way (every map but chunked and interleaved)."""
     secs = spec.sections
-    if secs is None or len(secs) != 3:
+    if secs is None or len(secs) < 2:
         return
-    layout = "chunked" if spec.layout == "interleaved" else "interleaved"
-    alt = _replace(spec, layout=layout)
-    if alt is not None:
+    axis = spec.axis_map()
+    seen = {axis}
+    for layout, rows in LAYOUT_ROWS.items():
+        if layout == spec.layout or rows not in (None, len(secs)):
+            continue
+        alt = _replace(spec, layout=layout, freq_rows=None)
+        if alt is None or alt.axis_map() in seen:
+            continue
+        seen.add(alt.axis_map())
         yield _positions_alt(
             "axis_map_wrong",
             f"the output matches the reference with layout={layout!r} instead of {spec.layout!r}: "
-            f"the axis map of sections={secs} is wrong (docs/spec.md §2)", alt, positions, query, key, cache)
+            f"the axis map of sections={secs} is wrong: {_moved(spec, alt)} (docs/spec.md §2)",
+            alt, positions, query, key, cache)
+    if spec.layout in ("chunked", "interleaved"):
+        return
+    if spec.layout == "glm_round_robin":
+        rows = tuple(i % len(secs) for i in range(spec.num_freqs))
+        alt = _replace(spec, layout=CUSTOM, freq_rows=rows, sections=row_counts(rows, len(secs)))
+        if rows not in seen and alt is not None:
+            seen.add(rows)
+            yield _positions_alt(
+                "axis_map_wrong",
+                f"the output matches the GLM round-robin map without its pass-on: frequency i takes row i % 3 "
+                f"even where that row already drives its section's count: {_moved(spec, alt)} (SGLang's "
+                f"mrope_interleaved_glm passes on to the next row with room)", alt, positions, query, key, cache)
+    for step, how in ((1, "i + 1 (the last that of 0)"), (-1, "i - 1 (the first that of the last)")):
+        rows = axis[step:] + axis[:step]
+        if rows in seen:
+            continue
+        seen.add(rows)
+        alt = _replace(spec, layout=CUSTOM, freq_rows=rows, sections=row_counts(rows, len(secs)))
+        if alt is not None:
+            yield _positions_alt(
+                "axis_map_wrong",
+                f"the output matches the reference with the {spec.layout} map read one frequency off: frequency "
+                f"i takes the row of frequency {how}: {_moved(spec, alt)} (e.g. a map table indexed from 1)",
+                alt, positions, query, key, cache)
 
 
 def _section_boundary_alternatives(spec: RopeSpec, positions, query, key, cache):
@@ -131,6 +165,8 @@ def _section_boundary_alternatives(spec: RopeSpec, positions, query, key, cache)
             shifted[j + 1] -= step
             if min(shifted) < 0:
                 continue
+            if spec.layout not in ("chunked", "interleaved"):
+                continue                          # the other maps: _axis_map_alternatives
             if min(shifted) == 0:
                 if spec.layout == "chunked":     # a row loses its only frequency: no RopeSpec has that
                     yield _empty_section_alt(spec, secs, tuple(shifted), j, positions, query, key, cache)

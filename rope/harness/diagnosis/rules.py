@@ -133,9 +133,10 @@ def pairing_swapped(ctx: Context) -> Diagnosis | None:
 
 @_on_mismatch
 def axis_map_wrong(ctx: Context) -> Diagnosis | None:
-    """The output is the reference with the other layout's axis map (chunked for Qwen3-VL's
-    interleaved T H W T H W, or the reverse; docs/spec.md §7.9, the map itself §2): which position
-    row each frequency takes is wrong as a whole (three sections only).
+    """The output is the reference with another layout's axis map of the same sections (chunked
+    for Qwen3-VL's interleaved T H W T H W or the reverse, interleaved for GLM round-robin, chunked
+    for the two-row map; docs/spec.md §7.9, the maps §2), or with a table-read map one frequency
+    off: which position row each frequency takes is wrong as a whole.
 
     After pairing_swapped (the pairs themselves come first); before section_boundary_shifted, the
     finer error of one frequency on the wrong side of a bound."""
