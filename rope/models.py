@@ -24,7 +24,7 @@ import yaml
 from rope.spec import RopeSpec
 
 DEFAULT_PATH = Path(__file__).resolve().parent / "models.yaml"
-ROPE_KINDS = ("mrope", "xdrope", "1d")
+ROPE_KINDS = ("mrope", "xdrope", "2d", "1d")   # 2d: two rows (y, x) over an image, HunyuanImage-3.0
 MROPE_CACHE_FACTOR = 4
 
 _SPEC_FIELDS = ("head_size", "rotary_dim", "is_neox_style", "sections", "layout", "base", "ntk_alpha")
@@ -141,6 +141,8 @@ def _parse(key, entry) -> ModelConfig:
         raise bad("sections", sections, "M-RoPE needs 3 rows (t, h, w)", f"got {len(sections)}")
     if kind == "xdrope" and len(sections) not in (3, 4):
         raise bad("sections", sections, "XD-RoPE needs 3 or 4 rows", f"got {len(sections)}")
+    if kind == "2d" and len(sections) != 2:
+        raise bad("sections", sections, "2-D RoPE needs 2 rows (y, x)", f"got {len(sections)}")
     if kind == "xdrope" and entry["layout"] != "chunked":
         raise bad("layout", entry["layout"], "XD-RoPE is chunked", f"rope_kind={kind!r}")
     if alpha is not None and kind != "xdrope":

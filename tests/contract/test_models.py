@@ -30,6 +30,8 @@ REQUIRED = {  # the models the catalogue promises (docs/spec.md §9)
     "qwen2-vl-2b", "qwen2-vl-7b", "qwen2-vl-72b", "qwen2.5-vl-3b", "qwen2.5-vl-7b", "qwen2.5-vl-72b",
     "qwen3-vl-2b", "qwen3-vl-4b", "qwen3-vl-8b", "qwen3-vl-30b-a3b", "qwen3-vl-235b-a22b",
     "glm-4.1v-9b", "glm-4.5v", "glm-ocr", "hunyuan-ocr", "paddleocr-vl", "qwen2.5-omni-7b",
+    "glm-4.6v", "glm-4.6v-flash", "ernie-4.5-vl-28b-a3b", "ernie-4.5-vl-424b-a47b", "qwen3.5-9b",
+    "hunyuan-image-3.0", "arc-hunyuan-video-7b", "qwen3-omni-30b-a3b",
 }
 
 
@@ -37,7 +39,8 @@ def test_catalogue_covers_required_models():
     missing = REQUIRED - set(MODELS)
     assert not missing, f"models.yaml: missing entries {sorted(missing)}"
     assert len(MODELS) >= 15, f"models.yaml: {len(MODELS)} entries (want >= 15)"
-    assert {m.rope_kind for m in MODELS.values()} == {"mrope", "xdrope", "1d"}
+    assert {m.rope_kind for m in MODELS.values()} == {"mrope", "xdrope", "2d", "1d"}
+    assert {m.spec.layout for m in MODELS.values()} >= {"chunked", "interleaved", "ernie45", "two_row_interleaved"}
 
 
 @pytest.mark.parametrize("key", sorted(MODELS))
@@ -48,7 +51,7 @@ def test_catalogue_entry_is_valid_and_sourced(key):
     factor = MROPE_CACHE_FACTOR if m.rope_kind == "mrope" else 1
     assert spec.max_position == factor * m.max_position_embeddings, \
         f"{key}: max_position={spec.max_position}: must be {factor} x max_position_embeddings"
-    assert spec.num_dims in {"mrope": (3,), "xdrope": (3, 4), "1d": (1,)}[m.rope_kind]
+    assert spec.num_dims in {"mrope": (3,), "xdrope": (3, 4), "2d": (2,), "1d": (1,)}[m.rope_kind]
     assert (spec.ntk_alpha is not None) == (m.rope_kind == "xdrope")
     assert m.num_q_heads % m.num_kv_heads == 0
     values = {"head_size": spec.head_size, "rotary_dim": spec.rotary_dim, "num_q_heads": m.num_q_heads,
@@ -84,6 +87,7 @@ class Family:
     rotary: str            # the text rotary-embedding class in transformers.models.<family>.modeling_<family>
     heads_key: str | None  # the catalogue entry whose size the default config is (head counts compared)
     not_default: frozenset = frozenset()  # rope fields whose checkpoint values the defaults do not describe
+    permuted_inv_freq: bool = False       # the module stores inv_freq permuted (its lanes put it back)
 
 
 ROPE_FIELDS = ("base", "head_size", "rotary_dim", "sections", "max_position_embeddings", "ntk_alpha")
@@ -121,6 +125,12 @@ FAMILIES = {
     # HunYuanVLTextConfig: a HunYuan-7B-like dense shape, no sections, no alpha, 2048 positions.
     "hunyuan_vl": Family("HunYuanVLRotaryEmbedding", None,
                          frozenset({"sections", "ntk_alpha", "max_position_embeddings"})),
+    # Ernie4_5_VLMoeTextConfig: documents and matches ERNIE-4.5-VL-28B-A3B (the Ernie map, GPT-J pairs).
+    "ernie4_5_vl_moe": Family("Ernie4_5_VLMoeTextRotaryEmbedding", "ernie-4.5-vl-28b-a3b", permuted_inv_freq=True),
+    # Qwen3OmniMoeConfig's thinker text config: 28/4 heads, no head_dim (2048 // 28 = 73) and 32768
+    # positions, not the released 30B-A3B's (head_dim 128, 65536).
+    "qwen3_omni_moe": Family("Qwen3OmniMoeThinkerTextRotaryEmbedding", None,
+                             frozenset({"head_size", "rotary_dim", "max_position_embeddings"})),
 }
 
 HUNYUAN_MISMATCH = ("known mismatch: transformers HunYuanVL (5.13+) splits the whole head into blocks of "
@@ -251,7 +261,10 @@ def test_transformers_rotary_matches_spec(key):
     first, second = (sin[:h], sin[h:]) if spec.is_neox_style else (sin[0::2], sin[1::2])
     assert torch.equal(first, second), \
         f"{key}: is_neox_style={spec.is_neox_style}: transformers pairs channels differently"
-    candidates = torch.stack([(torch.tensor(float(p)) * rot.inv_freq.float()).sin() for p in rows])
+    # Frequency i is inv_freq[i] of the spec's cache (the module's own inv_freq may be permuted:
+    # Ernie-4.5-VL's is, so that its H/W/T assembly puts inv_freq[i] back at lane i).
+    freqs = inv_freq(spec)
+    candidates = torch.stack([(torch.tensor(float(p)) * freqs).sin() for p in rows])
     axis = tuple(_row(candidates[:, i], first[i]) for i in range(h))
     assert axis == spec.axis_map(), \
         f"{key}: sections={spec.sections}, layout={spec.layout!r}: transformers axis map {axis}"
@@ -260,10 +273,14 @@ def test_transformers_rotary_matches_spec(key):
 @pytest.mark.oracle
 @pytest.mark.parametrize("key", TABLED)
 def test_transformers_inv_freq_matches_cache(key):
-    """transformers' inv_freq (base, rotary_dim, NTK alpha) is bit-identical to rope.cache.inv_freq."""
+    """transformers' inv_freq (base, rotary_dim, NTK alpha) is bit-identical to rope.cache.inv_freq
+    (as a set where the family permutes it: test_transformers_rotary_matches_spec checks each lane's)."""
     rot = _rotary(key)
     ours = inv_freq(MODELS[key].spec)
-    assert torch.equal(rot.inv_freq.float(), ours), \
+    theirs = rot.inv_freq.float()
+    if FAMILIES[MODELS[key].family].permuted_inv_freq:
+        theirs, ours = theirs.sort().values, ours.sort().values
+    assert torch.equal(theirs, ours), \
         f"{key}: inv_freq: max difference {float((rot.inv_freq.float() - ours).abs().max()):.3g}"
 
 
@@ -274,7 +291,7 @@ def test_transformers_text_tokens_reduce_to_1d(key):
     spec = MODELS[key].spec
     rot = _rotary(key)
     sin = _sin(rot, (257,) * spec.num_dims)
-    f = (torch.tensor(257.0) * rot.inv_freq.float()).sin()
+    f = (torch.tensor(257.0) * inv_freq(spec)).sin()
     expected = torch.cat((f, f)) if spec.is_neox_style else f.repeat_interleave(2)
     torch.testing.assert_close(sin, expected, rtol=0, atol=1e-6, msg=lambda m: f"{key}: {m}")
 
