@@ -110,7 +110,7 @@ def _as_1d(spec: RopeSpec) -> RopeSpec:
                     spec.max_position)
 
 
-@pytest.mark.parametrize("kind", ["chunked3", "chunked4", "interleaved"])
+@pytest.mark.parametrize("kind", ["chunked3", "chunked4", "interleaved", "mapped"])
 @given(data=st.data())
 def test_text_tokens_reduce_to_1d(impl_name, device, kind, data):
     impl = get_implementation(impl_name)

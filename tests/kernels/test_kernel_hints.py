@@ -48,6 +48,8 @@ def kernel_lane_axes(spec: RopeSpec) -> list[int]:
 @example(spec=load_models()["glm-4.1v-9b"].spec, stride_extra=0)
 @example(spec=load_models()["qwen3-vl-8b"].spec, stride_extra=0)
 @example(spec=load_models()["hunyuan-ocr"].spec, stride_extra=0)
+@example(spec=load_models()["ernie-4.5-vl-28b-a3b"].spec, stride_extra=0)
+@example(spec=load_models()["hunyuan-image-3.0"].spec, stride_extra=0)
 def test_position_run_is_a_true_promise(spec, stride_extra):
     stride = spec.rotary_dim + stride_extra          # a cache row may be padded (a strided view)
     run = _position_run(spec, stride)
