@@ -107,8 +107,9 @@ def rope_specs(draw, *, kind: str = "chunked3", is_neox_style: bool | None = Non
 @st.composite
 def mapped_specs(draw, *, head_size: int, half: int, layouts=MAPPED_LAYOUTS, **fields):
     """A spec of ``half`` frequencies with one of ``layouts``: GLM round-robin over any 3 sections,
-    Ernie-4.5-VL's (s, s, t), two-row interleaved, or a custom map of 1-4 rows (each row at least
-    one frequency, any order); shrinks to the first layout and to row 0 everywhere it can."""
+    Ernie-4.5-VL's (s, s, t), two-row interleaved, or a custom map of 2-4 rows (each row at least
+    one frequency, any order; one row is 1-D RoPE, kind "1d"); shrinks to the first layout and to
+    row 0 everywhere it can."""
     layout = draw(st.sampled_from(layouts))
     if layout == "glm_round_robin":
         return RopeSpec.glm_round_robin(head_size, 2 * half, draw(sections(total=half, parts=3)), **fields)
@@ -117,7 +118,7 @@ def mapped_specs(draw, *, head_size: int, half: int, layouts=MAPPED_LAYOUTS, **f
         return RopeSpec.ernie45(head_size, 2 * half, (s, s, half - 2 * s), **fields)
     if layout == "two_row_interleaved":
         return RopeSpec.two_row_interleaved(head_size, 2 * half, **fields)
-    num_dims = draw(st.integers(1, min(4, half)))
+    num_dims = draw(st.integers(2, min(4, half)))
     rest = draw(st.lists(st.integers(0, num_dims - 1), min_size=half - num_dims, max_size=half - num_dims))
     order = draw(st.permutations(range(half)))
     rows = [0] * half

@@ -5,8 +5,9 @@
 #   scripts/vllm_cpu_env.sh [VENV] [VLLM_SPEC]        # default /tmp/vllm-venv, vllm==0.33.0
 #   VENV/bin/pytest -n auto --rope-impl vllm-native -p no:randomly
 #
-# vLLM 0.33.0 publishes only a CUDA wheel on PyPI; it pins torch==2.13.0, which the CPU build of
-# torch satisfies (2.13.0+cpu).  Its compiled extension (vllm._C) cannot load without CUDA, but the
+# vLLM 0.33.0 publishes only a CUDA wheel on PyPI.  Its requirement on torch has been met by the CPU
+# build of torch 2.13.0; where pip resolves it to a newer CUDA torch instead (2.14.0+cu130 and its
+# nvidia wheels, about 9.5 GB), that build imports and runs on the CPU as well.  Its compiled extension (vllm._C) cannot load without CUDA, but the
 # rotary-embedding layers (forward_native, and the Triton M-RoPE kernel of forward_cuda under
 # TRITON_INTERPRET=1) are Python and Triton.  The project itself is installed editable with its test
 # dependencies; the main .venv is not touched.

@@ -1,4 +1,5 @@
-"""Adapters for external rotary implementations (vLLM, SGLang, Liger-Kernel, FlashInfer, transformers).
+"""Adapters for external rotary implementations (vLLM, SGLang, Liger-Kernel, FlashInfer, transformers,
+lmdeploy).
 
 Each adapter is a rotation implementation in the registry's sense (``rope.registry``): it converts
 the harness layout (positions ``[T]`` or ``[rows, T]``, q/k ``[T, heads * head_size]``, cos|sin cache
@@ -41,6 +42,8 @@ BACKENDS: dict[str, tuple[str, str, str]] = {
                       "pip install sglang; on a CPU box scripts/sglang_cpu_site.sh: " + _ENGINES_DOC),
     "flashinfer": ("rope.backends.flashinfer:rotate_flashinfer", "flashinfer-python",
                    "pip install flashinfer-python (GPU only)"),
+    "lmdeploy": ("rope.backends.lmdeploy:rotate_lmdeploy", "lmdeploy",
+                 "pip install lmdeploy (CUDA); on a CPU box scripts/lmdeploy_cpu_site.sh: " + _ENGINES_DOC),
 }
 
 

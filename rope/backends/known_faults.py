@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from rope import row_maps
 from rope.spec import RopeSpec
 
 
@@ -98,13 +99,15 @@ def sglang_triton_fault(spec: RopeSpec, dtype: torch.dtype, device: str) -> str 
     lanes.md); at the last cache rows those loads run past the cache allocation.  On an H200 the
     qwen35 trigger and the suite's interleaved draws ended in a CUDA illegal-address fault (the
     interpreter's memory tracer pins the same reads on the CPU: tests/backends/regressions/
-    sglang-triton)."""
-    if not str(device).startswith(("cuda", "rocm")) or spec.layout != "interleaved":
+    sglang-triton).  The GLM round-robin branch (``mrope_interleaved_glm``, which sets
+    ``mrope_interleaved`` too) loads its axis map for those lanes unmasked as well, then cos/sin at
+    the rows it finds there (pinned the same way)."""
+    if not str(device).startswith(("cuda", "rocm")) or spec.layout not in ("interleaved", "glm_round_robin"):
         return None
     padded = 1 << max(0, spec.head_size - 1).bit_length()
     if padded <= spec.rotary_dim:
         return None
-    return (f"CUDA illegal-address fault: the interleaved branch reads cos/sin for padding lanes "
+    return (f"CUDA illegal-address fault: the {spec.layout} branch reads cos/sin for padding lanes "
             f"{spec.rotary_dim // 2}..{padded // 2 - 1} past the cache row (head {spec.head_size}, rotary_dim "
             f"{spec.rotary_dim}; docs/upstream-sglang-mrope-padding-lanes.md)")
 
@@ -140,6 +143,20 @@ def flashinfer_defect(spec: RopeSpec, num_tokens: int, dtype: torch.dtype, devic
                 f"docs/upstream-flashinfer-rope-shapes.md)")
     return empty_batch_raises("apply_rope_with_cos_sin_cache")(spec, num_tokens, dtype, device, num_heads=num_heads,
                                                                num_kv_heads=num_kv_heads)
+
+
+def sglang_native_glm_map(spec: RopeSpec, num_tokens: int, dtype: torch.dtype, device: str, *, num_heads: int,
+                          num_kv_heads: int) -> str | None:
+    """SGLang 0.5.23 ``MRotaryEmbedding.forward_native`` (and ``get_cos_sin_with_position``) with
+    ``mrope_interleaved_glm``: it applies the interleaved rule whenever ``mrope_interleaved`` is set
+    and never reads the GLM round-robin ``axis_map`` that its fused Triton kernel reads, so wherever
+    the two maps differ (sections [8, 12, 12]: 11/11/10 frequencies for T/H/W instead of 8/12/12) the
+    native path rotates by another map than the kernel (docs/findings.md; pinned in
+    tests/backends/regressions/sglang/)."""
+    if spec.layout != "glm_round_robin" or spec.axis_map() == row_maps.interleaved(spec.sections):
+        return None
+    return ("known mismatch: SGLang 0.5.23 MRotaryEmbedding.forward_native applies the interleaved map where "
+            "mrope_interleaved_glm asks the GLM round-robin one (only its Triton kernel reads axis_map)")
 
 
 def first_defect(*defects):

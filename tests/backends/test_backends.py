@@ -106,10 +106,14 @@ def test_backend_known_bug_triggers(backend, device, bug):
     why = unsupported_reason(backend, impl, case.spec, DTYPES[case.dtype], device)
     if why:
         pytest.skip(why)
-    if (backend, bug) in KNOWN_BUG_XFAIL:
+    # A declared defect (rope/backends/known_faults.py) on this trigger is pinned both ways: the call
+    # must still fail (an upstream fix shows here), and the test reports the declaration.
+    defect = known_defect(backend, impl, case.spec, case.num_tokens, DTYPES[case.dtype], device,
+                          num_heads=case.num_q_heads, num_kv_heads=case.num_kv_heads)
+    if (backend, bug) in KNOWN_BUG_XFAIL or defect:
         with pytest.raises(AssertionError, match="does not match the reference"):
             assert_matches_reference(backend, impl, case, device)
-        pytest.xfail(KNOWN_BUG_XFAIL[(backend, bug)])
+        pytest.xfail(KNOWN_BUG_XFAIL.get((backend, bug)) or defect)
     assert_matches_reference(backend, impl, case, device)
 
 
@@ -171,6 +175,25 @@ def test_backend_regression_still_mismatches(device, path, monkeypatch, tmp_path
         return
     with pytest.raises(AssertionError, match="does not match the reference"):
         assert_matches_reference(backend, impl, loaded.case, device)
+
+
+def test_sglang_native_glm_map_is_the_interleaved_one(device):
+    # The finding pinned both ways (docs/findings.md): SGLang 0.5.23's forward_native, asked for the
+    # GLM round-robin map, rotates exactly by the interleaved map of the same sections, and so
+    # differs from the reference wherever the two maps differ ([8, 12, 12]) and agrees where they
+    # do not ([24, 20, 20]).  A fix upstream fails the first assertion.
+    impl = backend_or_skip("sglang")
+    glm = RopeSpec.glm_round_robin(64, 64, (8, 12, 12), max_position=64)
+    why = unsupported_reason("sglang", impl, glm, torch.float32, device)
+    if why:
+        pytest.skip(why)
+    case = RotationCase(glm, 7, 2, 1, "float32", "uniform", False, 3)
+    with pytest.raises(AssertionError, match="diagnosis: axis_map_wrong: the output matches the reference with "
+                                             "layout='interleaved' instead of 'glm_round_robin'"):
+        assert_matches_reference("sglang", impl, case, device)
+    same = RopeSpec.glm_round_robin(128, 128, (24, 20, 20), max_position=64)
+    assert same.axis_map() == RopeSpec.interleaved(128, 128, (24, 20, 20)).axis_map()
+    assert_matches_reference("sglang", impl, RotationCase(same, 7, 2, 1, "float32", "uniform", False, 3), device)
 
 
 @pytest.mark.parametrize("backend", sorted(EMPTY_BATCH_RAISES))

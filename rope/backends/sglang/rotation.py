@@ -12,8 +12,11 @@ module per spec and dtype (``max_position_embeddings`` = the spec's cache length
   cache dtype.
 
 SGLang's M-RoPE has exactly 3 rows: 4-row XD-RoPE is not in it.  The GLM round-robin map
-(``mrope_interleaved_glm``) is the spec's layout "glm_round_robin", driven where the installed
-MRotaryEmbedding takes that flag.
+(``mrope_interleaved_glm``, read only with ``mrope_interleaved``) is the spec's layout
+"glm_round_robin", driven where the installed MRotaryEmbedding takes that flag; its forward_native
+ignores it (a declared defect, docs/findings.md).  Layout "ernie45" goes to Ernie-4.5-VL's own code:
+``Ernie4_5_VLRotaryEmbedding.forward_native`` and the fused kernel
+``triton_ernie45_rope_fused_inplace`` (sections [h, w, t], positions rows T, H, W).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import os
 import torch
 
 from rope.backends import declare, require, triton_reason
-from rope.backends.known_faults import empty_batch_raises, sglang_triton_fault
+from rope.backends.known_faults import empty_batch_raises, first_defect, sglang_native_glm_map, sglang_triton_fault
 from rope.spec import RopeSpec, check_rotation_inputs
 
 # SGLang's own switch for a GPU-less host: without it the module reaches for vLLM's CUDA ops.
@@ -38,6 +41,10 @@ _mrope = require("sglang.srt.layers.rotary_embedding.mrope", distribution="sglan
 
 @functools.lru_cache(maxsize=32)
 def _module(spec: RopeSpec, dtype: torch.dtype):
+    if spec.layout == "ernie45":
+        # Ernie-4.5-VL's own class (models/ernie45_moe_vl.py builds it with mrope_section [h, w, t]).
+        return _mrope.Ernie4_5_VLRotaryEmbedding(spec.head_size, spec.rotary_dim, spec.max_position, spec.base,
+                                                 spec.is_neox_style, dtype, mrope_section=list(spec.sections))
     return _mrope.MRotaryEmbedding(
         spec.head_size, spec.rotary_dim, spec.max_position, spec.base, spec.is_neox_style, dtype,
         mrope_section=list(spec.sections) if spec.sections else None,
@@ -79,7 +86,28 @@ def engine_call(spec: RopeSpec, positions, query, key, cos_sin_cache):
     # get a copy where that does not hold (q/k are rotated in place; every harness layout has it).
     if positions.stride(-1) != 1:
         positions = positions.contiguous()
+    if spec.layout == "ernie45":
+        return _ernie_kernel_call(spec, positions, query, key, cos_sin_cache.contiguous())
     return _bind("forward_triton", spec, positions, query, key, cos_sin_cache.contiguous())
+
+
+def _ernie_kernel():
+    """SGLang's fused Ernie-4.5 kernel (what its Ernie4_5_VLRotaryEmbedding runs on a GPU)."""
+    return require("sglang.kernels.ops.attention.rotary_triton", distribution="sglang",
+                   install="pip install sglang").triton_ernie45_rope_fused_inplace
+
+
+def _ernie_kernel_call(spec: RopeSpec, positions, query, key, cos_sin_cache):
+    """``triton_ernie45_rope_fused_inplace(q, k, cache, positions, [h, w, t], head_size, rotary_dim,
+    is_neox_style)`` on these inputs, bound once (in place; positions [3, T] rows T, H, W)."""
+    kernel = _ernie_kernel()
+    k_in = key if key is not None else query.new_zeros(query.shape[0], spec.head_size)
+
+    def rotate():
+        kernel(query, k_in, cos_sin_cache, positions, list(spec.sections), spec.head_size, spec.rotary_dim,
+               spec.is_neox_style)
+        return query, (k_in if key is not None else None)
+    return rotate
 
 
 def rotate_sglang_triton(spec: RopeSpec, positions, query, key, cos_sin_cache):
@@ -94,8 +122,9 @@ def _spec_reason(spec: RopeSpec) -> str | None:
         return "SGLang's MRotaryEmbedding has no NTK-alpha (XD-RoPE) base"
     if spec.num_dims == 1 and spec.sections is not None:
         return "one-row sections are not an SGLang configuration (1-D RoPE has mrope_section=None)"
-    if spec.layout not in ("chunked", "interleaved", "glm_round_robin"):
-        return f"MRotaryEmbedding maps frequencies chunked, interleaved or GLM round-robin (layout={spec.layout!r})"
+    if spec.layout not in ("chunked", "interleaved", "glm_round_robin", "ernie45"):
+        return (f"SGLang maps frequencies chunked, interleaved, GLM round-robin (MRotaryEmbedding) or Ernie-4.5 "
+                f"(Ernie4_5_VLRotaryEmbedding) (layout={spec.layout!r})")
     if spec.layout == "glm_round_robin" and not _has_glm_map():
         return "this SGLang's MRotaryEmbedding has no mrope_interleaved_glm"
     return None
@@ -117,6 +146,7 @@ def _triton_reason(spec: RopeSpec, dtype, device: str) -> str | None:
 
 
 rotate_sglang = declare(rotate_sglang, working_precision="activation", reason=_native_reason,
-                        defect=empty_batch_raises("SGLang 0.5.23 MRotaryEmbedding.forward_native"))
+                        defect=first_defect(empty_batch_raises("SGLang 0.5.23 MRotaryEmbedding.forward_native"),
+                                            sglang_native_glm_map))
 rotate_sglang_triton = declare(rotate_sglang_triton, working_precision="activation", reason=_triton_reason,
                                fault=sglang_triton_fault)

@@ -8,6 +8,8 @@ buffer.  The adapter builds one op per spec and dtype and points that buffer at 
 * ``vllm-native`` -> ``forward_native``: gather, axis map, rotation in the activation dtype;
 * ``vllm-cuda`` -> ``forward_cuda``: the Triton kernel ``triton_mrope`` for ``[3, T]`` positions
   (computes in the cos dtype), ``ApplyRotaryEmb`` for ``[T]``;
+* layout "ernie45" -> ``Ernie4_5_VLRotaryEmbedding`` (sections [h, w, t]) on both entries: its
+  ``forward_cuda`` is its ``forward_native`` (no kernel);
 * ``vllm-xd`` -> ``XDRotaryEmbedding.forward_native`` (XD-RoPE, 3 or 4 rows, NTK alpha) where the
   installed vLLM has it (0.33.0 does not: it is then unsupported, with that reason).
 
@@ -36,6 +38,10 @@ _rotary = require("vllm.model_executor.layers.rotary_embedding", distribution="v
 _mrope = require("vllm.model_executor.layers.rotary_embedding.mrope", distribution="vllm", install=_INSTALL)
 _config = require("vllm.config", distribution="vllm", install=_INSTALL)
 XDRotaryEmbedding = getattr(_rotary, "XDRotaryEmbedding", None)
+try:        # Ernie-4.5-VL's own class (models/ernie45_vl_moe.py builds it; get_rope never does)
+    from vllm.model_executor.layers.rotary_embedding.ernie45_vl_rope import Ernie4_5_VLRotaryEmbedding
+except ImportError:
+    Ernie4_5_VLRotaryEmbedding = None
 
 
 def _construct(cls, *args, **kwargs):
@@ -54,6 +60,9 @@ def _version() -> str:
 @functools.lru_cache(maxsize=32)
 def _mrope_op(spec: RopeSpec, dtype: torch.dtype):
     # positions_factor=1: the cache is replaced by the harness's one anyway (no 4x table to build).
+    if spec.layout == "ernie45":        # mrope_section [h, w, t], as ernie45_vl_moe.py passes it
+        return _construct(Ernie4_5_VLRotaryEmbedding, spec.head_size, spec.rotary_dim, spec.max_position, spec.base,
+                          spec.is_neox_style, dtype, mrope_section=list(spec.sections), positions_factor=1)
     return _construct(
         _mrope.MRotaryEmbedding, spec.head_size, spec.rotary_dim, spec.max_position, spec.base, spec.is_neox_style, dtype,
         mrope_section=list(spec.sections) if spec.sections else None,
@@ -109,9 +118,13 @@ def _mrope_reason(spec: RopeSpec) -> str | None:
         return "one-row sections are not a vLLM configuration (1-D RoPE has mrope_section=None)"
     if spec.ntk_alpha is not None:
         return "MRotaryEmbedding has no NTK-alpha base (that is XDRotaryEmbedding)"
+    if spec.layout == "ernie45":
+        if Ernie4_5_VLRotaryEmbedding is None:
+            return f"vllm {_version()} has no Ernie4_5_VLRotaryEmbedding"
+        return None
     if spec.layout not in ("chunked", "interleaved"):
-        return (f"MRotaryEmbedding maps frequencies chunked or interleaved (layout={spec.layout!r}; Ernie-4.5-VL "
-                f"is Ernie4_5_VLRotaryEmbedding)")
+        return (f"MRotaryEmbedding maps frequencies chunked or interleaved, Ernie4_5_VLRotaryEmbedding the "
+                f"Ernie-4.5 map (layout={spec.layout!r})")
     return None
 
 
@@ -136,11 +149,21 @@ def _xd_reason(spec: RopeSpec, dtype, device: str) -> str | None:
 
 rotate_vllm_native = declare(rotate_vllm_native, working_precision="activation", reason=_native_reason,
                              defect=empty_batch_raises("vLLM 0.33.0 MRotaryEmbedding.forward_native"))
+def _ernie_empty_batch(spec: RopeSpec, num_tokens: int, dtype, device: str, *, num_heads: int,
+                       num_kv_heads: int) -> str | None:
+    """Ernie4_5_VLRotaryEmbedding.forward_cuda is its forward_native, which views q as
+    (num_tokens, -1, head_size) for [3, T] positions too: it raises on 0 tokens."""
+    if spec.layout != "ernie45":
+        return None
+    return empty_batch_raises("vLLM 0.33.0 Ernie4_5_VLRotaryEmbedding.forward_cuda (its forward_native)")(
+        spec, num_tokens, dtype, device, num_heads=num_heads, num_kv_heads=num_kv_heads)
+
+
 rotate_vllm_cuda = declare(rotate_vllm_cuda, working_precision="activation", reason=_cuda_reason,
                            defect=first_defect(
                                empty_batch_raises("vLLM 0.33.0 MRotaryEmbedding.forward_cuda ([T] positions)",
                                                   one_row_only=True),
-                               vllm_triton_mrope_defect))
+                               _ernie_empty_batch, vllm_triton_mrope_defect))
 # forward_cuda runs triton_mrope for [3, T] positions and another kernel for [T] (vLLM's compiled
 # rotary op, or ApplyRotaryEmb): text tokens through the two need not agree bit for bit (on the H200 their
 # float32 outputs differed below the printed digits), so the property holds each to the reference instead.
