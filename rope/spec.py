@@ -76,7 +76,7 @@ class RopeSpec:
         for name in ("sections", "freq_rows"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, tuple):
-                if isinstance(value, (str, bytes)):
+                if isinstance(value, (str, bytes, dict, set, frozenset)):     # no order, or characters
                     raise ValueError(f"{name}={value!r}: must be a sequence of ints or None")
                 try:
                     object.__setattr__(self, name, tuple(value))

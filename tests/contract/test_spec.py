@@ -35,6 +35,27 @@ BAD_SPECS = [
     (dict(head_size=128, rotary_dim=64.0), r"rotary_dim=64.0: must be a positive int"),
     (dict(head_size=True, rotary_dim=2), r"head_size=True: must be a positive int"),
     (dict(head_size=2, rotary_dim=2, sections=(1,), ntk_alpha=1000.0), r"ntk_alpha=1000.0: needs rotary_dim > 2"),
+    # The other maps (rope/row_maps.py): row counts, Ernie's s_h == s_w, the two-row counts.
+    (dict(head_size=64, rotary_dim=64, sections=(16, 8, 8), layout="glm_round_robin", freq_rows=(0,) * 32),
+     r"freq_rows: given with layout='glm_round_robin'"),
+    (dict(head_size=64, rotary_dim=64, sections=(8, 8, 8, 8), layout="glm_round_robin"),
+     r"sections=.*layout='glm_round_robin' needs exactly 3 rows"),
+    (dict(head_size=64, rotary_dim=64, sections=(10, 12, 10), layout="ernie45"),
+     re.escape("sections=(10, 12, 10): layout='ernie45' needs s_h == s_w in (s_h, s_w, s_t) (got 10 and 12)")),
+    (dict(head_size=64, rotary_dim=64, sections=(20, 12), layout="two_row_interleaved"),
+     re.escape("sections=(20, 12): layout='two_row_interleaved' gives the rows (16, 16) frequencies")),
+    (dict(head_size=8, rotary_dim=8, sections=(2, 2), layout="custom"), r"freq_rows=None: layout='custom' needs"),
+    (dict(head_size=8, rotary_dim=8, sections=(2, 2), layout="custom", freq_rows=(0, 1, 0)),
+     r"freq_rows: has 3 entries, must have rotary_dim/2 = 4"),
+    (dict(head_size=8, rotary_dim=8, sections=(2, 2), layout="custom", freq_rows=(0, 1, 2, 0)),
+     re.escape("freq_rows[2]=2: must be a row index in [0, 2)")),
+    (dict(head_size=8, rotary_dim=8, sections=(2, 2), layout="custom", freq_rows=(0, 1, True, 0)),
+     re.escape("freq_rows[2]=True: must be a row index")),
+    (dict(head_size=8, rotary_dim=8, sections=(2, 2), layout="custom", freq_rows=(0, 1, 1, 1)),
+     re.escape("sections=(2, 2): must be the rows' frequency counts in freq_rows (1, 3)")),
+    (dict(head_size=8, rotary_dim=8, sections=(2, 2), layout="custom", freq_rows="0101"),
+     r"freq_rows='0101': must be a sequence of ints or None"),
+    (dict(head_size=8, rotary_dim=8, sections=(2, 2), layout=["custom"]), r"layout=\['custom'\]: must be one of"),
     # Values that build garbage: a non-finite cache, an unallocatable one, alpha without sections.
     (dict(head_size=128, rotary_dim=128, sections=(16, 16, 16, 16), ntk_alpha=1e300),
      r"ntk_alpha=1e\+300: makes the effective base inf .* must be a finite number > 1"),
@@ -117,3 +138,59 @@ def test_num_dims_and_effective_base():
     hy = RopeSpec(128, 128, sections=(16, 16, 16, 16), base=10000.0, ntk_alpha=1000.0)
     assert hy.effective_base == pytest.approx(10000.0 * 1000.0 ** (128 / 126), rel=1e-15)
     assert RopeSpec(128, 128, base=5e6).effective_base == 5e6
+
+
+# ------------------------------------------------------------------ the other maps (rope/row_maps.py)
+def test_glm_round_robin_map_passes_full_rows_on():
+    # SGLang's mrope_interleaved_glm: row i % 3 unless it has its count, then the next with room.
+    glm = RopeSpec.glm_round_robin(128, 64, (8, 12, 12)).axis_map()
+    assert glm == (0, 1, 2) * 8 + (1, 1, 2, 1, 1, 2, 2, 2)
+    assert RopeSpec.glm_round_robin(128, 128, (16, 24, 24)).axis_map() == (0, 1, 2) * 16 + (1, 1, 2) * 4 + (2,) * 4
+    for secs in ((24, 20, 20), (11, 11, 10)):      # where no bound binds: the interleaved map
+        assert (RopeSpec.glm_round_robin(2 * sum(secs), 2 * sum(secs), secs).axis_map()
+                == RopeSpec.interleaved(2 * sum(secs), 2 * sum(secs), secs).axis_map())
+
+
+def test_ernie45_map_alternates_h_w_then_t():
+    m = RopeSpec.ernie45(128, 128, (22, 22, 20), is_neox_style=False).axis_map()
+    assert m == (1, 2) * 22 + (0,) * 20
+
+
+def test_two_row_map_alternates_y_x():
+    spec = RopeSpec.two_row_interleaved(128, 128)
+    assert spec.sections == (32, 32) and spec.num_dims == 2 and spec.axis_map() == (0, 1) * 32
+    assert RopeSpec.two_row_interleaved(16, 14).sections == (4, 3)
+
+
+@given(spec=st.sampled_from(KINDS).flatmap(lambda k: rope_specs(kind=k)))
+def test_any_map_round_trips_through_from_map(spec):
+    # Every spec's map as a custom one rotates by the same rows; a chunked map comes back chunked.
+    if spec.sections is None:
+        return
+    again = RopeSpec.from_map(spec.axis_map(), head_size=spec.head_size, num_dims=spec.num_dims,
+                              is_neox_style=spec.is_neox_style, base=spec.base, max_position=spec.max_position,
+                              ntk_alpha=spec.ntk_alpha)
+    assert again.axis_map() == spec.axis_map() and again.num_dims == spec.num_dims
+    assert (again.layout == "chunked") == (list(spec.axis_map()) == sorted(spec.axis_map()))
+
+
+def test_from_map_rejects_what_is_not_a_map():
+    with pytest.raises(ValueError, match=re.escape("freq_rows: row 1 of num_dims=3 drives no frequency")):
+        RopeSpec.from_map((0, 2, 2), head_size=8)
+    with pytest.raises(ValueError, match=re.escape("freq_rows[1]=4: must be a row index in [0, 4)")):
+        RopeSpec.from_map((0, 4), head_size=8)
+    with pytest.raises(ValueError, match=re.escape("freq_rows=(): must give the row")):
+        RopeSpec.from_map((), head_size=8)
+    with pytest.raises(ValueError, match=r"freq_rows=5: must be a sequence of ints"):
+        RopeSpec.from_map(5, head_size=8)
+
+
+def test_a_case_files_custom_map_is_checked_like_a_constructors():
+    # A case file is untrusted: a spec's freq_rows from JSON is validated field by field.
+    good = RopeSpec.from_map((0, 1, 2, 1, 0, 2), head_size=16).to_dict()
+    assert good["freq_rows"] == [0, 1, 2, 1, 0, 2] and RopeSpec.from_dict(good).layout == "custom"
+    assert "freq_rows" not in RopeSpec(64, 64, sections=(16, 8, 8)).to_dict()   # older readers see no new key
+    for rows, pattern in (([0, 1, 2, 1, 0, "2"], r"freq_rows\[5\]='2'"), ([0, 1, 2, 1, 0, -1], r"freq_rows\[5\]=-1"),
+                          ([0, 1, 2, 1, 0, 2, 2], "has 7 entries"), ({"a": 1}, "must be a sequence of ints")):
+        with pytest.raises(ValueError, match=pattern):
+            RopeSpec.from_dict({**good, "freq_rows": rows})

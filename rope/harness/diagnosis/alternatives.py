@@ -128,28 +128,23 @@ def _axis_map_alternatives(spec: RopeSpec, positions, query, key, cache):
             alt, positions, query, key, cache)
     if spec.layout in ("chunked", "interleaved"):
         return
+    # Custom maps next to the spec's own: the round-robin without its pass-on, the map one frequency off.
+    candidates = []
     if spec.layout == "glm_round_robin":
-        rows = tuple(i % len(secs) for i in range(spec.num_freqs))
-        alt = _replace(spec, layout=CUSTOM, freq_rows=rows, sections=row_counts(rows, len(secs)))
-        if rows not in seen and alt is not None:
-            seen.add(rows)
-            yield _positions_alt(
-                "axis_map_wrong",
-                f"the output matches the GLM round-robin map without its pass-on: frequency i takes row i % 3 "
-                f"even where that row already drives its section's count: {_moved(spec, alt)} (SGLang's "
-                f"mrope_interleaved_glm passes on to the next row with room)", alt, positions, query, key, cache)
+        candidates.append((tuple(i % len(secs) for i in range(spec.num_freqs)), lambda alt: (
+            f"the output matches the GLM round-robin map without its pass-on: frequency i takes row i % 3 even "
+            f"where that row already drives its section's count: {_moved(spec, alt)} (SGLang's "
+            f"mrope_interleaved_glm passes on to the next row with room)")))
     for step, how in ((1, "i + 1 (the last that of 0)"), (-1, "i - 1 (the first that of the last)")):
-        rows = axis[step:] + axis[:step]
-        if rows in seen:
-            continue
-        seen.add(rows)
-        alt = _replace(spec, layout=CUSTOM, freq_rows=rows, sections=row_counts(rows, len(secs)))
+        candidates.append((axis[step:] + axis[:step], lambda alt, how=how: (
+            f"the output matches the reference with the {spec.layout} map read one frequency off: frequency i "
+            f"takes the row of frequency {how}: {_moved(spec, alt)} (e.g. a map table indexed from 1)")))
+    for rows, sentence in candidates:
+        alt = None if rows in seen else _replace(spec, layout=CUSTOM, freq_rows=rows,
+                                                  sections=row_counts(rows, len(secs)))
         if alt is not None:
-            yield _positions_alt(
-                "axis_map_wrong",
-                f"the output matches the reference with the {spec.layout} map read one frequency off: frequency "
-                f"i takes the row of frequency {how}: {_moved(spec, alt)} (e.g. a map table indexed from 1)",
-                alt, positions, query, key, cache)
+            seen.add(rows)
+            yield _positions_alt("axis_map_wrong", sentence(alt), alt, positions, query, key, cache)
 
 
 def _section_boundary_alternatives(spec: RopeSpec, positions, query, key, cache):
