@@ -348,6 +348,22 @@ def test_glm4v_moe_rotation_matches_reference(family, case):
     check_matches_reference(family, case)
 
 
+# Ernie-4.5-VL: rejects a reference whose Ernie map differs from transformers' own module (H on the
+# even, W on the odd frequencies below s_h + s_w, then T; the module stores inv_freq permuted and its
+# recomposition puts it back), or that pairs NeoX.  Fixed cases: the sections must have s_h == s_w.
+ERNIE_SMALL = RopeSpec.ernie45(32, 32, (5, 5, 6), is_neox_style=False, base=500000.0, max_position=MAX_POSITION)
+
+
+@pytest.mark.parametrize("family", _families("ernie-4.5-vl"))
+@pytest.mark.parametrize("case", [
+    real_case("ernie-4.5-vl-28b-a3b", batch=1, seq_len=40, positions="grid", prefix=3, grid=(1, 4, 6), seed=11),
+    real_case("ernie-4.5-vl-28b-a3b", batch=2, seq_len=16, positions="random", seed=12),
+    OracleCase(ERNIE_SMALL, batch=1, seq_len=24, num_q_heads=2, num_kv_heads=1, positions="random", seed=13),
+], ids=["28b-grid", "28b-random", "small-random"])
+def test_ernie45_rotation_matches_reference(family, case):
+    check_matches_reference(family, case)
+
+
 # HunYuanVL text tokens (all rows equal): every layout reduces to 1-D RoPE, so transformers and the
 # canonical layout must agree.  Rejects a cache without the NTK-alpha base (or with another exponent
 # than rotary_dim / (rotary_dim - 2)), and GPT-J pairing.

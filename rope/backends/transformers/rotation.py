@@ -14,6 +14,7 @@ checks that they are bit-identical).  Which family runs is decided by the spec:
 
 * 4 rows or an NTK alpha: HunYuanVL (XD-RoPE; its image-token layout is the known divergence);
 * interleaved: Qwen3-VL;  chunked GPT-J: GLM-4.1V;  chunked NeoX partial: GLM-4.5V;  else Qwen2-VL;
+* ernie45: Ernie-4.5-VL (GPT-J, whole head), its cos/sin fed in the module's permuted frequency order;
 * 1-D RoPE (or one row): the same family with three equal rows, as transformers feeds text tokens.
 """
 
@@ -94,6 +95,11 @@ FAMILIES: dict[str, HFFamily] = {f.key: f for f in (
     # Its image-token layout differs from the canonical one (docs/spec.md §2; KNOWN_MISMATCH_HUNYUAN_VL).
     HFFamily("hunyuan-vl", "hunyuan_vl", "HunYuanVLRotaryEmbedding", "HunYuanVLTextConfig", "5.13.0", True,
              "chunked", working_precision="float32"),
+    # Ernie-4.5-VL: sections (s_h, s_w, s_t), H/W alternating then T, GPT-J pairs over the whole head; its
+    # module stores inv_freq permuted (the first s_h + s_w even ones, then the odd ones, then T's), which its
+    # recomposition puts back; the rotation upcasts to float32.
+    HFFamily("ernie-4.5-vl", "ernie4_5_vl_moe", "Ernie4_5_VLMoeTextRotaryEmbedding", "Ernie4_5_VLMoeTextConfig",
+             "5.0.0", False, "ernie45", working_precision="float32"),
 )}
 
 KNOWN_MISMATCH_HUNYUAN_VL = (
@@ -211,6 +217,12 @@ def from_hf_heads(x: torch.Tensor) -> torch.Tensor:
 def family_for(spec: RopeSpec) -> tuple[HFFamily | None, str | None]:
     """(the family whose rotation path runs ``spec``, None) or (None, why none can)."""
     partial = spec.rotary_dim != spec.head_size
+    if spec.layout == "ernie45":
+        if spec.is_neox_style or partial or spec.ntk_alpha is not None:
+            return None, "Ernie-4.5-VL pairs GPT-J-style over the whole head (no NeoX, no partial, no NTK alpha)"
+        family = FAMILIES["ernie-4.5-vl"]
+        reason = unavailable_reason(family)
+        return (None, reason) if reason else (family, None)
     if spec.layout not in ("chunked", "interleaved"):
         return None, f"no transformers family here maps frequencies {spec.layout!r}"
     if spec.num_dims == 4 or spec.ntk_alpha is not None:
@@ -231,6 +243,16 @@ def family_for(spec: RopeSpec) -> tuple[HFFamily | None, str | None]:
         return None, f"text tokens go through a 3-row map, which needs rotary_dim/2 >= 3 (got {spec.num_freqs})"
     reason = unavailable_reason(family)
     return (None, reason) if reason else (family, None)
+
+
+def module_frequency_order(family: HFFamily, spec: RopeSpec) -> list[int] | None:
+    """The frequency each slot of the family's rotary module holds before its recomposition, where
+    that is not slot i = frequency i (None): Ernie-4.5-VL's pre-rotation, the even frequencies of the
+    first s_h + s_w, then the odd ones, then T's (its ``compute_default_rope_parameters``)."""
+    if family.key != "ernie-4.5-vl":
+        return None
+    hw = spec.sections[0] + spec.sections[1]
+    return [*range(0, hw, 2), *range(1, hw, 2), *range(hw, spec.num_freqs)]
 
 
 def _three_rows(spec: RopeSpec) -> RopeSpec:
@@ -260,6 +282,9 @@ def rotate_transformers(spec: RopeSpec, positions, query, key, cos_sin_cache):
         raise ValueError(f"transformers {TRANSFORMERS_VERSION}: {family.rotary_class} has no "
                          f"recomposition_frequencies (<= 5.16); the adapter needs transformers >= 5.17")
     cos, sin = cos_sin_cache[rows].chunk(2, dim=-1)               # [rows, T, rd/2] each
+    order = module_frequency_order(family, spec)
+    if order is not None:                                          # the module's own inv_freq order
+        cos, sin = cos[..., order], sin[..., order]
     with torch.no_grad():
         cos = recompose(cos.unsqueeze(1).clone())                  # [1, T, rd]
         sin = recompose(sin.unsqueeze(1).clone())
