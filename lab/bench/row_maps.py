@@ -55,7 +55,7 @@ def load_baseline(rev: str):
     return module
 
 
-def _calls(launch, spec, tokens, device="cuda"):
+def _calls(launch, spec, tokens, device):
     """Bound calls of ``launch`` on enough input sets to leave the L2 (rope.harness.bench.input_sets)."""
     cache = cos_sin_cache(spec, torch.bfloat16, device)
     positions, q, k = bench._inputs(spec, tokens, *HEADS, torch.bfloat16, device)
@@ -64,8 +64,8 @@ def _calls(launch, spec, tokens, device="cuda"):
     return [lambda p=p, a=a, b=b: launch(spec, p, a, b, cache) for p, a, b in sets], nbytes
 
 
-def time_us(launch, spec, tokens, timer) -> tuple[float, int]:
-    calls, nbytes = _calls(launch, spec, tokens)
+def time_us(launch, spec, tokens, timer, device) -> tuple[float, int]:
+    calls, nbytes = _calls(launch, spec, tokens, device)
     ms, _ = timer(calls, tokens)
     return ms * 1e3, nbytes
 
@@ -75,11 +75,14 @@ def main(argv=None) -> None:
     parser.add_argument("--baseline", default="52faf89", help="the commit whose kernel is the baseline")
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 64, 4096, 16384])
     parser.add_argument("--repeats", type=int, default=3, help="A/B rounds per row (the median is kept)")
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu under TRITON_INTERPRET=1 (a smoke run: "
+                                                         "wall-clock times of the interpreter mean nothing)")
     args = parser.parse_args(argv)
     base = load_baseline(args.baseline)
-    timer = bench._timer("cuda")
-    copy = bench.copy_bandwidth("cuda")
-    print(f"device {torch.cuda.get_device_name()}, copy {copy:.0f} GB/s; heads {HEADS[0]}/{HEADS[1]} x 128, bf16; "
+    timer = bench._timer(args.device)
+    copy = bench.copy_bandwidth(args.device)
+    name = torch.cuda.get_device_name() if args.device == "cuda" else args.device
+    print(f"device {name}, copy {copy:.0f} GB/s; heads {HEADS[0]}/{HEADS[1]} x 128, bf16; "
           f"baseline kernel {args.baseline}\n")
     print("| map | tokens | us | fraction of copy | vs chunked | baseline us | now/baseline |")
     print("|---|---:|---:|---:|---:|---:|---:|")
@@ -88,10 +91,10 @@ def main(argv=None) -> None:
         for name, spec in SPECS.items():
             now, then = [], []
             for _ in range(args.repeats):
-                us, nbytes = time_us(rotary.launch_rotary, spec, tokens, timer)
+                us, nbytes = time_us(rotary.launch_rotary, spec, tokens, timer, args.device)
                 now.append(us)
                 if name in BASELINE_SPECS:
-                    then.append(time_us(base.launch_rotary, spec, tokens, timer)[0])
+                    then.append(time_us(base.launch_rotary, spec, tokens, timer, args.device)[0])
             us = statistics.median(now)
             fraction = nbytes / (us * 1e-6) / 1e9 / copy
             if chunked_fraction is None:
