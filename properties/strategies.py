@@ -51,7 +51,7 @@ BASES = (10000.0, 1000000.0, 5000000.0, 10000000.0, 500000.0)
 MAX_POSITIONS = (4096, 1, 7, 300, 2048, 32768, 131072)
 # Variant kinds, as used in test ids: how many position rows and which layout.  "mapped": every
 # other map from frequencies to rows (rope/row_maps.py): the named GLM round-robin, Ernie-4.5-VL and
-# two-row interleaved maps, and any valid map of 1-4 rows.
+# two-row interleaved maps, and any valid map of 2-4 rows.
 KINDS = ("1d", "chunked3", "chunked4", "interleaved", "chunked1", "mapped")
 KIND_ROWS = {"1d": 1, "chunked1": 1, "chunked3": 3, "chunked4": 4, "interleaved": 3, "mapped": None}
 MAPPED_LAYOUTS = ("glm_round_robin", "ernie45", "two_row_interleaved", "custom")
@@ -161,7 +161,7 @@ def probe_specs(kind: str, is_neox_style: bool) -> list[RopeSpec]:
             if half < min_half:
                 continue
             if kind == "mapped":
-                specs += _mapped_probes(head_size, half, is_neox_style)
+                specs += mapped_layout_specs(head_size, half, is_neox_style)
                 continue
             parts = 3 if kind == "interleaved" else rows
             secs = None if kind == "1d" else tuple(half // parts + (i < half % parts) for i in range(parts))
@@ -170,9 +170,10 @@ def probe_specs(kind: str, is_neox_style: bool) -> list[RopeSpec]:
     return specs
 
 
-def _mapped_probes(head_size: int, half: int, is_neox_style: bool) -> list[RopeSpec]:
-    """One spec per layout of kind "mapped" (the custom one: rows 0 1 2 0 1 2 ... reversed, not chunked)."""
-    fields = dict(is_neox_style=is_neox_style, max_position=4096)
+def mapped_layout_specs(head_size: int, half: int, is_neox_style: bool, max_position: int = 4096) -> list[RopeSpec]:
+    """One spec per layout of kind "mapped", in MAPPED_LAYOUTS order (the custom one: rows 0 1 2 0 1 2
+    ... reversed, not chunked): the probes, and the prefill properties' fixed cases."""
+    fields = dict(is_neox_style=is_neox_style, max_position=max_position)
     s = (half - 1) // 2
     custom = tuple(reversed([i % 3 for i in range(half)]))
     return [RopeSpec.glm_round_robin(head_size, 2 * half, (half - 2 * (half // 3), half // 3, half // 3), **fields),

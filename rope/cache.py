@@ -9,6 +9,8 @@ Built on the CPU and moved, so it is bit-identical on every device.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from rope.spec import RopeSpec
@@ -30,3 +32,12 @@ def cos_sin_cache(spec: RopeSpec, dtype: torch.dtype = torch.float32, device="cp
     freqs = torch.outer(t, inv_freq(spec))
     cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
     return cache.to(dtype=dtype).to(device)
+
+
+@functools.lru_cache(maxsize=256)
+def axis_table(axis_map: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """A spec's axis map (``RopeSpec.axis_map()``) as an int64 tensor on ``device``, built once per
+    (map, device): the native path gathers with it and the Triton kernel reads its rows from it, and
+    neither copies it to the device per call (create it before capturing a CUDA graph: a warm-up
+    call does)."""
+    return torch.tensor(axis_map, dtype=torch.int64, device=device)

@@ -8,18 +8,10 @@ therefore "activation", and the tolerance widens accordingly.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
+from rope.cache import axis_table
 from rope.spec import RopeSpec, check_rotation_inputs
-
-
-@functools.lru_cache(maxsize=64)
-def _axis_tensor(axis_map: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """The axis map as a device tensor, built once per (map, device): no host-to-device copy
-    per call (engines precompute their section masks the same way)."""
-    return torch.tensor(axis_map, device=device)
 
 
 def select_cos_sin(spec: RopeSpec, positions: torch.Tensor, cache: torch.Tensor, axis: torch.Tensor | None = None):
@@ -30,7 +22,7 @@ def select_cos_sin(spec: RopeSpec, positions: torch.Tensor, cache: torch.Tensor,
     if spec.num_dims == 1:
         return cos, sin
     if axis is None:
-        axis = _axis_tensor(spec.axis_map(), cache.device)
+        axis = axis_table(spec.axis_map(), cache.device)
     index = axis.view(1, 1, -1).expand(1, cos.shape[1], -1)
     return cos.gather(0, index).squeeze(0), sin.gather(0, index).squeeze(0)
 

@@ -141,7 +141,7 @@ class RopeSpec:
             raise ValueError(f"freq_rows: row {sections.index(0)} of num_dims={num_dims} drives no frequency "
                              f"(every row must drive at least one)")
         fields.setdefault("rotary_dim", 2 * len(rows))
-        if rows == row_maps.chunked(sections) and 0 not in sections:
+        if rows == row_maps.chunked(sections):
             return cls(head_size, sections=None if num_dims == 1 else sections, layout="chunked", **fields)
         return cls(head_size, sections=sections, layout=CUSTOM, freq_rows=rows, **fields)
 

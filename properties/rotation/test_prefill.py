@@ -44,10 +44,12 @@ import reference
 from properties.strategies import (
     DTYPES,
     KINDS,
+    MAPPED_LAYOUTS,
     POWER_OF_TWO_BOUNDARIES,
     RotationCase,
     boundary_token_counts,
     prefill_cases,
+    mapped_layout_specs,
     prefill_token_counts,
 )
 
@@ -80,13 +82,7 @@ def _spec(kind: str, neox: bool, head_size: int, rotary: int, index: int = 0) ->
     half = rotary // 2
     third, quarter = half // 3, half // 4
     if kind == "mapped":
-        fields = dict(is_neox_style=neox, max_position=32768)
-        s = (half - 1) // 2
-        return (RopeSpec.glm_round_robin(head_size, rotary, (half - 2 * third, third, third), **fields),
-                RopeSpec.ernie45(head_size, rotary, (s, s, half - 2 * s), **fields),
-                RopeSpec.two_row_interleaved(head_size, rotary, **fields),
-                RopeSpec.from_map(tuple(i % 3 for i in range(half))[::-1], head_size=head_size, **fields),
-                )[index % 4]
+        return mapped_layout_specs(head_size, half, neox, max_position=32768)[index % len(MAPPED_LAYOUTS)]
     sections = {"1d": None, "chunked1": (half,), "chunked3": (half - 2 * third, third, third),
                 "interleaved": (half - 2 * third, third, third),
                 "chunked4": (half - 3 * quarter, quarter, quarter, quarter)}[kind]

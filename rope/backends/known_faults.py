@@ -119,13 +119,13 @@ def sglang_triton_fault(spec: RopeSpec, dtype: torch.dtype, device: str) -> str 
 
 # A defect predicate: defect(spec, num_tokens, dtype, device, *, num_heads, num_kv_heads) -> why or None.
 
-def empty_batch_raises(what: str, *, one_row_only: bool = False):
+def empty_batch_raises(what: str, *, when=None):
     """The defect of code that does ``query.view(num_tokens, -1, head_size)`` before its kernel: with
     0 tokens the -1 is ambiguous and it raises ("cannot reshape tensor of 0 elements").
-    ``one_row_only``: only its path for [T] positions does so."""
+    ``when(spec)``: the specs whose path does so (None: every spec)."""
     def defect(spec: RopeSpec, num_tokens: int, dtype: torch.dtype, device: str, *, num_heads: int,
                num_kv_heads: int) -> str | None:
-        if num_tokens or (one_row_only and spec.sections is not None):
+        if num_tokens or (when is not None and not when(spec)):
             return None
         return f"{what} raises on 0 tokens (view(num_tokens, -1, head_size) cannot infer -1)"
     return defect

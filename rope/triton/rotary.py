@@ -1,5 +1,6 @@
 """One Triton kernel for every rotary variant: 1-D RoPE, M-RoPE (chunked or interleaved
-sections, or any other map from frequencies to position rows), XD-RoPE (3 or 4 rows), NeoX or GPT-J pairing, partial rotary, key present or absent.
+sections, or any other map from frequencies to position rows), XD-RoPE (3 or 4 rows), NeoX or
+GPT-J pairing, partial rotary, key present or absent.
 
 Precision contract (docs/spec.md §3): load in the storage dtype, convert to fp32, compute in fp32 with
 no FMA contraction, and round to the output dtype at the store (round to nearest even).  Under
@@ -19,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from rope.cache import axis_table
 from rope.devices import device_name, triton_runs_on
 from rope.spec import RopeSpec, check_position_range, check_rotation_inputs, checks_values
 
@@ -126,12 +128,12 @@ def _rotate_store_tile(row_ptrs, token_ok, heads, num_heads, head_size, freq, ha
 def _lane_axes(freq, half, map_ptr, sec0, sec1, sec2, NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr,
                MAP_TABLE: tl.constexpr):
     """The position row that drives each frequency lane (docs/spec.md §2): computed from the
-    sections for the chunked and Qwen3-VL interleaved maps, read from the map's table (int32, one
-    row per frequency: rope/row_maps.py) for every other map."""
+    sections for the chunked and Qwen3-VL interleaved maps, read from the map's table (one row per
+    frequency: rope.cache.axis_table) for every other map."""
     axis = tl.zeros(freq.shape, dtype=tl.int32)
     if MAP_TABLE:
         # Padding lanes (>= half) read nothing and take row 0; their loads stay masked.
-        axis = tl.load(map_ptr + freq, mask=freq < half, other=0)
+        axis = tl.load(map_ptr + freq, mask=freq < half, other=0).to(tl.int32)
     elif INTERLEAVED:
         # Qwen3-VL: H at i%3==1 below 3*s_h, W at i%3==2 below 3*s_w, T elsewhere.
         axis = tl.where((freq % 3 == 1) & (freq < 3 * sec1), 1, axis)
@@ -203,7 +205,8 @@ def _load_tile_and_positions(x_rows, token_ok, heads, x_heads, head_size, freq, 
 
 @triton.jit
 def _cos_sin_offsets(pos_0, pos_1, pos_2, pos_3, cache_row_stride, cache_rows, freq, half, map_ptr, sec0, sec1, sec2,
-                     NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, MAP_TABLE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+                     NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, MAP_TABLE: tl.constexpr, BLOCK_T: tl.constexpr,
+                     BLOCK_H: tl.constexpr,
                      BLOCK_F: tl.constexpr, POS_RUN: tl.constexpr, GATHER_3D: tl.constexpr, CACHE_I64: tl.constexpr):
     """The cache offsets of cos = cache[positions[axis(i), t], i] (sin: + half) for the positions of
     :func:`_load_positions`, and their lane mask, for :func:`_load_cos_sin` (three steps, so that the
@@ -296,7 +299,8 @@ def _cos_sin_to_tile(cos, sin, GATHER_3D: tl.constexpr):
 @triton.jit
 def _rotate_tile(x_ptr, x_stride, token, heads, x_heads, cache_ptr, cache_row_stride, cache_rows, pos_ptr,
                  guess_ptr, map_ptr, pos_row_stride, num_tokens, head_size, half, sec0, sec1, sec2,
-                 NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, MAP_TABLE: tl.constexpr, IS_NEOX: tl.constexpr, ROUND_BF16: tl.constexpr,
+                 NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, MAP_TABLE: tl.constexpr, IS_NEOX: tl.constexpr,
+                 ROUND_BF16: tl.constexpr,
                  BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr, POS_RUN: tl.constexpr,
                  GATHER_3D: tl.constexpr, QK_EVICT: tl.constexpr, CACHE_I64: tl.constexpr, PDL: tl.constexpr,
                  EARLY_POSITIONS: tl.constexpr, SPECULATE: tl.constexpr):
@@ -324,7 +328,8 @@ def _rotary_kernel(
     q_ptr, k_ptr, cache_ptr, pos_ptr, guess_ptr, map_ptr,
     q_row_stride, k_row_stride, cache_row_stride, pos_row_stride, cache_rows,
     num_tokens, num_q_heads, num_kv_heads, head_size, half, sec0, sec1, sec2,
-    NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, MAP_TABLE: tl.constexpr, IS_NEOX: tl.constexpr, HAS_KEY: tl.constexpr, ROUND_BF16: tl.constexpr,
+    NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, MAP_TABLE: tl.constexpr, IS_NEOX: tl.constexpr,
+    HAS_KEY: tl.constexpr, ROUND_BF16: tl.constexpr,
     SPLIT_QK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr,
     POS_RUN: tl.constexpr, GATHER_3D: tl.constexpr, PDL: tl.constexpr, QK_EVICT: tl.constexpr,
     HEADS_FASTEST: tl.constexpr, BLOCK_HK: tl.constexpr, CACHE_I64: tl.constexpr, EARLY_POSITIONS: tl.constexpr,
@@ -455,11 +460,9 @@ def _map_table_for(spec: RopeSpec) -> bool:
     return spec.num_dims > 1 and spec.layout not in ("chunked", "interleaved")
 
 
-@functools.lru_cache(maxsize=256)
 def map_table(spec: RopeSpec, device: torch.device) -> torch.Tensor:
-    """The spec's map as an int32 tensor on ``device``, built once per (spec, device): a launch
-    copies nothing to the device (create it before capturing a CUDA graph: a warm-up call does)."""
-    return torch.tensor(spec.axis_map(), dtype=torch.int32, device=device)
+    """The table the kernel reads the lanes' rows from (rope.cache.axis_table: once per map and device)."""
+    return axis_table(spec.axis_map(), device)
 
 
 def _default_tile(num_tokens: int, num_q: int, num_k: int, split_qk: bool, gather_3d: bool,

@@ -58,12 +58,21 @@ def _bind(method: str, spec: RopeSpec, positions, query, key, cos_sin_cache):
     if spec.ntk_alpha is not None:
         raise ValueError(f"ntk_alpha={spec.ntk_alpha}: SGLang's MRotaryEmbedding has no NTK-alpha base")
     op = _module(spec, query.dtype)
-    k_in = key if key is not None else query.new_zeros(query.shape[0], spec.head_size)
     forward = getattr(op, method)
 
-    def rotate():
+    def call(k_in):
         op.cos_sin_cache = cos_sin_cache        # the module is shared by every caller of this spec
-        q_out, k_out = forward(positions, query, k_in)
+        return forward(positions, query, k_in)
+    return _bound(call, spec, query, key)
+
+
+def _bound(call, spec: RopeSpec, query, key):
+    """``call(k)`` -> (q, k) bound once, with a scratch one-head key where there is none (SGLang
+    asserts a key) that is thrown away."""
+    k_in = key if key is not None else query.new_zeros(query.shape[0], spec.head_size)
+
+    def rotate():
+        q_out, k_out = call(k_in)
         return q_out, (k_out if key is not None else None)
     return rotate
 
@@ -101,13 +110,12 @@ def _ernie_kernel_call(spec: RopeSpec, positions, query, key, cos_sin_cache):
     """``triton_ernie45_rope_fused_inplace(q, k, cache, positions, [h, w, t], head_size, rotary_dim,
     is_neox_style)`` on these inputs, bound once (in place; positions [3, T] rows T, H, W)."""
     kernel = _ernie_kernel()
-    k_in = key if key is not None else query.new_zeros(query.shape[0], spec.head_size)
 
-    def rotate():
+    def call(k_in):
         kernel(query, k_in, cos_sin_cache, positions, list(spec.sections), spec.head_size, spec.rotary_dim,
                spec.is_neox_style)
-        return query, (k_in if key is not None else None)
-    return rotate
+        return query, k_in
+    return _bound(call, spec, query, key)
 
 
 def rotate_sglang_triton(spec: RopeSpec, positions, query, key, cos_sin_cache):

@@ -134,7 +134,7 @@ def _native_reason(spec: RopeSpec, dtype, device: str) -> str | None:
 
 def _cuda_reason(spec: RopeSpec, dtype, device: str) -> str | None:
     why = _mrope_reason(spec)
-    if why or spec.sections is None:
+    if why or spec.sections is None or spec.layout == "ernie45":     # no Triton kernel on these paths
         return why
     return triton_reason(device, dtype, bf16_arithmetic=True)
 
@@ -149,21 +149,13 @@ def _xd_reason(spec: RopeSpec, dtype, device: str) -> str | None:
 
 rotate_vllm_native = declare(rotate_vllm_native, working_precision="activation", reason=_native_reason,
                              defect=empty_batch_raises("vLLM 0.33.0 MRotaryEmbedding.forward_native"))
-def _ernie_empty_batch(spec: RopeSpec, num_tokens: int, dtype, device: str, *, num_heads: int,
-                       num_kv_heads: int) -> str | None:
-    """Ernie4_5_VLRotaryEmbedding.forward_cuda is its forward_native, which views q as
-    (num_tokens, -1, head_size) for [3, T] positions too: it raises on 0 tokens."""
-    if spec.layout != "ernie45":
-        return None
-    return empty_batch_raises("vLLM 0.33.0 Ernie4_5_VLRotaryEmbedding.forward_cuda (its forward_native)")(
-        spec, num_tokens, dtype, device, num_heads=num_heads, num_kv_heads=num_kv_heads)
-
-
+# forward_cuda views q as (num_tokens, -1, head_size) on its path for [T] positions, and so does
+# Ernie4_5_VLRotaryEmbedding's, which is its forward_native, for [3, T] ones too.
 rotate_vllm_cuda = declare(rotate_vllm_cuda, working_precision="activation", reason=_cuda_reason,
                            defect=first_defect(
-                               empty_batch_raises("vLLM 0.33.0 MRotaryEmbedding.forward_cuda ([T] positions)",
-                                                  one_row_only=True),
-                               _ernie_empty_batch, vllm_triton_mrope_defect))
+                               empty_batch_raises("vLLM 0.33.0 forward_cuda ([T] positions; Ernie4_5_VLRotaryEmbedding "
+                                                  "for any)", when=lambda s: s.sections is None or s.layout == "ernie45"),
+                               vllm_triton_mrope_defect))
 # forward_cuda runs triton_mrope for [3, T] positions and another kernel for [T] (vLLM's compiled
 # rotary op, or ApplyRotaryEmb): text tokens through the two need not agree bit for bit (on the H200 their
 # float32 outputs differed below the printed digits), so the property holds each to the reference instead.
