@@ -3,21 +3,30 @@
 Prompts hold several images and videos in any order (one may open the prompt, where every row
 starts at 0), long videos whose temporal span outruns the spatial one, seconds per grid below one
 and fractional (fps 4, 8, 24, 3, 1.33) as well as whole, Qwen3-VL / GLM timestamp text of 0 to 3
-tokens per frame, merge sizes 2 (every released model), 1 and 4.  Batches pad each prompt on the
-left or the right.  Everything shrinks towards one short text run, merge size 2, no padding.
+tokens per frame, merge sizes 2 (every released model), 1 and 4; in the Omni families audio clips
+and videos with and without their audio track (a prompt may mix both: VeOmni#493), seconds per grid
+above 2 as well (Qwen2.5-Omni's chunks then jump), and audio shorter and longer than the video.
+Batches pad each prompt on the left or the right.  Everything shrinks towards one short text run,
+merge size 2, no padding.
 """
 
 from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from rope.prompts import FAMILIES, XDROPE_FAMILIES, Image, Prompt, Text, Video
+from rope.prompts import AUDIO_FAMILIES, FAMILIES, VIDEO_FAMILIES, Audio, Image, Prompt, Text, Video
 from rope.harness.position_ids import PromptBatch
 
 # Seconds per temporal grid = temporal_patch_size / fps: fps 2, 4, 1, 8, 24, 3, 1.33.  transformers
 # forms ti * (tokens_per_second * spg) in float32, the reference int(ti * spg * 2) in float64; the
 # two agree for these values (checked for ti < 200).
 SECONDS_PER_GRID = (1.0, 0.5, 2.0, 0.25, 2 / 24, 2 / 3, 1.5)
+# Omni: Qwen2.5-Omni scales by 25 (float32 in transformers; these agree with the float64 product
+# for ti < 200, and 3 and 4 make one frame jump a 50-wide chunk); Qwen3-Omni by 13, and only
+# whole products are ids (the reference refuses the rest).
+OMNI_SECONDS_PER_GRID = {"qwen2_5_omni": (*SECONDS_PER_GRID, 3.0, 4.0), "qwen3_omni": (2.0, 1.0, 4.0, 3.0)}
+# Audio feature frames (100 per second): Qwen2.5-Omni needs 3 for one token.
+AUDIO_FRAMES = (3, 400)
 MERGE_SIZES = (2, 1, 4)
 
 
@@ -50,11 +59,17 @@ def _draw_prompt(draw, family, spatial_merge_sizes, max_segments, max_text, max_
     side = st.integers(1, max_side).map(lambda n: n * merge)
     texts = st.builds(Text, st.integers(1, max_text))
     images = st.builds(lambda h, w: Image((1, h, w)), side, side)
+    audio = st.integers(*AUDIO_FRAMES)
     videos = st.builds(
-        lambda t, h, w, spg, ts: Video((t, h, w), second_per_grid=spg, timestamp_tokens=ts),
-        st.integers(1, max_frames), side, side, st.sampled_from(SECONDS_PER_GRID), st.integers(0, 3),
+        lambda t, h, w, spg, ts, a: Video((t, h, w), second_per_grid=spg, timestamp_tokens=ts, audio_frames=a),
+        st.integers(1, max_frames), side, side, st.sampled_from(OMNI_SECONDS_PER_GRID.get(family, SECONDS_PER_GRID)),
+        st.integers(0, 3), st.none() | audio if family in AUDIO_FAMILIES else st.none(),
     )
-    kinds = [texts, images] if family in XDROPE_FAMILIES else [texts, images, videos]
+    kinds = [texts, images]
+    if family in VIDEO_FAMILIES:
+        kinds.append(videos)
+    if family in AUDIO_FAMILIES:
+        kinds.append(st.builds(Audio, audio))
     segments = draw(st.lists(st.one_of(*kinds), min_size=1, max_size=max_segments))
     return Prompt(tuple(segments), spatial_merge_size=merge)
 

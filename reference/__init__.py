@@ -1,9 +1,9 @@
 """The float64 pure-PyTorch reference: plain, slow, obvious. Imports only the spec from rope/."""
 
-from reference.position_ids import Image, Prompt, Text, Video, decode_positions, prompt_positions
+from reference.position_ids import Audio, Image, Prompt, Text, Video, decode_positions, prompt_positions
 from reference.rotation import rotate
 from reference.runner_positions import prepare_positions
 
 __rope_harness__ = True   # the harness checks this marker: another package named `reference` lacks it
 
-__all__ = ["Image", "Prompt", "Text", "Video", "decode_positions", "prepare_positions", "prompt_positions", "rotate"]
+__all__ = ["Audio", "Image", "Prompt", "Text", "Video", "decode_positions", "prepare_positions", "prompt_positions", "rotate"]

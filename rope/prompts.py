@@ -1,6 +1,7 @@
 """The prompt description a position-id implementation is handed (docs/spec.md §4): an ordered tuple
-of segments, each a text run (``Text``), an image (``Image``) or a video (``Video``), with the vision
-grids in patches before the spatial merge, and the model families the harness knows.  Part of the
+of segments, each a text run (``Text``), an image (``Image``), a video (``Video``, with its own audio
+track in the Omni families) or an audio clip (``Audio``), with the vision grids in patches before the
+spatial merge, and the model families the harness knows.  Part of the
 contract, like the spec: the reference computes positions from it (reference/position_ids.py), the
 adapters hand it to the engines' code, the strategies draw it.  Every field is checked on
 construction: bad input is a ValueError naming the field.
@@ -13,12 +14,22 @@ from dataclasses import dataclass
 
 import torch
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "hunyuan_ocr", "hunyuan_ocr_3d")
-XDROPE_FAMILIES = ("hunyuan_ocr", "hunyuan_ocr_3d")
+# Vision-language families (text, images, videos) first; the Omni families add audio.
+VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "hunyuan_ocr", "hunyuan_ocr_3d")
+OMNI_FAMILIES = ("qwen2_5_omni", "qwen3_omni")
+FAMILIES = (*VISION_FAMILIES, *OMNI_FAMILIES, "arc_hunyuan_video")
+# XD-RoPE: every row starts as the token index and only grid tokens depart from it.
+XDROPE_FAMILIES = ("hunyuan_ocr", "hunyuan_ocr_3d", "arc_hunyuan_video")
+# Families whose prompts may hold videos (HunyuanOCR takes images only) and audio.
+VIDEO_FAMILIES = tuple(f for f in FAMILIES if f not in ("hunyuan_ocr", "hunyuan_ocr_3d"))
+AUDIO_FAMILIES = OMNI_FAMILIES
+_NUM_DIMS = {"hunyuan_ocr": 4, "arc_hunyuan_video": 4}
 
-# Modality codes, the values of transformers' mm_token_type_ids.
-TEXT, IMAGE, VIDEO = 0, 1, 2
-ROLES = ("text", "timestamp", "vision_start", "vision_end", "video_start", "video_end", "image", "video")
+# Modality codes: text, image and video are transformers' mm_token_type_ids; audio (the Omni models
+# find it by token id) is the harness's own 3.
+TEXT, IMAGE, VIDEO, AUDIO = 0, 1, 2, 3
+ROLES = ("text", "timestamp", "vision_start", "vision_end", "video_start", "video_end", "image", "video",
+         "audio_start", "audio_end", "audio")
 
 # Qwen2.5-VL vision_config.tokens_per_second in the released checkpoints (the config class default
 # differs; the checkpoints set 2).  Temporal offsets are spaced by absolute time.
@@ -79,12 +90,16 @@ class Video:
     ``second_per_grid`` (seconds per temporal grid, = temporal_patch_size / fps) scales the
     temporal row for qwen2_5_vl only.  ``timestamp_tokens`` is the length of the time text each
     frame carries in qwen3_vl and glm4v (the tokenizer decides it; positions only need the count).
-    Families that have neither ignore them.
+    Families that have neither ignore them.  In the Omni families ``second_per_grid`` scales the
+    temporal row by ``position_id_per_seconds`` (25 or 13) and ``audio_frames`` is the video's own
+    audio track, interleaved with its frames by time (``use_audio_in_video``): its feature length,
+    as for ``Audio.frames``; None, a video without audio.  Other families refuse audio.
     """
 
     grid_thw: tuple[int, int, int]
     second_per_grid: float = 1.0
     timestamp_tokens: int = 1
+    audio_frames: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "grid_thw", _check_grid("grid_thw", self.grid_thw))
@@ -95,16 +110,38 @@ class Video:
             raise ValueError(f"second_per_grid={spg!r}: must be finite and > 0 (got {spg!r})")
         if not is_int(self.timestamp_tokens) or self.timestamp_tokens < 0:
             raise ValueError(f"timestamp_tokens={self.timestamp_tokens!r}: must be an int >= 0 (got {self.timestamp_tokens!r})")
+        if self.audio_frames is not None:
+            _check_audio_frames("audio_frames", self.audio_frames)
 
 
-SEGMENT_TYPES = (Text, Image, Video)
+MAX_AUDIO_FRAMES = 1 << 20
+
+
+def _check_audio_frames(field: str, frames) -> None:
+    if not is_int(frames) or not 1 <= frames <= MAX_AUDIO_FRAMES:
+        raise ValueError(f"{field}={frames!r}: must be an int in [1, {MAX_AUDIO_FRAMES}] (got {frames!r})")
+
+
+@dataclass(frozen=True)
+class Audio:
+    """One audio clip (Omni families): ``frames`` is its feature length, the mel frames the audio
+    encoder takes (transformers' ``feature_attention_mask.sum(-1)``, 100 per second); each family
+    turns it into its token count (``reference.audio_tokens``)."""
+
+    frames: int
+
+    def __post_init__(self) -> None:
+        _check_audio_frames("frames", self.frames)
+
+
+SEGMENT_TYPES = (Text, Image, Video, Audio)
 
 
 @dataclass(frozen=True)
 class Prompt:
     """An ordered tuple of segments and the vision tower's ``spatial_merge_size`` (2 in every model here)."""
 
-    segments: tuple[Text | Image | Video, ...]
+    segments: tuple[Text | Image | Video | Audio, ...]
     spatial_merge_size: int = 2
 
     def __post_init__(self) -> None:
@@ -118,8 +155,9 @@ class Prompt:
             raise ValueError(f"spatial_merge_size={m!r}: must be an int >= 1 (got {m!r})")
         for i, seg in enumerate(segments):
             if not isinstance(seg, SEGMENT_TYPES):
-                raise ValueError(f"segments[{i}]={seg!r}: must be a Text, Image or Video (got {type(seg).__name__})")
-            if isinstance(seg, Text):
+                raise ValueError(f"segments[{i}]={seg!r}: must be a Text, Image, Video or Audio "
+                                 f"(got {type(seg).__name__})")
+            if isinstance(seg, (Text, Audio)):
                 continue
             _, h, w = seg.grid_thw
             if h % m or w % m:
@@ -137,8 +175,24 @@ def check_family(family) -> str:
 
 
 def family_num_dims(family: str) -> int:
-    """Position rows of a family: 3 (M-RoPE, and hunyuan_ocr_3d W, H, T) or 4 (hunyuan_ocr P, W, H, T)."""
-    return 4 if check_family(family) == "hunyuan_ocr" else 3
+    """Position rows of a family: 3 (M-RoPE, and hunyuan_ocr_3d W, H, T) or 4 (hunyuan_ocr and
+    arc_hunyuan_video P, W, H, T)."""
+    return _NUM_DIMS.get(check_family(family), 3)
+
+
+def check_segments(family: str, prompt: "Prompt") -> None:
+    """ValueError naming the first segment ``family`` cannot take: a video in HunyuanOCR, audio
+    (an ``Audio`` segment, a video's ``audio_frames``) outside the Omni families."""
+    for i, seg in enumerate(prompt.segments):
+        if isinstance(seg, Video) and family not in VIDEO_FAMILIES:
+            raise ValueError(f"segments[{i}]={seg!r}: {family} takes no video (got a Video)")
+        if family in AUDIO_FAMILIES:
+            continue
+        if isinstance(seg, Audio):
+            raise ValueError(f"segments[{i}]={seg!r}: {family} takes no audio (only {', '.join(AUDIO_FAMILIES)} do)")
+        if isinstance(seg, Video) and seg.audio_frames is not None:
+            raise ValueError(f"segments[{i}].audio_frames={seg.audio_frames!r}: {family} takes no audio in a video "
+                             f"(only {', '.join(AUDIO_FAMILIES)} do)")
 
 
 # ---------------------------------------------------------------------------------- batches

@@ -7,10 +7,15 @@ with ``--rope-position-ids-impl properties.mutants.broken_position_ids:<name>``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from reference.position_ids import prompt_positions
-from rope.prompts import IMAGE, QWEN2_5_VL_TOKENS_PER_SECOND, XDROPE_FAMILIES, Image, Prompt, Text
+from rope.prompts import (IMAGE, OMNI_FAMILIES, QWEN2_5_VL_TOKENS_PER_SECOND, VISION_FAMILIES, XDROPE_FAMILIES, Audio,
+                          Image, Prompt, Text, Video)
+
+VL_MROPE = tuple(f for f in VISION_FAMILIES if f not in XDROPE_FAMILIES)
 
 
 def _mrope(family: str, prompt: Prompt, *, t_offsets=None, split_frames: bool = True, video_as_text: bool = False,
@@ -115,7 +120,7 @@ def temporal_scale_truncated(family: str, prompt: Prompt):
 def merge_size_from_temporal_patch(family: str, prompt: Prompt):
     """The spatial merge taken from the temporal patch size (2): two sizes conflated, as in
     vllm#37439, invisible while both are 2 as in every default config."""
-    if family in XDROPE_FAMILIES:
+    if family not in VL_MROPE:
         return _ref(family, prompt)
     return _mrope(family, prompt, merge=2)
 
@@ -198,7 +203,90 @@ def ordinal_across_batch(family: str, prompt: Prompt):
 
 ordinal_across_batch.batch = _xd_batch
 
+# ------------------------------------------------------------------------------------------ Omni
+def _shifted(family: str, prompt: Prompt, step) -> tuple[torch.Tensor, int]:
+    """The reference's ids with ``step(roles, k)`` added to token k and every token after it."""
+    ref = prompt_positions(family, prompt)
+    positions, shift = ref.positions.clone(), 0
+    for k in range(ref.length):
+        shift += step(ref.roles, k)
+        positions[:, k] += shift
+    return positions, int(positions.max()) + 1 - ref.length
+
+
+def _has_audio_in_video(prompt: Prompt) -> bool:
+    return any(isinstance(s, Video) and s.audio_frames is not None for s in prompt.segments)
+
+
+def audio_bos_eos_counted_twice(family: str, prompt: Prompt):
+    """Qwen2.5-Omni's two start tokens of a video with audio given two positions, and its two end
+    tokens too, instead of one each: the audio bos / eos handled twice (vllm#16878; Qwen3-Omni's
+    rule, where they are consecutive, applied to Qwen2.5-Omni)."""
+    if family != "qwen2_5_omni":
+        return _ref(family, prompt)
+    return _shifted(family, prompt, lambda roles, k: int(k > 0 and (roles[k - 1], roles[k]) in (
+        ("vision_start", "audio_start"), ("audio_end", "vision_end"))))
+
+
+def image_end_shifted_with_audio_in_video(family: str, prompt: Prompt):
+    """In a Qwen2.5-Omni prompt that uses audio in video, an image's end token taken for a video's
+    and shifted back by one like the shared end tokens, with everything after it (vllm#16878:
+    the -1 applied without checking that the vision end belongs to a video)."""
+    if family != "qwen2_5_omni" or not _has_audio_in_video(prompt):
+        return _ref(family, prompt)
+    return _shifted(family, prompt, lambda roles, k: -int(k > 0 and roles[k] == "vision_end" and roles[k - 1] == "image"))
+
+
+def audio_advances_only_t(family: str, prompt: Prompt):
+    """A stand-alone audio's tokens advance the temporal row only, H and W held at the first audio
+    position (mstar#196: the model gives audio text positions on every row)."""
+    ref = prompt_positions(family, prompt)
+    if family not in OMNI_FAMILIES:
+        return ref.positions.clone(), ref.delta
+    positions, start = ref.positions.clone(), None
+    for k, role in enumerate(ref.roles):
+        if role == "audio" and ref.roles[k - 1] == "audio_start":
+            start = int(positions[0, k])                 # a clip (a video's audio follows video tokens)
+        elif role != "audio":
+            start = None
+        if start is not None:
+            positions[1:, k] = start
+    return positions, ref.delta
+
+
+# The defaults engines fell back to when the processor's seconds per grid was not found.
+DEFAULT_SECOND_PER_GRID = {"qwen2_5_omni": 1.0, "qwen3_omni": 2.0}
+
+
+def second_per_grid_default(family: str, prompt: Prompt):
+    """Omni videos laid out with the default seconds per grid (1.0 Qwen2.5-Omni, 2.0 Qwen3-Omni)
+    whatever the video's own: the processor's ``video_second_per_grid`` looked up under another
+    key and never found (vllm#23056, vllm-omni#5398)."""
+    if family not in OMNI_FAMILIES:
+        return _ref(family, prompt)
+    segments = tuple(dataclasses.replace(s, second_per_grid=DEFAULT_SECOND_PER_GRID[family])
+                     if isinstance(s, Video) else s for s in prompt.segments)
+    return _ref(family, Prompt(segments, prompt.spatial_merge_size))
+
+
+def audio_in_video_flag_from_first_video(family: str, prompt: Prompt):
+    """One use_audio_in_video for the whole prompt, taken from its first video: when that video has
+    no audio, a later video's audio track is laid out as a clip of its own after the video, not
+    interleaved with it (VeOmni#493: videos with and without audio in one batch)."""
+    videos = [s for s in prompt.segments if isinstance(s, Video)]
+    if family not in OMNI_FAMILIES or not videos or videos[0].audio_frames is not None:
+        return _ref(family, prompt)
+    segments = []
+    for s in prompt.segments:
+        if isinstance(s, Video) and s.audio_frames is not None:
+            segments += [dataclasses.replace(s, audio_frames=None), Audio(s.audio_frames)]
+        else:
+            segments.append(s)
+    return _ref(family, Prompt(tuple(segments), prompt.spatial_merge_size))
+
+
 BROKEN_POSITION_IDS = {fn.__name__: fn for fn in (
     temporal_scale_truncated, merge_size_from_temporal_patch, frames_not_split, video_as_text,
     text_after_video_restart, delta_from_first_chunk, negative_delta_clamped, zero_taken_as_missing,
-    ordinal_across_batch)}
+    ordinal_across_batch, audio_bos_eos_counted_twice, image_end_shifted_with_audio_in_video,
+    audio_advances_only_t, second_per_grid_default, audio_in_video_flag_from_first_video)}

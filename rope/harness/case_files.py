@@ -60,7 +60,9 @@ null)::
     family          one of reference.FAMILIES
     batch           {"prompts": [prompt, ...], "pads": [int, ...], "side": "left" | "right"}
                     prompt = {"spatial_merge_size": int, "segments": [{"text": n} |
-                    {"image": [1, h, w]} | {"video": [t, h, w], "second_per_grid": x, "timestamp_tokens": n}]}
+                    {"image": [1, h, w]} | {"video": [t, h, w], "second_per_grid": x, "timestamp_tokens": n,
+                                            "audio_frames": n (Omni families, optional)}
+                    | {"audio": frames}]}
     prompt_index    which prompt of the batch differs
     result          PositionIdsMismatch.to_dict(): token, rows, segment, role, got, expected,
                     num_differing, got_delta, expected_delta
@@ -92,7 +94,7 @@ from rope.devices import DEVICE_NAMES
 from rope.harness.diagnosis import Diagnosis, channel_location
 from rope.registry import WORKING_PRECISIONS, get_implementation
 from rope.spec import RopeSpec
-from rope.prompts import FAMILIES, Image, Prompt, PromptBatch, Text, Video
+from rope.prompts import FAMILIES, Audio, Image, Prompt, PromptBatch, Text, Video
 from rope.harness.position_ids.diagnosis import LABELS, PositionIdsMismatch
 
 SCHEMA_VERSION = 1
@@ -505,6 +507,7 @@ MAX_TEXT = 1 << 16
 MAX_SIDE = 1 << 10
 MAX_FRAMES = 1 << 10
 MAX_PROMPT_TOKENS = 1 << 20
+MAX_AUDIO_FRAMES = 1 << 16
 
 
 def prompt_to_dict(prompt: Prompt) -> dict:
@@ -514,9 +517,14 @@ def prompt_to_dict(prompt: Prompt) -> dict:
             segments.append({"text": seg.length})
         elif isinstance(seg, Image):
             segments.append({"image": list(seg.grid_thw)})
+        elif isinstance(seg, Audio):
+            segments.append({"audio": seg.frames})
         else:
-            segments.append({"video": list(seg.grid_thw), "second_per_grid": seg.second_per_grid,
-                             "timestamp_tokens": seg.timestamp_tokens})
+            video = {"video": list(seg.grid_thw), "second_per_grid": seg.second_per_grid,
+                     "timestamp_tokens": seg.timestamp_tokens}
+            if seg.audio_frames is not None:
+                video["audio_frames"] = seg.audio_frames
+            segments.append(video)
     return {"spatial_merge_size": prompt.spatial_merge_size, "segments": segments}
 
 
@@ -546,9 +554,19 @@ def position_ids_case_record(*, implementation: str, fn: Callable, family: str, 
     }
 
 
-def _segment(where: str, raw) -> Text | Image | Video:
-    if not isinstance(raw, dict) or len(set(raw) & {"text", "image", "video"}) != 1:
-        raise ValueError(f"{where}: must be an object with exactly one of 'text', 'image', 'video'")
+def _audio_frames(where: str, frames) -> int:
+    if not is_int(frames) or not 1 <= frames <= MAX_AUDIO_FRAMES:
+        raise ValueError(f"{where}={frames!r}: must be an int in [1, {MAX_AUDIO_FRAMES}]")
+    return frames
+
+
+def _segment(where: str, raw) -> Text | Image | Video | Audio:
+    if not isinstance(raw, dict) or len(set(raw) & {"text", "image", "video", "audio"}) != 1:
+        raise ValueError(f"{where}: must be an object with exactly one of 'text', 'image', 'video', 'audio'")
+    if "audio" in raw:
+        if set(raw) != {"audio"}:
+            raise ValueError(f"{where}: unknown fields {sorted(set(raw) - {'audio'})}")
+        return Audio(_audio_frames(f"{where}.audio", raw["audio"]))
     if "text" in raw:
         if set(raw) != {"text"} or not is_int(raw["text"]) or not 0 <= raw["text"] <= MAX_TEXT:
             raise ValueError(f"{where}.text={raw.get('text')!r}: must be an int in [0, {MAX_TEXT}] and alone")
@@ -564,7 +582,7 @@ def _segment(where: str, raw) -> Text | Image | Video:
         if set(raw) != {"image"}:
             raise ValueError(f"{where}: unknown fields {sorted(set(raw) - {'image'})}")
         return Image(tuple(grid))
-    extra = set(raw) - {"video", "second_per_grid", "timestamp_tokens"}
+    extra = set(raw) - {"video", "second_per_grid", "timestamp_tokens", "audio_frames"}
     if extra:
         raise ValueError(f"{where}: unknown fields {sorted(extra)}")
     spg, ts = raw.get("second_per_grid", 1.0), raw.get("timestamp_tokens", 1)
@@ -572,7 +590,10 @@ def _segment(where: str, raw) -> Text | Image | Video:
         raise ValueError(f"{where}.second_per_grid={spg!r}: must be a finite number in (0, 1e6]")
     if not is_int(ts) or not 0 <= ts <= 64:
         raise ValueError(f"{where}.timestamp_tokens={ts!r}: must be an int in [0, 64]")
-    return Video(tuple(grid), second_per_grid=float(spg), timestamp_tokens=ts)
+    audio = raw.get("audio_frames")
+    if audio is not None:
+        _audio_frames(f"{where}.audio_frames", audio)
+    return Video(tuple(grid), second_per_grid=float(spg), timestamp_tokens=ts, audio_frames=audio)
 
 
 def prompt_from_dict(where: str, raw) -> Prompt:
@@ -595,9 +616,12 @@ def _tokens(prompt: Prompt) -> int:
     for seg in prompt.segments:
         if isinstance(seg, Text):
             total += seg.length
+        elif isinstance(seg, Audio):
+            total += seg.frames + 2
         else:
             t, h, w = seg.grid_thw
-            total += t * (h * w + h + 4 + getattr(seg, "timestamp_tokens", 0))
+            total += t * (h * w + h + 4 + getattr(seg, "timestamp_tokens", 0)) \
+                + (getattr(seg, "audio_frames", None) or 0) + 2
     return total
 
 

@@ -230,7 +230,7 @@ def test_a_stopped_run_skips_the_next_check(tmp_path, monkeypatch):
         comparison.evaluate_case("native", rotate_native, case, "cpu")
 
 
-def test_a_fail_fast_run_ends_at_the_first_failure_not_the_other_workers_test():
+def test_a_fail_fast_run_ends_at_the_first_failure_not_the_other_workers_test(tmp_path):
     # Two workers: one checks the GLM-4.1V trigger with an implementation that fails it in seconds,
     # the other a 2,000-example interpreted search of the Triton kernel, minutes of work.  The stop
     # must end that search at its next example: it is reported skipped for the other worker's
@@ -238,13 +238,15 @@ def test_a_fail_fast_run_ends_at_the_first_failure_not_the_other_workers_test():
     # verdict says so (lab/bench/first_failure.py measured that run ending 99.6 s later).
     # The CPU under the interpreter on every machine: on a GPU box the trigger would also run on the
     # GPU (a second failure) and the CPU search would not exist without the interpreter.
+    # An enclosing run's stop file in the environment (this test inside a `pytest -x` worker) must
+    # not stand in for the run's own: it is never created, so the run has to arm its own.
     run = _pytest(["-x", "-n", "2", "-q", "-rfs", "--hypothesis-profile", "deep", "properties/rotation/test_rotation.py",
                    "--rope-device", "cpu",
                    "--rope-impl", "properties.mutants.broken_rotations:neox_for_gptj", "--rope-impl", "triton", "-k",
                    "(test_known_bug_triggers_match_reference and neox_for_gptj and gptj-paired-neox-glm41v)"
                    " or (test_rotation_matches_reference and round1 and triton-cpu-bf16-chunked3-neox)"],
                   Path(__file__).resolve().parents[2], CI="true", ROPE_CASES_DIR="off", ROPE_NO_REPORT="1",
-                  TRITON_INTERPRET="1")
+                  TRITON_INTERPRET="1", ROPE_STOP_FILE=str(tmp_path / "enclosing-run-stop"))
     out = run.stdout + run.stderr
     # pytest's closing line (plugins may warn after it, e.g. pytest-benchmark under xdist).
     closing = [line for line in out.splitlines() if re.match(r"=*\s*\d+ (failed|passed|skipped|error)", line)][-1:]

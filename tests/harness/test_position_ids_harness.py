@@ -20,7 +20,7 @@ from properties.mutants import broken_position_ids as broken
 from properties.prompt_strategies import batches
 from properties.position_ids.test_position_ids import KNOWN_BUG_PROMPTS
 from reference.position_ids import prompt_positions
-from rope.prompts import Image, Prompt, Text, Video
+from rope.prompts import Audio, Image, Prompt, Text, Video
 from rope.harness.position_ids import (
     PromptBatch,
     check_result,
@@ -45,6 +45,11 @@ CAUGHT_BY = {
     "negative_delta_clamped": ("LightLLM#1147-negative-delta", "negative_delta_clamped"),
     "zero_taken_as_missing": ("rtp-llm#1213-image-first", "zero_taken_as_missing"),
     "ordinal_across_batch": ("hunyuan-ordinal-per-prompt", "ordinal_across_batch"),
+    "audio_bos_eos_counted_twice": ("vllm#16878-bos-eos-once", "audio_start_not_shared"),
+    "image_end_shifted_with_audio_in_video": ("vllm#16878-image-beside-audio-in-video", "image_end_shifted"),
+    "audio_advances_only_t": ("mstar#196-audio-rows", "audio_rows_held"),
+    "second_per_grid_default": ("vllm#23056-spg-not-found", "temporal_scale_default"),
+    "audio_in_video_flag_from_first_video": ("VeOmni#493-mixed-audio-videos", "audio_in_video_not_interleaved"),
 }
 
 
@@ -76,10 +81,16 @@ DEPARTS_IN = {
     "frames_not_split": ("qwen3_vl", "glm4v"),
     "video_as_text": ("glm4v",),
     "text_after_video_restart": ("qwen2_vl", "qwen2_5_vl"),
-    "delta_from_first_chunk": ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v"),
-    "negative_delta_clamped": ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v"),
-    "zero_taken_as_missing": ("hunyuan_ocr", "hunyuan_ocr_3d"),
-    "ordinal_across_batch": ("hunyuan_ocr", "hunyuan_ocr_3d"),
+    "delta_from_first_chunk": ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "qwen2_5_omni", "qwen3_omni"),
+    "negative_delta_clamped": ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "qwen2_5_omni", "qwen3_omni"),
+    # Qwen2.5-Omni: a video with audio opening the prompt has its audio start token at 0 too.
+    "zero_taken_as_missing": ("hunyuan_ocr", "hunyuan_ocr_3d", "arc_hunyuan_video", "qwen2_5_omni"),
+    "ordinal_across_batch": ("hunyuan_ocr", "hunyuan_ocr_3d", "arc_hunyuan_video"),
+    "audio_bos_eos_counted_twice": ("qwen2_5_omni",),
+    "image_end_shifted_with_audio_in_video": ("qwen2_5_omni",),
+    "audio_advances_only_t": ("qwen2_5_omni", "qwen3_omni"),
+    "second_per_grid_default": ("qwen2_5_omni", "qwen3_omni"),
+    "audio_in_video_flag_from_first_video": ("qwen2_5_omni", "qwen3_omni"),
 }
 
 
@@ -245,6 +256,19 @@ def test_mismatch_writes_a_case_file_that_loads_and_replays(tmp_path, monkeypatc
     assert cases.replay(path, impl=f"{MUTANTS}:reference_ids")[2].ok
 
 
+def test_omni_case_file_round_trips(tmp_path, monkeypatch):
+    # Audio clips and a video's audio track are written and read back: the replay is the same batch.
+    monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))
+    family, batch = PROMPTS["vllm#16878-image-beside-audio-in-video"]
+    batch = PromptBatch(batch.prompts + (Prompt((Text(1), Audio(40))),), (0, 2), "right")
+    fn = broken.BROKEN_POSITION_IDS["image_end_shifted_with_audio_in_video"]
+    with pytest.raises(AssertionError, match="image_end_shifted"):
+        cases.assert_matches(f"{MUTANTS}:image_end_shifted_with_audio_in_video", fn, family, batch)
+    (path,) = tmp_path.glob("*.json")
+    assert case_files.load_position_ids_case(path).batch == batch
+    assert not cases.replay(path, impl=f"{MUTANTS}:image_end_shifted_with_audio_in_video")[2].ok
+
+
 def test_replay_never_imports_a_recorded_module_path(tmp_path, monkeypatch):
     path, _ = _write_case(tmp_path, monkeypatch)
     with pytest.raises(ValueError, match="never imports a module path stored in a case file"):
@@ -288,6 +312,10 @@ def test_pytest_repro_replays_a_position_ids_case(tmp_path, monkeypatch):
      "second_per_grid='nan'"),
     (lambda r: r["batch"]["prompts"][0]["segments"].append({"video": [2, 2, 2], "code": "os.system"}),
      r"unknown fields \['code'\]"),
+    (lambda r: r["batch"]["prompts"][0]["segments"].append({"audio": 0}), r"audio=0: must be an int in \[1, "),
+    (lambda r: r["batch"]["prompts"][0]["segments"].append({"audio": 40, "code": 1}), r"unknown fields \['code'\]"),
+    (lambda r: r["batch"]["prompts"][0]["segments"].append({"video": [2, 2, 2], "audio_frames": 1 << 40}),
+     r"audio_frames=1099511627776: must be an int in \[1, "),
     (lambda r: r["batch"].update(pads=[1, 2, 3]), "pads="),
     (lambda r: r.update(prompt_index=7), "prompt_index=7"),
     (lambda r: r["batch"]["prompts"][0].update(spatial_merge_size=3), "multiples of spatial_merge_size=3"),

@@ -23,8 +23,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from properties.prompt_strategies import prompts
-from reference.position_ids import decode_positions, llm_grid, prompt_positions
-from rope.prompts import FAMILIES, IMAGE, TEXT, VIDEO, XDROPE_FAMILIES, Image, Prompt, Text, Video, family_num_dims
+from reference.position_ids import audio_tokens, decode_positions, llm_grid, prompt_positions
+from rope.prompts import (AUDIO, FAMILIES, IMAGE, TEXT, VIDEO, XDROPE_FAMILIES, Audio, Image, Prompt, Text, Video,
+                          family_num_dims)
 
 # =====================================================================================  part 1
 # Worked examples (computed by hand; the comments show the arithmetic).
@@ -147,7 +148,19 @@ BAD_INPUTS = [
     ("merge-divides-4", lambda: Prompt((Video((1, 6, 4)),), spatial_merge_size=4),
      r"^segments\[0\]\.grid_thw=\(1, 6, 4\): h and w must be multiples of spatial_merge_size=4 \(h % 4 = 2, w % 4 = 0\)$"),
     ("merge-zero", lambda: Prompt((Text(1),), spatial_merge_size=0), r"^spatial_merge_size=0: must be an int >= 1 \(got 0\)$"),
-    ("segment-type", lambda: Prompt((Text(1), "abc")), r"^segments\[1\]='abc': must be a Text, Image or Video \(got str\)$"),
+    ("segment-type", lambda: Prompt((Text(1), "abc")),
+     r"^segments\[1\]='abc': must be a Text, Image, Video or Audio \(got str\)$"),
+    ("audio-zero", lambda: Audio(0), r"^frames=0: must be an int in \[1, 1048576\] \(got 0\)$"),
+    ("video-audio-bool", lambda: Video((1, 2, 2), audio_frames=True), r"^audio_frames=True: must be an int in \["),
+    ("family-no-audio", lambda: prompt_positions("qwen2_5_vl", Prompt((Text(1), Audio(40)))),
+     r"^segments\[1\]=Audio\(frames=40\): qwen2_5_vl takes no audio \(only qwen2_5_omni, qwen3_omni do\)$"),
+    ("family-no-audio-in-video", lambda: prompt_positions("qwen3_vl", Prompt((Video((1, 2, 2), audio_frames=40),))),
+     r"^segments\[0\]\.audio_frames=40: qwen3_vl takes no audio in a video \(only qwen2_5_omni, qwen3_omni do\)$"),
+    ("omni-audio-no-tokens", lambda: prompt_positions("qwen2_5_omni", Prompt((Audio(2),))),
+     r"^segments\[0\]\.frames=2: qwen2_5_omni makes 0 audio tokens of it \(needs >= 1\)$"),
+    ("omni3-fractional-offset", lambda: prompt_positions("qwen3_omni", Prompt((Video((2, 2, 2), second_per_grid=0.5),))),
+     r"^segments\[0\]\.second_per_grid=0\.5: qwen3_omni's temporal offset ti \* second_per_grid \* 13 must be "
+     r"a whole number \(got 6\.5 at ti=1;"),
     ("family-unknown", lambda: prompt_positions("qwen4_vl", Prompt((Text(1),))), r"^family='qwen4_vl': must be one of \("),
     ("family-no-video", lambda: prompt_positions("hunyuan_ocr", Prompt((Text(1), Video((1, 2, 2))))),
      r"^segments\[1\]=Video\(.*\): hunyuan_ocr takes no video \(got a Video\)$"),
@@ -166,24 +179,110 @@ def test_positions_bad_input_raises_value_error(make, message):
         make()
 
 
+# Omni and ARC-Hunyuan-Video worked examples.  The lists are transformers 5.25's get_rope_index output
+# for the same token sequences (Qwen2.5-Omni / Qwen3-Omni thinkers) and a hand trace of the
+# ARC-Hunyuan-Video fork's get_xdrope_position_ids; the comments give the arithmetic.
+
+def test_qwen2_5_omni_audio_then_video_worked_example():
+    # "ab" <as> [audio 20 frames -> ((19 // 2 + 1 - 2) // 2 + 1) = 5 tokens] <ae> <vs> [video 2x4x4,
+    # spg 2 -> f = int(ti * 2 * 25) = 0, 50] <ve> "c": text positions through the audio.
+    pp = prompt_positions("qwen2_5_omni", Prompt((Text(2), Audio(20), Video((2, 4, 4), second_per_grid=2.0), Text(1))))
+    assert pp.roles[2:9] == ("audio_start",) + ("audio",) * 5 + ("audio_end",)
+    assert pp.modality.tolist().count(AUDIO) == 5
+    assert rows(pp)[0] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9] + [10] * 4 + [60] * 4 + [61, 62]
+    assert rows(pp)[1][10:18] == [10, 10, 11, 11, 10, 10, 11, 11]
+    assert pp.delta == 62 + 1 - 20 == 43
+
+
+def test_qwen2_5_omni_audio_in_video_worked_example():
+    # "ab" <vs><as> share 2; st = 3.  Video 4x4x4, spg 1: f = 0, 25, 50, 75 (4 tokens per frame);
+    # audio 200 frames -> 50 tokens at 3 .. 52.  Chunks of 50: video [f 0, 25 | 50, 75], audio [0..49]:
+    # order V0 (8 tokens), A0 (50), V1 (8); <ae><ve> share max(V1) + 1 = 79; "c" = 80.
+    pp = prompt_positions("qwen2_5_omni", Prompt((Text(2), Video((4, 4, 4), second_per_grid=1.0, audio_frames=200),
+                                                  Text(1))))
+    t = rows(pp)[0]
+    assert pp.roles[2:4] == ("vision_start", "audio_start") and t[2:4] == [2, 2]
+    assert t[4:12] == [3] * 4 + [28] * 4 and t[12:62] == list(range(3, 53)) and t[62:70] == [53] * 4 + [78] * 4
+    assert t[70:] == [79, 79, 80] and pp.roles[70:72] == ("audio_end", "vision_end")
+    assert pp.delta == 80 + 1 - 73 == 8
+
+
+def test_qwen2_5_omni_chunk_jump_worked_example():
+    # spg 4: f = 0, 100, 200 for frames of one token.  get_chunked_index advances one chunk per token:
+    # 100 >= 50 cuts before frame 1 (chunk 2 next), 200 >= 100 cuts before frame 2: V = [0 | 100 | 200];
+    # audio 300 frames -> 75 tokens, [0..49 | 50..74].  Order V0 A0 V1 A1 V2; the last run is V2.
+    pp = prompt_positions("qwen2_5_omni", Prompt((Video((3, 2, 2), second_per_grid=4.0, audio_frames=300),)))
+    t = rows(pp)[0]
+    assert t[:3] == [0, 0, 1]                       # <vs><as> at 0, V0 at st = 1
+    assert t[3:53] == list(range(1, 51)) and t[53] == 101 and t[54:79] == list(range(51, 76)) and t[79] == 201
+    assert t[80:] == [202, 202]
+
+
+def test_omni_position_after_block_is_one_past_its_last_run():
+    # A video 20 tokens tall (h' = 20) with audio of 30 frames (7 tokens in Qwen2.5-Omni, 4 in
+    # Qwen3-Omni): the runs are the video (H up to st + 19), then the audio (st .. st + n - 1).  The
+    # end tokens follow the last run, the audio: st + n, below the block's maximum st + 19
+    # (transformers reads the last piece's maximum).
+    for family, first in (("qwen2_5_omni", 1), ("qwen3_omni", 2)):
+        pp = prompt_positions(family, Prompt((Video((1, 40, 2), second_per_grid=1.0, audio_frames=30), Text(1))))
+        st = first
+        assert int(pp.positions[1].max()) == st + 19
+        end = pp.roles.index("audio_end")
+        assert pp.positions[:, end].tolist() == [st + audio_tokens(family, 30)] * 3, family
+
+
+def test_qwen3_omni_audio_in_video_worked_example():
+    # "ab" <vs> 2 <as> 3 (consecutive); st = 4.  Video 3x4x4, spg 2 -> f = 0, 26, 52; audio 200 frames
+    # -> 2 full windows x 13 = 26 tokens (4 .. 29).  Merged on T, video first on a tie: frame 0 (T 4),
+    # audio 4 .. 29, frames 1, 2 (T 30, 56); <ae> 57 <ve> 58; "c" 59.
+    pp = prompt_positions("qwen3_omni", Prompt((Text(2), Video((3, 4, 4), second_per_grid=2.0, audio_frames=200),
+                                                Text(1))))
+    t = rows(pp)[0]
+    assert t[:4] == [0, 1, 2, 3] and t[4:8] == [4] * 4 and t[8:34] == list(range(4, 30))
+    assert t[34:42] == [30] * 4 + [56] * 4 and t[42:] == [57, 58, 59]
+    assert pp.delta == 59 + 1 - 45 == 15
+
+
+@pytest.mark.parametrize("frames, tokens", [(20, 3), (99, 13), (100, 13), (101, 14), (200, 26), (1000, 130)])
+def test_qwen3_omni_audio_tokens(frames, tokens):
+    assert audio_tokens("qwen3_omni", frames) == tokens
+
+
+def test_arc_hunyuan_video_frames_are_images_worked_example():
+    # "a", then 2 frames of 2 x 2 merged tokens: each <img> CTX [2 rows x (2 + newline)] CTX </img>;
+    # rows P, W (column), H (row), T (frame ordinal); everything else the plain index.
+    pp = prompt_positions("arc_hunyuan_video", Prompt((Text(1), Video((2, 4, 4)), Text(2))))
+    assert rows(pp) == [
+        list(range(23)),
+        [0, 1, 2, 0, 1, 2, 0, 1, 2, 9, 10, 11, 12, 0, 1, 2, 0, 1, 2, 19, 20, 21, 22],
+        [0, 1, 2, 0, 0, 0, 1, 1, 1, 9, 10, 11, 12, 0, 0, 0, 1, 1, 1, 19, 20, 21, 22],
+        [0, 1, 2, 0, 0, 0, 0, 0, 0, 9, 10, 11, 12, 1, 1, 1, 1, 1, 1, 19, 20, 21, 22],
+    ]
+    assert pp.delta == 0
+
+
 # =====================================================================================  part 2
 # Strategies: properties/prompt_strategies.py.  Counts straight from the description:
 
 
-def _expected_counts(family: str, prompt: Prompt) -> tuple[int, int]:
-    """(image tokens, video tokens) straight from the description."""
-    n_image = n_video = 0
+def _expected_counts(family: str, prompt: Prompt) -> tuple[int, int, int]:
+    """(image tokens, video tokens, audio tokens) straight from the description."""
+    n_image = n_video = n_audio = 0
     for seg in prompt.segments:
         if isinstance(seg, Text):
             continue
+        if isinstance(seg, Audio):
+            n_audio += audio_tokens(family, seg.frames)
+            continue
         t, h, w = llm_grid(seg.grid_thw, prompt.spatial_merge_size)
-        if family in XDROPE_FAMILIES:
-            n_image += h * (w + 1) + 2
+        if family in XDROPE_FAMILIES:                  # ARC-Hunyuan-Video: a frame is an image
+            n_image += (t if isinstance(seg, Video) else 1) * (h * (w + 1) + 2)
         elif isinstance(seg, Image):
             n_image += h * w
         else:
             n_video += t * h * w
-    return n_image, n_video
+            n_audio += audio_tokens(family, seg.audio_frames) if seg.audio_frames else 0
+    return n_image, n_video, n_audio
 
 
 # Properties of the reference alone -------------------------------------------------------------
@@ -205,10 +304,11 @@ def test_text_tokens_reduce_to_1d(family, data):
 def test_positions_token_layout_matches_description(family, data):
     prompt = data.draw(prompts(family=family))
     pp = prompt_positions(family, prompt)
-    n_image, n_video = _expected_counts(family, prompt)
+    n_image, n_video, n_audio = _expected_counts(family, prompt)
     assert pp.positions.shape == (family_num_dims(family), pp.length)
     assert int((pp.modality == IMAGE).sum()) == n_image
     assert int((pp.modality == VIDEO).sum()) == n_video
+    assert int((pp.modality == AUDIO).sum()) == n_audio
     assert len(pp.roles) == pp.length
     assert pp.roles.count("text") == sum(s.length for s in prompt.segments if isinstance(s, Text))
     # text and markup tokens: all rows equal (M-RoPE) / plain index (XD-RoPE)
@@ -366,3 +466,70 @@ def test_known_mismatch_table_is_well_formed():
         assert m.until is not None or f"still in the installed {hf.TRANSFORMERS_VERSION}" in m.said, m.said
         assert set(m.families) <= set(FAMILIES), m.key
         assert m.until is None or Version(m.since) < Version(m.until) <= hf.NEWEST_VERSION_READ, m.key
+
+
+# Omni: every worked example above through transformers' own get_rope_index, and its one departure.
+OMNI_PROMPTS = [
+    ("qwen2_5_omni", Prompt((Text(2), Audio(20), Video((2, 4, 4), second_per_grid=2.0), Text(1)))),
+    ("qwen2_5_omni", Prompt((Text(2), Video((4, 4, 4), second_per_grid=1.0, audio_frames=200), Text(1)))),
+    ("qwen2_5_omni", Prompt((Video((3, 2, 2), second_per_grid=4.0, audio_frames=300),))),
+    ("qwen2_5_omni", Prompt((Video((1, 40, 2), second_per_grid=1.0, audio_frames=30), Text(1)))),
+    ("qwen3_omni", Prompt((Text(2), Video((3, 4, 4), second_per_grid=2.0, audio_frames=200), Text(1)))),
+    ("qwen3_omni", Prompt((Video((1, 40, 2), second_per_grid=1.0, audio_frames=30), Text(1)))),
+]
+
+
+@pytest.mark.parametrize("family, prompt", OMNI_PROMPTS, ids=[f"{f}-{i}" for i, (f, _) in enumerate(OMNI_PROMPTS)])
+def test_omni_worked_examples_match_transformers(family, prompt):
+    if _unavailable(family):
+        pytest.skip(_unavailable(family))
+    ref = prompt_positions(family, prompt)
+    assert _single(family, prompt) == (ref.positions.tolist(), ref.delta)
+
+
+ONE_TOKEN_PADDED = PromptBatch((Prompt((Text(1),)), Prompt((Text(3),)))) if hf else None
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_omni", "qwen3_omni"])
+@_xfail_if_active("pad_fill_in_delta")
+def test_omni_one_token_padded_delta_matches_reference(family):
+    if _unavailable(family):
+        pytest.skip(_unavailable(family))
+    (_, delta), _ = hf.position_ids_transformers.batch(family, ONE_TOKEN_PADDED)
+    assert delta == prompt_positions(family, ONE_TOKEN_PADDED.prompts[0]).delta == 0
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_omni", "qwen3_omni"])
+@_skip_unless_active("pad_fill_in_delta")
+def test_omni_one_token_padded_delta_pinned_value(family):
+    if _unavailable(family):
+        pytest.skip(_unavailable(family))
+    (pos, delta), (pos3, delta3) = hf.position_ids_transformers.batch(family, ONE_TOKEN_PADDED)
+    # one real token at 0, two pad columns filled with 1: max 1 + 1 - 1 real token
+    assert pos.tolist() == [[0]] * 3 and delta == 1
+    assert pos3.tolist() == [[0, 1, 2]] * 3 and delta3 == 0     # no pad column in the longest row
+
+
+def test_qwen3_omni_talker_applies_the_thinker_rule():
+    # The talker's get_rope_index is the thinker's, run with the talker config (its own ids and
+    # position_id_per_seconds; 13 in the checkpoint) on the user turn's ids, placeholders kept, then
+    # codec tokens that are text to it: the qwen3_omni family describes its positions.
+    if _unavailable("qwen3_omni"):
+        pytest.skip(_unavailable("qwen3_omni"))
+    from transformers.models.qwen3_omni_moe import configuration_qwen3_omni_moe as conf
+    from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as mod
+    from rope.backends.vocabulary import token_ids
+    talker = mod.Qwen3OmniMoeTalkerForConditionalGeneration
+    config = conf.Qwen3OmniMoeTalkerConfig(position_id_per_seconds=13, audio_end_token_id=151670,
+                                           vision_end_token_id=151653)
+    helpers = ("get_rope_index", "get_llm_pos_ids_for_vision")
+    dummy = type("DummyTalker", (), {name: getattr(talker, name) for name in helpers})()
+    dummy.config, dummy.spatial_merge_size = config, 2
+    prompt = Prompt((Text(3), Image((1, 4, 6)), Text(2), Video((3, 4, 4), second_per_grid=2.0), Text(9)))
+    ref = prompt_positions("qwen3_omni", prompt)
+    ids = torch.tensor([token_ids("qwen3_omni", config, ref.roles)])
+    positions, delta = dummy.get_rope_index(
+        input_ids=ids, attention_mask=torch.ones_like(ids), image_grid_thw=torch.tensor([[1, 4, 6]]),
+        video_grid_thw=torch.tensor([[3, 4, 4]]), second_per_grids=torch.tensor([2.0]))
+    assert positions[:, 0].to(torch.int64).tolist() == ref.positions.tolist()
+    assert int(delta.reshape(-1)[0]) == ref.delta

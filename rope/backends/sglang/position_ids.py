@@ -35,7 +35,7 @@ import types
 import torch
 
 from reference.position_ids import prompt_positions
-from rope.prompts import FAMILIES, QWEN2_5_VL_TOKENS_PER_SECOND, XDROPE_FAMILIES, Image, Prompt, Text, Video
+from rope.prompts import QWEN2_5_VL_TOKENS_PER_SECOND, Image, Prompt, Text, Video
 from rope.backends import require
 from rope.prompts import KnownDeviation, PromptBatch
 from rope.backends.vocabulary import PAD_TOKEN_ID, TEXT_TOKEN_ID, TIMESTAMP_TOKEN_ID
@@ -54,7 +54,7 @@ except importlib.metadata.PackageNotFoundError:      # a source checkout on the 
     SGLANG_VERSION = "unknown"
 NEWEST_VERSION_READ = "0.5.23"
 
-MROPE_FAMILIES = tuple(f for f in FAMILIES if f not in XDROPE_FAMILIES)
+MROPE_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v")
 
 # The released checkpoints' config ids (= transformers' default configs).  Qwen2-VL, Qwen2.5-VL and
 # Qwen3-VL share one vocabulary.

@@ -29,13 +29,14 @@ import torch
 from packaging.version import Version
 
 from reference.position_ids import llm_grid, prompt_positions
-from rope.prompts import (FAMILIES, IMAGE, QWEN2_5_VL_TOKENS_PER_SECOND, VIDEO, XDROPE_FAMILIES, Image, Prompt,
-                          Video, family_num_dims)
+from rope.prompts import (IMAGE, OMNI_FAMILIES, QWEN2_5_VL_TOKENS_PER_SECOND, VIDEO, XDROPE_FAMILIES, Image,
+                          Prompt, Video, family_num_dims)
 from rope.backends import require
 from rope.prompts import KnownDeviation, PromptBatch
 from rope.backends.vocabulary import PAD_TOKEN_ID, hunyuan_config_kwargs, token_ids
 
 transformers = require("transformers", distribution="transformers", install="pip install '.[oracle]'")
+from rope.backends.transformers import omni_position_ids as omni  # noqa: E402 - needs transformers present
 TRANSFORMERS_VERSION = Version(transformers.__version__)
 MIN_VERSION = Version("5.6.0")
 NEWEST_VERSION_READ = Version("5.24.0")
@@ -71,8 +72,18 @@ MODELS = {
 HELPERS = ("get_rope_index", "get_vision_position_ids")
 
 
+# Every family but ARC-Hunyuan-Video, whose get_xdrope_position_ids lives only in TencentARC's fork.
+TRANSFORMERS_FAMILIES = (*MODELS, *OMNI_FAMILIES)
+
+
 def family_unavailable(family: str) -> str | None:
     """Why the installed transformers cannot run ``family`` (a skip reason), or None."""
+    if family in OMNI_FAMILIES:
+        try:
+            importlib.import_module(omni.MODELS[family][0])
+        except ImportError:
+            return f"needs transformers' {omni.MODELS[family][1]} (not in transformers {TRANSFORMERS_VERSION})"
+        return None
     if TRANSFORMERS_VERSION < MIN_VERSION:
         return (f"needs transformers >= {MIN_VERSION} (get_rope_index with mm_token_type_ids and working video "
                 f"blocks); installed {TRANSFORMERS_VERSION}")
@@ -100,6 +111,8 @@ def _model(family: str, spatial_merge_size: int):
 
 def _batch(family: str, batch: PromptBatch) -> list[tuple[torch.Tensor, int]]:
     """One ``get_rope_index`` call on the padded batch; per prompt (positions [D, L_i], delta)."""
+    if family in OMNI_FAMILIES:
+        return omni.omni_batch(family, batch)
     merge = batch.prompts[0].spatial_merge_size
     get_rope_index, config = _model(family, merge)
     refs = [prompt_positions(family, p) for p in batch.prompts]
@@ -209,6 +222,17 @@ KNOWN_MISMATCHES = {
                 "at T = (images in prompts 0..b-1); vLLM and the original count per request"
             ),
         ),
+        KnownMismatch(
+            key="pad_fill_in_delta",
+            families=OMNI_FAMILIES,
+            since="4.57.6",
+            until=None,
+            reason=(
+                "known mismatch: transformers >=4.57.6 (still in the installed {installed}) Qwen2.5-Omni / Qwen3-Omni "
+                "get_rope_index, in a call with no image or video grid (text and audio only), sets pad columns to 1 "
+                "before taking the row maximum, so a one-token prompt in a padded row gets delta 1 instead of 0"
+            ),
+        ),
     )
 }
 
@@ -277,6 +301,11 @@ def pinned_value(family: str, prompt: Prompt, images_before: int = 0, version: V
 
 def known_deviations(family: str, batch: PromptBatch) -> list[KnownDeviation | None]:
     """Per prompt, the pinned value where an active known mismatch changes it (else None)."""
+    if family in OMNI_FAMILIES:
+        mismatch = KNOWN_MISMATCHES["pad_fill_in_delta"]
+        changed = omni.pad_fill_deltas(family, batch) if mismatch.active() else {}
+        return [KnownDeviation(prompt_positions(family, p).positions, changed[i], (mismatch.key,), mismatch.said)
+                if i in changed else None for i, p in enumerate(batch.prompts)]
     out: list[KnownDeviation | None] = []
     images_before = 0
     for prompt in batch.prompts:
@@ -291,10 +320,13 @@ def known_deviations(family: str, batch: PromptBatch) -> list[KnownDeviation | N
 
 
 def _unsupported_reason(family: str, prompt: Prompt | None) -> str | None:
-    return family_unavailable(family)
+    reason = family_unavailable(family)
+    if reason is None and family in OMNI_FAMILIES:
+        reason = omni.unsupported_reason(family, prompt)
+    return reason
 
 
-position_ids_transformers.families = FAMILIES
+position_ids_transformers.families = TRANSFORMERS_FAMILIES
 position_ids_transformers.unsupported_reason = _unsupported_reason
 position_ids_transformers.batch = _batch
 position_ids_transformers.known_deviations = known_deviations

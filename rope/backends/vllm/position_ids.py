@@ -39,7 +39,7 @@ import os
 import torch
 
 from reference.position_ids import prompt_positions
-from rope.prompts import (FAMILIES, IMAGE, QWEN2_5_VL_TOKENS_PER_SECOND, TEXT, VIDEO, XDROPE_FAMILIES, Image,
+from rope.prompts import (IMAGE, QWEN2_5_VL_TOKENS_PER_SECOND, TEXT, VIDEO, XDROPE_FAMILIES, Image,
                           Prompt, Video)
 from rope.backends import require
 from rope.backends.vocabulary import hunyuan_config_kwargs, token_ids
@@ -195,6 +195,6 @@ def _unsupported_reason(family: str, prompt: Prompt | None) -> str | None:
     return family_unavailable(family)
 
 
-position_ids_vllm.families = FAMILIES
+position_ids_vllm.families = tuple(MODELS)
 position_ids_vllm.unsupported_reason = _unsupported_reason
 position_ids_vllm.version = VLLM_VERSION

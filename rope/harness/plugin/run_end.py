@@ -13,9 +13,13 @@ from rope.harness.plugin.activation import _is_controller
 
 
 def _arm_stop_file(config) -> None:
-    """The controller of a fail-fast run names the stop file (rope.harness.stop) for its workers."""
+    """The controller of a fail-fast run names the stop file (rope.harness.stop) for its workers.
+
+    Always its own: a file named in the environment already is an enclosing run's (a test that
+    runs pytest inside a worker of a ``-x`` run inherits it), and reusing it would leave this run
+    without a stop of its own and tie it to the other run's failures."""
     from rope.harness.stop import STOP_FILE_ENV
-    if _is_controller(config) and not os.environ.get(STOP_FILE_ENV):
+    if _is_controller(config):
         import tempfile
         config._rope_stop_file = os.path.join(tempfile.gettempdir(), f"rope-stop-{os.getpid()}-{time.time_ns()}")
         os.environ[STOP_FILE_ENV] = config._rope_stop_file      # the workers, started later, inherit it

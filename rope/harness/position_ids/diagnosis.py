@@ -18,6 +18,17 @@ text_after_video_restart        the video itself right, the tokens after it rest
 ordinal_across_batch            an XD-RoPE image's T row offset by a constant: the image ordinal counted
                                 across the batch instead of per prompt (HunYuanVL in transformers 5.13+)
 zero_taken_as_missing           a position that must be 0 replaced (0 taken for "no position", rtp-llm#1213)
+audio_start_not_shared          Qwen2.5-Omni's start (or end) tokens of a video with audio at two positions,
+                                not one (the audio bos / eos counted twice, vllm#16878)
+image_end_shifted               an image's end token one below its place, with what follows (the shared-end
+                                shift of a video with audio applied to an image, vllm#16878)
+audio_rows_held                 audio tokens whose H and W rows stay at the clip's first position while T
+                                advances (mstar#196)
+temporal_scale_default          an Omni video's temporal row at the default seconds per grid (1.0 / 2.0),
+                                not its own (the processor's value never found, vllm#23056)
+audio_in_video_not_interleaved  a video's audio laid out as a clip after the video instead of interleaved
+                                with its frames (one use_audio_in_video for videos with and without
+                                audio, VeOmni#493)
 vision_block_wrong              an image / video block's spatial rows
 text_wrong                      a text or markup token
 delta_wrong                     positions right, delta not max + 1 - L (e.g. recomputed per prefill
@@ -28,16 +39,21 @@ negative_delta_clamped          positions right, a negative delta returned as 0 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from reference.position_ids import llm_grid, prompt_positions
-from rope.prompts import IMAGE, QWEN2_5_VL_TOKENS_PER_SECOND, VIDEO, XDROPE_FAMILIES, Prompt, Video
+from rope.prompts import (IMAGE, OMNI_FAMILIES, QWEN2_5_VL_TOKENS_PER_SECOND, VIDEO, XDROPE_FAMILIES, Audio, Prompt,
+                          Video)
 
 LABELS = ("video_as_text", "frames_not_split", "temporal_scale_truncated", "temporal_scale_wrong",
-          "text_after_video_restart", "ordinal_across_batch", "zero_taken_as_missing", "vision_block_wrong",
-          "text_wrong", "delta_wrong", "negative_delta_clamped")
+          "text_after_video_restart", "ordinal_across_batch", "zero_taken_as_missing", "audio_start_not_shared",
+          "image_end_shifted", "audio_rows_held", "temporal_scale_default", "audio_in_video_not_interleaved",
+          "vision_block_wrong", "text_wrong", "delta_wrong", "negative_delta_clamped")
+# The seconds per grid engines fell back to when the processor's value was not found.
+OMNI_DEFAULT_SECOND_PER_GRID = {"qwen2_5_omni": 1.0, "qwen3_omni": 2.0}
 
 
 @dataclass(frozen=True)
@@ -123,11 +139,57 @@ def _diagnose_delta(positions: torch.Tensor, got: int, want: int) -> tuple[str, 
     return "delta_wrong", f"the positions are right but delta is {got}, not max + 1 - L = {want}"
 
 
+def _alternative(family: str, prompt: Prompt, segments) -> torch.Tensor | None:
+    """The reference's ids of ``prompt`` with other segments (same length), or None."""
+    try:
+        positions = prompt_positions(family, Prompt(tuple(segments), prompt.spatial_merge_size)).positions
+    except ValueError:
+        return None
+    return positions
+
+
+def _diagnose_omni(family, prompt, got, want, token, segment, spans, roles) -> tuple[str, str] | None:
+    seg = prompt.segments[segment]
+    role, before = roles[token], roles[token - 1] if token else None
+    diff = (got[:, token] - want[:, token]).tolist()
+    if family == "qwen2_5_omni" and (before, role) == ("vision_start", "audio_start") and diff == [1, 1, 1]:
+        return ("audio_start_not_shared", f"the audio start token {token} of the video of segment {segment} is one "
+                "past the vision start: Qwen2.5-Omni gives both start tokens (and both end tokens) one position")
+    if (before, role) == ("image", "vision_end") and diff == [-1, -1, -1]:
+        return ("image_end_shifted", f"the end token {token} of the image of segment {segment} is one below its "
+                "place: the shared end-token shift of a video with audio applied to an image")
+    if role == "audio" and diff[0] == 0 and before in ("audio_start", "audio"):
+        return ("audio_rows_held", f"audio token {token} (segment {segment}) has T right but H, W at "
+                f"{got[1:, token].tolist()}: audio tokens take text positions on every row")
+    if isinstance(seg, Video):
+        a, b = spans[segment]
+        default = [dataclasses.replace(s, second_per_grid=OMNI_DEFAULT_SECOND_PER_GRID[family])
+                   if isinstance(s, Video) else s for s in prompt.segments]
+        alt = _alternative(family, prompt, default)
+        if alt is not None and torch.equal(got[:, a:b], alt[:, a:b]):
+            return ("temporal_scale_default", f"the video of segment {segment} has the temporal row of seconds per grid "
+                    f"{OMNI_DEFAULT_SECOND_PER_GRID[family]} (the default), not its own {seg.second_per_grid}")
+        if seg.audio_frames is not None:
+            split = [*prompt.segments[:segment], dataclasses.replace(seg, audio_frames=None), Audio(seg.audio_frames),
+                     *prompt.segments[segment + 1:]]
+            alt = _alternative(family, prompt, split)
+            if alt is not None and torch.equal(got[:, a:b], alt[:, a:b]):
+                return ("audio_in_video_not_interleaved", f"the video of segment {segment} and its audio are laid out "
+                        "one after the other, not interleaved by time (use_audio_in_video off for this video)")
+    return None
+
+
 def _diagnose_positions(family, prompt, got, want, token, segment, spans) -> tuple[str, str]:
     seg = prompt.segments[segment]
     a, b = spans[segment]
     ref = prompt_positions(family, prompt)
-    block = ref.modality[a:b] != 0                  # the vision tokens of this segment
+    if family in OMNI_FAMILIES:
+        found = _diagnose_omni(family, prompt, got, want, token, segment, spans, ref.roles)
+        if found is not None:
+            return found
+    # The vision tokens of this segment (of a video, the video's own: an Omni video's audio is not).
+    video = isinstance(seg, Video) and family not in XDROPE_FAMILIES
+    block = ref.modality[a:b] == VIDEO if video else ref.modality[a:b] != 0
     cols = torch.arange(a, b)[block]
     if isinstance(seg, Video) and cols.numel() and family not in XDROPE_FAMILIES:
         g, e = got[:, cols], want[:, cols]
