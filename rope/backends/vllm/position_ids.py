@@ -54,6 +54,7 @@ _inputs = require("vllm.multimodal.inputs", distribution="vllm", install=_INSTAL
 for _module in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4_1v", "transformers"):
     require(f"vllm.model_executor.models.{_module}", distribution="vllm", install=_INSTALL)
 VLLM_VERSION = getattr(vllm, "__version__", "?")
+from rope.backends.vllm import omni_position_ids as omni  # noqa: E402 - after vLLM is found
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,6 +184,8 @@ def mm_features(family: str, prompt: Prompt, roles, modality: list[int]) -> list
 
 def position_ids_vllm(family: str, prompt: Prompt):
     """``<vLLM model>.get_mrope_input_positions(input_tokens, mm_features)`` for one prompt."""
+    if family in omni.MODELS:
+        return omni.omni_positions(family, prompt)
     stub, config = _model(family, prompt.spatial_merge_size)
     ref = prompt_positions(family, prompt)
     modality = ref.modality.tolist()
@@ -192,9 +195,12 @@ def position_ids_vllm(family: str, prompt: Prompt):
 
 
 def _unsupported_reason(family: str, prompt: Prompt | None) -> str | None:
+    if family in omni.MODELS:
+        return omni.family_unavailable(family) or omni.unsupported_reason(family, prompt)
     return family_unavailable(family)
 
 
-position_ids_vllm.families = tuple(MODELS)
+position_ids_vllm.families = (*MODELS, *omni.MODELS)
 position_ids_vllm.unsupported_reason = _unsupported_reason
+position_ids_vllm.known_deviations = omni.known_deviations
 position_ids_vllm.version = VLLM_VERSION
