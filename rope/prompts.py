@@ -101,6 +101,11 @@ class Video:
     timestamp_tokens: int = 1
     audio_frames: int | None = None
 
+    def __repr__(self) -> str:         # a video without audio reads as it did before audio existed
+        audio = "" if self.audio_frames is None else f", audio_frames={self.audio_frames!r}"
+        return (f"Video(grid_thw={self.grid_thw!r}, second_per_grid={self.second_per_grid!r}, "
+                f"timestamp_tokens={self.timestamp_tokens!r}{audio})")
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "grid_thw", _check_grid("grid_thw", self.grid_thw))
         spg = self.second_per_grid
