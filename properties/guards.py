@@ -58,11 +58,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-import reference
 from properties.strategies import OUT_SENTINEL, RaggedBatch, RotationCase, build_rotation_inputs
 from rope.devices import is_interpreter, synchronize, torch_device
 from rope.harness import case_files, causes
-from rope.harness.comparison import call_positions, call_rotation, check_positions, positions_failure
+from rope.harness.comparison import (angle_source, call_positions, call_rotation, check_positions, positions_failure,
+                                     reference_rotation)
 from rope.harness.diagnosis import Diagnosis, diagnose
 from rope.harness.tolerance import Comparison, compare_rotation
 from rope.registry import working_precision
@@ -469,10 +469,11 @@ def _compare_guarded(fn, case: RotationCase, device: str):
     # The reference reads only the rows the positions index: give it those (same values, and no
     # float64 copy of a 4 x 262144-row cache).
     cache = ref_in.cache[:int(ref_in.positions.max()) + 1] if case.num_tokens else ref_in.cache
-    ref_q, ref_k = reference.rotate(case.spec, ref_in.positions, ref_in.query, ref_in.key, cache)
+    ref_q, ref_k = reference_rotation(fn, case.spec, ref_in.positions, ref_in.query, ref_in.key, cache)
     q_out, k_out = run.outputs
     result = compare_rotation(case.spec, ref_in.positions, ref_in.query, ref_in.key, cache,
-                              q_out, k_out, ref_q, ref_k, working_precision(fn), device=run.inputs.query.device)
+                              q_out, k_out, ref_q, ref_k, working_precision(fn), device=run.inputs.query.device,
+                              angles=angle_source(fn))
     result.problems += [f"guard violation: {v}" for v in run.violations]
     return result, run, ref_in
 

@@ -33,6 +33,18 @@ def select_cos_sin(spec: RopeSpec, positions: torch.Tensor, cos_sin_cache: torch
     return cos, sin
 
 
+def exact_cos_sin(spec: RopeSpec, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin as float64 [num_tokens, rotary_dim/2] of the exact angles
+    ``positions[axis(i), t] * effective_base ** -(2i / rotary_dim)``, all in float64: what an
+    implementation that computes its own angles (no cache) is compared against."""
+    rows = positions.long().reshape(spec.num_dims, -1).cpu()
+    axes = torch.tensor(spec.axis_map(), dtype=torch.long)
+    rd = spec.rotary_dim
+    inv = float(spec.effective_base) ** (-torch.arange(0, rd, 2, dtype=torch.float64) / rd)
+    theta = rows[axes].T.to(torch.float64) * inv
+    return theta.cos(), theta.sin()
+
+
 def rotate_heads(spec: RopeSpec, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate [T, H * head_size] in float64; channels >= rotary_dim are copied unchanged."""
     num_tokens = x.shape[0]

@@ -34,7 +34,8 @@ from hypothesis import given, settings
 from rope.cache import cos_sin_cache
 from rope.devices import torch_device
 from rope.harness import report
-from rope.harness.comparison import assert_matches_reference, call_rotation, skip_if_unsupported
+from rope.harness.comparison import (angle_source, assert_matches_reference, call_rotation, reference_rotation,
+                                     skip_if_unsupported)
 from rope.harness.inputs import build_rotation_inputs
 from rope.harness.plugin import default_profile
 from rope.harness.tolerance import compare_rotation
@@ -306,11 +307,11 @@ def assert_matches_reference_in_chunks(impl_name: str, impl, case: RotationCase,
         rows = slice(start, min(start + HUGE_CHUNK_TOKENS, case.num_tokens))
         positions = x.positions[..., rows]
         q_in, k_in = query[rows], None if key is None else key[rows]
-        ref_q, ref_k = reference.rotate(case.spec, positions, q_in, k_in, x.cache)
+        ref_q, ref_k = reference_rotation(impl, case.spec, positions, q_in, k_in, x.cache)
         result = compare_rotation(case.spec, positions, q_in, k_in, x.cache, q_out[rows],
                                   None if k_out is None else k_out[rows], ref_q.cpu(),
                                   None if ref_k is None else ref_k.cpu(), working_precision(impl),
-                                  device=q_out.device)
+                                  device=q_out.device, angles=angle_source(impl))
         assert result.ok, result.message(f"{impl_name} on {device} does not match the reference on tokens "
                                          f"{rows.start}..{rows.stop - 1} of {case.num_tokens}\ncase: {case}")
 

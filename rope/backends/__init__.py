@@ -1,5 +1,5 @@
 """Adapters for external rotary implementations (vLLM, SGLang, Liger-Kernel, FlashInfer, transformers,
-lmdeploy).
+lmdeploy, llama.cpp's ggml).
 
 Each adapter is a rotation implementation in the registry's sense (``rope.registry``): it converts
 the harness layout (positions ``[T]`` or ``[rows, T]``, q/k ``[T, heads * head_size]``, cos|sin cache
@@ -44,6 +44,8 @@ BACKENDS: dict[str, tuple[str, str, str]] = {
                    "pip install flashinfer-python (GPU only)"),
     "lmdeploy": ("rope.backends.lmdeploy:rotate_lmdeploy", "lmdeploy",
                  "pip install lmdeploy (CUDA); on a CPU box scripts/lmdeploy_cpu_site.sh: " + _ENGINES_DOC),
+    "ggml": ("rope.backends.ggml:rotate_ggml", "libggml-python",
+             "pip install libggml-python (ggml's CPU build, as llama.cpp links it)"),
 }
 
 

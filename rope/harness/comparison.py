@@ -231,6 +231,27 @@ def compare_case(impl_name: str, fn, case: RotationCase, device: str) -> Compari
     return evaluate_case(impl_name, fn, case, device).comparison
 
 
+def angle_source(fn) -> str:
+    """Where ``fn`` gets its angles (its ``angles`` attribute): "cache" (the one it is handed) or
+    "own-float32" (computed itself, ggml's recurrence; rope/harness/tolerance.py)."""
+    return getattr(fn, "angles", "cache")
+
+
+def exact_rotation(spec, positions, query, key):
+    """The reference rotation at the exact float64 angles (no cache)."""
+    from reference.rotation import exact_cos_sin, rotate_heads
+    cos, sin = exact_cos_sin(spec, positions)
+    return rotate_heads(spec, query, cos, sin), (rotate_heads(spec, key, cos, sin) if key is not None else None)
+
+
+def reference_rotation(fn, spec, positions, query, key, cos_sin_cache):
+    """The reference ``fn`` is held to: from the cache it was handed, or at the exact angles when
+    it computes its own (:func:`angle_source`)."""
+    if angle_source(fn) == "cache":
+        return reference.rotate(spec, positions, query, key, cos_sin_cache)
+    return exact_rotation(spec, positions, query, key)
+
+
 def evaluate_case(impl_name: str, fn, case: RotationCase, device: str) -> CaseRun:
     """:func:`compare_case`, keeping the tensors.  A call that does not return within the call
     deadline raises ImplementationHung (after writing its case file): Hypothesis does not shrink
@@ -247,14 +268,16 @@ def evaluate_case(impl_name: str, fn, case: RotationCase, device: str) -> CaseRu
                                                                          inputs=inputs)
     except ImplementationHung:
         raise ImplementationHung(hang.message()) from None
+    angles = angle_source(fn)
     with profiling.phase("reference"):
-        ref_q, ref_k = reference.rotate(case.spec, ref_in.positions, ref_in.query, ref_in.key, ref_in.cache)
+        ref_q, ref_k = reference_rotation(fn, case.spec, ref_in.positions, ref_in.query, ref_in.key, ref_in.cache)
     if failure is not None:      # nothing to compare: the failure is the mismatch (and gets a case file)
         result = Comparison(case.spec, problems=[failure])
     else:
         with profiling.phase("compare"):
             result = compare_rotation(case.spec, ref_in.positions, ref_in.query, ref_in.key, ref_in.cache,
-                                      q_out, k_out, ref_q, ref_k, working_precision(fn), device=inputs.query.device)
+                                      q_out, k_out, ref_q, ref_k, working_precision(fn), device=inputs.query.device,
+                                      angles=angles)
     with profiling.phase("checks"):
         result.problems += read_only_problems(case, inputs, ref_in)
     return CaseRun(inputs, ref_in, q_out, k_out, ref_q, ref_k, result, failure=failure, raised_cause=raised_cause)

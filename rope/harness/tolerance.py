@@ -28,6 +28,16 @@ they must be bit-exact.  An FMA-contracted kernel (fma(a, c, -fl(b*s))) stays in
 
 Fixed atol/rtol pairs are not used: they either hide systematic 1-ulp errors (truncating
 stores) or fail correct kernels on cancellation.
+
+An implementation that computes its own angles instead of reading the cache (llama.cpp's ggml:
+``theta = p``, then ``theta *= theta_scale`` once per pair, ``theta_scale = powf(base, -2/d)``, all
+float32, then ``cosf`` / ``sinf``) is compared with the exact float64 angles, and its bound gains
+the error of its angles: pair i's angle carries i float32 products and i powers of a float32
+``theta_scale`` (relative error <= 2 u_32 for ``powf``), so
+``|theta_computed - theta| <= (3i + 2) u_32 |theta|``, and ``cosf`` / ``sinf`` add at most 2 u_32.
+A rotated output moves by at most ``(|a| + |b|)`` times the angle error (:func:`own_angle_error`).
+The term grows with the position: at p = 4096 it allows ~2e-3 |x| at the worst pair, still far
+below what a wrong row, pairing or map does (an O(1) angle).
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from reference.rotation import pair_indices, select_cos_sin
+from reference.rotation import exact_cos_sin, pair_indices, select_cos_sin
 from rope.spec import RopeSpec
 
 UNIT_ROUNDOFF = {
@@ -67,9 +77,28 @@ def working_dtype(precision: str, activation_dtype: torch.dtype) -> torch.dtype:
     raise ValueError(f"working_precision={precision!r}: must be 'float32' or 'activation'")
 
 
+# How an implementation gets its angles (its ``angles`` attribute): from the cache it is handed
+# (every implementation but one), or computed itself in float32 by ggml's recurrence.
+ANGLE_SOURCES = ("cache", "own-float32")
+
+
+def own_angle_error(spec: RopeSpec, positions: torch.Tensor) -> torch.Tensor:
+    """float64 [T, rotary_dim/2]: the bound on |computed - exact| of an angle (and of its cos and
+    sin) for an implementation that computes its angles in float32 (module docstring)."""
+    u = UNIT_ROUNDOFF[torch.float32]
+    rows = positions.long().reshape(spec.num_dims, -1).cpu()
+    axes = torch.tensor(spec.axis_map(), dtype=torch.long)
+    rd = spec.rotary_dim
+    i = torch.arange(spec.num_freqs, dtype=torch.float64)
+    theta = rows[axes].T.to(torch.float64).abs() * float(spec.effective_base) ** (-2 * i / rd)
+    return theta * (3 * i + 2) * u + 2 * u
+
+
 def rotation_bound(spec: RopeSpec, x: torch.Tensor, ref_out: torch.Tensor, cos: torch.Tensor,
-                   sin: torch.Tensor, out_dtype: torch.dtype, precision: str) -> torch.Tensor:
-    """float64 [T, H * head_size]: the largest legitimate |computed - ref_out| per element."""
+                   sin: torch.Tensor, out_dtype: torch.dtype, precision: str,
+                   angle_error: torch.Tensor | None = None) -> torch.Tensor:
+    """float64 [T, H * head_size]: the largest legitimate |computed - ref_out| per element.
+    ``angle_error`` [T, rotary_dim/2]: an implementation's own angle error (:func:`own_angle_error`)."""
     work = working_dtype(precision, out_dtype)
     u_w = unit_roundoff(work)
     u_o = unit_roundoff(out_dtype) if u_w < unit_roundoff(out_dtype) else 0.0
@@ -82,9 +111,10 @@ def rotation_bound(spec: RopeSpec, x: torch.Tensor, ref_out: torch.Tensor, cos: 
     a, b = heads[..., a_idx], heads[..., b_idx]
     c, s = cos.abs()[:, None, :], sin.abs()[:, None, :]
     bound = torch.zeros_like(heads)   # pass-through channels: exact
+    angle = 0.0 if angle_error is None else (a + b) * angle_error[:, None, :]
     for idx, mag in ((a_idx, a * c + b * s), (b_idx, b * c + a * s)):
         r = ref[..., idx]
-        bound[..., idx] = u_w * (mag + r) + u_o * r + (3 * u_w * u_w + 2 * u_w * u_o) * mag + eta
+        bound[..., idx] = u_w * (mag + r) + u_o * r + (3 * u_w * u_w + 2 * u_w * u_o) * mag + eta + angle
     return bound.reshape(x.shape)
 
 
@@ -165,15 +195,24 @@ def _locate(name, flat_index, spec, shape):
 
 
 def compare_rotation(spec: RopeSpec, positions, query, key, cos_sin_cache, out_q, out_k, ref_q, ref_k,
-                     precision: str = "float32", *, device=None, keep: int = 5) -> Comparison:
+                     precision: str = "float32", *, device=None, keep: int = 5, angles: str = "cache") -> Comparison:
     """Compare an implementation's (out_q, out_k) with the reference's (ref_q, ref_k).
 
     ``query``/``key`` are the unrotated inputs (any device; everything is compared on the CPU);
     ``device``, when given, is where the outputs must live (the device the implementation ran on).
+    ``angles="own-float32"``: the implementation computes its own angles (the reference then used
+    the exact ones, ``reference.rotation.exact_cos_sin``) and the bound carries their error.
     """
+    if angles not in ANGLE_SOURCES:
+        raise ValueError(f"angles={angles!r}: must be one of {ANGLE_SOURCES}")
     result = Comparison(spec)
     cpu = torch.device("cpu")
-    cos, sin = select_cos_sin(spec, positions.to(cpu), cos_sin_cache.to(cpu))
+    angle_error = None
+    if angles == "cache":
+        cos, sin = select_cos_sin(spec, positions.to(cpu), cos_sin_cache.to(cpu))
+    else:
+        cos, sin = exact_cos_sin(spec, positions.to(cpu))
+        angle_error = own_angle_error(spec, positions.to(cpu))
     candidates: list[Mismatch] = []
     best_pass = 0.0            # the worst ratio of the tensors without a mismatch
     pairs = [("query", query, out_q, ref_q)]
@@ -195,7 +234,7 @@ def compare_rotation(spec: RopeSpec, positions, query, key, cos_sin_cache, out_q
             result.problems.append(f"{name}.device={out.device}: must equal the input device {device}")
         got = out.detach().to(cpu, torch.float64)
         exp = ref.detach().to(cpu, torch.float64)
-        bound = rotation_bound(spec, x.to(cpu), exp, cos, sin, x.dtype, precision)
+        bound = rotation_bound(spec, x.to(cpu), exp, cos, sin, x.dtype, precision, angle_error)
         # Non-finite values match exactly: NaN where the reference has NaN, the same infinity where it
         # has one, finite elsewhere; any other pairing is an infinite error.  The bound of such an
         # element (made of non-finite inputs) is 0, so a NaN bound can never pass a wrong value.
