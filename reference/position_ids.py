@@ -274,6 +274,12 @@ class _MRopeWriter:
                 for wi in range(w):
                     self._append(base + f_ti, base + hi, base + wi, modality, role)
 
+    def wrapped(self, t_offsets: list[int], h: int, w: int, modality: int, role: str) -> None:
+        """``vision_start``, a vision block (:meth:`block`), ``vision_end``."""
+        self.text(1, "vision_start")
+        self.block(t_offsets, h, w, modality, role)
+        self.text(1, "vision_end")
+
     def runs(self, runs: list[list[tuple[int, int, int, int, str]]]) -> None:
         """Tokens given as runs of (t, h, w, modality, role); the next token continues after the
         largest value of the *last* run (the Omni interleave's rule, see the module docstring)."""
@@ -292,25 +298,17 @@ def _write_mrope(family: str, prompt: Prompt) -> _MRopeWriter:
             continue
         t, h, w = llm_grid(seg.grid_thw, m)
         if isinstance(seg, Image):
-            out.text(1, "vision_start")
-            out.block([0], h, w, IMAGE, "image")
-            out.text(1, "vision_end")
+            out.wrapped([0], h, w, IMAGE, "image")
         elif family in ("qwen2_vl", "qwen2_5_vl"):        # the whole video is one block
-            out.text(1, "vision_start")
-            out.block(temporal_offsets(family, seg), h, w, VIDEO, "video")
-            out.text(1, "vision_end")
+            out.wrapped(temporal_offsets(family, seg), h, w, VIDEO, "video")
         elif family == "qwen3_vl":                        # one block per frame, time as text before it
             for _ in range(t):
                 out.text(seg.timestamp_tokens, "timestamp")
-                out.text(1, "vision_start")
-                out.block([0], h, w, VIDEO, "video")
-                out.text(1, "vision_end")
+                out.wrapped([0], h, w, VIDEO, "video")
         else:                                             # glm4v: frames inside begin/end of video
             out.text(1, "video_start")
             for _ in range(t):
-                out.text(1, "vision_start")
-                out.block([0], h, w, VIDEO, "video")
-                out.text(1, "vision_end")
+                out.wrapped([0], h, w, VIDEO, "video")
                 out.text(seg.timestamp_tokens, "timestamp")
             out.text(1, "video_end")
     return out
@@ -361,13 +359,9 @@ def _write_omni(family: str, prompt: Prompt) -> _MRopeWriter:
             continue
         t, h, w = llm_grid(seg.grid_thw, m)
         if isinstance(seg, Image):
-            out.text(1, "vision_start")
-            out.block([0], h, w, IMAGE, "image")
-            out.text(1, "vision_end")
+            out.wrapped([0], h, w, IMAGE, "image")
         elif seg.audio_frames is None:
-            out.text(1, "vision_start")
-            out.block(omni_temporal_offsets(family, seg, where), h, w, VIDEO, "video")
-            out.text(1, "vision_end")
+            out.wrapped(omni_temporal_offsets(family, seg, where), h, w, VIDEO, "video")
         else:
             if audio_tokens(family, seg.audio_frames) < 1:
                 raise ValueError(f"{where}.audio_frames={seg.audio_frames}: {family} makes "

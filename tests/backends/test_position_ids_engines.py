@@ -5,20 +5,26 @@ comparison is properties/position_ids/test_position_ids.py with --rope-position-
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
 from reference.position_ids import prompt_positions
-from rope.prompts import Image, Prompt, Text, Video
+from rope.prompts import Image, Prompt, PromptBatch, Text, Video
 
-try:
-    from rope.harness.position_ids import PromptBatch
-    from rope.backends.sglang import position_ids as sglang
-except ImportError as exc:   # no SGLang here: scripts/sglang_cpu_site.sh
-    sglang, REASON = None, str(exc)
-else:
-    REASON = ""
 
+def _adapter(module: str):
+    """(the engine's position-id adapter, "") or (None, why it does not import here)."""
+    try:
+        return importlib.import_module(module), ""
+    except ImportError as exc:   # the engine is not here: scripts/sglang_cpu_site.sh, scripts/vllm_cpu_env.sh
+        return None, str(exc)
+
+
+sglang, REASON = _adapter("rope.backends.sglang.position_ids")
+vllm, VLLM_REASON = _adapter("rope.backends.vllm.position_ids")
 needs_sglang = pytest.mark.skipif(sglang is None, reason=f"needs sglang: {REASON}")
+needs_vllm = pytest.mark.skipif(vllm is None, reason=f"needs vllm: {VLLM_REASON}")
 TEXT_ONLY = PromptBatch((Prompt((Text(3),)),), pads=(2,), side="right")
 WITH_IMAGE = PromptBatch((Prompt((Text(1), Image((1, 2, 4)))),), pads=(2,), side="left")
 
@@ -39,15 +45,6 @@ def test_sglang_glm_padded_delta_matches_reference(batch):
     ((_, delta),) = sglang.position_ids_sglang.batch("glm4v", batch)
     assert delta == prompt_positions("glm4v", batch.prompts[0]).delta
 
-
-try:
-    from rope.backends.vllm import position_ids as vllm
-except ImportError as exc:   # no vLLM here: scripts/vllm_cpu_env.sh
-    vllm, VLLM_REASON = None, str(exc)
-else:
-    VLLM_REASON = ""
-
-needs_vllm = pytest.mark.skipif(vllm is None, reason=f"needs vllm: {VLLM_REASON}")
 # A video with its audio: 4 frames of 2 x 2 at spg 1 (offsets 0, 25, 50, 75) and 200 frames of
 # audio (50 tokens); transformers gives T = 0 1 2 2 | 3 3 3 3 28 28 28 28 | 3 .. 52 | 53 x4 78 x4 | 79 79 | 80.
 AUDIO_IN_VIDEO = Prompt((Text(2), Video((4, 4, 4), second_per_grid=1.0, audio_frames=200), Text(1)))
