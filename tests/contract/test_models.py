@@ -88,6 +88,7 @@ class Family:
     heads_key: str | None  # the catalogue entry whose size the default config is (head counts compared)
     not_default: frozenset = frozenset()  # rope fields whose checkpoint values the defaults do not describe
     permuted_inv_freq: bool = False       # the module stores inv_freq permuted (its lanes put it back)
+    layer_type: str | None = None         # rope_parameters keyed by layer type: the type the spec is of
 
 
 ROPE_FIELDS = ("base", "head_size", "rotary_dim", "sections", "max_position_embeddings", "ntk_alpha")
@@ -131,6 +132,10 @@ FAMILIES = {
     # positions, not the released 30B-A3B's (head_dim 128, 65536).
     "qwen3_omni_moe": Family("Qwen3OmniMoeThinkerTextRotaryEmbedding", None,
                              frozenset({"head_size", "rotary_dim", "max_position_embeddings"})),
+    # CohereCompassTextConfig: 64/64 heads at hidden 8192, every layer full attention with the default
+    # rope: nothing of North-Micro-Vision, whose sliding-window layers carry the rope (per layer type).
+    "cohere_compass": Family("CohereCompassRotaryEmbedding", None, frozenset({"base", "max_position_embeddings"}),
+                             layer_type="sliding_attention"),
 }
 
 HUNYUAN_MISMATCH = ("known mismatch: transformers HunYuanVL (5.13+) splits the whole head into blocks of "
@@ -162,12 +167,33 @@ def _rotary_class(family: str):
     return getattr(module, name)
 
 
+def _layer_typed(family: str, cfg):
+    """A per-layer-type config (Cohere Compass) made to hold the family's layer type alone, with the
+    default rope parameters of whichever type the default config has (Compass's default config has
+    none: the default rope type, no base); other configs as they are."""
+    layer_type = FAMILIES[family].layer_type
+    if layer_type is not None:
+        default = next((p for p in cfg.rope_parameters.values() if p), {"rope_type": "default"})
+        cfg.layer_types = [layer_type]
+        cfg.rope_parameters = {layer_type: dict(default)}
+    return cfg
+
+
+def _rope_parameters(family: str, cfg) -> dict:
+    layer_type = FAMILIES[family].layer_type
+    return cfg.rope_parameters if layer_type is None else cfg.rope_parameters[layer_type]
+
+
 def _defaults(family: str) -> dict:
-    cfg = _text_config(family)
-    rope = cfg.rope_parameters
+    cfg = _layer_typed(family, _text_config(family))
+    rope = _rope_parameters(family, cfg)
+    base = float(rope["rope_theta"]) if "rope_theta" in rope else None
+    rope.setdefault("rope_theta", 1.0)      # a placeholder the module builds with (its sections are read)
     head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     sections = getattr(_rotary_class(family)(config=cfg), "mrope_section", None)  # the modeling default
-    return {"base": float(rope["rope_theta"]), "head_size": head,
+    if isinstance(sections, dict):
+        sections = sections[FAMILIES[family].layer_type]
+    return {"base": base, "head_size": head,
             "rotary_dim": int(head * rope.get("partial_rotary_factor", 1.0)),
             "sections": tuple(sections) if sections else None,
             "max_position_embeddings": cfg.max_position_embeddings, "ntk_alpha": rope.get("alpha"),
@@ -186,8 +212,8 @@ def _rotary(key: str):
     not describe (not_default) set from the catalogue."""
     m = MODELS[key]
     spec, wrong = m.spec, FAMILIES[m.family].not_default
-    cfg = _text_config(m.family)
-    rope = cfg.rope_parameters
+    cfg = _layer_typed(m.family, _text_config(m.family))
+    rope = _rope_parameters(m.family, cfg)
     cfg.head_dim = spec.head_size  # the default's own value unless listed; some modules read it directly
     if "base" in wrong:
         rope["rope_theta"] = spec.base
@@ -197,7 +223,12 @@ def _rotary(key: str):
         rope["mrope_section"] = list(spec.sections)
     if "ntk_alpha" in wrong:  # how transformers normalises HunyuanOCR's rope_scaling {type: xdrope, alpha}
         rope.update(rope_type="dynamic", alpha=spec.ntk_alpha, factor=1.0)
-    return _rotary_class(m.family)(config=cfg)
+    rot = _rotary_class(m.family)(config=cfg)
+    layer_type = FAMILIES[m.family].layer_type
+    if layer_type is not None:                # the module keeps one buffer and takes the type per call
+        rot.inv_freq = getattr(rot, f"{layer_type}_inv_freq")
+        rot.layer_type = layer_type
+    return rot
 
 
 def _sin(rot, rows) -> torch.Tensor:
@@ -205,7 +236,8 @@ def _sin(rot, rows) -> torch.Tensor:
     positions = torch.tensor(rows)[:, None, None]  # [rows, batch, seq]
     if len(rows) == 1:
         positions = positions[0]  # 1-D modules take [batch, seq]
-    _, sin = rot(torch.zeros(1, dtype=torch.float32), positions)
+    typed = {"layer_type": rot.layer_type} if getattr(rot, "layer_type", None) else {}
+    _, sin = rot(torch.zeros(1, dtype=torch.float32), positions, **typed)
     return sin.reshape(-1)
 
 
