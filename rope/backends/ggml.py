@@ -16,11 +16,12 @@ with the exact float64 angles and widens the bound by the error of that recurren
 (rope/harness/tolerance.py, ``own_angle_error``).
 
 What ggml cannot express is declared unsupported: M-RoPE with GPT-J pairs (its multi-row modes are
-NeoX only), maps other than chunked and interleaved, NTK-alpha bases (llama.cpp would pass the
-adjusted base: so does the adapter), float16 / bfloat16 (the harness's fp32 path only), other
-devices.  IMROPE reads a fourth row for the frequencies past ``3 * s_h`` / ``3 * s_w`` (Qwen3-VL's
-[24, 20, 20]: 61 and 62) where the models read T: the adapter passes T as that row, as llama.cpp does
-for text tokens (docs/findings.md: for image tokens llama.cpp's mtmd passes 0 there).
+NeoX only), maps other than chunked and interleaved, bfloat16 (ggml 0.20.2's CPU rope aborts the
+process on a BF16 tensor), devices other than the CPU.  float32 and float16 tensors run (ggml
+computes in float32 and rounds a float16 result once).  An NTK-alpha spec passes its adjusted base,
+as llama.cpp would.  IMROPE reads a fourth row for the frequencies past ``3 * s_h`` / ``3 * s_w``
+(Qwen3-VL's [24, 20, 20]: 61 and 62) where the models read T: the adapter passes T as that row, as
+llama.cpp does for text tokens (docs/findings.md: for image tokens llama.cpp's mtmd passes 0 there).
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ from rope.spec import RopeSpec, check_rotation_inputs
 
 _INSTALL = "pip install libggml-python (the CPU build of ggml with its shared libraries)"
 LIBRARY_ENV = "ROPE_GGML_LIB_DIR"
-GGML_TYPE_F32, GGML_TYPE_I32 = 0, 26
+GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_I32 = 0, 1, 26
+# torch dtype -> (ggml type, numpy dtype).  No bfloat16: ggml 0.20.2's CPU rope aborts the process on
+# a BF16 tensor (ggml_compute_forward_rope: "fatal error"), so it is never called with one.
+TYPES = {torch.float32: (GGML_TYPE_F32, np.float32), torch.float16: (GGML_TYPE_F16, np.float16)}
 MODE_NORMAL, MODE_NEOX, MODE_MROPE, MODE_IMROPE = 0, 2, 8, 40
 
 
@@ -89,18 +93,20 @@ _ggml()          # import time: a missing or broken library is an ImportError na
 
 
 def _rope(spec: RopeSpec, x: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
-    """ggml's rope of x [T, heads * head_size] (float32) at int32 positions ``rows`` [1 or 4, T]."""
+    """ggml's rope of x [T, heads * head_size] (float32 or float16, as ggml's tensor of that type) at
+    int32 positions ``rows`` [1 or 4, T]; the result in x's dtype."""
     base, cpu = _ggml()
     num_tokens, hs = x.shape[0], spec.head_size
     heads = x.shape[1] // hs
-    data = np.ascontiguousarray(x.detach().cpu().numpy(), dtype=np.float32)
+    ggml_type, view = TYPES[x.dtype]
+    data = np.ascontiguousarray(x.detach().cpu().numpy(), dtype=view)
     pos = np.ascontiguousarray(rows, dtype=np.int32).reshape(-1)
     size = 2 * data.nbytes + pos.nbytes + (1 << 20)             # input, output, positions, graph
     ctx = base.ggml_init(_InitParams(size, None, False))
     if not ctx:
         raise MemoryError(f"ggml_init could not allocate {size} bytes")
     try:
-        a = base.ggml_new_tensor_3d(ctx, GGML_TYPE_F32, hs, heads, num_tokens)
+        a = base.ggml_new_tensor_3d(ctx, ggml_type, hs, heads, num_tokens)
         b = base.ggml_new_tensor_1d(ctx, GGML_TYPE_I32, pos.size)
         ctypes.memmove(base.ggml_get_data(a), data.ctypes.data, data.nbytes)
         ctypes.memmove(base.ggml_get_data(b), pos.ctypes.data, pos.nbytes)
@@ -119,7 +125,8 @@ def _rope(spec: RopeSpec, x: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
         status = cpu.ggml_graph_compute_with_ctx(ctx, graph, 1)
         if status != 0:
             raise RuntimeError(f"ggml_graph_compute_with_ctx returned {status}")
-        result = np.ctypeslib.as_array((ctypes.c_float * data.size).from_address(base.ggml_get_data(out))).copy()
+        raw = (ctypes.c_char * data.nbytes).from_address(base.ggml_get_data(out))
+        result = np.frombuffer(bytes(raw), dtype=view).copy()
     finally:
         base.ggml_free(ctx)
     return torch.from_numpy(result).view(num_tokens, heads * hs).to(x.device)
@@ -138,16 +145,17 @@ def rotate_ggml(spec: RopeSpec, positions, query, key, cos_sin_cache):
     if query.shape[0] == 0:
         return query.clone(), None if key is None else key.clone()
     rows = _position_rows(spec, positions)
-    q_out = _rope(spec, query, rows).to(query.dtype)
-    k_out = None if key is None else _rope(spec, key, rows).to(key.dtype)
+    q_out = _rope(spec, query, rows)
+    k_out = None if key is None else _rope(spec, key, rows)
     return q_out, k_out
 
 
 def _reason(spec: RopeSpec, dtype, device: str) -> str | None:
     if device != "cpu":
         return "the libggml-python wheel is ggml's CPU build"
-    if dtype not in (torch.float32, "float32"):
-        return "the adapter feeds ggml float32 tensors only (its fp16 path is not driven)"
+    if dtype not in TYPES:
+        return (f"the adapter feeds ggml float32 and float16 tensors ({dtype}: ggml 0.20.2's CPU rope aborts the "
+                f"process on BF16)")
     if spec.num_dims > 1 and not spec.is_neox_style:
         return "ggml's multi-row modes rotate NeoX halves only (GGML_ROPE_TYPE_MROPE implies NEOX)"
     if spec.num_dims > 1 and spec.layout not in ("chunked", "interleaved"):

@@ -94,6 +94,19 @@ def own_angle_error(spec: RopeSpec, positions: torch.Tensor) -> torch.Tensor:
     return theta * (3 * i + 2) * u + 2 * u
 
 
+def _undetermined_sign(spec: RopeSpec, cos: torch.Tensor, sin: torch.Tensor, angle_error: torch.Tensor,
+                       shape) -> torch.Tensor:
+    """bool [T, H * head_size]: the rotated channels of a pair whose cos or sin is within the angle
+    error of 0 (pass-through channels: False)."""
+    near_zero = (cos.abs() <= angle_error) | (sin.abs() <= angle_error)          # [T, F]
+    num_tokens = shape[0]
+    out = torch.zeros(num_tokens, shape[1] // spec.head_size, spec.head_size, dtype=torch.bool)
+    a_idx, b_idx = pair_indices(spec)
+    out[..., a_idx] = near_zero[:, None, :]
+    out[..., b_idx] = near_zero[:, None, :]
+    return out.reshape(shape)
+
+
 def rotation_bound(spec: RopeSpec, x: torch.Tensor, ref_out: torch.Tensor, cos: torch.Tensor,
                    sin: torch.Tensor, out_dtype: torch.dtype, precision: str,
                    angle_error: torch.Tensor | None = None) -> torch.Tensor:
@@ -240,6 +253,12 @@ def compare_rotation(spec: RopeSpec, positions, query, key, cos_sin_cache, out_q
         # element (made of non-finite inputs) is 0, so a NaN bound can never pass a wrong value.
         finite = torch.isfinite(exp) & torch.isfinite(got)
         same_nonfinite = (torch.isnan(exp) & torch.isnan(got)) | (torch.isinf(exp) & (got == exp))
+        if angle_error is not None:
+            # Own angles: where a cos or sin is within the angle error of 0 its sign is not
+            # determined, nor the sign of an infinity it multiplies (inf - inf may turn ±inf):
+            # there any non-finite value answers a non-finite reference.
+            undetermined = _undetermined_sign(spec, cos, sin, angle_error, x.shape)
+            same_nonfinite |= ~torch.isfinite(exp) & ~torch.isfinite(got) & undetermined
         err = torch.where(finite, (got - exp).abs(),
                           torch.where(same_nonfinite, torch.zeros_like(exp), torch.full_like(exp, float("inf"))))
         bound = torch.where(torch.isfinite(bound), bound, torch.zeros_like(bound))

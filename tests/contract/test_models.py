@@ -142,6 +142,33 @@ HUNYUAN_MISMATCH = ("known mismatch: transformers HunYuanVL (5.13+) splits the w
                     "2*s_i, so the two members of a NeoX pair take different rows; Tencent's code, vLLM and "
                     "mlx-vlm share the row (docs/spec.md §2)")
 TABLED = sorted(k for k, m in MODELS.items() if m.family in FAMILIES)
+
+
+def _installed_transformers():
+    """The installed transformers release (read from its metadata: no import at collection), or None."""
+    from importlib.metadata import PackageNotFoundError, version
+    from packaging.version import Version
+    try:
+        return Version(version("transformers"))
+    except PackageNotFoundError:
+        return None
+
+
+# transformers 5.17.0 to 5.20.x built Cohere Compass's rotary with Ernie-4.5-VL's prerotation: the
+# frequencies permuted (evens then odds over the first 44), the rows in contiguous H | W | T blocks,
+# default sections [22, 22, 20].  5.16.0 and 5.21.0+ (and vLLM, SGLang) interleave in order.
+COMPASS_PERMUTED = ("known mismatch: transformers 5.17.0-5.20.x CohereCompassRotaryEmbedding permutes the "
+                    "frequencies and maps rows in contiguous H | W | T blocks (Ernie-4.5-VL's prerotation); "
+                    "5.16 and 5.21+ and the engines interleave them in order (models.yaml north-micro-vision)")
+
+
+def _tabled(keys):
+    """TABLED as parameters, the entries a known transformers departure covers marked strict xfail."""
+    installed = _installed_transformers()
+    from packaging.version import Version
+    permuted = installed is not None and Version("5.17.0") <= installed < Version("5.21.0")
+    return [pytest.param(k, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=COMPASS_PERMUTED))
+            if permuted and MODELS[k].family == "cohere_compass" else k for k in keys]
 POSITIONS = (101, 211, 307, 401)  # one per row; sin(p * inv_freq) tells the rows apart for every entry
 
 
@@ -261,7 +288,7 @@ def test_transformers_families_are_tabled():
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize("key", TABLED)
+@pytest.mark.parametrize("key", _tabled(TABLED))
 def test_transformers_defaults_match_catalogue(key):
     m = MODELS[key]
     row = FAMILIES[m.family]
@@ -281,7 +308,8 @@ def test_transformers_defaults_match_catalogue(key):
 @pytest.mark.oracle
 @pytest.mark.parametrize("key", [
     pytest.param(k, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=HUNYUAN_MISMATCH))
-    if MODELS[k].family == "hunyuan_vl" else k for k in TABLED])
+    if MODELS[k].family == "hunyuan_vl" else k for k in TABLED if MODELS[k].family != "cohere_compass"]
+    + _tabled([k for k in TABLED if MODELS[k].family == "cohere_compass"]))
 def test_transformers_rotary_matches_spec(key):
     """rotary_dim, pairing and the axis map of the module transformers builds equal the spec's."""
     spec = MODELS[key].spec
@@ -303,7 +331,7 @@ def test_transformers_rotary_matches_spec(key):
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize("key", TABLED)
+@pytest.mark.parametrize("key", _tabled(TABLED))
 def test_transformers_inv_freq_matches_cache(key):
     """transformers' inv_freq (base, rotary_dim, NTK alpha) is bit-identical to rope.cache.inv_freq
     (as a set where the family permutes it: test_transformers_rotary_matches_spec checks each lane's)."""
@@ -317,7 +345,7 @@ def test_transformers_inv_freq_matches_cache(key):
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize("key", TABLED)
+@pytest.mark.parametrize("key", _tabled(TABLED))
 def test_transformers_text_tokens_reduce_to_1d(key):
     """All rows equal (a text token): every layout, HunYuanVL's included, is plain 1-D RoPE."""
     spec = MODELS[key].spec
