@@ -510,6 +510,31 @@ def test_omni_one_token_padded_delta_pinned_value(family):
     assert pos3.tolist() == [[0, 1, 2]] * 3 and delta3 == 0     # no pad column in the longest row
 
 
+def test_qwen2_5_omni_talker_applies_the_thinker_rule():
+    # Qwen2.5-Omni's talker inherits the thinker's get_rope_index and runs it with its own config
+    # (pps 25, 2 s chunks, its vision / audio ids): the qwen2_5_omni family describes its positions,
+    # audio in video included.
+    if _unavailable("qwen2_5_omni"):
+        pytest.skip(_unavailable("qwen2_5_omni"))
+    from transformers.models.qwen2_5_omni import configuration_qwen2_5_omni as conf
+    from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as mod
+    from rope.backends.vocabulary import token_ids
+    talker = mod.Qwen2_5OmniTalkerForConditionalGeneration
+    config = conf.Qwen2_5OmniTalkerConfig()
+    helpers = ("get_rope_index", "get_llm_pos_ids_for_vision", "get_chunked_index")
+    dummy = type("DummyTalker", (), {name: getattr(talker, name) for name in helpers})()
+    dummy.config, dummy.spatial_merge_size = config, 2
+    prompt = Prompt((Text(3), Video((4, 4, 4), second_per_grid=1.0, audio_frames=200), Text(9)))
+    ref = prompt_positions("qwen2_5_omni", prompt)
+    ids = torch.tensor([token_ids("qwen2_5_omni", config, ref.roles)])
+    positions, delta = dummy.get_rope_index(
+        input_ids=ids, attention_mask=torch.ones_like(ids), use_audio_in_video=True,
+        video_grid_thw=torch.tensor([[4, 4, 4]]), second_per_grids=torch.tensor([1.0]),
+        audio_seqlens=torch.tensor([200]))
+    assert positions[:, 0].tolist() == ref.positions.tolist()
+    assert int(delta.reshape(-1)[0]) == ref.delta
+
+
 def test_qwen3_omni_talker_applies_the_thinker_rule():
     # The talker's get_rope_index is the thinker's, run with the talker config (its own ids and
     # position_id_per_seconds; 13 in the checkpoint) on the user turn's ids, placeholders kept, then
