@@ -40,7 +40,13 @@ _mrope = require("sglang.srt.layers.rotary_embedding.mrope", distribution="sglan
 
 
 @functools.lru_cache(maxsize=32)
-def _module(spec: RopeSpec, dtype: torch.dtype):
+def _module(spec: RopeSpec, dtype: torch.dtype, device: torch.device):
+    """SGLang's rotary module for ``spec`` on ``device``, as the model holds it after ``.to(device)``:
+    its buffers (the GLM map's ``axis_map`` among them, which the Triton kernel reads) live there."""
+    return _new_module(spec, dtype).to(device)
+
+
+def _new_module(spec: RopeSpec, dtype: torch.dtype):
     if spec.layout == "ernie45":
         # Ernie-4.5-VL's own class (models/ernie45_moe_vl.py builds it with mrope_section [h, w, t]).
         return _mrope.Ernie4_5_VLRotaryEmbedding(spec.head_size, spec.rotary_dim, spec.max_position, spec.base,
@@ -57,7 +63,7 @@ def _bind(method: str, spec: RopeSpec, positions, query, key, cos_sin_cache):
     """SGLang's ``method`` on these inputs, bound once: a function of no arguments returning (q, k)."""
     if spec.ntk_alpha is not None:
         raise ValueError(f"ntk_alpha={spec.ntk_alpha}: SGLang's MRotaryEmbedding has no NTK-alpha base")
-    op = _module(spec, query.dtype)
+    op = _module(spec, query.dtype, query.device)
     forward = getattr(op, method)
 
     def call(k_in):
