@@ -33,15 +33,19 @@ def select_cos_sin(spec: RopeSpec, positions: torch.Tensor, cos_sin_cache: torch
     return cos, sin
 
 
-def exact_cos_sin(spec: RopeSpec, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin as float64 [num_tokens, rotary_dim/2] of the exact angles
-    ``positions[axis(i), t] * effective_base ** -(2i / rotary_dim)``, all in float64: what an
-    implementation that computes its own angles (no cache) is compared against."""
+def exact_angles(spec: RopeSpec, positions: torch.Tensor) -> torch.Tensor:
+    """float64 [num_tokens, rotary_dim/2]: ``positions[axis(i), t] * effective_base ** -(2i / rotary_dim)``."""
     rows = positions.long().reshape(spec.num_dims, -1).cpu()
     axes = torch.tensor(spec.axis_map(), dtype=torch.long)
     rd = spec.rotary_dim
     inv = float(spec.effective_base) ** (-torch.arange(0, rd, 2, dtype=torch.float64) / rd)
-    theta = rows[axes].T.to(torch.float64) * inv
+    return rows[axes].T.to(torch.float64) * inv
+
+
+def exact_cos_sin(spec: RopeSpec, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin as float64 [num_tokens, rotary_dim/2] of :func:`exact_angles`, all in float64: what an
+    implementation that computes its own angles (no cache) is compared against."""
+    theta = exact_angles(spec, positions)
     return theta.cos(), theta.sin()
 
 

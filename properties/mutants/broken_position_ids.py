@@ -12,6 +12,7 @@ import dataclasses
 import torch
 
 from reference.position_ids import prompt_positions
+from rope.harness.position_ids.diagnosis import OMNI_DEFAULT_SECOND_PER_GRID
 from rope.prompts import (IMAGE, OMNI_FAMILIES, QWEN2_5_VL_TOKENS_PER_SECOND, VISION_FAMILIES, XDROPE_FAMILIES, Audio,
                           Image, Prompt, Text, Video)
 
@@ -254,8 +255,6 @@ def audio_advances_only_t(family: str, prompt: Prompt):
     return positions, ref.delta
 
 
-# The defaults engines fell back to when the processor's seconds per grid was not found.
-DEFAULT_SECOND_PER_GRID = {"qwen2_5_omni": 1.0, "qwen3_omni": 2.0}
 
 
 def second_per_grid_default(family: str, prompt: Prompt):
@@ -264,7 +263,7 @@ def second_per_grid_default(family: str, prompt: Prompt):
     key and never found (vllm#23056, vllm-omni#5398)."""
     if family not in OMNI_FAMILIES:
         return _ref(family, prompt)
-    segments = tuple(dataclasses.replace(s, second_per_grid=DEFAULT_SECOND_PER_GRID[family])
+    segments = tuple(dataclasses.replace(s, second_per_grid=OMNI_DEFAULT_SECOND_PER_GRID[family])
                      if isinstance(s, Video) else s for s in prompt.segments)
     return _ref(family, Prompt(segments, prompt.spatial_merge_size))
 

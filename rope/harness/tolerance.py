@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from reference.rotation import exact_cos_sin, pair_indices, select_cos_sin
+from reference.rotation import exact_angles, exact_cos_sin, pair_indices, select_cos_sin
 from rope.spec import RopeSpec
 
 UNIT_ROUNDOFF = {
@@ -86,12 +86,8 @@ def own_angle_error(spec: RopeSpec, positions: torch.Tensor) -> torch.Tensor:
     """float64 [T, rotary_dim/2]: the bound on |computed - exact| of an angle (and of its cos and
     sin) for an implementation that computes its angles in float32 (module docstring)."""
     u = UNIT_ROUNDOFF[torch.float32]
-    rows = positions.long().reshape(spec.num_dims, -1).cpu()
-    axes = torch.tensor(spec.axis_map(), dtype=torch.long)
-    rd = spec.rotary_dim
     i = torch.arange(spec.num_freqs, dtype=torch.float64)
-    theta = rows[axes].T.to(torch.float64).abs() * float(spec.effective_base) ** (-2 * i / rd)
-    return theta * (3 * i + 2) * u + 2 * u
+    return exact_angles(spec, positions).abs() * (3 * i + 2) * u + 2 * u
 
 
 def _undetermined_sign(spec: RopeSpec, cos: torch.Tensor, sin: torch.Tensor, angle_error: torch.Tensor,
