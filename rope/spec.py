@@ -308,12 +308,13 @@ VALUE_CHECKS_ENV = "ROPE_CHECK_VALUES"
 def checks_values(t: torch.Tensor) -> bool:
     """Whether a public entry validates the values of ``t`` (True on the CPU; on an accelerator
     only under ``ROPE_CHECK_VALUES=1``; never on meta tensors, which have none)."""
-    if t.device.type == "meta":
+    kind = t.device.type
+    if kind == "meta":
         return False
     switch = os.environ.get(VALUE_CHECKS_ENV, "")
     if switch:
         return switch not in ("0", "off", "false", "no")
-    return t.device.type == "cpu"
+    return kind == "cpu"
 
 
 def check_rotation_inputs(spec: RopeSpec, positions, query, key, cos_sin_cache,

@@ -125,7 +125,8 @@ def main(argv=None) -> int:
                 if why:
                     row[name] = {"skipped": why}
                     continue
-                ms, how, checked, _ = bench.race_rotation(c, spec, positions, q, k, cache, device, timer, t, nbytes)
+                timed = bench.race_rotation(c, spec, positions, q, k, cache, device, timer, t, nbytes)
+                ms, how, checked = timed["ms"], timed["timing"], timed["checked"]
                 flushed = do_bench_ms(c.bind(spec, positions, q.clone(), k.clone(), cache), t, device)
                 row[name] = {"us": ms * 1e3, "frac": nbytes / (ms * 1e-3) / 1e9 / copy, "timing": how,
                              "do_bench_us": flushed * 1e3, "do_bench_frac": nbytes / (flushed * 1e-3) / 1e9 / copy,

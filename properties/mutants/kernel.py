@@ -137,8 +137,8 @@ def cos_sin_unmasked_head_padded():
     """
 
 
-@_rotary(("spec.head_size, spec.num_freqs, *_sections_constexprs(spec)",
-          "spec.head_size, spec.head_size // 2, *_sections_constexprs(spec)"))
+@_rotary(("spec.head_size, spec.num_freqs,\n            *_sections_constexprs(spec)",
+          "spec.head_size, spec.head_size // 2,\n            *_sections_constexprs(spec)"))
 def partial_rotary_head_half():
     """(c) Partial rotary with head_size/2 where rotary_dim/2 belongs (docs/spec.md §7.3).
 

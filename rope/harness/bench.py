@@ -58,6 +58,8 @@ DEFAULT_MODELS = ("qwen2.5-vl-72b", "qwen3-vl-8b", "glm-4.1v-9b", "hunyuan-ocr")
 # On a GPU also the MoE model of interleaved M-RoPE and a 1-D model (FlashInfer's only kind).
 GPU_MODELS = DEFAULT_MODELS + ("qwen3-vl-30b-a3b", "qwen2-7b")
 GRAPH_MAX_TOKENS = 256          # CUDA graphs below this size
+HOST_CALLS = 50                 # calls per round of the host-time clock: well inside the GPU's launch queue
+HOST_ROUNDS = 11
 CHECK_TOKENS = 64               # tokens compared with the reference before timing
 
 
@@ -77,6 +79,8 @@ class Result:
     timing: str = ""             # "cudagraph" | "rotating+graph" | "rotating" | "wall" | "interpreter: ..."
     ours: bool = False
     note: str = ""               # e.g. torch-compile's Dynamo graph count
+    host_us: float = math.nan    # the host's time per call, calls back to back (GPU only)
+    eager_ms: float = math.nan   # triton.testing.do_bench: launched from Python, the L2 flushed (GPU only)
 
 
 # ------------------------------------------------------------------------------------ bytes
@@ -270,23 +274,52 @@ def _bound_sets(contender, spec, positions, q, k, cache, sets: int):
     return [contender.bind(spec, positions.clone(), q.clone(), k.clone(), cache) for _ in range(sets)]
 
 
-def race_rotation(contender, spec, positions, q, k, cache, device, time_fn, tokens, nbytes) -> tuple[float, str, str, str]:
-    """Check one contender on these inputs, then time it where its time means something:
-    ``(ms, timing, checked, note)``; ms is NaN for a check without timing (the Triton interpreter)."""
+def host_us_per_call(fn, device: str, calls: int = HOST_CALLS, rounds: int = HOST_ROUNDS) -> float:
+    """The host's time per call: ``calls`` calls back to back, the clock read before the
+    synchronize that ends each round; the median round.  What a serving step pays on the CPU for
+    the call wherever the GPU keeps up (a call the GPU takes longer over than the host fills the
+    launch queue only after about a thousand kernels: a round of 50 calls stays below it)."""
+    fn()
+    synchronize(device)
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append(time.perf_counter() - start)
+        synchronize(device)
+    return statistics.median(times) / calls * 1e6
+
+
+def eager_ms(fn) -> float:
+    """``triton.testing.do_bench`` as the peers' own benchmarks use it: each call launched from
+    Python after an L2 flush, device events, the median; the host's launch path shows wherever it
+    is longer than the flush."""
+    import triton.testing as tt
+    return tt.do_bench(fn, warmup=10, rep=50, return_mode="median")
+
+
+def race_rotation(contender, spec, positions, q, k, cache, device, time_fn, tokens, nbytes) -> dict:
+    """Check one contender on these inputs, then time it where its time means something: a dict of
+    Result's fields ``ms`` (the graph or rotating timer: NaN for a check without timing, the Triton
+    interpreter's), ``timing``, ``checked``, ``note``, and on a GPU ``host_us`` and ``eager_ms``."""
     graphs_before = contender.graphs() if contender.graphs else 0
     out_q, out_k = contender.bind(spec, positions, q.clone(), k.clone(), cache)()
     checked = check_outputs(spec, positions, q, k, cache, out_q, out_k, contender.working_precision)
+    timed = {"host_us": math.nan, "eager_ms": math.nan}
     if not timed_here(contender, device):
         ms, how = float("nan"), "interpreter: checked, not timed"
     else:
         calls = _bound_sets(contender, spec, positions, q, k, cache, input_sets(device, nbytes, tokens))
         ms, how = time_fn(calls, tokens)
+        if device in ("cuda", "rocm"):
+            timed = {"host_us": host_us_per_call(calls[0], device), "eager_ms": eager_ms(calls[0])}
         del calls
     note = ""
     if contender.graphs:
         graphs = contender.graphs() - graphs_before
         note = f"{graphs} Dynamo graph{'s' * (graphs != 1)}, fullgraph"
-    return ms, how, checked, note
+    return {"ms": ms, "timing": how, "checked": checked, "note": note, **timed}
 
 
 def defaults(device: str) -> tuple[tuple[str, ...], tuple[int, ...], tuple[tuple[int, int], ...]]:
@@ -340,21 +373,21 @@ def run(models=None, tokens=None, dtypes=("bfloat16",), device="cuda", extra_imp
                     if not timed_here(contender, device) and t > INTERPRETER_CHECK_TOKENS:
                         continue        # the interpreter checks at small sizes; its time means nothing
                     try:
-                        ms, how, checked, note = race_rotation(contender, spec, positions_t, q, k, cache, device,
-                                                               time_fn, t, nbytes)
+                        timed = race_rotation(contender, spec, positions_t, q, k, cache, device, time_fn, t, nbytes)
                     except Exception as exc:       # recorded, the run goes on
                         progress(f"  {key} {t:>6} {contender.name}: error {type(exc).__name__}: {exc}")
                         continue
-                    gbps = nbytes / (ms * 1e-3) / 1e9
-                    row[contender.name] = Result("rotation", contender.name, key, t, dtype_name, ms, nbytes, gbps,
-                                                 gbps / ceiling, checked=checked, timing=how, ours=contender.ours,
-                                                 note=note)
+                    gbps = nbytes / (timed["ms"] * 1e-3) / 1e9
+                    row[contender.name] = Result("rotation", contender.name, key, t, dtype_name, bytes=nbytes,
+                                                 gbps=gbps, frac_copy=gbps / ceiling, ours=contender.ours, **timed)
                 base = row.get("native")
                 for r in row.values():
                     r.speedup_vs_native = base.ms / r.ms if base and r.ms == r.ms else None
                     results.append(r)
                     shown = f"{r.ms * 1e3:>9.1f} us {r.gbps:>7.0f} GB/s {100 * r.frac_copy:>5.1f}%" if r.ms == r.ms \
                         else f"{'(' + r.timing + ')':>31}"
+                    if r.host_us == r.host_us:
+                        shown += f" | eager {r.eager_ms * 1e3:7.1f} us, host {r.host_us:5.1f} us/call"
                     progress(f"  {key:<16} {t:>6} {r.impl:<17} {shown} {r.checked}")
     if positions:
         results += bench_positions(device, time_fn, ceiling, progress, shapes=positions)
@@ -367,20 +400,36 @@ def run(models=None, tokens=None, dtypes=("bfloat16",), device="cuda", extra_imp
 
 def race(results: list[Result]) -> list[dict]:
     """Per model, size and dtype: our unchecked launch against the fastest peer whose output passed
-    its check (NaN-timed rows, the interpreter's, take no part)."""
+    its check (NaN-timed rows, the interpreter's, take no part), under the graph or rotating timer
+    and, where measured (a GPU), launched from Python (``eager_*``: do_bench, the L2 flushed); and
+    the host's time per call of ours (unchecked, public, Triton's own launch path) and of the peer
+    whose host time is least."""
     out = []
     groups: dict[tuple, list[Result]] = {}
     for r in results:
         if r.kind == "rotation":
             groups.setdefault((r.model, r.tokens, r.dtype), []).append(r)
     for (model, tokens, dtype), rows in groups.items():
-        ours = next((r for r in rows if r.impl == "triton" and r.ms == r.ms), None)
+        by_name = {r.impl: r for r in rows}
+        ours = by_name.get("triton")
         peers = [r for r in rows if not r.ours and r.ms == r.ms and r.checked.startswith("ok")]
-        if ours is None or not peers:
+        if ours is None or ours.ms != ours.ms or not peers:
             continue
         best = min(peers, key=lambda r: r.ms)
-        out.append({"model": model, "tokens": tokens, "dtype": dtype, "ours_ms": ours.ms, "best_peer": best.impl,
-                    "best_peer_ms": best.ms, "ratio": ours.ms / best.ms})
+        row = {"model": model, "tokens": tokens, "dtype": dtype, "ours_ms": ours.ms, "best_peer": best.impl,
+               "best_peer_ms": best.ms, "ratio": ours.ms / best.ms}
+        eager = [r for r in peers if r.eager_ms == r.eager_ms]
+        if ours.eager_ms == ours.eager_ms and eager:
+            best_eager = min(eager, key=lambda r: r.eager_ms)
+            fastest_host = min(eager, key=lambda r: r.host_us)
+            row |= {"ours_eager_ms": ours.eager_ms, "ours_eager_frac": ours.frac_copy * ours.ms / ours.eager_ms,
+                    "best_eager_peer": best_eager.impl, "best_eager_peer_ms": best_eager.eager_ms,
+                    "eager_ratio": ours.eager_ms / best_eager.eager_ms,
+                    "host_us": {name: by_name[name].host_us for name in ("triton", "triton-public", "triton-bare")
+                                if name in by_name},
+                    "least_host_peer": fastest_host.impl, "least_host_peer_us": fastest_host.host_us,
+                    "peers_host_us": {r.impl: r.host_us for r in eager}}
+        out.append(row)
     return out
 
 
@@ -478,7 +527,8 @@ def _us(ms: float) -> str:
 
 
 def race_markdown(data: dict) -> list[str]:
-    """Our unchecked launch against the fastest peer, per model and size."""
+    """Our unchecked launch against the fastest peer, per model and size: under the timer, then
+    launched from Python with the host's time per call."""
     if not data.get("race"):
         if data["device"] == "cpu":
             return ["Our Triton kernels run under the interpreter here: checked, not raced. "
@@ -492,6 +542,25 @@ def race_markdown(data: dict) -> list[str]:
     for r in data["race"]:
         lines.append(f"| {r['model']} | {r['tokens']} | {r['dtype']} | {_us(r['ours_ms'])} | {r['best_peer']} | "
                      f"{_us(r['best_peer_ms'])} | {r['ratio']:.2f} |")
+    eager = [r for r in data["race"] if "eager_ratio" in r]
+    if eager:
+        peers = sorted({name for r in eager for name in r["peers_host_us"]})
+        lines += ["", "## Launched from Python, and the host's time per call", "",
+                  "Eager: `triton.testing.do_bench` (each call launched from Python after its L2 flush, median), "
+                  "ours unchecked against the fastest peer's; % of copy of ours.  Host: microseconds of the "
+                  f"host per call, {HOST_CALLS} calls back to back ({HOST_ROUNDS} rounds, the median): ours "
+                  "unchecked, the public entry, the same kernel through Triton's own `kernel[grid](...)` "
+                  "(`triton-bare`), and each peer.", "",
+                  "| model | tokens | ours eager (us) | % of copy | fastest peer | its time (us) | ours / peer "
+                  "| host: ours | public | bare | " + " | ".join(peers) + " |",
+                  "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|" + "---:|" * len(peers)]
+        for r in eager:
+            host = r["host_us"]
+            cells = [f"{host[name]:.1f}" if name in host else "-" for name in ("triton", "triton-public", "triton-bare")]
+            cells += [f"{r['peers_host_us'][name]:.1f}" if name in r["peers_host_us"] else "-" for name in peers]
+            lines.append(f"| {r['model']} | {r['tokens']} | {_us(r['ours_eager_ms'])} | "
+                         f"{100 * r['ours_eager_frac']:.1f} | {r['best_eager_peer']} | {_us(r['best_eager_peer_ms'])} | "
+                         f"{r['eager_ratio']:.2f} | " + " | ".join(cells) + " |")
     return lines + [""]
 
 
@@ -509,15 +578,18 @@ def markdown(data: dict) -> str:
     for name, whys in data.get("skipped", {}).items():
         lines.append(f"- `{name}` skipped {'; '.join(whys)}")
     lines += ["", *race_markdown(data), "## Every contender", "",
-              "| model | tokens | impl | time (us) | GB/s | % of copy | vs native | timing | check |",
-              "|---|---:|---|---:|---:|---:|---:|---|---|"]
+              "| model | tokens | impl | time (us) | GB/s | % of copy | vs native | eager (us) | host (us/call) "
+              "| timing | check |",
+              "|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in data["results"]:
         sp = f"{r['speedup_vs_native']:.2f}x" if r["speedup_vs_native"] else "-"
         timed = r["ms"] == r["ms"]
         gbps, frac = (f"{r['gbps']:.0f}", f"{100 * r['frac_copy']:.1f}") if timed else ("-", "-")
         timing = r["timing"] + (f"; {r['note']}" if r.get("note") else "")
+        host = r.get("host_us", math.nan)
         lines.append(f"| {r['model']} | {r['tokens']} | {r['impl']} | {_us(r['ms'])} | {gbps} | "
-                     f"{frac} | {sp} | {timing} | {r['checked']} |")
+                     f"{frac} | {sp} | {_us(r.get('eager_ms', math.nan))} | {'-' if host != host else f'{host:.1f}'} "
+                     f"| {timing} | {r['checked']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -529,6 +601,10 @@ def _plot_race(ax, race_rows: list[dict]) -> None:
         for x, y, peer in pts:
             ax.annotate(peer, (x, y), textcoords="offset points", xytext=(0, 5), fontsize=6, ha="center",
                         color=f"C{i}")
+        eager = sorted((r["tokens"], r["eager_ratio"]) for r in race_rows if r["model"] == model and "eager_ratio" in r)
+        if eager:
+            ax.plot([p[0] for p in eager], [p[1] for p in eager], marker="x", linestyle=":", color=f"C{i}",
+                    label=f"{model}, launched from Python (do_bench)")
     ax.axhline(1.0, color="k", linestyle="--", label="as fast as the fastest peer")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tokens")

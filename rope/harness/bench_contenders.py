@@ -17,8 +17,10 @@ what its engine does per call:
   error, not a silent eager fallback), one graph per shape, its Dynamo graph count reported;
 * ``native``: the same plain torch ops, eager; ``transformers``: transformers' ``apply_rotary_pos_emb``.
 
-Ours are ``triton`` (the unchecked launch an engine would call) and ``triton-public`` (the documented
-entry, its device-side checks included).  A peer whose package is not installed is listed as absent.
+Ours are ``triton`` (the unchecked launch an engine would call), ``triton-public`` (the documented
+entry, its checks included) and ``triton-bare`` (the same compiled kernel launched the way Triton's
+documentation does, ``kernel[grid](*args, **constexprs)``, grid and arguments computed once: the
+yardstick of the host path).  A peer whose package is not installed is listed as absent.
 """
 
 from __future__ import annotations
@@ -63,8 +65,11 @@ def _ours() -> list[Contender]:
     reason = _reason("triton", triton_fn)
     public_reason = lambda spec, dtype, device: (   # noqa: E731
         "the public entry's device-side checks are what it adds on a GPU" if device == "cpu" else reason(spec, dtype, device))
+    bare_reason = lambda spec, dtype, device: (   # noqa: E731
+        "Triton's own launch path is the host-time yardstick of a GPU" if device == "cpu" else reason(spec, dtype, device))
     return [Contender("triton", True, _call_with(triton_fn.unchecked), "float32", reason, triton=True),
-            Contender("triton-public", True, _call_with(triton_fn), "float32", public_reason, triton=True)]
+            Contender("triton-public", True, _call_with(triton_fn), "float32", public_reason, triton=True),
+            Contender("triton-bare", True, triton_fn.bare_launch, "float32", bare_reason, triton=True)]
 
 
 # ------------------------------------------------------------------------------------ plain torch
@@ -153,7 +158,7 @@ ENGINES = (("vllm-cuda", "rope.backends.vllm.rotation", None, None),
            ("sglang-triton", "rope.backends.sglang.rotation", None, None),
            ("flashinfer", "rope.backends.flashinfer", None, None))
 
-CONTENDERS = ("triton", "triton-public", "vllm-cuda", "liger", "liger-pregathered", "sglang-triton",
+CONTENDERS = ("triton", "triton-public", "triton-bare", "vllm-cuda", "liger", "liger-pregathered", "sglang-triton",
               "flashinfer", "torch-compile", "native", "transformers")
 
 

@@ -3,7 +3,9 @@ state (the same buffers every step) pays for the checks once.
 
 A call's signature is its scalars and, for each tensor, its dtype, shape, strides, device and
 address: everything the entries' checks read but the values (the overlap checks read addresses,
-sizes and strides only: rope/overlap.py).  A call with a signature seen before passes them again.
+sizes and strides only: rope/overlap.py).  A call with a signature seen before passes them again,
+and finds what the entry derived from them the first time (whether it must copy a strided input,
+whether the values are checked on that device).
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ def _metadata(t):
 
 
 class CheckedCalls:
-    """Signatures that passed, at most ``limit`` (then forgotten all at once)."""
+    """Signatures that passed, each with what the entry derived from it, at most ``limit`` (then
+    forgotten all at once)."""
 
     def __init__(self, limit: int = 4096):
         self.limit = limit
-        self._seen: set = set()
+        self._seen: dict = {}
 
     @staticmethod
     def signature(scalars: tuple, tensors: tuple):
@@ -34,12 +37,16 @@ class CheckedCalls:
     def __contains__(self, signature) -> bool:
         return signature is not None and signature in self._seen
 
-    def add(self, signature) -> None:
+    def get(self, signature):
+        """What was kept for ``signature`` when it passed; None if it has not (or has no signature)."""
+        return None if signature is None else self._seen.get(signature)
+
+    def add(self, signature, derived=True) -> None:
         if signature is None:
             return
         if len(self._seen) >= self.limit:
             self._seen.clear()
-        self._seen.add(signature)
+        self._seen[signature] = derived
 
     def __len__(self) -> int:
         return len(self._seen)

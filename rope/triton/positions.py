@@ -13,6 +13,8 @@ programs whose blocks start past their request's length exit after the request's
 
 from __future__ import annotations
 
+import functools
+
 import triton
 import triton.language as tl
 
@@ -21,6 +23,7 @@ from rope.devices import device_name, triton_runs_on
 from rope.runner_positions import check_out
 from rope.triton.checked import CheckedCalls
 from rope.triton.grid import cdiv, next_power_of_2
+from rope.triton.launcher import launch
 from rope.triton.pdl import HAS_PDL
 from rope.triton.targets import launch_target
 
@@ -77,27 +80,30 @@ def _prepare_positions_kernel(
 def prepare_positions_triton(prefill_positions, prefill_delta, idx_mapping, query_start_loc, prefill_lens,
                              num_computed_tokens, num_dims, out) -> None:
     """Write out[:, :num_tokens] with the Triton kernel."""
-    _check_inputs(prefill_positions, prefill_delta, idx_mapping, query_start_loc, prefill_lens,
-                  num_computed_tokens, num_dims, out)
-    # The kernel indexes the 1-D inputs with unit stride: strided views are copied, never misread.
-    vectors = [t.contiguous() for t in (prefill_delta, idx_mapping, query_start_loc, prefill_lens, num_computed_tokens)]
-    launch_prepare_positions(prefill_positions, vectors[0], vectors[1], vectors[2], vectors[3], vectors[4], num_dims, out)
+    vectors = (prefill_delta, idx_mapping, query_start_loc, prefill_lens, num_computed_tokens)
+    if _check_inputs(prefill_positions, *vectors, num_dims, out):
+        # The kernel indexes the 1-D inputs with unit stride: strided views are copied, never misread.
+        vectors = tuple(t.contiguous() for t in vectors)
+    launch_prepare_positions(prefill_positions, *vectors, num_dims, out)
 
 
 # Calls whose metadata passed the checks where the values are not read (a GPU without
-# ROPE_CHECK_VALUES=1; rope/triton/checked.py).  Where the values are checked (the CPU) every call
-# is checked whole: it reads them anyway.
+# ROPE_CHECK_VALUES=1; rope/triton/checked.py), each with whether a 1-D input is strided.  Where
+# the values are checked (the CPU) every call is checked whole: it reads them anyway.
 _CHECKED = CheckedCalls()
 
 
 def _check_inputs(prefill_positions, prefill_delta, idx_mapping, query_start_loc, prefill_lens,
-                  num_computed_tokens, num_dims, out) -> None:
+                  num_computed_tokens, num_dims, out) -> bool:
+    """The step's checks, the metadata's once per signature; returns whether a 1-D input must be
+    copied to unit stride."""
     tensors = (prefill_positions, prefill_delta, idx_mapping, query_start_loc, prefill_lens, num_computed_tokens, out)
     signature = CheckedCalls.signature((num_dims,), tensors)
     if signature is not None and checks_values(idx_mapping):
         signature = None      # values checked: never from the cache (ROPE_CHECK_VALUES may be set at any time)
-    if signature in _CHECKED:
-        return
+    strided = _CHECKED.get(signature)
+    if strided is not None:
+        return strided
     num_tokens = check_position_inputs(prefill_positions, prefill_delta, idx_mapping, query_start_loc,
                                        prefill_lens, num_computed_tokens, num_dims)
     check_out(out, num_dims, num_tokens, prefill_positions.device)
@@ -107,7 +113,9 @@ def _check_inputs(prefill_positions, prefill_delta, idx_mapping, query_start_loc
     for name, t in (("prefill_positions", prefill_positions), ("out", out)):
         if t.stride(1) != 1:
             raise ValueError(f"{name}.stride={t.stride()}: the last dim must be contiguous")
-    _CHECKED.add(signature)         # only metadata was checked (else no signature): the same passes again
+    strided = any(t.stride(0) != 1 for t in tensors[1:6])
+    _CHECKED.add(signature, strided)   # only metadata was checked (else no signature): the same passes again
+    return strided
 
 
 def default_splits(num_reqs: int, capacity: int, block: int = BLOCK, target: int = TARGET_PROGRAMS) -> int:
@@ -128,13 +136,18 @@ def launch_prepare_positions(prefill_positions, prefill_delta, idx_mapping, quer
     if splits is None:
         splits = default_splits(num_reqs, out.shape[1], block)
     pdl = bool(pdl) and launch_target(out.device).pdl
-    extra = {"launch_pdl": True} if pdl else {}
-    _prepare_positions_kernel[(num_reqs, splits)](
+    launch(_prepare_positions_kernel, (num_reqs, splits, 1), (
         out, out.stride(0), prefill_positions, prefill_positions.stride(0), prefill_delta, idx_mapping,
         query_start_loc, prefill_lens, num_computed_tokens,
         prefill_positions.shape[0] // num_dims, prefill_positions.shape[1], out.shape[1],
-        NUM_DIMS=num_dims, DIMS_P2=next_power_of_2(num_dims), BLOCK=block, PDL=pdl, **extra,
-    )
+    ), _constexprs(num_dims, block, pdl), (num_dims, block, pdl))
+
+
+@functools.lru_cache(maxsize=64)
+def _constexprs(num_dims: int, block: int, pdl: bool) -> dict:
+    """The step's constexprs and compile options (read, never modified, by the launch)."""
+    return dict(NUM_DIMS=num_dims, DIMS_P2=next_power_of_2(num_dims), BLOCK=block, PDL=pdl,
+                **({"launch_pdl": True} if pdl else {}))
 
 
 prepare_positions_triton.supports = lambda device: triton_runs_on(device)

@@ -26,6 +26,7 @@ from rope.spec import RopeSpec, check_position_range, check_rotation_inputs, che
 
 from rope.triton.checked import CheckedCalls
 from rope.triton.grid import cdiv, next_power_of_2
+from rope.triton.launcher import launch
 from rope.triton.pdl import HAS_PDL
 from rope.triton.targets import launch_target
 
@@ -571,19 +572,48 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
              block_hk, cache_offsets_64, speculate_positions)
     if asked == _DEFAULTS and not positions_before_wait and position_guesses is None:
         grid, constexprs = _default_plan(*signature)              # once per signature
+        plan_key = signature
     else:
         speculate_positions = _check_guesses(positions, position_guesses, speculate_positions, positions_before_wait)
         grid, constexprs = _plan(*signature, *asked[:-1], speculate_positions, positions_before_wait)
-    _rotary_kernel[grid](
-        query, key if key is not None else query, cos_sin_cache, positions,
-        position_guesses if position_guesses is not None else positions,
-        map_table(spec, positions.device) if constexprs["MAP_TABLE"] else positions,
-        query.stride(0), key.stride(0) if key is not None else 0, cos_sin_cache.stride(0),
-        positions.stride(0) if positions.dim() == 2 else 0,
-        cos_sin_cache.shape[0], num_tokens, num_q, num_k, spec.head_size, spec.num_freqs, *_sections_constexprs(spec),
-        **constexprs,
-    )
+        plan_key = (signature, asked, positions_before_wait, speculate_positions)
+    # Through the compiled kernel's launcher once Triton's path has launched this plan with
+    # arguments specialized alike (rope/triton/launcher.py).
+    launch(_rotary_kernel, grid, _arguments(spec, positions, query, key, cos_sin_cache, position_guesses,
+                                            constexprs["MAP_TABLE"]), constexprs, plan_key)
     return query, key
+
+
+def _arguments(spec: RopeSpec, positions, query, key, cos_sin_cache, position_guesses, map_table_: bool) -> tuple:
+    """The kernel's runtime arguments, in its parameter order (absent tensors stand in as unread pointers)."""
+    return (query, key if key is not None else query, cos_sin_cache, positions,
+            position_guesses if position_guesses is not None else positions,
+            map_table(spec, positions.device) if map_table_ else positions,
+            query.stride(0), key.stride(0) if key is not None else 0, cos_sin_cache.stride(0),
+            positions.stride(0) if positions.dim() == 2 else 0,
+            cos_sin_cache.shape[0], positions.shape[-1], query.shape[1] // spec.head_size,
+            key.shape[1] // spec.head_size if key is not None else 0, spec.head_size, spec.num_freqs,
+            *_sections_constexprs(spec))
+
+
+def bare_launch(spec: RopeSpec, positions, query, key, cos_sin_cache):
+    """The default launch of these inputs as a function of no arguments that launches it the way
+    Triton's documentation does, ``kernel[grid](*args, **constexprs)``, with the plan and the
+    arguments computed here once: the yardstick of the host path (rope-harness bench's
+    ``triton-bare``).  Returns (query, key) per call, rotated in place."""
+    target = launch_target(query.device)
+    num_tokens = positions.shape[-1]
+    num_q = query.shape[1] // spec.head_size
+    num_k = key.shape[1] // spec.head_size if key is not None else 0
+    grid, constexprs = _default_plan(spec, num_tokens, num_q, num_k, key is not None, query.dtype,
+                                     cos_sin_cache.shape[0], cos_sin_cache.stride(0), target)
+    args = _arguments(spec, positions, query, key, cos_sin_cache, None, constexprs["MAP_TABLE"])
+
+    def call():
+        if num_tokens:
+            _rotary_kernel[grid](*args, **constexprs)
+        return query, key
+    return call
 
 
 _DEFAULTS = (None,) * 12        # launch_rotary's options, none given: the default launch
@@ -707,15 +737,15 @@ def _key_head_block(block_hk, block_h: int, split_qk: bool, num_tokens: int, num
 
 
 def _grid(num_tokens: int, num_q: int, num_k: int, split_qk: bool, block_t: int, block_h: int, block_hk: int,
-          heads_fastest: bool) -> tuple[int, ...]:
-    """The launch grid.  With split_qk, programs come in groups of ``rounds`` token blocks:
+          heads_fastest: bool) -> tuple[int, int, int]:
+    """The launch grid (3-D, as Triton's launcher takes it).  With split_qk, programs come in groups of ``rounds`` token blocks:
     ``rounds`` x the q head blocks, then the k head blocks (of block_hk heads and rounds * block_t
     tokens).  heads_fastest: one axis, the head blocks of a token block in consecutive programs."""
     rounds = block_h // block_hk
     head_blocks = (rounds * cdiv(num_q, block_h) + cdiv(num_k, block_hk) if split_qk
                    else cdiv(max(num_q, num_k), block_h))
     token_blocks = cdiv(num_tokens, rounds * block_t)
-    return (token_blocks * head_blocks,) if heads_fastest else (token_blocks, head_blocks)
+    return (token_blocks * head_blocks, 1, 1) if heads_fastest else (token_blocks, head_blocks, 1)
 
 
 def _unit_last_stride(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -734,35 +764,39 @@ def rotate_triton(spec: RopeSpec, positions, query, key, cos_sin_cache):
     Returns:
         (query, key): the same tensors, rotated (copies only if the last dim was strided).
     """
-    _check_inputs(spec, positions, query, key, cos_sin_cache)
-    if cos_sin_cache.stride(1) != 1:
-        cos_sin_cache = cos_sin_cache.contiguous()
-    if positions.stride(-1) != 1:   # 1-D or row-strided positions: columns must be contiguous
-        positions = positions.contiguous()
-    return launch_rotary(spec, positions, _unit_last_stride(query), _unit_last_stride(key), cos_sin_cache)
+    signature = CheckedCalls.signature((spec,), (positions, query, key, cos_sin_cache))
+    copies = _CHECKED.get(signature)
+    if copies is None:                  # a signature not seen (or none): every check
+        _check_inputs(spec, positions, query, key, cos_sin_cache)
+        copies = (cos_sin_cache.stride(1) != 1 or positions.stride(-1) != 1 or query.stride(-1) != 1
+                  or (key is not None and key.stride(-1) != 1))
+        _CHECKED.add(signature, copies)
+    elif checks_values(positions):      # the metadata passed before; the values are new
+        check_position_range(positions, cos_sin_cache.shape[0])
+    if copies:                          # the kernel reads unit-stride columns: strided inputs are copied
+        if cos_sin_cache.stride(1) != 1:
+            cos_sin_cache = cos_sin_cache.contiguous()
+        if positions.stride(-1) != 1:       # 1-D or row-strided positions: columns must be contiguous
+            positions = positions.contiguous()
+        query, key = _unit_last_stride(query), _unit_last_stride(key)
+    return launch_rotary(spec, positions, query, key, cos_sin_cache)
 
 
-# Calls whose metadata passed the checks (rope/triton/checked.py).
+# Calls whose metadata passed the checks, each with whether it copies a strided input
+# (rope/triton/checked.py).
 _CHECKED = CheckedCalls()
 
 
 def _check_inputs(spec: RopeSpec, positions, query, key, cos_sin_cache) -> None:
-    """The public entry's checks (rope.spec.check_rotation_inputs, the kernel's dtypes and
-    devices), the metadata's once per signature; the position range wherever values are checked
-    (rope.spec.checks_values: on the CPU, or under ROPE_CHECK_VALUES=1)."""
-    signature = CheckedCalls.signature((spec,), (positions, query, key, cos_sin_cache))
-    if signature not in _CHECKED:
-        # The contract's checks first (the values among them where checks_values says so), then
-        # the kernel's own limits.
-        check_rotation_inputs(spec, positions, query, key, cos_sin_cache)
-        if query.dtype not in SUPPORTED_DTYPES:
-            raise ValueError(f"query.dtype={query.dtype}: the Triton kernel supports {SUPPORTED_DTYPES}")
-        device = device_name(query.device)
-        if not triton_runs_on(device):
-            raise ValueError(f"query.device={query.device}: Triton needs a GPU tensor here, or TRITON_INTERPRET=1")
-        _CHECKED.add(signature)
-    elif checks_values(positions):
-        check_position_range(positions, cos_sin_cache.shape[0])
+    """The public entry's checks: the contract's (rope.spec.check_rotation_inputs, the values among
+    them where rope.spec.checks_values says so: on the CPU, or under ROPE_CHECK_VALUES=1), then the
+    kernel's own limits (dtypes, devices)."""
+    check_rotation_inputs(spec, positions, query, key, cos_sin_cache)
+    if query.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"query.dtype={query.dtype}: the Triton kernel supports {SUPPORTED_DTYPES}")
+    device = device_name(query.device)
+    if not triton_runs_on(device):
+        raise ValueError(f"query.device={query.device}: Triton needs a GPU tensor here, or TRITON_INTERPRET=1")
 
 
 def supports(spec: RopeSpec, dtype: torch.dtype, device: str) -> bool:
@@ -784,3 +818,4 @@ rotate_triton.switch_tokens = tuple(sorted({FEW_TOKENS + 1, PDL_MAX_TOKENS + 1, 
                                             KEY_HEAD_BLOCK_TOKENS + 1}))
 rotate_triton.supports = supports
 rotate_triton.unchecked = launch_rotary   # hot path for the benchmark: no validation, no host sync
+rotate_triton.bare_launch = bare_launch   # the benchmark's yardstick of the host path

@@ -82,8 +82,9 @@ def test_a_contender_is_checked_on_the_call_that_is_timed(dtype):
     cache = __import__("rope").cos_sin_cache(spec, dtype, "cpu")
     for fn, verdict in ((rotate_native, "ok"), (neox_for_gptj, "MISMATCH")):
         contender = Contender(fn.__name__, False, lambda *a, fn=fn: (lambda: fn(*a)), "activation")
-        ms, how, checked, _ = bench.race_rotation(contender, spec, pos, q, k, cache, "cpu", bench._timer("cpu"), 8, 1)
-        assert checked.startswith(verdict) and ms > 0 and how == "wall", (fn.__name__, checked)
+        timed = bench.race_rotation(contender, spec, pos, q, k, cache, "cpu", bench._timer("cpu"), 8, 1)
+        assert timed["checked"].startswith(verdict) and timed["ms"] > 0 and timed["timing"] == "wall", (fn.__name__, timed)
+        assert timed["host_us"] != timed["host_us"]        # the host clock and do_bench: GPU only
 
 
 def test_input_sets_span_the_l2_and_stay_bounded(monkeypatch):
