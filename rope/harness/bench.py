@@ -274,21 +274,24 @@ def _bound_sets(contender, spec, positions, q, k, cache, sets: int):
     return [contender.bind(spec, positions.clone(), q.clone(), k.clone(), cache) for _ in range(sets)]
 
 
-def host_us_per_call(fn, device: str, calls: int = HOST_CALLS, rounds: int = HOST_ROUNDS) -> float:
-    """The host's time per call: ``calls`` calls back to back, the clock read before the
-    synchronize that ends each round; the median round.  What a serving step pays on the CPU for
-    the call wherever the GPU keeps up (a call the GPU takes longer over than the host fills the
-    launch queue only after about a thousand kernels: a round of 50 calls stays below it)."""
-    fn()
+def host_us_per_call(fns: dict, device: str, calls: int = HOST_CALLS, rounds: int = HOST_ROUNDS) -> dict:
+    """The host's time per call of each function in ``fns`` (name -> call): ``calls`` calls back to
+    back, the clock read before the synchronize that ends the round; the functions take turns
+    round by round, so that each one's median round comes from the same stretch of the host's time
+    (a busy host slows them all alike).  What a serving step pays on the CPU for the call wherever
+    the GPU keeps up: a round of 50 calls stays well inside the GPU's launch queue."""
+    for fn in fns.values():
+        fn()
     synchronize(device)
-    times = []
+    times: dict = {name: [] for name in fns}
     for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append(time.perf_counter() - start)
-        synchronize(device)
-    return statistics.median(times) / calls * 1e6
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times[name].append(time.perf_counter() - start)
+            synchronize(device)
+    return {name: statistics.median(t) / calls * 1e6 for name, t in times.items()}
 
 
 def eager_ms(fn) -> float:
@@ -302,18 +305,19 @@ def eager_ms(fn) -> float:
 def race_rotation(contender, spec, positions, q, k, cache, device, time_fn, tokens, nbytes) -> dict:
     """Check one contender on these inputs, then time it where its time means something: a dict of
     Result's fields ``ms`` (the graph or rotating timer: NaN for a check without timing, the Triton
-    interpreter's), ``timing``, ``checked``, ``note``, and on a GPU ``host_us`` and ``eager_ms``."""
+    interpreter's), ``timing``, ``checked``, ``note``, and on a GPU ``eager_ms`` (the host's time is
+    taken for a whole row at once: :func:`host_us_per_call`)."""
     graphs_before = contender.graphs() if contender.graphs else 0
     out_q, out_k = contender.bind(spec, positions, q.clone(), k.clone(), cache)()
     checked = check_outputs(spec, positions, q, k, cache, out_q, out_k, contender.working_precision)
-    timed = {"host_us": math.nan, "eager_ms": math.nan}
+    timed = {"eager_ms": math.nan}
     if not timed_here(contender, device):
         ms, how = float("nan"), "interpreter: checked, not timed"
     else:
         calls = _bound_sets(contender, spec, positions, q, k, cache, input_sets(device, nbytes, tokens))
         ms, how = time_fn(calls, tokens)
         if device in ("cuda", "rocm"):
-            timed = {"host_us": host_us_per_call(calls[0], device), "eager_ms": eager_ms(calls[0])}
+            timed = {"eager_ms": eager_ms(calls[0])}
         del calls
     note = ""
     if contender.graphs:
@@ -380,6 +384,11 @@ def run(models=None, tokens=None, dtypes=("bfloat16",), device="cuda", extra_imp
                     gbps = nbytes / (timed["ms"] * 1e-3) / 1e9
                     row[contender.name] = Result("rotation", contender.name, key, t, dtype_name, bytes=nbytes,
                                                  gbps=gbps, frac_copy=gbps / ceiling, ours=contender.ours, **timed)
+                if device in ("cuda", "rocm") and row:
+                    host = host_us_per_call({name: next(c for c in found if c.name == name).bind(
+                        spec, positions_t.clone(), q.clone(), k.clone(), cache) for name in row}, device)
+                    for name, us in host.items():
+                        row[name].host_us = us
                 base = row.get("native")
                 for r in row.values():
                     r.speedup_vs_native = base.ms / r.ms if base and r.ms == r.ms else None
@@ -548,7 +557,8 @@ def race_markdown(data: dict) -> list[str]:
         lines += ["", "## Launched from Python, and the host's time per call", "",
                   "Eager: `triton.testing.do_bench` (each call launched from Python after its L2 flush, median), "
                   "ours unchecked against the fastest peer's; % of copy of ours.  Host: microseconds of the "
-                  f"host per call, {HOST_CALLS} calls back to back ({HOST_ROUNDS} rounds, the median): ours "
+                  f"host per call, {HOST_CALLS} calls back to back ({HOST_ROUNDS} rounds in which the contenders of a row "
+                  "take turns, the median): ours "
                   "unchecked, the public entry, the same kernel through Triton's own `kernel[grid](...)` "
                   "(`triton-bare`), and each peer.", "",
                   "| model | tokens | ours eager (us) | % of copy | fastest peer | its time (us) | ours / peer "

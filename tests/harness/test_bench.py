@@ -84,7 +84,7 @@ def test_a_contender_is_checked_on_the_call_that_is_timed(dtype):
         contender = Contender(fn.__name__, False, lambda *a, fn=fn: (lambda: fn(*a)), "activation")
         timed = bench.race_rotation(contender, spec, pos, q, k, cache, "cpu", bench._timer("cpu"), 8, 1)
         assert timed["checked"].startswith(verdict) and timed["ms"] > 0 and timed["timing"] == "wall", (fn.__name__, timed)
-        assert timed["host_us"] != timed["host_us"]        # the host clock and do_bench: GPU only
+        assert timed["eager_ms"] != timed["eager_ms"]      # do_bench: GPU only
 
 
 def test_input_sets_span_the_l2_and_stay_bounded(monkeypatch):
@@ -128,3 +128,37 @@ def test_bench_positions_on_a_cpu_without_the_interpreter_races_native_alone(mon
     rows = bench.bench_positions("cpu", bench._timer("cpu"), 1.0, said.append, shapes=[(2, 4)])
     assert [r.impl for r in rows] == ["native"] and rows[0].checked == "ok"
     assert any("triton not raced" in line for line in said), said
+
+
+def test_the_host_clock_lets_a_rows_contenders_take_turns(monkeypatch):
+    # Each round times every contender once, in turn: a stretch of a busy host slows them alike.
+    from rope.harness import bench
+    monkeypatch.setattr(bench, "synchronize", lambda device: None)
+    order = []
+    fns = {name: (lambda name=name: order.append(name)) for name in ("a", "b", "c")}
+    host = bench.host_us_per_call(fns, "cuda", calls=2, rounds=3)
+    assert set(host) == {"a", "b", "c"} and all(us > 0 for us in host.values())
+    assert order == ["a", "b", "c"] + ["a", "a", "b", "b", "c", "c"] * 3
+
+
+def test_the_race_compares_eager_times_and_reports_the_hosts():
+    # Launched from Python: ours against the peer fastest under do_bench (not under the timer), and
+    # the host's time of ours, the public entry, the bare launch and every peer; a peer whose
+    # check failed takes no part.
+    import math
+    from rope.harness import bench
+
+    def row(impl, ms, eager, host, ours=False, checked="ok"):
+        return bench.Result("rotation", impl, "m", 4096, "bfloat16", ms, 1000, 1.0, 0.9 * 0.010 / ms,
+                            checked=checked, ours=ours, eager_ms=eager, host_us=host)
+    results = [row("triton", 0.010, 0.012, 20.0, ours=True), row("triton-public", 0.010, 0.012, 25.0, ours=True),
+               row("triton-bare", 0.010, 0.012, 30.0, ours=True), row("fast-timer", 0.009, 0.020, 40.0),
+               row("fast-eager", 0.011, 0.015, 50.0), row("wrong", 0.001, 0.001, 1.0, checked="MISMATCH")]
+    (race,) = bench.race(results)
+    assert race["best_peer"] == "fast-timer" and race["best_eager_peer"] == "fast-eager"
+    assert math.isclose(race["eager_ratio"], 0.012 / 0.015) and math.isclose(race["ours_eager_frac"], 0.9 * 0.010 / 0.012)
+    assert race["host_us"] == {"triton": 20.0, "triton-public": 25.0, "triton-bare": 30.0}
+    assert race["peers_host_us"] == {"fast-timer": 40.0, "fast-eager": 50.0}
+    data = {"race": [race], "device": "cuda"}
+    table = "\n".join(bench.race_markdown(data))
+    assert "| m | 4096 | 12.0 | 75.0 | fast-eager | 15.0 | 0.80 | 20.0 | 25.0 | 30.0 | 50.0 | 40.0 |" in table   # peers by name
