@@ -19,16 +19,21 @@ the interpreter and any kernel object that is not a compiled ``JITFunction`` (te
 by replacing the kernel), a backend that specializes arguments on more than divisibility (AMD's
 buffer-op ranges), and launch hooks (profilers such as proton read them).  The launcher's argument
 list (``gx, gy, gz, stream, function, metadata, launch_metadata, enter_hook, exit_hook, *args``) is
-the one Triton's ``JITFunction.run`` and ``CompiledKernel.__getitem__`` use in Triton 3.6 to 3.9.
+the one Triton's ``JITFunction.run`` and ``CompiledKernel.__getitem__`` use in Triton 3.6 to 3.9;
+a Triton without ``triton.knobs`` (before 3.4) always takes its own path.
 """
 
 from __future__ import annotations
 
 import os
 
-from triton import knobs
 from triton.backends.compiler import BaseBackend
 from triton.runtime.jit import JITFunction
+
+try:                  # Triton 3.4 and later; older ones (Intel's XPU Triton 3.3) take Triton's path always
+    from triton import knobs
+except ImportError:
+    knobs = None
 
 # Compiled kernels kept per kernel object (a key's entry: the launcher, the function handle, the
 # packed metadata, the constexpr values in parameter order); forgotten all at once past this many.
@@ -49,8 +54,9 @@ def _base_specialization(backend) -> bool:
     """Whether the backend specializes ints and tensors as Triton's base backend does (divisibility
     by 16 only), the facts the key holds."""
     cls = type(backend)
-    return (getattr(cls, "get_int_specialization", None) is BaseBackend.get_int_specialization
-            and getattr(cls, "get_tensor_specialization", None) is BaseBackend.get_tensor_specialization)
+    return all(getattr(BaseBackend, name, None) is not None
+               and getattr(cls, name, None) is getattr(BaseBackend, name)
+               for name in ("get_int_specialization", "get_tensor_specialization"))
 
 
 class _Compiled:
@@ -87,8 +93,9 @@ def _argument_key(args) -> tuple | None:
 
 
 def enabled() -> bool:
-    """ROPE_TRITON_LAUNCHER=0 sends every launch through Triton's own path (for comparing the two)."""
-    return os.environ.get("ROPE_TRITON_LAUNCHER", "1") != "0"
+    """ROPE_TRITON_LAUNCHER=0 sends every launch through Triton's own path (for comparing the two);
+    so does a Triton without ``triton.knobs`` (before 3.4), whose launch hooks live elsewhere."""
+    return knobs is not None and os.environ.get("ROPE_TRITON_LAUNCHER", "1") != "0"
 
 
 def launch(kernel, grid: tuple, args: tuple, constexprs: dict, plan_key) -> None:
