@@ -20,7 +20,9 @@ by replacing the kernel), a backend that specializes arguments on more than divi
 buffer-op ranges), and launch hooks (profilers such as proton read them).  The launcher's argument
 list (``gx, gy, gz, stream, function, metadata, launch_metadata, enter_hook, exit_hook, *args``) is
 the one Triton's ``JITFunction.run`` and ``CompiledKernel.__getitem__`` use in Triton 3.6 to 3.9;
-a Triton without ``triton.knobs`` (before 3.4) always takes its own path.
+a Triton without ``triton.knobs`` (before 3.4) always takes its own path.  Triton knobs that change
+what Triton compiles (``TRITON_DEBUG``, instrumentation) are read by its own path only: after
+changing one at run time, :func:`forget` the kernel's kept launches.
 """
 
 from __future__ import annotations
