@@ -344,6 +344,32 @@ def test_the_public_entrys_checks_are_cached_by_metadata_and_still_refuse_what_d
         rotary.rotate_triton(spec, positions, q, k, cache)
 
 
+def test_a_cached_signature_still_copies_what_the_kernel_cannot_read_in_place():
+    # The public entry keeps, per signature, whether an input must be copied to unit stride; a
+    # second call with the same strided buffers takes that from the cache and must copy again
+    # (a kernel handed a column-strided q would read every other element).
+    if not triton_runs_on("cpu"):
+        pytest.skip("Triton does not run on the CPU here (TRITON_INTERPRET=1 runs it)")
+    import reference
+    import rope.triton.rotary as rotary
+    from rope import RopeSpec, cos_sin_cache
+    spec = RopeSpec(head_size=64, rotary_dim=64, sections=(8, 12, 12), max_position=16)
+    cache = cos_sin_cache(spec, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(3)
+    positions = torch.randint(0, 16, (3, 4), generator=gen)
+    q0, k0 = torch.randn(4, 2 * 2 * 64, generator=gen), torch.randn(4, 64, generator=gen)
+    q_storage, k = q0.clone(), k0.clone()
+    rotary._CHECKED.clear()
+    for call in range(2):
+        q_storage.copy_(q0), k.copy_(k0)                  # the same buffers, the same signature
+        q = q_storage[:, ::2]
+        expected_q, expected_k = reference.rotate(spec, positions, q.clone(), k.clone(), cache)
+        got_q, got_k = rotary.rotate_triton(spec, positions, q, k, cache)
+        assert len(rotary._CHECKED) == 1, call
+        torch.testing.assert_close(got_q, expected_q.to(got_q.dtype), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got_k, expected_k.to(got_k.dtype), rtol=1e-5, atol=1e-5)
+
+
 def test_the_position_steps_metadata_checks_are_cached_where_values_are_not_read(monkeypatch):
     # On a GPU (values unread) a step's metadata is checked once per signature; a tensor that
     # differs is checked again, and ROPE_CHECK_VALUES=1 checks every call whole.
