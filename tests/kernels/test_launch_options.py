@@ -370,6 +370,35 @@ def test_a_cached_signature_still_copies_what_the_kernel_cannot_read_in_place():
         torch.testing.assert_close(got_k, expected_k.to(got_k.dtype), rtol=1e-5, atol=1e-5)
 
 
+def test_a_cached_step_signature_still_copies_strided_vectors(monkeypatch):
+    # As for the rotation: the step's entry keeps whether a 1-D input is strided, and a second call
+    # with the same strided views (values unread, as on a GPU) must copy them again.
+    if not triton_runs_on("cpu"):
+        pytest.skip("Triton does not run on the CPU here (TRITON_INTERPRET=1 runs it)")
+    import rope.triton.positions as positions_module
+    from properties.position_step.test_runner_positions import CHUNK_2
+    from reference.runner_positions import prepare_positions
+    from rope.harness.comparison import POSITION_ARGUMENTS
+    tensors = CHUNK_2.tensors("cpu")
+    args = [tensors[name] if name != "num_dims" else CHUNK_2.num_dims for name in POSITION_ARGUMENTS]
+    width = CHUNK_2.num_tokens + CHUNK_2.padding
+    expected = torch.full((CHUNK_2.num_dims, width), OUT_SENTINEL, dtype=torch.int64)
+    expected[:, :CHUNK_2.num_tokens] = prepare_positions(*args)
+    # Every 1-D input as a stride-2 view of a buffer twice its length, same values.
+    for i in range(1, 6):
+        buffer = torch.zeros(2 * args[i].numel(), dtype=args[i].dtype)
+        buffer[::2] = args[i]
+        args[i] = buffer[::2]
+    monkeypatch.setenv("ROPE_CHECK_VALUES", "0")
+    positions_module._CHECKED.clear()
+    out = torch.empty(CHUNK_2.num_dims, width, dtype=torch.int64)
+    for call in range(2):
+        out.fill_(OUT_SENTINEL)
+        positions_module.prepare_positions_triton(*args, out)
+        assert len(positions_module._CHECKED) == 1, call
+        assert torch.equal(out, expected), call
+
+
 def test_the_position_steps_metadata_checks_are_cached_where_values_are_not_read(monkeypatch):
     # On a GPU (values unread) a step's metadata is checked once per signature; a tensor that
     # differs is checked again, and ROPE_CHECK_VALUES=1 checks every call whole.
