@@ -255,8 +255,6 @@ def audio_advances_only_t(family: str, prompt: Prompt):
     return positions, ref.delta
 
 
-
-
 def second_per_grid_default(family: str, prompt: Prompt):
     """Omni videos laid out with the default seconds per grid (1.0 Qwen2.5-Omni, 2.0 Qwen3-Omni)
     whatever the video's own: the processor's ``video_second_per_grid`` looked up under another

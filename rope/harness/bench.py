@@ -354,6 +354,7 @@ def run(models=None, tokens=None, dtypes=("bfloat16",), device="cuda", extra_imp
         if not runs_here(c, device):
             absent[c.name] = f"Triton kernels do not run on {device} here (no GPU, TRITON_INTERPRET unset)"
     found = [c for c in found if runs_here(c, device)]
+    by_name = {c.name: c for c in found}
     for name, why in absent.items():
         progress(f"  not raced: {name}: {why}")
     skipped: dict[str, set[str]] = {}      # contender -> why it skipped some shapes
@@ -385,8 +386,8 @@ def run(models=None, tokens=None, dtypes=("bfloat16",), device="cuda", extra_imp
                     row[contender.name] = Result("rotation", contender.name, key, t, dtype_name, bytes=nbytes,
                                                  gbps=gbps, frac_copy=gbps / ceiling, ours=contender.ours, **timed)
                 if device in ("cuda", "rocm") and row:
-                    host = host_us_per_call({name: next(c for c in found if c.name == name).bind(
-                        spec, positions_t.clone(), q.clone(), k.clone(), cache) for name in row}, device)
+                    host = host_us_per_call({name: by_name[name].bind(spec, positions_t.clone(), q.clone(),
+                                                                      k.clone(), cache) for name in row}, device)
                     for name, us in host.items():
                         row[name].host_us = us
                 base = row.get("native")
@@ -411,8 +412,7 @@ def race(results: list[Result]) -> list[dict]:
     """Per model, size and dtype: our unchecked launch against the fastest peer whose output passed
     its check (NaN-timed rows, the interpreter's, take no part), under the graph or rotating timer
     and, where measured (a GPU), launched from Python (``eager_*``: do_bench, the L2 flushed); and
-    the host's time per call of ours (unchecked, public, Triton's own launch path) and of the peer
-    whose host time is least."""
+    the host's time per call of ours (unchecked, public, Triton's own launch path) and of each peer."""
     out = []
     groups: dict[tuple, list[Result]] = {}
     for r in results:
@@ -430,13 +430,11 @@ def race(results: list[Result]) -> list[dict]:
         eager = [r for r in peers if r.eager_ms == r.eager_ms]
         if ours.eager_ms == ours.eager_ms and eager:
             best_eager = min(eager, key=lambda r: r.eager_ms)
-            fastest_host = min(eager, key=lambda r: r.host_us)
             row |= {"ours_eager_ms": ours.eager_ms, "ours_eager_frac": ours.frac_copy * ours.ms / ours.eager_ms,
                     "best_eager_peer": best_eager.impl, "best_eager_peer_ms": best_eager.eager_ms,
                     "eager_ratio": ours.eager_ms / best_eager.eager_ms,
                     "host_us": {name: by_name[name].host_us for name in ("triton", "triton-public", "triton-bare")
                                 if name in by_name},
-                    "least_host_peer": fastest_host.impl, "least_host_peer_us": fastest_host.host_us,
                     "peers_host_us": {r.impl: r.host_us for r in eager}}
         out.append(row)
     return out

@@ -4,8 +4,7 @@ state (the same buffers every step) pays for the checks once.
 A call's signature is its scalars and, for each tensor, its dtype, shape, strides, device and
 address: everything the entries' checks read but the values (the overlap checks read addresses,
 sizes and strides only: rope/overlap.py).  A call with a signature seen before passes them again,
-and finds what the entry derived from them the first time (whether it must copy a strided input,
-whether the values are checked on that device).
+and finds what the entry derived from them the first time (whether it must copy a strided input).
 """
 
 from __future__ import annotations
@@ -33,9 +32,6 @@ class CheckedCalls:
         except (AttributeError, TypeError, RuntimeError, NotImplementedError):
             return None
         return signature
-
-    def __contains__(self, signature) -> bool:
-        return signature is not None and signature in self._seen
 
     def get(self, signature):
         """What was kept for ``signature`` when it passed; None if it has not (or has no signature)."""

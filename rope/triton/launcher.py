@@ -103,43 +103,43 @@ def enabled() -> bool:
 def launch(kernel, grid: tuple, args: tuple, constexprs: dict, plan_key) -> None:
     """Launch ``kernel[grid](*args, **constexprs)``; ``plan_key`` names the grid and the constexprs
     (and the compile options among them) of this call, hashable."""
-    compiled = kernel.__dict__.get(_ATTRIBUTE) if isinstance(kernel, JITFunction) else None
-    if compiled is not None and _ENABLED:
-        device = compiled.current_device()
-        arguments = _argument_key(args)
-        entry = compiled.entries.get((plan_key, device, arguments)) if arguments is not None else None
-        if entry is not None and not _hooks_set():
-            run, function, metadata, constants = entry
-            run(*grid, compiled.current_stream(device), function, metadata, None, None, None, *args, *constants)
-            return
+    if not (_ENABLED and isinstance(kernel, JITFunction)):
+        kernel[grid](*args, **constexprs)
+        return
+    compiled = kernel.__dict__.get(_ATTRIBUTE)
+    if compiled is None:
+        compiled = kernel.__dict__[_ATTRIBUTE] = _Compiled()
+    device = compiled.current_device()
+    arguments = _argument_key(args)
+    key = (plan_key, device, arguments)
+    entry = compiled.entries.get(key) if arguments is not None else None
+    if entry is not None and not _hooks_set():
+        run, function, metadata, constants = entry
+        run(*grid, compiled.current_stream(device), function, metadata, None, None, None, *args, *constants)
+        return
     found = kernel[grid](*args, **constexprs)
-    if isinstance(kernel, JITFunction) and _ENABLED:
-        _keep(kernel, found, grid, args, constexprs, plan_key)
+    if arguments is not None:
+        _keep(compiled, kernel, found, grid, len(args), constexprs, key)
 
 
-def _keep(kernel: JITFunction, found, grid: tuple, args: tuple, constexprs: dict, plan_key) -> None:
+def _keep(compiled: _Compiled, kernel: JITFunction, found, grid: tuple, num_args: int, constexprs: dict,
+          key: tuple) -> None:
     """Keep the compiled kernel Triton's path launched, under this call's key, where the key is exact."""
     if len(grid) != 3:
         return                                        # callers pass 3-D grids; keeps run() a plain unpack
     if hasattr(found, "result"):                      # Triton's asynchronous compile mode: a future
         found = found.result()
-    compiled = kernel.__dict__.get(_ATTRIBUTE)
-    if compiled is None:
-        compiled = _Compiled()
-        kernel.__dict__[_ATTRIBUTE] = compiled
-    device = compiled.current_device()
-    arguments = _argument_key(args)
-    if found is None or arguments is None or not compiled.device_eligible(kernel, device):
+    if found is None or not compiled.device_eligible(kernel, key[1]):
         return
     # The launcher takes every parameter in order, constexprs included (it skips them): the
     # keywords must be exactly the parameters after the positional ones, plus compile options.
-    rest = [p.name for p in kernel.params][len(args):]
+    rest = [p.name for p in kernel.params][num_args:]
     if {name for name in constexprs if name not in _COMPILE_OPTIONS} != set(rest):
         return                                        # a parameter left to its default: Triton's path binds it
     constants = tuple(constexprs[name] for name in rest)
     if len(compiled.entries) >= LIMIT:
         compiled.entries.clear()
-    compiled.entries[(plan_key, device, arguments)] = (found.run, found.function, found.packed_metadata, constants)
+    compiled.entries[key] = (found.run, found.function, found.packed_metadata, constants)
 
 
 _COMPILE_OPTIONS = frozenset({"num_warps", "num_stages", "num_ctas", "enable_fp_fusion", "launch_pdl",

@@ -558,16 +558,9 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
     """
     if bf16_rounding not in (None, "by_hand", "convert"):
         raise ValueError(f"bf16_rounding={bf16_rounding!r}: must be 'by_hand' or 'convert'")
-    # What this device's compile target may use (rope/triton/targets.py): PDL and the eviction hint
-    # exist on some targets only, and the interpreter takes no compile options.
-    target = launch_target(query.device)
-    num_tokens = positions.shape[-1]
-    if num_tokens == 0:
+    if positions.shape[-1] == 0:
         return query, key
-    num_q = query.shape[1] // spec.head_size
-    num_k = key.shape[1] // spec.head_size if key is not None else 0
-    signature = (spec, num_tokens, num_q, num_k, key is not None, query.dtype, cos_sin_cache.shape[0],
-                 cos_sin_cache.stride(0), target)
+    signature = _signature(spec, positions, query, key, cos_sin_cache)
     asked = (block_h, num_warps, block_t, split_qk, gather_3d, pdl, evict_first, heads_fastest, bf16_rounding,
              block_hk, cache_offsets_64, speculate_positions)
     if asked == _DEFAULTS and not positions_before_wait and position_guesses is None:
@@ -579,20 +572,30 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
         plan_key = (signature, asked, positions_before_wait, speculate_positions)
     # Through the compiled kernel's launcher once Triton's path has launched this plan with
     # arguments specialized alike (rope/triton/launcher.py).
-    launch(_rotary_kernel, grid, _arguments(spec, positions, query, key, cos_sin_cache, position_guesses,
+    launch(_rotary_kernel, grid, _arguments(signature, positions, query, key, cos_sin_cache, position_guesses,
                                             constexprs["MAP_TABLE"]), constexprs, plan_key)
     return query, key
 
 
-def _arguments(spec: RopeSpec, positions, query, key, cos_sin_cache, position_guesses, map_table_: bool) -> tuple:
+def _signature(spec: RopeSpec, positions, query, key, cos_sin_cache) -> tuple:
+    """What the default launch's plan depends on (``_default_plan``'s arguments): the spec, the token
+    and head counts, whether there is a key, the dtype, the cache's rows and row stride, and the
+    compile target (rope/triton/targets.py: PDL and the eviction hint exist on some targets only,
+    and the interpreter takes no compile options)."""
+    return (spec, positions.shape[-1], query.shape[1] // spec.head_size,
+            key.shape[1] // spec.head_size if key is not None else 0, key is not None, query.dtype,
+            cos_sin_cache.shape[0], cos_sin_cache.stride(0), launch_target(query.device))
+
+
+def _arguments(signature: tuple, positions, query, key, cos_sin_cache, position_guesses, map_table_: bool) -> tuple:
     """The kernel's runtime arguments, in its parameter order (absent tensors stand in as unread pointers)."""
+    spec, num_tokens, num_q, num_k = signature[:4]
     return (query, key if key is not None else query, cos_sin_cache, positions,
             position_guesses if position_guesses is not None else positions,
             map_table(spec, positions.device) if map_table_ else positions,
             query.stride(0), key.stride(0) if key is not None else 0, cos_sin_cache.stride(0),
             positions.stride(0) if positions.dim() == 2 else 0,
-            cos_sin_cache.shape[0], positions.shape[-1], query.shape[1] // spec.head_size,
-            key.shape[1] // spec.head_size if key is not None else 0, spec.head_size, spec.num_freqs,
+            cos_sin_cache.shape[0], num_tokens, num_q, num_k, spec.head_size, spec.num_freqs,
             *_sections_constexprs(spec))
 
 
@@ -601,16 +604,12 @@ def bare_launch(spec: RopeSpec, positions, query, key, cos_sin_cache):
     Triton's documentation does, ``kernel[grid](*args, **constexprs)``, with the plan and the
     arguments computed here once: the yardstick of the host path (rope-harness bench's
     ``triton-bare``).  Returns (query, key) per call, rotated in place."""
-    target = launch_target(query.device)
-    num_tokens = positions.shape[-1]
-    num_q = query.shape[1] // spec.head_size
-    num_k = key.shape[1] // spec.head_size if key is not None else 0
-    grid, constexprs = _default_plan(spec, num_tokens, num_q, num_k, key is not None, query.dtype,
-                                     cos_sin_cache.shape[0], cos_sin_cache.stride(0), target)
-    args = _arguments(spec, positions, query, key, cos_sin_cache, None, constexprs["MAP_TABLE"])
+    signature = _signature(spec, positions, query, key, cos_sin_cache)
+    grid, constexprs = _default_plan(*signature)
+    args = _arguments(signature, positions, query, key, cos_sin_cache, None, constexprs["MAP_TABLE"])
 
     def call():
-        if num_tokens:
+        if signature[1]:                # tokens
             _rotary_kernel[grid](*args, **constexprs)
         return query, key
     return call

@@ -181,10 +181,9 @@ def test_the_kept_launch_runs_the_kernel_triton_picks_and_the_same_bits():
             torch.cuda.synchronize()
             assert all(torch.equal(a, b) for a, b in zip(got, expected)), (tokens, offset)
         # The kept entry is the compiled kernel Triton's binder picks for these arguments.
-        signature = (spec, tokens, 8, 2, True, torch.bfloat16, cache.shape[0], cache.stride(0),
-                     rotary.launch_target(q.device))
+        signature = rotary._signature(spec, positions, got[0], got[1], cache)
         grid, constexprs = rotary._default_plan(*signature)
-        args = rotary._arguments(spec, positions, got[0], got[1], cache, None, constexprs["MAP_TABLE"])
+        args = rotary._arguments(signature, positions, got[0], got[1], cache, None, constexprs["MAP_TABLE"])
         compiled = rotary._rotary_kernel.__dict__[launcher._ATTRIBUTE]
         entry = compiled.entries[(signature, torch.cuda.current_device(), launcher._argument_key(args))]
         picked = rotary._rotary_kernel.run(*args, grid=grid, warmup=True, **constexprs)
