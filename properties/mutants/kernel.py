@@ -112,8 +112,8 @@ def cos_sin_unmasked():
     """(b) cos/sin loads cover the padding lanes [rotary_dim/2, BLOCK_F) (docs/spec.md §7.2).
 
     sgl-project/sglang#30123; vLLM's interleaved t_mask = NOT(h|w) covered the padding lanes
-    until valid_mask (055e47c).  Here BLOCK_F = next_pow2(rotary_dim/2), so padding lanes exist
-    only when rotary_dim/2 is not a power of two (head 80, rotary 80: lanes 40..63).  Lane i >= rd/2
+    until valid_mask (055e47c).  Here BLOCK_F = next_pow2(rotary_dim/2), at least 32, so padding lanes
+    exist when rotary_dim/2 is not a power of two (head 80, rotary 80: lanes 40..63) or is below 32.  Lane i >= rd/2
     reads cos at row element i (inside the row: the sin half) and sin at rd/2 + i, past the row's
     end.  The values never reach the output (q/k loads and stores stay masked): only the tracer in
     properties/guards.py sees the sin reads, as reads of the cache's NaN row padding.
@@ -125,7 +125,7 @@ def cos_sin_unmasked():
      "    sin = tl.load(cache_ptr + half + offs, mask=lane_ok, other=0.0)\n",
      "    cos = tl.load(cache_ptr + offs)\n"
      "    sin = tl.load(cache_ptr + half + offs)\n"),
-    ("block_f = next_power_of_2(spec.num_freqs)", "block_f = next_power_of_2(spec.head_size) // 2"))
+    ("return max(MIN_BLOCK_F, next_power_of_2(spec.num_freqs))", "return next_power_of_2(spec.head_size) // 2"))
 def cos_sin_unmasked_head_padded():
     """(b') The upstream shape of docs/spec.md §7.2: lanes padded to next_pow2(head_size)/2 AND cos/sin
     loads unmasked, as in vLLM's kernel before 055e47c (pad_hd) and sglang before #30123.

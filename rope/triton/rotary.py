@@ -53,6 +53,7 @@ EVICT_FIRST_MAX_BYTES = 512 << 20   # ... and while the rotated q/k bytes (read 
 KEY_HEAD_BLOCK_TOKENS = 16384  # above this, key programs take the key's head count
                                # (docs/launch-defaults.md, KEY_HEAD_BLOCK_TOKENS)
 SPECULATE_MAX_TOKENS = PDL_MAX_TOKENS  # with PDL up to this, guess the positions before the wait
+MIN_BLOCK_F = 32           # frequency lanes per head in a program, at least: every narrower head shares one kernel
                                        # (docs/launch-defaults.md, SPECULATE_MAX_TOKENS)
 
 
@@ -444,6 +445,15 @@ def _rotary_kernel(
                                IS_NEOX, ROUND_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
 
 
+def lane_block(spec: RopeSpec) -> int:
+    """BLOCK_F: the frequency lanes of a head in one program, rotary_dim / 2 rounded up to a power of
+    two and at least MIN_BLOCK_F (lanes past rotary_dim / 2 are masked).  Every model of
+    rope/models.yaml rotates 32 or 64 pairs, so the floor changes none of their launches; the narrow
+    widths a search draws (1-31 pairs, five powers of two) then share one compiled kernel instead of
+    five (docs/launch-defaults.md, MIN_BLOCK_F)."""
+    return max(MIN_BLOCK_F, next_power_of_2(spec.num_freqs))
+
+
 def _position_run(spec: RopeSpec, cache_row_stride: int) -> int:
     """The longest aligned run of frequency lanes (a power of two, at most 8) that always share one
     position row and whose cache offsets are aligned to it: the vector width of the cos/sin gather."""
@@ -626,7 +636,7 @@ def _plan(spec: RopeSpec, num_tokens: int, num_q: int, num_k: int, has_key: bool
     its default (docs/launch-defaults.md), computed from the shapes alone."""
     if bf16_rounding is None:
         bf16_rounding = "convert" if target.compiled else "by_hand"
-    block_f = next_power_of_2(spec.num_freqs)
+    block_f = lane_block(spec)
     split_qk = has_key and (split_qk is None or bool(split_qk))
     pos_run = _position_run(spec, cache_row_stride)
     if gather_3d is None:
@@ -707,7 +717,7 @@ def _tile(spec: RopeSpec, num_tokens: int, num_q: int, num_k: int, split_qk: boo
         # every head count there (masked head lanes cost no memory traffic; docs/launch-defaults.md, the tile row).
         block_h = tile[1] if speculating else min(next_power_of_2(max(num_q, num_k)), tile[1])
     if block_t is None:
-        block_t = tile[0] if tile[0] else max(1, min(8, MAX_TILE // (next_power_of_2(spec.num_freqs) * block_h)))
+        block_t = tile[0] if tile[0] else max(1, min(8, MAX_TILE // (lane_block(spec) * block_h)))
     return block_t, block_h, tile[2] if num_warps is None else num_warps
 
 

@@ -15,7 +15,7 @@ from hypothesis import example, given, settings, strategies as st
 from properties.strategies import KINDS, rope_specs
 from rope.models import load_models
 from rope.spec import RopeSpec
-from rope.triton.rotary import _lane_axes, _plan, _position_run, _sections_constexprs, map_table
+from rope.triton.rotary import _lane_axes, _plan, _position_run, _sections_constexprs, lane_block, map_table
 from rope.triton.targets import launch_target
 
 
@@ -29,7 +29,7 @@ def _lane_axes_kernel(out_ptr, map_ptr, half, sec0, sec1, sec2, NUM_DIMS: tl.con
 def kernel_lane_axes(spec: RopeSpec) -> list[int]:
     """The position row of every lane, padding lanes included, as the kernel's own ``_lane_axes``
     computes it (under the interpreter here, compiled on a GPU box)."""
-    block_f = triton.next_power_of_2(spec.num_freqs)
+    block_f = lane_block(spec)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     out = torch.full((block_f,), -1, dtype=torch.int32, device=device)
     sec0, sec1, sec2 = _sections_constexprs(spec)

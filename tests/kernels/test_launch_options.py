@@ -32,7 +32,8 @@ from rope.devices import is_interpreter, triton_runs_on
 from rope.models import load_models
 from rope.triton.grid import cdiv, next_power_of_2
 from rope.triton.positions import launch_prepare_positions
-from rope.triton.rotary import SPECULATE_MAX_TOKENS, launch_rotary
+from rope.spec import RopeSpec
+from rope.triton.rotary import MIN_BLOCK_F, SPECULATE_MAX_TOKENS, launch_rotary
 from rope.triton.targets import INTERPRETER, TARGETS, cuda_target
 
 LAUNCH_OPTIONS = st.fixed_dictionaries({
@@ -185,6 +186,54 @@ def test_the_speculating_band_compiles_one_kernel_per_shape(data, kind, dtype):
                                         launch["num_warps"]) == (1, 8, 8, 2), (tokens, nq, nk, launch)
         kernels.add(tuple(sorted(launch.items())))
     assert len(kernels) == 1, kernels
+
+
+# A spec of 32 pairs of each kind but "mapped" (whose maps vary too much to pair one with).
+_WIDE = {"1d": {}, "chunked1": {"sections": (32,)}, "chunked3": {"sections": (16, 8, 8)},
+         "chunked4": {"sections": (8, 8, 8, 8)}, "interleaved": {"sections": (12, 10, 10), "layout": "interleaved"}}
+
+
+@settings(deadline=None, max_examples=60)
+@given(data=st.data(), kind=st.sampled_from(KINDS), tokens=st.sampled_from([1, 64, 128, 256, 4096]),
+       heads=st.tuples(st.integers(1, 64), st.integers(0, 8)))
+@example(data=None, kind="chunked3", tokens=4096, heads=(8, 1))      # head 16 x rotary 8, at a prefill tile
+def test_narrow_rotary_widths_share_the_lane_block_of_32_pairs(data, kind, tokens, heads):
+    # A program covers at least MIN_BLOCK_F = 32 frequency lanes: rotary widths of 1-31 pairs take
+    # the tile of 32 pairs (the same BLOCK_F, BLOCK_T, BLOCK_H and warps, given the same cos/sin
+    # gather), one compiled kernel where next_pow2(rotary_dim / 2) made five; every model rotates 32
+    # or 64 pairs and keeps its launch.  Rejects a launcher that sizes the lanes, or the tile's
+    # tokens, by the width alone.
+    if data is None:
+        narrow = RopeSpec(16, 8, sections=(2, 1, 1))
+    else:
+        narrow = data.draw(rope_specs(kind=kind, head_sizes=(8, 16, 32, 64)).filter(lambda s: s.num_freqs < 32),
+                           label="narrow spec")
+    meta = torch.device("meta")
+
+    def tile(spec, **options):
+        positions = torch.zeros((spec.num_dims, tokens) if spec.num_dims > 1 else (tokens,), dtype=torch.long,
+                                device=meta)
+        q, k = (torch.empty(tokens, n * spec.head_size, device=meta, dtype=torch.bfloat16) for n in heads)
+        cache = torch.empty(4096, spec.rotary_dim, device=meta, dtype=torch.bfloat16)
+        launch = _recorded_constexprs(positions, q, k if heads[1] else None, cache, spec=spec, **options)
+        return {name: launch[name] for name in ("BLOCK_F", "BLOCK_T", "BLOCK_H", "BLOCK_HK", "num_warps", "GATHER_3D")}
+
+    got = tile(narrow)
+    assert got["BLOCK_F"] == MIN_BLOCK_F, (narrow, got)
+    if kind in _WIDE:
+        wide = RopeSpec(64, 64, is_neox_style=narrow.is_neox_style, **_WIDE[kind])
+        assert got == tile(wide, gather_3d=got["GATHER_3D"]), (narrow, got)
+
+
+@pytest.mark.parametrize("model", sorted(load_models()))
+def test_every_model_keeps_its_lane_block(model):
+    # The floor changes no real model's launch: each rotates 32 or 64 pairs, BLOCK_F = rotary_dim / 2.
+    spec = load_models()[model].spec
+    meta = torch.device("meta")
+    positions = torch.zeros((spec.num_dims, 4096) if spec.num_dims > 1 else (4096,), dtype=torch.long, device=meta)
+    q = torch.empty(4096, 8 * spec.head_size, device=meta, dtype=torch.bfloat16)
+    cache = torch.empty(4096, spec.rotary_dim, device=meta, dtype=torch.bfloat16)
+    assert _recorded_constexprs(positions, q, None, cache, spec=spec)["BLOCK_F"] == spec.num_freqs
 
 
 @pytest.mark.parametrize("model, tokens, evict", [("qwen2.5-vl-72b", 8192, True), ("qwen2.5-vl-72b", 16384, False),
