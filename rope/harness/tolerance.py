@@ -196,13 +196,6 @@ class Comparison:
         return "\n".join(lines)
 
 
-def _locate(name, flat_index, spec, shape):
-    row_len = shape[1]
-    token, col = divmod(flat_index, row_len)
-    head, channel = divmod(col, spec.head_size)
-    return token, head, channel
-
-
 def compare_rotation(spec: RopeSpec, positions, query, key, cos_sin_cache, out_q, out_k, ref_q, ref_k,
                      precision: str = "float32", *, device=None, keep: int = 5, angles: str = "cache") -> Comparison:
     """Compare an implementation's (out_q, out_k) with the reference's (ref_q, ref_k).
@@ -222,11 +215,10 @@ def compare_rotation(spec: RopeSpec, positions, query, key, cos_sin_cache, out_q
     else:
         cos, sin = exact_cos_sin(spec, positions.to(cpu))
         angle_error = own_angle_error(spec, positions.to(cpu))
-    candidates: list[Mismatch] = []
-    best_pass = 0.0            # the worst ratio of the tensors without a mismatch
     pairs = [("query", query, out_q, ref_q)]
     if key is not None or out_k is not None:
         pairs.append(("key", key, out_k, ref_k))
+    compared = []              # (name, x, got, exp) of each tensor whose shape allows a comparison
     for name, x, out, ref in pairs:
         if x is None:
             result.problems.append(f"{name}: the input key is None but the implementation returned a tensor")
@@ -241,40 +233,58 @@ def compare_rotation(spec: RopeSpec, positions, query, key, cos_sin_cache, out_q
             continue
         if device is not None and out.device != torch.device(device):
             result.problems.append(f"{name}.device={out.device}: must equal the input device {device}")
-        got = out.detach().to(cpu, torch.float64)
-        exp = ref.detach().to(cpu, torch.float64)
-        bound = rotation_bound(spec, x.to(cpu), exp, cos, sin, x.dtype, precision, angle_error)
-        # Non-finite values match exactly: NaN where the reference has NaN, the same infinity where it
-        # has one, finite elsewhere; any other pairing is an infinite error.  The bound of such an
-        # element (made of non-finite inputs) is 0, so a NaN bound can never pass a wrong value.
-        finite = torch.isfinite(exp) & torch.isfinite(got)
-        same_nonfinite = (torch.isnan(exp) & torch.isnan(got)) | (torch.isinf(exp) & (got == exp))
-        if angle_error is not None:
-            # Own angles: where a cos or sin is within the angle error of 0 its sign is not
-            # determined, nor the sign of an infinity it multiplies (inf - inf may turn ±inf):
-            # there any non-finite value answers a non-finite reference.
-            undetermined = _undetermined_sign(spec, cos, sin, angle_error, x.shape)
-            same_nonfinite |= ~torch.isfinite(exp) & ~torch.isfinite(got) & undetermined
-        err = torch.where(finite, (got - exp).abs(),
-                          torch.where(same_nonfinite, torch.zeros_like(exp), torch.full_like(exp, float("inf"))))
-        bound = torch.where(torch.isfinite(bound), bound, torch.zeros_like(bound))
-        result.errors[name], result.bounds[name] = err, bound
-        mismatched = int((err > bound).sum())
-        result.num_elements += err.numel()
-        result.num_mismatched += mismatched
-        if err.numel() == 0:
+        compared.append((name, x.to(cpu), out.detach().to(cpu, torch.float64), ref.detach().to(cpu, torch.float64)))
+    if not compared:
+        return result
+    # q and k side by side, [T, (Hq + Hk) * head_size]: one pass of the bound and the error over
+    # both (each is per element: a head's bound reads only its own pair and its token's cos/sin).
+    widths = [x.shape[1] for _, x, _, _ in compared]
+    x, got, exp = (torch.cat([c[i] for c in compared], dim=1) if len(compared) > 1 else compared[0][i]
+                   for i in (1, 2, 3))
+    bound = rotation_bound(spec, x, exp, cos, sin, x.dtype, precision, angle_error)
+    # Non-finite values match exactly: NaN where the reference has NaN, the same infinity where it
+    # has one, finite elsewhere; any other pairing is an infinite error.  The bound of such an
+    # element (made of non-finite inputs) is 0, so a NaN bound can never pass a wrong value.
+    finite = torch.isfinite(exp) & torch.isfinite(got)
+    same_nonfinite = (torch.isnan(exp) & torch.isnan(got)) | (torch.isinf(exp) & (got == exp))
+    if angle_error is not None:
+        # Own angles: where a cos or sin is within the angle error of 0 its sign is not
+        # determined, nor the sign of an infinity it multiplies (inf - inf may turn ±inf):
+        # there any non-finite value answers a non-finite reference.
+        undetermined = _undetermined_sign(spec, cos, sin, angle_error, x.shape)
+        same_nonfinite |= ~torch.isfinite(exp) & ~torch.isfinite(got) & undetermined
+    err = torch.where(finite, (got - exp).abs(),
+                      torch.where(same_nonfinite, torch.zeros_like(exp), torch.full_like(exp, float("inf"))))
+    bound = torch.where(torch.isfinite(bound), bound, torch.zeros_like(bound))
+    start = 0
+    for (name, *_), width in zip(compared, widths):
+        result.errors[name], result.bounds[name] = err[:, start:start + width], bound[:, start:start + width]
+        start += width
+    result.num_elements = err.numel()
+    if err.numel() == 0:
+        return result
+    ratio = torch.where(bound > 0, err / bound, torch.where(err == 0, 0.0, float("inf")))
+    mismatched = err > bound
+    result.num_mismatched = int(mismatched.sum())
+    if not result.num_mismatched:      # a pass (nearly every example of a search): its worst ratio is all it reports
+        result.worst_ratio = float(ratio.max())
+        return result
+    candidates: list[Mismatch] = []
+    # The worst ``keep`` elements of each tensor with a mismatch (by its own elements' ratios).
+    start = 0
+    for (name, *_), width in zip(compared, widths):
+        flat = ratio[:, start:start + width].flatten()
+        if not bool(mismatched[:, start:start + width].any()):
+            start += width
             continue
-        ratio = torch.where(bound > 0, err / bound, torch.where(err == 0, 0.0, float("inf")))
-        flat = ratio.flatten()
-        if not mismatched:     # a pass (nearly every example of a search): its worst ratio is all it reports
-            best_pass = max(best_pass, float(flat.max()))
-            continue
-        top = torch.topk(flat, min(keep, flat.numel())).indices.tolist()
-        for i in top:
-            token, head, channel = _locate(name, i, spec, err.shape)
-            candidates.append(Mismatch(name, token, head, channel, float(got.flatten()[i]),
-                                       float(exp.flatten()[i]), float(err.flatten()[i]), float(bound.flatten()[i])))
+        for i in torch.topk(flat, min(keep, flat.numel())).indices.tolist():
+            token, col = divmod(i, width)
+            head, channel = divmod(col, spec.head_size)
+            candidates.append(Mismatch(name, token, head, channel, float(got[token, start + col]),
+                                       float(exp[token, start + col]), float(err[token, start + col]),
+                                       float(bound[token, start + col])))
+        start += width
     candidates.sort(key=lambda m: m.ratio, reverse=True)
     result.worst = [m for m in candidates[:keep] if m.ratio > 0]
-    result.worst_ratio = max(candidates[0].ratio if candidates else 0.0, best_pass)
+    result.worst_ratio = candidates[0].ratio if candidates else 0.0
     return result
