@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import reference
-from rope.harness.inputs import DTYPES, RotationCase, RotationInputs, build_rotation_inputs, build_rotation_pair
+from rope.harness.inputs import (DTYPES, RotationCase, RotationInputs, build_rotation_inputs, build_rotation_pair,
+                                 return_lent_cache)
 from rope.harness import case_files, causes, profiling, report
 from rope.harness.deadline import ImplementationHung, call_timeout, deadline
 from rope.harness.stop import skip_if_stopped
@@ -296,6 +297,8 @@ def read_only_problems(case: RotationCase, inputs: RotationInputs, ref_in: Rotat
         cache_kept = torch.equal(inputs.cache.cpu(), ref_in.cache)
     if not cache_kept:
         problems.append("cos_sin_cache was modified by the implementation")
+    else:
+        return_lent_cache(inputs)
     if case.packed_qkv:
         width = (case.num_q_heads + case.num_kv_heads) * case.spec.head_size
         if not torch.equal(inputs.storage[:, width:].cpu(), ref_in.storage[:, width:]):

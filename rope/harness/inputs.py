@@ -98,9 +98,14 @@ class _TableMemo:
         return table
 
     def drop(self, key) -> None:
+        self.take(key)
+
+    def take(self, key):
+        """The table memoized under ``key``, no longer memoized (None if there is none)."""
         table = self.tables.pop(key, None)
         if table is not None:
             self.held[key[-1]] -= table.numel() * table.element_size()
+        return table
 
 
 def _table_budget() -> int:
@@ -117,6 +122,9 @@ def _table_budget() -> int:
 
 
 _TABLES = _TableMemo(budget=_table_budget())
+# Copies of tables lent to implementations and returned unchanged (build_rotation_pair), kept apart:
+# they must not push the tables themselves out (a device table pushed out is copied again).
+_LENT = _TableMemo(budget=_table_budget() // 4)
 
 
 def _float32_table(base: float, rotary_dim: int, rows: int) -> torch.Tensor:
@@ -141,13 +149,17 @@ def _rows_are_position_independent() -> bool:
     return True
 
 
+def _table_key(spec: RopeSpec, dtype: torch.dtype, device) -> tuple:
+    return (spec.effective_base, spec.rotary_dim, spec.max_position, dtype, str(device))
+
+
 def shared_table(spec: RopeSpec, dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
     """The spec's cache on ``device``, bit-identical to ``rope.cache.cos_sin_cache(spec, dtype)``
     and memoized on what it depends on (base, rotary_dim, length, dtype).  Shared: the harness
     reads it, and it is never handed to an implementation."""
     dev = torch_device(device)
     base, width, rows = spec.effective_base, spec.rotary_dim, spec.max_position
-    key = (base, width, rows, dtype, str(dev))
+    key = _table_key(spec, dtype, dev)
     if dev.type != "cpu":
         return _TABLES.get(key, lambda: shared_table(spec, dtype, "cpu").to(dev))
     if not _rows_are_position_independent():
@@ -196,6 +208,7 @@ class RotationInputs:
     cache: torch.Tensor
     storage: torch.Tensor        # the tensor q and k live in (packed qkv or q itself)
     pristine_cache: torch.Tensor | None = None   # the shared table ``cache`` was copied from (same device)
+    lent_key: tuple | None = None   # ``cache`` is a lent copy (:func:`build_rotation_pair`), to return once checked
 
 
 def inject_nonfinite(t: torch.Tensor, gen: torch.Generator) -> None:
@@ -232,9 +245,11 @@ def _generate(case: RotationCase) -> RotationInputs:
     return RotationInputs(positions, query, key, shared_table(spec, dtype, "cpu"), storage)
 
 
-def _place(case: RotationCase, x: RotationInputs, device: str) -> RotationInputs:
+def _place(case: RotationCase, x: RotationInputs, device: str, lend: bool = False) -> RotationInputs:
     """A private copy of CPU inputs ``x`` on ``device`` with the same strides (q and k as views
-    of one packed tensor where the case packs them), and a private copy of the cache."""
+    of one packed tensor where the case packs them), and a private copy of the cache.  ``lend``:
+    the cache copy may be one an earlier case returned unchanged (:func:`return_lent_cache`)
+    instead of a fresh clone of the table (a clone of up to 128 MiB per case, then a comparison)."""
     dev = torch_device(device)
     q_width, k_width = case.num_q_heads * case.spec.head_size, case.num_kv_heads * case.spec.head_size
     if case.packed_qkv:
@@ -246,8 +261,23 @@ def _place(case: RotationCase, x: RotationInputs, device: str) -> RotationInputs
         key = x.key.to(dev, copy=True) if x.key is not None else None
         storage = query
     # The implementation gets its own copy: the memoized table must not be writable by it.
-    pristine = shared_table(case.spec, DTYPES[case.dtype], device)
-    return RotationInputs(x.positions.to(dev, copy=True), query, key, pristine.clone(), storage, pristine)
+    dtype = DTYPES[case.dtype]
+    pristine = shared_table(case.spec, dtype, device)
+    lent_key = _table_key(case.spec, dtype, dev) if lend else None
+    cache = _LENT.take(lent_key) if lend else None
+    if cache is None:
+        cache = pristine.clone()
+    return RotationInputs(x.positions.to(dev, copy=True), query, key, cache, storage, pristine, lent_key)
+
+
+def return_lent_cache(inputs: RotationInputs) -> None:
+    """Keep ``inputs.cache``, a copy lent by :func:`build_rotation_pair`, for the next case of the
+    same table: call it only once the copy was found equal to its table after the implementation's
+    call (comparison.read_only_problems).  A copy never returned (the check failed, the call hung or
+    raised past the check) is dropped, and the next case gets a fresh clone."""
+    if inputs.lent_key is not None:
+        _LENT.get(inputs.lent_key, lambda: inputs.cache)
+        inputs.lent_key = None
 
 
 def build_rotation_inputs(case: RotationCase, device: str = "cpu") -> RotationInputs:
@@ -259,9 +289,10 @@ def build_rotation_inputs(case: RotationCase, device: str = "cpu") -> RotationIn
 def build_rotation_pair(case: RotationCase, device: str) -> tuple[RotationInputs, RotationInputs]:
     """(inputs on ``device`` for an implementation, the untouched CPU tensors they were copied
     from, same strides) from one generation.  The CPU side's cache is the shared table: the
-    harness reads it and never hands it on."""
+    harness reads it and never hands it on.  The device side's cache is a lent copy: the caller
+    checks it against ``pristine_cache`` after the call and returns it (:func:`return_lent_cache`)."""
     cpu = _generate(case)
-    return _place(case, cpu, device), cpu
+    return _place(case, cpu, device, lend=True), cpu
 
 
 # --------------------------------------------------------------------------- ragged batches

@@ -107,6 +107,38 @@ def test_rotation_check_rejects_an_implementation_that_writes_the_cache(monkeypa
         assert_matches_reference("scribbles", scribbles_on_cache, KNOWN_BUG_CASES["single-token-no-key"], "cpu")
 
 
+def test_a_cache_written_once_is_never_lent_again(monkeypatch, tmp_path):
+    # The cache an implementation receives is a copy lent for the case and returned for the next
+    # case of the same table only if it is unchanged after the call (rope.harness.inputs,
+    # return_lent_cache).  A writer is caught on the call that writes, and the next implementation
+    # then gets an untouched table: were the written copy lent again, the correct implementation
+    # below would rotate with a zeroed row and fail.  A copy returned unchanged is lent again.
+    from properties.known_cases import KNOWN_BUG_CASES
+    from rope.harness.comparison import evaluate_case
+    from rope.native import rotate_native
+    monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))
+    case = KNOWN_BUG_CASES["single-token-no-key"]
+    seen = []
+
+    def remembers(spec, positions, query, key, cache):
+        seen.append(cache)
+        return rotate_native(spec, positions, query, key, cache)
+
+    def zeroes_its_rows(spec, positions, query, key, cache):
+        out = rotate_native(spec, positions, query, key, cache)
+        cache[positions.long().flatten()] = 0
+        return out
+    for fn in (remembers, zeroes_its_rows):
+        fn.working_precision = "activation"
+    assert evaluate_case("remembers", remembers, case, "cpu").comparison.ok
+    assert evaluate_case("remembers", remembers, case, "cpu").comparison.ok
+    assert seen[0] is seen[1]                         # returned unchanged, lent again
+    bad = evaluate_case("zeroes", zeroes_its_rows, case, "cpu").comparison
+    assert "cos_sin_cache was modified by the implementation" in bad.problems
+    assert evaluate_case("remembers", remembers, case, "cpu").comparison.ok
+    assert seen[2] is not seen[1]                     # the written copy was dropped
+
+
 def test_the_empty_batch_case_rejects_an_implementation_that_raises_on_0_tokens(monkeypatch, tmp_path):
     # The known case empty-batch-glm41v against the peers' defect: q viewed as (num_tokens, -1,
     # head_size) before the kernel, which cannot infer -1 from 0 elements.  The suite's check on it
