@@ -45,6 +45,23 @@ def _memoized(factory):
     return strategy
 
 
+@functools.lru_cache(maxsize=None)
+def _one_of(options: tuple):
+    """``st.sampled_from(options)``, built once per options: a strategy built inside a draw is built
+    and validated again on every example (twice the cost of the draw itself)."""
+    return st.sampled_from(options)
+
+
+@functools.lru_cache(maxsize=None)
+def _ints(low: int, high: int):
+    """``st.integers(low, high)``, built once per bounds (as :func:`_one_of`)."""
+    return st.integers(low, high)
+
+
+_BOOLEANS = st.booleans()
+_SEEDS = st.integers(0, 2 ** 32 - 1)
+
+
 # Per-rank head counts of real models under tensor parallelism (e.g. Qwen2-VL-7B 28/4 at tp=4 -> 7/1).
 REAL_HEAD_COUNTS = (28, 14, 7, 64, 32, 16, 8, 96, 48, 12, 6, 3, 2)
 BASES = (10000.0, 1000000.0, 5000000.0, 10000000.0, 500000.0)
@@ -65,9 +82,14 @@ def sections(draw, *, total: int, parts: int):
         raise ValueError(f"parts={parts}: need 1 <= parts <= total={total}")
     if parts == 1:
         return (total,)
-    cuts = draw(st.lists(st.integers(1, total - 1), min_size=parts - 1, max_size=parts - 1, unique=True))
+    cuts = draw(_cuts(total, parts))
     edges = [0] + sorted(cuts) + [total]
     return tuple(b - a for a, b in zip(edges, edges[1:]))
+
+
+@functools.lru_cache(maxsize=None)
+def _cuts(total: int, parts: int):
+    return st.lists(_ints(1, total - 1), min_size=parts - 1, max_size=parts - 1, unique=True)
 
 
 def _min_half(kind: str) -> int:
@@ -84,14 +106,14 @@ def rope_specs(draw, *, kind: str = "chunked3", is_neox_style: bool | None = Non
     ``layouts``: the maps kind "mapped" draws from (those an implementation runs)."""
     check_choice("kind", kind, KINDS)
     rows = KIND_ROWS[kind]
-    head_size = draw(st.sampled_from(head_sizes))
+    head_size = draw(_one_of(tuple(head_sizes)))
     half_max = head_size // 2
     min_half = _min_half(kind)
     half = half_max if full_rotary_only else draw(_rotary_halves(min_half, half_max))
     if half < min_half:
         half = half_max
-    neox = draw(st.booleans()) if is_neox_style is None else is_neox_style
-    fields = dict(is_neox_style=neox, base=draw(st.sampled_from(BASES)), max_position=draw(st.sampled_from(max_positions)))
+    neox = draw(_BOOLEANS) if is_neox_style is None else is_neox_style
+    fields = dict(is_neox_style=neox, base=draw(_one_of(BASES)), max_position=draw(_one_of(tuple(max_positions))))
     if kind == "mapped":
         return draw(mapped_specs(head_size=head_size, half=half, layouts=tuple(layouts), **fields))
     if kind == "1d":
@@ -100,7 +122,7 @@ def rope_specs(draw, *, kind: str = "chunked3", is_neox_style: bool | None = Non
         secs, layout = draw(sections(total=half, parts=3)), "interleaved"
     else:
         secs, layout = draw(sections(total=half, parts=rows)), "chunked"
-    alpha = draw(st.sampled_from([None, 1000.0])) if kind in ("chunked3", "chunked4") and half > 1 else None
+    alpha = draw(_one_of((None, 1000.0))) if kind in ("chunked3", "chunked4") and half > 1 else None
     return RopeSpec(head_size=head_size, rotary_dim=2 * half, sections=secs, layout=layout, ntk_alpha=alpha, **fields)
 
 
@@ -110,21 +132,31 @@ def mapped_specs(draw, *, head_size: int, half: int, layouts=MAPPED_LAYOUTS, **f
     Ernie-4.5-VL's (s, s, t), two-row interleaved, or a custom map of 2-4 rows (each row at least
     one frequency, any order; one row is 1-D RoPE, kind "1d"); shrinks to the first layout and to
     row 0 everywhere it can."""
-    layout = draw(st.sampled_from(layouts))
+    layout = draw(_one_of(tuple(layouts)))
     if layout == "glm_round_robin":
         return RopeSpec.glm_round_robin(head_size, 2 * half, draw(sections(total=half, parts=3)), **fields)
     if layout == "ernie45":
-        s = draw(st.integers(1, (half - 1) // 2))
+        s = draw(_ints(1, (half - 1) // 2))
         return RopeSpec.ernie45(head_size, 2 * half, (s, s, half - 2 * s), **fields)
     if layout == "two_row_interleaved":
         return RopeSpec.two_row_interleaved(head_size, 2 * half, **fields)
-    num_dims = draw(st.integers(2, min(4, half)))
-    rest = draw(st.lists(st.integers(0, num_dims - 1), min_size=half - num_dims, max_size=half - num_dims))
-    order = draw(st.permutations(range(half)))
+    num_dims = draw(_ints(2, min(4, half)))
+    rest = draw(_row_lists(num_dims, half - num_dims))
+    order = draw(_permutations(half))
     rows = [0] * half
     for slot, row in zip(order, [*range(num_dims), *rest]):
         rows[slot] = row
     return RopeSpec.from_map(rows, head_size=head_size, num_dims=num_dims, **fields)
+
+
+@functools.lru_cache(maxsize=None)
+def _row_lists(num_dims: int, length: int):
+    return st.lists(_ints(0, num_dims - 1), min_size=length, max_size=length)
+
+
+@functools.lru_cache(maxsize=None)
+def _permutations(n: int):
+    return st.permutations(range(n))
 
 
 @functools.lru_cache(maxsize=None)
@@ -245,19 +277,19 @@ def rotation_cases(draw, *, dtype: str = "float32", kind: str = "chunked3", is_n
     if nq * spec.head_size * max(1, num_tokens) > 64 * 1024:
         num_tokens = max(min_tokens, min(num_tokens, 4))
     return RotationCase(spec=spec, num_tokens=num_tokens, num_q_heads=nq, num_kv_heads=nkv, dtype=dtype,
-                        positions_kind=draw(st.sampled_from(POSITION_KINDS)), packed_qkv=draw(st.booleans()),
-                        seed=draw(st.integers(0, 2 ** 32 - 1)), nonfinite=nonfinite and draw(st.booleans()))
+                        positions_kind=draw(_one_of(POSITION_KINDS)), packed_qkv=draw(_BOOLEANS),
+                        seed=draw(_SEEDS), nonfinite=nonfinite and draw(_BOOLEANS))
 
 
 @st.composite
 def _batch_of(draw, shape: RotationCase):
-    num_tokens = draw(st.integers(0, 48))
+    num_tokens = draw(_ints(0, 48))
     if shape.num_q_heads * shape.spec.head_size * max(1, num_tokens) > 64 * 1024:     # as rotation_cases
         num_tokens = min(num_tokens, 4)
     return RotationCase(spec=shape.spec, num_tokens=num_tokens, num_q_heads=shape.num_q_heads,
                         num_kv_heads=shape.num_kv_heads, dtype=shape.dtype,
-                        positions_kind=draw(st.sampled_from(POSITION_KINDS)), packed_qkv=draw(st.booleans()),
-                        seed=draw(st.integers(0, 2 ** 32 - 1)), nonfinite=draw(st.booleans()))
+                        positions_kind=draw(_one_of(POSITION_KINDS)), packed_qkv=draw(_BOOLEANS),
+                        seed=draw(_SEEDS), nonfinite=draw(_BOOLEANS))
 
 
 def batches_of(shape: RotationCase):
@@ -305,8 +337,8 @@ def prefill_cases(draw, *, tokens, small_heads: bool, nonfinite: bool = False):
     nq = max(1, min(nq, PREFILL_MAX_Q_ELEMENTS // (num_tokens * spec.head_size)))
     nkv = min(nkv, nq)
     return RotationCase(spec=spec, num_tokens=num_tokens, num_q_heads=nq, num_kv_heads=nkv, dtype=dtype,
-                        positions_kind=draw(st.sampled_from(POSITION_KINDS)), packed_qkv=draw(st.booleans()),
-                        seed=draw(st.integers(0, 2 ** 32 - 1)), nonfinite=nonfinite and draw(st.booleans()))
+                        positions_kind=draw(_one_of(POSITION_KINDS)), packed_qkv=draw(_BOOLEANS),
+                        seed=draw(_SEEDS), nonfinite=nonfinite and draw(_BOOLEANS))
 
 
 def affine_table(num_dims: int, slots: int, model_len: int, scale: int = 1) -> tuple:
