@@ -603,7 +603,7 @@ def _arguments(signature: tuple, positions, query, key, cos_sin_cache, position_
     return (query, key if key is not None else query, cos_sin_cache, positions,
             position_guesses if position_guesses is not None else positions,
             map_table(spec, positions.device) if map_table_ else positions,
-            query.stride(0), key.stride(0) if key is not None else 0, cos_sin_cache.stride(0),
+            query.stride(0), (key if key is not None else query).stride(0), cos_sin_cache.stride(0),
             positions.stride(0) if positions.dim() == 2 else 0,
             cos_sin_cache.shape[0], num_tokens, num_q, num_k, spec.head_size, spec.num_freqs,
             *_sections_constexprs(spec))
@@ -637,7 +637,10 @@ def _plan(spec: RopeSpec, num_tokens: int, num_q: int, num_k: int, has_key: bool
     if bf16_rounding is None:
         bf16_rounding = "convert" if target.compiled else "by_hand"
     block_f = lane_block(spec)
-    split_qk = has_key and (split_qk is None or bool(split_qk))
+    # Without a key, split_qk too (by default): no key programs then (0 key heads), and the launch
+    # compiles the very kernel of the same shape with a key (HAS_KEY is read only without split_qk),
+    # one compile where there were two (docs/launch-defaults.md, split_qk).
+    split_qk = split_qk is None or bool(split_qk)
     pos_run = _position_run(spec, cache_row_stride)
     if gather_3d is None:
         # The 3-D gather pays off only as vector loads: runs of lanes (POS_RUN > 1) and a lane mask
@@ -667,7 +670,7 @@ def _plan(spec: RopeSpec, num_tokens: int, num_q: int, num_k: int, has_key: bool
         {"launch_pdl": True} if pdl else {})
     constexprs = dict(
         NUM_DIMS=spec.num_dims, INTERLEAVED=spec.num_dims > 1 and spec.layout == "interleaved",
-        MAP_TABLE=_map_table_for(spec), IS_NEOX=spec.is_neox_style, HAS_KEY=has_key,
+        MAP_TABLE=_map_table_for(spec), IS_NEOX=spec.is_neox_style, HAS_KEY=has_key or split_qk,
         ROUND_BF16=dtype == torch.bfloat16 and bf16_rounding == "by_hand",
         SPLIT_QK=split_qk, BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_F=block_f,
         POS_RUN=pos_run, GATHER_3D=gather_3d, PDL=pdl, QK_EVICT="evict_first" if evict_first else "",
@@ -739,7 +742,7 @@ def _key_head_block(block_hk, block_h: int, split_qk: bool, num_tokens: int, num
     if not split_qk:
         return block_h
     if block_hk is None:
-        return min(block_h, next_power_of_2(num_k)) if num_tokens > KEY_HEAD_BLOCK_TOKENS else block_h
+        return min(block_h, next_power_of_2(num_k)) if num_tokens > KEY_HEAD_BLOCK_TOKENS and num_k else block_h
     if block_hk < 1 or block_h % block_hk or block_hk & (block_hk - 1):
         raise ValueError(f"block_hk={block_hk}: must be a power of two dividing block_h={block_h}")
     return block_hk

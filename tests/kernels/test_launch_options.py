@@ -225,6 +225,28 @@ def test_narrow_rotary_widths_share_the_lane_block_of_32_pairs(data, kind, token
         assert got == tile(wide, gather_3d=got["GATHER_3D"]), (narrow, got)
 
 
+@settings(deadline=None, max_examples=80)
+@given(data=st.data(), kind=st.sampled_from(KINDS), tokens=st.sampled_from([1, 17, 64, 128, 200, 256, 4096, 16384]),
+       dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]), heads=st.integers(1, 96))
+@example(data=None, kind="chunked3", tokens=1, dtype=torch.bfloat16, heads=64)       # Qwen2.5-VL-72B, decode
+def test_a_launch_without_a_key_compiles_the_keyed_kernel(data, kind, tokens, dtype, heads):
+    # Without a key the launch splits q and k as with one (no key programs: 0 key heads), so it
+    # compiles the kernel a keyed launch of the same shape, tile and eviction hint does: one compile
+    # where there were two (a search draws the key absent in half its cases).  Only those two may
+    # differ, where the key's programs or bytes cross a threshold of the size policy.  Rejects a
+    # launcher that picks another split or key switch for a launch without a key.
+    spec = QWEN72 if data is None else data.draw(rope_specs(kind=kind), label="spec")
+    meta = torch.device("meta")
+    positions = torch.zeros((spec.num_dims, tokens) if spec.num_dims > 1 else (tokens,), dtype=torch.long, device=meta)
+    q = torch.empty(tokens, heads * spec.head_size, device=meta, dtype=dtype)
+    k = torch.empty(tokens, heads * spec.head_size, device=meta, dtype=dtype)     # as many key heads: one head block
+    cache = torch.empty(4096, spec.rotary_dim, device=meta, dtype=dtype)
+    alone = _recorded_constexprs(positions, q, None, cache, spec=spec)
+    tile = {"block_t": alone["BLOCK_T"], "block_h": alone["BLOCK_H"], "num_warps": alone["num_warps"],
+            "evict_first": alone["QK_EVICT"] == "evict_first"}
+    assert alone == _recorded_constexprs(positions, q, k, cache, spec=spec, **tile)
+
+
 @pytest.mark.parametrize("model", sorted(load_models()))
 def test_every_model_keeps_its_lane_block(model):
     # The floor changes no real model's launch: each rotates 32 or 64 pairs, BLOCK_F = rotary_dim / 2.
