@@ -35,7 +35,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rope.harness import case_files, profiling, report
+from rope.harness import case_files, profiling, report, table_store
 from rope.harness.atomic import atomic_write
 from rope.harness.suite import suite_path
 
@@ -212,6 +212,9 @@ def run_campaign(minutes: float, *, devices: list[str] | None = None, workers: s
     deadline = start + minutes * 60.0
     progress = _Progress(minutes * 60.0, devices) if show_progress else None
     schedule = examples_schedule(max_examples)
+    # The workers' cos/sin tables, each built once on this host (rope.harness.table_store).
+    tables = table_store.make_store()
+    env[table_store.STORE_ENV] = str(tables)
     try:
         n = 0
         while time.monotonic() < deadline - 1.0:
@@ -238,6 +241,7 @@ def run_campaign(minutes: float, *, devices: list[str] | None = None, workers: s
             c.test_failures |= run.exit_code == 1 or (run.exit_code not in (0, 1, 2, 5) and not run.interrupted)
             n += 1
     finally:
+        table_store.remove_store(tables)
         c.wall_s = time.monotonic() - start
         counter.poll()
         if progress:

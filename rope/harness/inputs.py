@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from rope.cache import cos_sin_cache
-from rope.harness import profiling
+from rope.harness import profiling, table_store
 from rope.devices import torch_device
 from rope.spec import RopeSpec
 
@@ -128,9 +128,17 @@ _LENT = _TableMemo(budget=_table_budget() // 4)
 
 
 def _float32_table(base: float, rotary_dim: int, rows: int) -> torch.Tensor:
-    """The float32 cos/sin rows 0..rows-1 (rope.cache's recipe), timed as a profile entry."""
+    """The float32 cos/sin rows 0..rows-1 (rope.cache's recipe), timed as a profile entry: mapped
+    from the host's table store where another process built it (rope.harness.table_store), else
+    built and stored."""
+    key = ("float32", float(base), rotary_dim, rows)
     started = time.perf_counter()
+    table = table_store.load(key, rows, rotary_dim)
+    if table is not None:
+        profiling.add("table_loads", time.perf_counter() - started)
+        return table
     table = cos_sin_cache(RopeSpec(rotary_dim, rotary_dim, base=base, max_position=rows), torch.float32, "cpu")
+    table_store.save(key, table)
     profiling.add("table_builds", time.perf_counter() - started)
     return table
 

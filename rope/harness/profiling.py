@@ -142,6 +142,10 @@ def markdown_rows(combined: dict, top: int = 8) -> list[str]:
             v = s["table_builds"]
             lines.append(f"| of which cos/sin tables built ({combined['counts'].get('table_builds', 0)}) | {v:.1f} | "
                          f"{100 * v / tests:.1f}% | {per_call(v)} |")
+        if key == "inputs" and s.get("table_loads"):
+            v = s["table_loads"]
+            lines.append(f"| of which cos/sin tables mapped from the host's store "
+                         f"({combined['counts'].get('table_loads', 0)}) | {v:.1f} | {100 * v / tests:.1f}% | {per_call(v)} |")
     out = combined["outside_phases"]
     lines.append(f"| Hypothesis, pytest and test code outside the phases | {out:.1f} | {100 * out / tests:.1f}% | "
                  f"{per_call(out)} |")

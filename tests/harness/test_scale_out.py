@@ -269,9 +269,13 @@ def test_campaign_rejects_bad_budgets():
 
 @pytest.mark.slow
 def test_campaign_on_cpu_stops_on_time_and_merges_every_workers_records(tmp_path, monkeypatch):
+    from rope.harness import table_store
     from rope.harness.campaign import GRACE_S, run_campaign
     monkeypatch.setenv("ROPE_REPORTS_DIR", str(tmp_path))
     monkeypatch.delenv("CI", raising=False)          # the campaign profile, not ci, in the rounds
+    stores = []                                      # the workers' table store, made and removed by each campaign
+    make = table_store.make_store
+    monkeypatch.setattr(table_store, "make_store", lambda: stores.append(make()) or stores[-1])
     # On a machine busy with other work (a GPU box's suite on every core) the two workers may not
     # reach their first example in 15 s: a longer budget then, each run held to its own; where not
     # even the longest is enough, the merge cannot be seen here and the test says so.
@@ -285,6 +289,7 @@ def test_campaign_on_cpu_stops_on_time_and_merges_every_workers_records(tmp_path
         assert c.runs and sum(r.wall_s for r in c.runs[:-1]) < budget_s, [r.wall_s for r in c.runs]
         assert c.runs[-1].interrupted or all(r.exit_code == 0 for r in c.runs)
         assert c.wall_s < budget_s + GRACE_S + 20 + 1, f"campaign took {c.wall_s:.0f} s for a {budget_s:.0f} s budget"
+        assert stores and not any(store.exists() for store in stores)
         data = json.loads((tmp_path / "c" / "campaign.json").read_text())
         if data["examples"]:
             break
