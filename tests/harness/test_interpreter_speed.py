@@ -131,6 +131,19 @@ def _worst_page_faults(launch) -> int:
     return max(at(depth) for depth in range(160))
 
 
+def _fewest_page_faults(launch, sweeps: int = 3) -> int:
+    """:func:`_worst_page_faults` of the best of up to ``sweeps`` sweeps (stopping at one under the
+    bound): a chunk mapped per call faults in every sweep, while pages the host reclaimed under
+    memory pressure (a VM's proactive reclaim, other runs beside this one: once 14,678 faults where
+    the sweeps alone take a handful) fault in once and are back for the next sweep."""
+    fewest = _worst_page_faults(launch)
+    for _ in range(sweeps - 1):
+        if fewest < 50:
+            break
+        fewest = min(fewest, _worst_page_faults(launch))
+    return fewest
+
+
 def test_a_grid_runs_in_one_stack_chunk_at_every_depth():
     x = torch.randn(256, generator=torch.Generator().manual_seed(0))
 
@@ -145,9 +158,9 @@ def test_a_grid_runs_in_one_stack_chunk_at_every_depth():
             pytest.skip(f"this Python maps no frame-stack chunk per call (at most {plain} page faults a launch)")
         # Triton's own calls at the depth where each of them maps, faults in and unmaps a chunk:
         # thousands of faults; from one chunk, a handful.
-        assert _worst_page_faults(lambda: speed.in_one_stack_chunk(launch)) < 50
+        assert _fewest_page_faults(lambda: speed.in_one_stack_chunk(launch)) < 50
         speed.skip_repeated_patching()
-        assert _worst_page_faults(launch) < 50, "the installed grid call does not run in one stack chunk"
+        assert _fewest_page_faults(launch) < 50, "the installed grid call does not run in one stack chunk"
     finally:
         speed.restore_patching()
         if installed:
