@@ -312,11 +312,17 @@ def assert_matches_reference(impl_name: str, fn, case: RotationCase, device: str
     replaying the case file written to reports/cases (rope.harness.case_files; ROPE_CASES_DIR=off skips it).
     While Hypothesis is still searching or shrinking, only the plain report is built.  Nothing that
     goes wrong while reporting may hide the mismatch: failures become a line of the message."""
+    return checked_run(impl_name, fn, case, device).comparison
+
+
+def checked_run(impl_name: str, fn, case: RotationCase, device: str) -> CaseRun:
+    """:func:`assert_matches_reference`, returning the run (its outputs) when it passes: for a
+    property that checks more of the same call than the reference does."""
     skip_if_known_defect(impl_name, fn, case, device)
     run = evaluate_case(impl_name, fn, case, device)                    # run and compare
     if run.comparison.ok:
         _record(impl_name, case, device, run)
-        return run.comparison
+        return run
     final, hypothesis = hypothesis_example()
     if not final:                 # Hypothesis still searching or shrinking: many failures, none reported
         raise AssertionError(plain_message(impl_name, case, device, run.comparison))
