@@ -97,11 +97,8 @@ class _TableMemo:
             self.held[device] = self.held.get(device, 0) + size
         return table
 
-    def drop(self, key) -> None:
-        self.take(key)
-
     def take(self, key):
-        """The table memoized under ``key``, no longer memoized (None if there is none)."""
+        """Remove the table memoized under ``key`` from the memo and return it (None if there is none)."""
         table = self.tables.pop(key, None)
         if table is not None:
             self.held[key[-1]] -= table.numel() * table.element_size()
@@ -131,14 +128,13 @@ def _float32_table(base: float, rotary_dim: int, rows: int) -> torch.Tensor:
     """The float32 cos/sin rows 0..rows-1 (rope.cache's recipe), timed as a profile entry: mapped
     from the host's table store where another process built it (rope.harness.table_store), else
     built and stored."""
-    key = ("float32", float(base), rotary_dim, rows)
     started = time.perf_counter()
-    table = table_store.load(key, rows, rotary_dim)
+    table = table_store.load(base, rotary_dim, rows)
     if table is not None:
         profiling.add("table_loads", time.perf_counter() - started)
         return table
     table = cos_sin_cache(RopeSpec(rotary_dim, rotary_dim, base=base, max_position=rows), torch.float32, "cpu")
-    table_store.save(key, table)
+    table_store.save(base, table)
     profiling.add("table_builds", time.perf_counter() - started)
     return table
 
@@ -176,7 +172,7 @@ def shared_table(spec: RopeSpec, dtype: torch.dtype, device: str = "cpu") -> tor
     prefix_key = (base, width, "float32 prefix", "cpu")
     longest = _TABLES.get(prefix_key, lambda: _float32_table(base, width, rows))
     if longest.shape[0] < rows:
-        _TABLES.drop(prefix_key)
+        _TABLES.take(prefix_key)
         longest = _TABLES.get(prefix_key, lambda: _float32_table(base, width, rows))
     if dtype == torch.float32:
         return longest[:rows]

@@ -11,8 +11,8 @@ processes, and are read only where a case reads them).
 
 The store holds only what this host's processes wrote into a directory made for them; a file whose
 size is not the table's is ignored (and rebuilt in memory).  A write that fails (a full disk) is
-dropped, and writing stops, without an error, once the directory holds ``$ROPE_TABLE_STORE_LIMIT`` bytes (default 8 GiB): a campaign draws more
-distinct tables than are worth keeping on disk.
+dropped, and writing stops, without an error, once the directory holds ``$ROPE_TABLE_STORE_LIMIT``
+bytes (default 8 GiB): a campaign draws more distinct tables than are worth keeping on disk.
 """
 
 from __future__ import annotations
@@ -50,18 +50,18 @@ def _limit() -> int:
     return limit
 
 
-def _path(root: Path, key: tuple) -> Path:
-    # The key (a base as a float repr, widths, rows) hashed: a file name of fixed characters.
-    return root / (hashlib.sha256(repr(key).encode()).hexdigest()[:32] + ".f32")
+def _path(root: Path, base: float, width: int, rows: int) -> Path:
+    # What the table depends on, hashed: a file name of fixed characters for any base.
+    return root / (hashlib.sha256(repr((float(base), width, rows)).encode()).hexdigest()[:32] + ".f32")
 
 
-def load(key: tuple, rows: int, width: int) -> torch.Tensor | None:
-    """The float32 [rows, width] table stored under ``key``, mapped from its file; None when there is
-    no store, no such file, or a file of another size."""
+def load(base: float, width: int, rows: int) -> torch.Tensor | None:
+    """The float32 [rows, width] table of ``base`` from the store, mapped from its file; None when
+    there is no store, no such file, or a file of another size."""
     root = store_dir()
     if root is None:
         return None
-    path = _path(root, key)
+    path = _path(root, base, width, rows)
     try:
         size = path.stat().st_size
     except OSError:
@@ -71,13 +71,14 @@ def load(key: tuple, rows: int, width: int) -> torch.Tensor | None:
     return torch.from_file(str(path), shared=False, size=rows * width, dtype=torch.float32).view(rows, width)
 
 
-def save(key: tuple, table: torch.Tensor) -> None:
-    """Write the float32 ``table`` under ``key`` for the other processes, unless there is no store,
-    it is there already, or the store holds its limit."""
+def save(base: float, table: torch.Tensor) -> None:
+    """Write the float32 [rows, width] ``table`` of ``base`` for the other processes, unless there is
+    no store, it is there already, or the store holds its limit."""
     root = store_dir()
     if root is None or table.dtype != torch.float32 or not table.numel():
         return
-    path = _path(root, key)
+    rows, width = table.shape
+    path = _path(root, base, width, rows)
     if path.exists():
         return
     nbytes = table.numel() * 4

@@ -53,8 +53,8 @@ EVICT_FIRST_MAX_BYTES = 512 << 20   # ... and while the rotated q/k bytes (read 
 KEY_HEAD_BLOCK_TOKENS = 16384  # above this, key programs take the key's head count
                                # (docs/launch-defaults.md, KEY_HEAD_BLOCK_TOKENS)
 SPECULATE_MAX_TOKENS = PDL_MAX_TOKENS  # with PDL up to this, guess the positions before the wait
-MIN_BLOCK_F = 32           # frequency lanes per head in a program, at least: every narrower head shares one kernel
                                        # (docs/launch-defaults.md, SPECULATE_MAX_TOKENS)
+MIN_BLOCK_F = 32           # frequency lanes per head in a program, at least (docs/launch-defaults.md, MIN_BLOCK_F)
 
 
 @triton.jit

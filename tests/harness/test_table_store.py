@@ -36,28 +36,28 @@ def test_a_table_built_once_is_mapped_by_the_next_process(store, base, width, ro
 
 
 def test_a_stored_file_of_another_size_is_ignored(store):
-    key = ("float32", 10000.0, 64, 300)
-    table_store.save(key, torch.zeros(300, 64))
+    table_store.save(10000.0, torch.zeros(300, 64))
+    assert table_store.load(10000.0, 64, 300) is not None
     path, = store.glob("*.f32")
     path.write_bytes(path.read_bytes()[:-4])           # cut short: not this table
-    assert table_store.load(key, 300, 64) is None
-    assert table_store.load(("float32", 10000.0, 64, 301), 301, 64) is None      # another key: no file
+    assert table_store.load(10000.0, 64, 300) is None
+    assert table_store.load(10000.0, 64, 301) is None       # another table: no file
 
 
 def test_the_store_stops_writing_at_its_limit_and_without_a_store_nothing_is_written(store, monkeypatch):
     monkeypatch.setenv(table_store.LIMIT_ENV, str(300 * 64 * 4))
-    table_store.save(("float32", 1.0, 64, 300), torch.zeros(300, 64))
-    table_store.save(("float32", 2.0, 64, 300), torch.zeros(300, 64))     # would pass the limit
+    table_store.save(1.0, torch.zeros(300, 64))
+    table_store.save(2.0, torch.zeros(300, 64))     # would pass the limit
     assert len(list(store.glob("*.f32"))) == 1
     monkeypatch.delenv(table_store.STORE_ENV)
-    assert table_store.store_dir() is None and table_store.load(("float32", 1.0, 64, 300), 300, 64) is None
+    assert table_store.store_dir() is None and table_store.load(1.0, 64, 300) is None
 
 
 @pytest.mark.parametrize("raw", ["lots", "-1", "1.5"])
 def test_a_bad_limit_is_refused_naming_the_variable(store, monkeypatch, raw):
     monkeypatch.setenv(table_store.LIMIT_ENV, raw)
     with pytest.raises(ValueError, match=table_store.LIMIT_ENV):
-        table_store.save(("float32", 1.0, 64, 300), torch.zeros(300, 64))
+        table_store.save(1.0, torch.zeros(300, 64))
 
 
 def test_a_store_is_private_and_removed_whole():
@@ -76,7 +76,7 @@ def test_a_store_that_cannot_take_a_table_is_no_error(store, monkeypatch):
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(os, "replace", full)
-    table_store.save(("float32", 1.0, 64, 300), torch.zeros(300, 64))
+    table_store.save(1.0, torch.zeros(300, 64))
     assert not list(store.iterdir())                    # the temporary file cleaned up
     monkeypatch.undo()
     monkeypatch.setenv(table_store.STORE_ENV, str(store / "gone"))

@@ -226,9 +226,10 @@ def test_narrow_rotary_widths_share_the_lane_block_of_32_pairs(data, kind, token
 
 
 @settings(deadline=None, max_examples=80)
-@given(data=st.data(), kind=st.sampled_from(KINDS), tokens=st.sampled_from([1, 17, 64, 128, 200, 256, 4096, 16384]),
+@given(data=st.data(), kind=st.sampled_from(KINDS), tokens=st.sampled_from([1, 17, 64, 128, 200, 256, 4096, 16384, 65536]),
        dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]), heads=st.integers(1, 96))
 @example(data=None, kind="chunked3", tokens=1, dtype=torch.bfloat16, heads=64)       # Qwen2.5-VL-72B, decode
+@example(data=None, kind="chunked3", tokens=65536, dtype=torch.bfloat16, heads=3)    # key programs' own head block
 def test_a_launch_without_a_key_compiles_the_keyed_kernel(data, kind, tokens, dtype, heads):
     # Without a key the launch splits q and k as with one (no key programs: 0 key heads), so it
     # compiles the kernel a keyed launch of the same shape, tile and eviction hint does: one compile
