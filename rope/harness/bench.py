@@ -81,6 +81,7 @@ class Result:
     note: str = ""               # e.g. torch-compile's Dynamo graph count
     host_us: float = math.nan    # the host's time per call, calls back to back (GPU only)
     eager_ms: float = math.nan   # triton.testing.do_bench: launched from Python, the L2 flushed (GPU only)
+    copy_eager_ms: float = math.nan   # the same bytes copied, under the same timer (GPU only): the flush's floor
 
 
 # ------------------------------------------------------------------------------------ bytes
@@ -302,6 +303,15 @@ def eager_ms(fn) -> float:
     return tt.do_bench(fn, warmup=10, rep=50, return_mode="median")
 
 
+def same_bytes_copy(device: str, nbytes: int):
+    """A device copy that moves ``nbytes`` (half read, half written), as a rotation of that many
+    bytes does: timed by :func:`eager_ms`, what any kernel of this size can reach after do_bench's
+    flush, whose dirty lines the call writes back as it goes."""
+    src = torch.empty(max(1, nbytes // 2), dtype=torch.uint8, device=torch_device(device))
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
+
+
 def race_rotation(contender, spec, positions, q, k, cache, device, time_fn, tokens, nbytes) -> dict:
     """Check one contender on these inputs, then time it where its time means something: a dict of
     Result's fields ``ms`` (the graph or rotating timer: NaN for a check without timing, the Triton
@@ -390,6 +400,9 @@ def run(models=None, tokens=None, dtypes=("bfloat16",), device="cuda", extra_imp
                                                                       k.clone(), cache) for name in row}, device)
                     for name, us in host.items():
                         row[name].host_us = us
+                    copy_eager = eager_ms(same_bytes_copy(device, nbytes))
+                    for r in row.values():
+                        r.copy_eager_ms = copy_eager
                 base = row.get("native")
                 for r in row.values():
                     r.speedup_vs_native = base.ms / r.ms if base and r.ms == r.ms else None
@@ -433,6 +446,8 @@ def race(results: list[Result]) -> list[dict]:
             row |= {"ours_eager_ms": ours.eager_ms, "ours_eager_frac": ours.frac_copy * ours.ms / ours.eager_ms,
                     "best_eager_peer": best_eager.impl, "best_eager_peer_ms": best_eager.eager_ms,
                     "eager_ratio": ours.eager_ms / best_eager.eager_ms,
+                    "copy_eager_ms": ours.copy_eager_ms,
+                    "copy_eager_frac": ours.frac_copy * ours.ms / ours.copy_eager_ms,
                     "host_us": {name: by_name[name].host_us for name in ("triton", "triton-public", "triton-bare")
                                 if name in by_name},
                     "peers_host_us": {r.impl: r.host_us for r in eager}}
@@ -554,20 +569,26 @@ def race_markdown(data: dict) -> list[str]:
         peers = sorted({name for r in eager for name in r["peers_host_us"]})
         lines += ["", "## Launched from Python, and the host's time per call", "",
                   "Eager: `triton.testing.do_bench` (each call launched from Python after its L2 flush, median), "
-                  "ours unchecked against the fastest peer's; % of copy of ours.  Host: microseconds of the "
+                  "ours unchecked against the fastest peer's; % of copy of ours; the same bytes moved by a device copy "
+                  "under the same timer (`same_bytes_copy`: half read, half written), what the flush leaves any kernel "
+                  "of this size.  Host: microseconds of the "
                   f"host per call, {HOST_CALLS} calls back to back ({HOST_ROUNDS} rounds in which the contenders of a row "
                   "take turns, the median): ours "
                   "unchecked, the public entry, the same kernel through Triton's own `kernel[grid](...)` "
                   "(`triton-bare`), and each peer.", "",
-                  "| model | tokens | ours eager (us) | % of copy | fastest peer | its time (us) | ours / peer "
+                  "| model | tokens | ours eager (us) | % of copy | same bytes copied (us) | its % of copy "
+                  "| fastest peer | its time (us) | ours / peer "
                   "| host: ours | public | bare | " + " | ".join(peers) + " |",
-                  "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|" + "---:|" * len(peers)]
+                  "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|" + "---:|" * len(peers)]
         for r in eager:
             host = r["host_us"]
             cells = [f"{host[name]:.1f}" if name in host else "-" for name in ("triton", "triton-public", "triton-bare")]
             cells += [f"{r['peers_host_us'][name]:.1f}" if name in r["peers_host_us"] else "-" for name in peers]
+            copied = r.get("copy_eager_ms", math.nan)
+            copied_frac = f"{100 * r['copy_eager_frac']:.1f}" if copied == copied else "-"
             lines.append(f"| {r['model']} | {r['tokens']} | {_us(r['ours_eager_ms'])} | "
-                         f"{100 * r['ours_eager_frac']:.1f} | {r['best_eager_peer']} | {_us(r['best_eager_peer_ms'])} | "
+                         f"{100 * r['ours_eager_frac']:.1f} | {_us(copied)} | {copied_frac} | "
+                         f"{r['best_eager_peer']} | {_us(r['best_eager_peer_ms'])} | "
                          f"{r['eager_ratio']:.2f} | " + " | ".join(cells) + " |")
     return lines + [""]
 

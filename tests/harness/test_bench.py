@@ -150,15 +150,20 @@ def test_the_race_compares_eager_times_and_reports_the_hosts():
 
     def row(impl, ms, eager, host, ours=False, checked="ok"):
         return bench.Result("rotation", impl, "m", 4096, "bfloat16", ms, 1000, 1.0, 0.9 * 0.010 / ms,
-                            checked=checked, ours=ours, eager_ms=eager, host_us=host)
+                            checked=checked, ours=ours, eager_ms=eager, host_us=host, copy_eager_ms=0.0108)
     results = [row("triton", 0.010, 0.012, 20.0, ours=True), row("triton-public", 0.010, 0.012, 25.0, ours=True),
                row("triton-bare", 0.010, 0.012, 30.0, ours=True), row("fast-timer", 0.009, 0.020, 40.0),
                row("fast-eager", 0.011, 0.015, 50.0), row("wrong", 0.001, 0.001, 1.0, checked="MISMATCH")]
     (race,) = bench.race(results)
     assert race["best_peer"] == "fast-timer" and race["best_eager_peer"] == "fast-eager"
     assert math.isclose(race["eager_ratio"], 0.012 / 0.015) and math.isclose(race["ours_eager_frac"], 0.9 * 0.010 / 0.012)
+    # The same bytes copied under the same timer: 10.8 us, 0.9 x 10 / 10.8 of the copy bandwidth.
+    assert race["copy_eager_ms"] == 0.0108 and math.isclose(race["copy_eager_frac"], 0.9 * 0.010 / 0.0108)
     assert race["host_us"] == {"triton": 20.0, "triton-public": 25.0, "triton-bare": 30.0}
     assert race["peers_host_us"] == {"fast-timer": 40.0, "fast-eager": 50.0}
     data = {"race": [race], "device": "cuda"}
     table = "\n".join(bench.race_markdown(data))
-    assert "| m | 4096 | 12.0 | 75.0 | fast-eager | 15.0 | 0.80 | 20.0 | 25.0 | 30.0 | 50.0 | 40.0 |" in table   # peers by name
+    assert ("| m | 4096 | 12.0 | 75.0 | 10.8 | 83.3 | fast-eager | 15.0 | 0.80 | 20.0 | 25.0 | 30.0 | 50.0 | 40.0 |"
+            in table)   # peers by name
+    del race["copy_eager_ms"], race["copy_eager_frac"]      # a run from before the copy was timed
+    assert "| m | 4096 | 12.0 | 75.0 | - | - | fast-eager |" in "\n".join(bench.race_markdown(data))
