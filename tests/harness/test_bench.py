@@ -167,3 +167,12 @@ def test_the_race_compares_eager_times_and_reports_the_hosts():
             in table)   # peers by name
     del race["copy_eager_ms"], race["copy_eager_frac"]      # a run from before the copy was timed
     assert "| m | 4096 | 12.0 | 75.0 | - | - | fast-eager |" in "\n".join(bench.race_markdown(data))
+
+
+def test_the_same_bytes_copy_moves_as_many_bytes_as_the_rotation():
+    # The flushed floor beside ours: a copy reading half the row's bytes and writing the other half,
+    # as an in-place rotation of that many bytes reads and writes them.
+    spec = get_model("qwen2.5-vl-72b").spec
+    nbytes = bench.rotation_bytes(spec, 4096, 64, 8, 2)
+    written = bench.same_bytes_copy("cpu", nbytes)()
+    assert written.dtype == torch.uint8 and 2 * written.numel() == nbytes
