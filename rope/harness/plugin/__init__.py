@@ -91,8 +91,9 @@ _MARKERS = (
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
-    """``-n auto``: one worker per visible GPU plus CPU workers as the cores allow (harness runs only)."""
-    if not is_active(config):
+    """``-n auto``: one worker per visible GPU plus CPU workers as the cores allow (harness runs only),
+    unless the user set pytest-xdist's own PYTEST_XDIST_AUTO_NUM_WORKERS: then theirs applies."""
+    if not is_active(config) or os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None
     from rope.harness import placement
     return placement.auto_workers(placement.gpu_count(), placement.usable_cores())
