@@ -129,7 +129,7 @@ def test_the_documents_commands_run_as_written(tmp_path):
     env.pop("TRITON_INTERPRET", None)
     # `-n auto` (and `rope-harness check`, which passes it) as written, but two workers each: on a
     # 16-core GPU host whose cores the suite's own workers hold, 16 more per command, each importing
-    # torch and initialising the device to run a few tests, kept this test running past the 240 s that pytest-timeout gave it there.
+    # torch and initialising the device to run a few tests, take this test past 240 s.
     env["PYTEST_XDIST_AUTO_NUM_WORKERS"] = "2"
     case_id, ran = None, []
     for document in ("docs/implementations.md", "README.md"):

@@ -79,18 +79,17 @@ def test_auto_workers_is_one_per_gpu_plus_cpu_workers():
     assert placement.auto_workers(num_gpus=0, cores=0) == 1
 
 
-@pytest.mark.parametrize("env, expected", [({"PYTEST_XDIST_AUTO_NUM_WORKERS": "3"}, None), ({}, "placement")])
-def test_auto_workers_yield_to_xdists_own_variable(env, expected, monkeypatch):
+def test_auto_workers_yield_to_xdists_own_variable(monkeypatch):
     # `-n auto` takes the harness's count (GPUs plus CPU workers) unless the user set
     # PYTEST_XDIST_AUTO_NUM_WORKERS, pytest-xdist's documented way to fix it: then the harness returns
     # no count and xdist's own hook reads the variable (a CI box sharing its cores, or the doc-test's
-    # commands run beside the suite).
-    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
+    # commands run beside the suite).  Rejects a hook that answers first regardless.
     config = SimpleNamespace(_rope_active=True)
-    want = placement.auto_workers(placement.gpu_count(), placement.usable_cores()) if expected else None
-    assert plugin.pytest_xdist_auto_num_workers(config) == want
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+    assert plugin.pytest_xdist_auto_num_workers(config) == placement.auto_workers(placement.gpu_count(),
+                                                                                  placement.usable_cores())
+    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "3")
+    assert plugin.pytest_xdist_auto_num_workers(config) is None
 
 
 def test_visible_gpu_count_is_torchs(monkeypatch):
