@@ -16,8 +16,11 @@ Runner V2 kernel: ``rope.backends.vllm.position_step``).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
+import os
 import re
+import sys
 from typing import Callable
 
 from rope.backends import BACKENDS
@@ -64,11 +67,7 @@ def resolve(target: str, *, kind: str, builtins: dict[str, str]) -> Callable:
     if not all(_ATTRIBUTE.match(part) for part in parts):
         raise ValueError(f"{kind}={target!r}: {attr!r} must be a chain of public attribute names "
                          f"(no private or dunder attributes)")
-    try:
-        module = importlib.import_module(module_name)
-    except (Exception, SystemExit) as exc:   # noqa: BLE001 - whatever a module raises at import
-        raise ValueError(f"{kind}={target!r}: cannot import module {module_name!r} "
-                         f"({type(exc).__name__}: {exc})") from exc
+    module = import_user_module(module_name, what=f"{kind}={target!r}")
     fn = module
     for part in parts:
         fn = getattr(fn, part, None)
@@ -81,6 +80,49 @@ def resolve(target: str, *, kind: str, builtins: dict[str, str]) -> Callable:
     if not callable(fn):
         raise ValueError(f"{kind}={target!r}: {attr!r} is not callable")
     return fn
+
+
+def import_user_module(module_name: str, *, what: str):
+    """Import a module a user names, resolving it against the current directory first, as
+    ``python -m`` does (the directory is put first on ``sys.path`` and stays there, so the module's
+    own imports of its neighbours work too): ``--impl myrope:rotate`` run beside ``myrope.py``
+    needs no PYTHONPATH.  The same in the CLI, in every pytest worker (each starts in the run's
+    directory) and in a replay.
+
+    A module that cannot be found is a one-line ValueError naming the module, the directories
+    searched and the fix; a module that is found but raises while importing names the exception
+    and the file."""
+    here = os.getcwd()
+    searched = [os.path.abspath(p or here) for p in sys.path]
+    if here not in searched:
+        sys.path.insert(0, here)
+        searched.insert(0, here)
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if module_name == missing or module_name.startswith(missing + "."):
+            top = module_name.split(".", 1)[0]
+            shown = [d for d in dict.fromkeys(searched) if os.path.isdir(d)]
+            raise ValueError(
+                f"{what}: cannot import module {module_name!r}: no {missing!r} in the current directory "
+                f"({here}) nor on the rest of sys.path ({os.pathsep.join(shown[1:] if shown[:1] == [here] else shown)}); "
+                f"run from the directory holding {top}.py (or the package {top}/), or add that directory to "
+                f"PYTHONPATH") from None
+        raise ValueError(_import_failure(what, module_name, exc)) from exc
+    except (Exception, SystemExit) as exc:   # noqa: BLE001 - whatever a module raises at import
+        raise ValueError(_import_failure(what, module_name, exc)) from exc
+
+
+def _import_failure(what: str, module_name: str, exc: BaseException) -> str:
+    spec = None
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (Exception, SystemExit):   # noqa: BLE001 - a parent package that raises
+        pass
+    where = f" ({spec.origin})" if spec is not None and spec.origin else ""
+    message = " ".join(str(exc).split())
+    return f"{what}: cannot import module {module_name!r}{where}: it raised {type(exc).__name__}: {message}"
 
 
 def get_implementation(name: str) -> Callable:

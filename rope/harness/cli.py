@@ -83,33 +83,66 @@ def _pytest_args(args) -> list[str]:
     return out + list(args.pytest_args)
 
 
-class _ProgressBar:
-    """A pytest plugin drawing a rich progress bar over the tests (xdist-aware: the controller
-    sees every worker's reports): tests done of all, the comparisons they made and how many
-    failed, the time spent and the time left.  pytest's own progress letters are left out."""
+PROGRESS_EVERY_S = 30.0         # a log's progress line: at least this often ($ROPE_PROGRESS_EVERY_S)
 
-    def __init__(self):
+
+class _ProgressBar:
+    """A pytest plugin showing the check's progress (xdist-aware: the controller sees every
+    worker's reports): tests done of all, the comparisons they made and how many failed, the time
+    spent and the time left.  On a terminal a rich progress bar; in a log (CI, ``| tee``), where a
+    bar would print once at the end, a progress line every PROGRESS_EVERY_S seconds from a
+    background thread, so a long test does not silence it.  pytest's own progress letters are left
+    out."""
+
+    def __init__(self, every_s: float | None = None):
+        import os
         from collections import Counter
 
         from rich.console import Console
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                    TimeRemainingColumn)
-        console = Console()
-        if not console.is_terminal:           # a log: the whole line, not the 80 columns of no terminal
-            console = Console(width=160)
+        self.console = Console()
+        self.live = self.console.is_terminal
+        if not self.live:                    # a log: the whole line, not the 80 columns of no terminal
+            self.console = Console(width=160)
         self.progress = Progress(TextColumn("[bold]checking"), BarColumn(bar_width=24), MofNCompleteColumn(),
                                  TextColumn("tests, {task.fields[comparisons]} comparisons, "
                                             "{task.fields[failed]} failed,"),
                                  TimeElapsedColumn(), TextColumn("spent,"), TimeRemainingColumn(), TextColumn("left"),
-                                 console=console, transient=False)
+                                 console=self.console, transient=False, auto_refresh=self.live)
         self.task = None
         self.outcomes = Counter()       # each test's outcome: passed, failed, skipped
         self.comparisons = 0            # made by the tests so far
+        self.every_s = every_s or float(os.environ.get("ROPE_PROGRESS_EVERY_S") or PROGRESS_EVERY_S)
+        self._stop = None               # the log's ticker: a threading.Event set at the end
+        self._started = None
 
     def _start(self, total: int) -> None:
-        if self.task is None:
+        if self.task is not None:
+            return
+        import threading
+        import time
+        self.task = self.progress.add_task("check", total=total, failed=0, comparisons=0)
+        self._started = time.monotonic()
+        if self.live:
             self.progress.start()
-            self.task = self.progress.add_task("check", total=total, failed=0, comparisons=0)
+            return
+        self._stop = threading.Event()
+        threading.Thread(target=self._tick, name="rope-harness-progress", daemon=True).start()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.console.print(self.log_line(), highlight=False, markup=False)
+
+    def log_line(self) -> str:
+        """The progress as one plain line: done of all tests, comparisons, failures, time spent and left."""
+        import time
+        task = self.progress.tasks[0]
+        spent = time.monotonic() - self._started
+        done = int(task.completed)
+        left = f"{_clock(spent / done * (task.total - done))} left" if done and task.total else "time left unknown"
+        return (f"checking: {done}/{int(task.total or 0)} tests, {self.comparisons} comparisons, "
+                f"{self.outcomes['failed']} failed, {_clock(spent)} spent, {left}")
 
     def pytest_collection_finish(self, session):
         self._start(len(session.items))
@@ -138,32 +171,87 @@ class _ProgressBar:
             self.progress.advance(self.task)
 
     def pytest_sessionfinish(self, session):
-        if self.task is not None:
+        if self.task is None:
+            return
+        if self.live:
             self.progress.stop()
+            return
+        self._stop.set()
+        self.console.print(self.log_line(), highlight=False, markup=False)
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _import_named(args) -> str | None:
+    """Import every implementation the command names before any test runs: the first that cannot
+    be imported is the one line returned (the module, the directories searched, the fix)."""
+    from rope.harness.position_ids import get_position_ids_implementation
+    from rope.registry import get_implementation, get_positions_implementation
+    for option, names, get in (("--impl", args.impl, get_implementation),
+                               ("--position-step-impl", args.positions_impl, get_positions_implementation),
+                               ("--position-ids-impl", args.position_ids_impl, get_position_ids_implementation)):
+        for name in names:
+            try:
+                get(name)
+            except ValueError as exc:
+                return f"{option}: {exc}"
+    return None
+
+
+EXIT_USAGE = 2                  # the command could not start: a bad argument, an implementation not importable
 
 
 def cmd_check(args) -> int:
     import pytest
 
     from rope.devices import available_devices
+    from rope.harness.plugin.compared import PLUGIN_NAME
     devices = args.device or available_devices()
     named = [*args.impl, *args.positions_impl, *args.position_ids_impl]
+    unimportable = _import_named(args)
+    if unimportable:
+        print(f"rope-harness check: {unimportable}", file=sys.stderr)
+        return EXIT_USAGE
     things = "all" if args.all else ", ".join(checked_things(args)).replace("_", " ")
     print(f"rope-harness check: {things}; devices {', '.join(devices)}; implementations "
           f"{', '.join(named) if named else 'all built-in'}; profile {args.profile}", flush=True)
     started = time.perf_counter()
     bar = _ProgressBar()
-    code = int(pytest.main(_pytest_args(args), plugins=[bar]))
+    verdicts = []
+
+    class _KeepVerdict:
+        @pytest.hookimpl(trylast=True)
+        def pytest_configure(self, config):
+            verdicts.append(config.pluginmanager.get_plugin(PLUGIN_NAME))
+
+    code = int(pytest.main(_pytest_args(args), plugins=[bar, _KeepVerdict()]))
     from rope.harness.report import reports_dir
-    print(closing_line(code, bar.outcomes, reports_dir() / "summary.json", time.perf_counter() - started))
+    verdict = next((v for v in verdicts if v is not None), None)
+    collect_only = any(a in ("--collect-only", "--co") for a in args.pytest_args)
+    print(closing_line(code, bar.outcomes, reports_dir() / "summary.json", time.perf_counter() - started,
+                       nothing_compared=getattr(verdict, "reason", None), collected=bar.progress.tasks[0].total
+                       if bar.task is not None else 0, collect_only=collect_only))
     return code
 
 
-def closing_line(code: int, outcomes, summary_json: Path, seconds: float) -> str:
+def closing_line(code: int, outcomes, summary_json: Path, seconds: float, *, nothing_compared: str | None = None,
+                 collected: float | None = 0, collect_only: bool = False) -> str:
     """The run's last line: the verdict, the tests' outcomes, the comparisons (the report's count)
-    and the time."""
-    verdict = ("every implementation checked matches the reference" if code == 0 else
-               f"FAILED (pytest exit code {code}); see the case files and the report")
+    and the time.  A run that compared nothing never says "matches": it names why."""
+    if collect_only:
+        return (f"rope-harness check: collected only, nothing run: {int(collected or 0)} tests would run "
+                f"in {seconds:.0f} s")
+    if nothing_compared is not None:
+        verdict = f"FAILED: nothing compared, so nothing checked ({nothing_compared})"
+    elif code == 5:
+        verdict = "FAILED: no test selected, so nothing checked"
+    elif code == 0:
+        verdict = "every implementation checked matches the reference"
+    else:
+        verdict = f"FAILED (pytest exit code {code}); see the failures above and the report"
     counts = f"{outcomes['passed']} passed, {outcomes['failed']} failed, {outcomes['skipped']} skipped"
     try:
         data = json.loads(summary_json.read_text())

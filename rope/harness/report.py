@@ -60,12 +60,13 @@ COMPARISONS = [0]
 
 
 def record(**fields) -> None:
-    """Append one record (a comparison, a skip, a failure) to this process's file."""
+    """Append one record (a comparison, a skip, a failure) to this process's file.  A comparison
+    is counted even where no report is written (the count says whether a test checked anything)."""
+    if fields.get("kind") == "comparison":
+        COMPARISONS[0] += 1
     path = _record_file()
     if path is None:
         return
-    if fields.get("kind") == "comparison":
-        COMPARISONS[0] += 1
     fields.setdefault("worker", os.environ.get("PYTEST_XDIST_WORKER", "main"))
     line = (json.dumps(fields, default=float) + "\n").encode()
     try:

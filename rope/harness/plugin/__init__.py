@@ -55,7 +55,7 @@ from rope.harness.plugin.gpus import _gpu_copy_key, _keep_one_gpu_per_test, _kee
 from rope.harness.plugin.profiles import default_profile, kept_out_of_the_report, load_default_profile
 from rope.harness.plugin.rounds import (FAIL_FAST_SHRINK_S, ROUND, _apply_round, _order_rounds, _parametrize_rounds, fail_fast,
                                         rope_round, without_round)
-from rope.harness.plugin import failures, run_end
+from rope.harness.plugin import compared, failures, run_end
 from rope.harness.plugin.run_end import (_END_STACKS_FILE, _LAST_REPORT_AT, _arm_end_stacks, _arm_stop_file,
                                          _note_failure_for_stop,
                                          _record_profile)
@@ -258,6 +258,9 @@ def pytest_configure(config):
     if not is_active(config):
         return
     config.pluginmanager.register(failures.RestoreFailed(), "rope-harness-restore-failed")
+    if _is_controller(config):
+        config.pluginmanager.register(compared.Verdict(config, failures.COMPARISONS_PROPERTY), compared.PLUGIN_NAME)
+    _import_named_implementations(config)
     _configure_call_timeout(config)
     _configure_known_defects(config)
     if fail_fast(config):
@@ -289,6 +292,17 @@ def pytest_configure(config):
     if (_is_controller(config) and not os.environ.get(report.DISABLE_ENV) and not config.getoption("--rope-repro")
             and not os.environ.get("ROPE_CAMPAIGN")):   # a campaign round records into the campaign's run
         config._rope_run_dir = report.start_run()
+
+
+def _import_named_implementations(config) -> None:
+    """Every implementation named on the command line is imported before any test: one that cannot
+    be (a module not found from the current directory, one that raises) ends the run as a usage
+    error with one line naming it, instead of an error in every module that collects it."""
+    for option, selected in (("--rope-impl", selected_implementations),
+                             ("--rope-position-step-impl", selected_positions_implementations),
+                             ("--rope-position-ids-impl", selected_position_ids_implementations)):
+        if config.getoption(option):
+            selected(config)
 
 
 def _configure_known_defects(config) -> None:

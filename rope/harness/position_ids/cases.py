@@ -14,6 +14,7 @@ replay resolves only registered names; a module path stored in it is never impor
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,6 +94,7 @@ def assert_matches(name: str, fn: Callable, family: str, batch: PromptBatch) -> 
         raise AssertionError(f"{name} on {family} raised {exc}\nbatch: {batch}") from None
     except ValueError as exc:
         raise AssertionError(f"{name} on {family}: wrong return value: {exc}\nbatch: {batch}") from None
+    _record_check(name, family, batch, result)
     if result.ok:
         return result.deviations
     index, mismatch, deviation = result.mismatches[0]
@@ -123,6 +125,20 @@ def assert_matches(name: str, fn: Callable, family: str, batch: PromptBatch) -> 
         except Exception as exc:     # noqa: BLE001 - the mismatch is reported all the same
             message += f"\n(case file not written: {type(exc).__name__}: {exc})"
     raise causes.tag(AssertionError(message), **failure)
+
+
+def _record_check(name: str, family: str, batch: PromptBatch, result: BatchCheck) -> None:
+    """The batch's check in the run report, as one exact comparison (the ids are integers, on the
+    host): the matrix, a campaign and the run's "nothing compared" rule count it.  Never lets
+    reporting break the check."""
+    from rope.harness import report
+    try:
+        problem = result.mismatches[0][1].sentence if result.mismatches else None
+        report.record_exact_check(test=os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0], impl=name,
+                                  device="cpu", what=f"position-ids-{family}", ok=result.ok,
+                                  elements=len(batch.prompts), problem=problem)
+    except Exception:   # noqa: BLE001 - the report is best effort, the check is not
+        pass
 
 
 # ------------------------------------------------------------------------------------------ replay
