@@ -37,7 +37,7 @@ from pathlib import Path
 
 from rope.harness import case_files, profiling, report, table_store
 from rope.harness.atomic import atomic_write
-from rope.harness.suite import suite_path
+from rope.harness.suite import NOTHING_COMPARED_EXIT, suite_path
 
 CAMPAIGN_ENV = "ROPE_CAMPAIGN"                 # set in the rounds: conftest records, the campaign merges
 EXAMPLES_ENV = "ROPE_CAMPAIGN_EXAMPLES"        # examples per test outside the rounds (the campaign profile)
@@ -366,4 +366,11 @@ def cmd_campaign(args) -> int:
     for device, p in c.per_device.items():
         print(f"  {device}: {p['examples']} examples, {p['examples_per_s']}/s")
     print(f"report: {Path(c.out) / 'campaign.md'} (summary.md, plots and case files beside it)")
-    return 1 if c.failures or c.test_failures else 0
+    if c.failures or c.test_failures:
+        return 1
+    if not c.examples:
+        print(f"campaign: FAILED: nothing compared, so nothing checked ({len(c.runs)} pytest sessions made no "
+              f"comparison: every case unsupported or skipped, or no session reached a test; their logs: "
+              f"{Path(c.out)}/session-*.log)")
+        return NOTHING_COMPARED_EXIT
+    return 0

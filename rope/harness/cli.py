@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 
 from rope.harness.plugin.failures import COMPARISONS_PROPERTY
-from rope.harness.suite import suite_dir
+from rope.harness.suite import NOTHING_COMPARED_EXIT, suite_dir
 
 
 def checked_things(args) -> list[str]:
@@ -246,7 +246,7 @@ def closing_line(code: int, outcomes, summary_json: Path, seconds: float, *, not
                 f"in {seconds:.0f} s")
     if nothing_compared is not None:
         verdict = f"FAILED: nothing compared, so nothing checked ({nothing_compared})"
-    elif code == 5:
+    elif code == NOTHING_COMPARED_EXIT:
         verdict = "FAILED: no test selected, so nothing checked"
     elif code == 0:
         verdict = "every implementation checked matches the reference"

@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
+from rope.harness.cli import build_parser
 from rope.harness.plugin import compared
 from rope.harness.suite import plugin_args, subprocess_env
 
@@ -156,3 +157,16 @@ def test_the_logs_progress_line_comes_from_a_ticker_that_does_not_wait_for_a_tes
     lines = [line for line in capsys.readouterr().out.splitlines() if line]
     assert len(lines) == 2 and all(line.startswith("checking: 4/10 tests, 17 comparisons, 0 failed, ") for line in lines)
     assert lines[0].endswith(" left"), lines
+
+
+def test_a_campaign_that_compared_nothing_exits_non_zero_saying_why(monkeypatch, capsys, tmp_path):
+    from rope.harness import campaign
+    empty = campaign.Campaign(minutes=0.1, devices=["cpu"], workers="1", tests=[], out=str(tmp_path),
+                              runs=[campaign.Run(seeds=[1], examples_per_test=[20], exit_code=0)], wall_s=6.0)
+    monkeypatch.setattr(campaign, "run_campaign", lambda *a, **k: empty)
+    parser = build_parser()
+    code = campaign.cmd_campaign(parser.parse_args(["campaign", "--minutes", "0.1"]))
+    out = capsys.readouterr().out
+    assert code == compared.NOTHING_COMPARED_EXIT and "campaign: FAILED: nothing compared" in out, out
+    empty.examples = 3
+    assert campaign.cmd_campaign(parser.parse_args(["campaign", "--minutes", "0.1"])) == 0

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-NOTHING_COMPARED_EXIT = 5        # pytest's ExitCode.NO_TESTS_COLLECTED: nothing was checked
+from rope.harness.suite import NOTHING_COMPARED_EXIT
 
 # The checked things that record their comparisons, and the option naming each one's implementations.
 OPTION_OF_THING = {"rotation": "--rope-impl", "position_step": "--rope-position-step-impl",
