@@ -422,3 +422,31 @@ def test_xdists_start_up_lines_stay_out_of_a_quiet_run_and_show_with_v(tmp_path)
     loud = _pytest(["-v", "-n", "2", "mytests/test_noise.py", "--rope-device", "cpu"], tmp_path)
     assert quiet.returncode == 0 and "bringing up nodes" not in quiet.stdout, quiet.stdout[-1500:]
     assert loud.returncode == 0 and re.search(r"created: 2/2 workers|bringing up nodes", loud.stdout), loud.stdout[-1500:]
+
+
+def _fake_distribution(site: Path, name: str, version: str) -> None:
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "RECORD").write_text(f"{name}/__init__.py,,\n")
+
+
+def test_pypis_rope_installed_beside_ours_is_refused_even_where_our_init_won(tmp_path):
+    # Installed after PyPI's rope, rope-harness's rope/__init__.py overwrites theirs (the marker is
+    # ours, so the file check passes) and pip check is silent: the distribution itself is refused,
+    # by the harness and by `import rope`, which the other library's users meet too.
+    _fake_distribution(tmp_path, "rope", "1.15.2")
+    for code in ("import rope.harness.plugin", "import rope.base"):    # the plugin; their users, through our __init__
+        run = _python(code, tmp_path)
+        assert run.returncode != 0 and "ImportError: the import package 'rope' is claimed twice" in run.stderr, run.stderr
+        assert "rope 1.15.2 (the refactoring library)" in run.stderr and "pip uninstall rope rope-harness" in run.stderr
+
+
+def test_the_harness_names_a_distribution_sharing_our_package(tmp_path, monkeypatch):
+    from rope.harness.ownership import check_own_packages, sharing_distributions
+    assert sharing_distributions() == []
+    _fake_distribution(tmp_path, "rope", "1.15.2")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ImportError, match=r"the distribution rope 1\.15\.2 is installed too and owns the import "
+                                          r"package 'rope' as rope-harness does"):
+        check_own_packages()
