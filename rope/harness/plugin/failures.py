@@ -6,6 +6,8 @@ under it, and ends with the causes; the run report gets the same.
 
 from __future__ import annotations
 
+import re
+
 from rope.harness import causes
 from rope.harness.suite import is_suite_module
 
@@ -22,7 +24,10 @@ def _in_suite(item) -> bool:
 
 
 def before_report(item, call) -> None:
-    """Before pytest renders a failure: the harness's frames leave a suite test's traceback."""
+    """Before pytest renders a failure: the harness's frames leave a suite test's traceback, and
+    (unless -v) Hypothesis's notes that say nothing of the implementation: its explanation (the
+    lines of the harness only failing cases ran) and the repr of each drawn case (tens of lines;
+    the failure message has the case's two-line summary)."""
     if call.excinfo is None or not _in_suite(item) or item.config.getoption("fulltrace", False):
         return
     import pytest
@@ -30,8 +35,68 @@ def before_report(item, call) -> None:
         return            # not a failure: pytest locates a skip by its frames
     try:
         causes.hide_harness_frames(call.excinfo)
+        if not _keeps_everything(item.config):
+            quiet_notes(call.excinfo.value)
     except Exception:   # noqa: BLE001 - a traceback left whole is better than a lost failure
         pass
+
+
+_DRAW_NOTE = re.compile(r"^Draw (\d+)(?: \(([^)]*)\))?: ")
+
+
+def quiet_notes(exc: BaseException) -> None:
+    """Drop Hypothesis's explanation notes and fold each multi-line draw repr into one line, on
+    ``exc`` and the exceptions it groups (Hypothesis reports several distinct failures as a group)."""
+    seen = set()
+    stack = [exc]
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        notes = getattr(e, "__notes__", None)
+        if notes:
+            kept = []
+            for note in notes:
+                if note.startswith("Explanation:"):
+                    continue
+                match = _DRAW_NOTE.match(note)
+                if match and "\n" in note:
+                    name = f" ({match.group(2)})" if match.group(2) else ""
+                    note = f"Draw {match.group(1)}{name}: summarized above (case:, spec:); -v prints it whole"
+                kept.append(note)
+            e.__notes__ = kept
+        stack.extend(getattr(e, "exceptions", ()) or ())
+        stack.extend(x for x in (e.__cause__, e.__context__) if x is not None)
+
+
+# The option that names the implementation each kind of suite test takes.
+_IMPL_OPTIONS = {"impl_name": "--rope-impl", "positions_impl_name": "--rope-position-step-impl",
+                 "position_ids_impl_name": "--rope-position-ids-impl"}
+
+
+def rerun_command(item) -> str:
+    """A command that reruns this one test from any directory: the suite test named by its module
+    (``--pyargs``: no path that holds only where the run stood), without a fail-fast round, with
+    the implementation and the device it took, from the directory the run started in (where the
+    user's module and the Hypothesis database are)."""
+    import shlex
+
+    from rope.harness.plugin.rounds import without_round
+    module = getattr(getattr(item, "module", None), "__name__", "")
+    name = without_round(f"x::{item.name}").split("::", 1)[1]
+    args = ["pytest", "-p", "no:randomly", "--pyargs", f"{module}::{name}"]
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    for fixture, option in _IMPL_OPTIONS.items():
+        if fixture in params:
+            args += [option, str(params[fixture])]
+    if "device" in params:
+        args += ["--rope-device", str(params["device"])]
+    profile = item.config.getoption("hypothesis_profile", None)
+    if profile:
+        args += ["--hypothesis-profile", profile]
+    here = str(item.config.invocation_params.dir)
+    return f"cd {shlex.quote(here)} && {shlex.join(args)}"
 
 
 def after_report(item, call, report, comparisons_before: int) -> None:
@@ -46,6 +111,12 @@ def after_report(item, call, report, comparisons_before: int) -> None:
             info = causes.failure_of(call.excinfo.value)
         except Exception as exc:   # noqa: BLE001
             info = {"cause": "unknown", "headline": f"(cause not found: {type(exc).__name__}: {exc})"}
+        if _in_suite(item):
+            try:
+                info["rerun"] = rerun_command(item)
+                report.sections.append(("rope-harness: rerun this test (from any directory)", info["rerun"]))
+            except Exception:   # noqa: BLE001 - the failure is reported all the same
+                pass
         report.user_properties.append((causes.REPORT_PROPERTY, info))
 
 
