@@ -103,10 +103,10 @@ def import_user_module(module_name: str, *, what: str):
         missing = exc.name or ""
         if module_name == missing or module_name.startswith(missing + "."):
             top = module_name.split(".", 1)[0]
-            shown = [d for d in dict.fromkeys(searched) if os.path.isdir(d)]
+            rest = [d for d in dict.fromkeys(searched) if d != here and os.path.isdir(d)]
             raise ValueError(
                 f"{what}: cannot import module {module_name!r}: no {missing!r} in the current directory "
-                f"({here}) nor on the rest of sys.path ({os.pathsep.join(shown[1:] if shown[:1] == [here] else shown)}); "
+                f"({here}) nor on the rest of sys.path ({os.pathsep.join(rest)}); "
                 f"run from the directory holding {top}.py (or the package {top}/), or add that directory to "
                 f"PYTHONPATH") from None
         raise ValueError(_import_failure(what, module_name, exc)) from exc

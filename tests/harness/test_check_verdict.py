@@ -155,7 +155,8 @@ def test_the_logs_progress_line_comes_from_a_ticker_that_does_not_wait_for_a_tes
     bar._stop = SimpleNamespace(wait=lambda seconds: next(waits))
     bar._tick()
     lines = [line for line in capsys.readouterr().out.splitlines() if line]
-    assert len(lines) == 2 and all(line.startswith("checking: 4/10 tests, 17 comparisons, 0 failed, ") for line in lines)
+    assert len(lines) == 2
+    assert all(line.startswith("checking: 4/10 tests, 17 comparisons, 0 failed, ") for line in lines), lines
     assert lines[0].endswith(" left"), lines
 
 

@@ -75,7 +75,8 @@ def test_a_failure_block_is_quiet_and_its_rerun_command_fails_the_same_test_from
     run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *plugin_args(), "-q",
                           "--pyargs", "properties.rotation.test_rotation", "-k",
                           "test_rotation_matches_reference and fp32-chunked3-gptj",
-                          "--rope-impl", "neoxkernel:rotate_always_neox", "--rope-device", "cpu"], cwd=user, env=env, capture_output=True, text=True, timeout=600)
+                          "--rope-impl", "neoxkernel:rotate_always_neox", "--rope-device", "cpu"],
+                         cwd=user, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 1 and "pairing_swapped" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
     assert "Explanation:" not in run.stdout and "RotationCase(" not in run.stdout, run.stdout[-3000:]
     header = "rope-harness: rerun this test (from any directory)"
