@@ -121,6 +121,7 @@ ERRORS = {
 }
 
 
+@pytest.mark.builtins_only
 @pytest.mark.parametrize("error", list(ERRORS) + ["out-too-short"], ids=list(ERRORS) + ["out-too-short"])
 def test_implementation_rejects_bad_position_input(positions_impl_name, device, error, monkeypatch):
     skip_unless_builtin(positions_impl_name, kind="positions")

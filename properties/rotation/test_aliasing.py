@@ -75,6 +75,7 @@ case_strategy = dict(kind=st.sampled_from(ALIASINGS), spec=st.sampled_from(SPECS
                      num_tokens=st.integers(2, 9), q_heads=st.integers(1, 3), seed=st.integers(0, 2**16))
 
 
+@pytest.mark.builtins_only
 @given(**case_strategy)
 @example(kind="key-is-query", spec=SPECS[1], num_tokens=4, q_heads=2, seed=0)
 @example(kind="query-expanded", spec=SPECS[0], num_tokens=4, q_heads=1, seed=0)

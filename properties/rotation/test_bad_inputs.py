@@ -61,6 +61,7 @@ def _call(fn, args):
     return fn(args["spec"], args["positions"], args["query"], args["key"], args["cos_sin_cache"])
 
 
+@pytest.mark.builtins_only
 @pytest.mark.parametrize("error", list(ERROR_INPUTS), ids=list(ERROR_INPUTS))
 def test_implementation_rejects_bad_input(impl_name, device, error, monkeypatch):
     skip_unless_builtin(impl_name)
@@ -76,6 +77,7 @@ def test_implementation_rejects_bad_input(impl_name, device, error, monkeypatch)
         assert torch.equal(args["query"], snapshot), "query was modified before the error was raised"
 
 
+@pytest.mark.builtins_only
 def test_mismatched_devices_rejected(impl_name, device):
     skip_unless_builtin(impl_name)
     if device == "cpu":

@@ -245,6 +245,11 @@ def case_record(*, implementation: str, device: str, working_precision: str, cas
     return _finite(record)
 
 
+# The case files this process created (not those it wrote over), in order: a test that ends as an
+# expected failure takes back the ones it created (rope.harness.plugin, :func:`remove_created_since`).
+_CREATED: list[Path] = []
+
+
 def write_case(record: dict, directory: Path | str | None = None) -> Path:
     """Write ``record`` to ``<directory>/<id>.json`` atomically; returns the path.
 
@@ -256,7 +261,27 @@ def write_case(record: dict, directory: Path | str | None = None) -> Path:
     if directory is None:
         raise ValueError(f"{CASES_DIR_ENV}={os.environ.get(CASES_DIR_ENV)!r}: case files are turned off")
     text = json.dumps(_finite(record), indent=2, allow_nan=False) + "\n"
-    return atomic_write(directory / f"{record['id']}.json", text.encode("utf-8"))
+    target = directory / f"{record['id']}.json"
+    existed = target.exists()
+    path = atomic_write(target, text.encode("utf-8"))
+    if not existed:
+        _CREATED.append(path)
+    return path
+
+
+def created_count() -> int:
+    """How many case files this process has created: the mark :func:`remove_created_since` takes."""
+    return len(_CREATED)
+
+
+def remove_created_since(mark: int) -> list[Path]:
+    """Remove the case files this process created after ``mark`` (a test whose mismatch turned out
+    expected: ``pytest.xfail`` called in its body); returns them."""
+    removed, _CREATED[mark:] = _CREATED[mark:], []
+    for path in removed:
+        with contextlib.suppress(OSError):
+            path.unlink()
+    return removed
 
 
 # --------------------------------------------------------------------------- load

@@ -38,6 +38,30 @@ def _keep_only_replays(config, items):
     items[:] = keep
 
 
+# The parameter a test takes its implementation under, and the built-in implementations of it.
+def _builtins_by_parameter() -> dict:
+    from rope.registry import BUILTIN_POSITIONS, BUILTIN_ROTATIONS
+    return {"impl_name": BUILTIN_ROTATIONS, "positions_impl_name": BUILTIN_POSITIONS}
+
+
+def _keep_builtins_only_for_builtins(config, items):
+    """The tests marked ``builtins_only`` hold the built-in implementations to what only they promise
+    (the harness's own validation messages: rope.harness.comparison.skip_unless_builtin): for any other
+    implementation (``--rope-impl mypkg.rope:fn``) they are deselected, not skipped, so its run counts
+    and reports only what it is checked for."""
+    builtins = _builtins_by_parameter()
+
+    def meant_for_another(item) -> bool:
+        if item.get_closest_marker("builtins_only") is None:
+            return False
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        return any(name in params and params[name] not in names for name, names in builtins.items())
+    dropped = [item for item in items if meant_for_another(item)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if not meant_for_another(item)]
+
+
 def selected_devices(config) -> list[str]:
     """The device kinds to run on (cpu, cuda, rocm, xpu); ``--rope-device cuda:1`` selects the kind
     and, through :func:`selected_gpus`, that GPU."""
