@@ -118,7 +118,8 @@ def _first_exception(exc: BaseException) -> BaseException:
     return exc
 
 
-_DIAGNOSIS = re.compile(r"^diagnosis: (\w+): ?(.*)$", re.M)
+# The diagnosis line of a mismatch message, with its continuation lines (case_files.wrap indents them).
+_DIAGNOSIS = re.compile(r"^diagnosis: (\w+): ?(.*(?:\n {4,}\S.*)*)$", re.M)
 
 
 def failure_of(exc: BaseException) -> dict:
@@ -136,16 +137,22 @@ def failure_of(exc: BaseException) -> dict:
             # The suite's own assertion: the check that failed, named by its first line (the
             # numbers of one case masked, so one check over many cases is one cause).
             first = text.strip().splitlines()[0] if text.strip() else "assertion failed"
-            info["cause"] = re.sub(r"\d+", "N", first)[:LINE_WIDTH]
+            info["cause"] = _label(re.sub(r"\d+", "N", first))
         else:
             info["cause"] = crash_cause(exc)
     if "headline" not in info:
         first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
         info["headline"] = first if first.startswith(type(exc).__name__) else f"{type(exc).__name__}: {first}"
-    info["headline"] = clip(info["headline"])
+    info["headline"] = one_line(info["headline"])
     if "size" not in info and _LAST_CASE[0] is not None:
         info["size"], info["case"] = _LAST_CASE[0]
     return info
+
+
+def _label(text: str) -> str:
+    """A cause named by a message's first line: at most a line, shortened between words."""
+    text = one_line(text)
+    return text if len(text) <= LINE_WIDTH else text[:LINE_WIDTH - 4].rsplit(" ", 1)[0] + " ..."
 
 
 def _innermost(exc: BaseException) -> str:
@@ -153,9 +160,22 @@ def _innermost(exc: BaseException) -> str:
     return frames[-1].filename if frames else ""
 
 
-def clip(line: str, width: int = LINE_WIDTH) -> str:
-    line = " ".join(line.split())
-    return line if len(line) <= width else line[:width - 3] + "..."
+def one_line(text: str) -> str:
+    """``text`` on one line, its whitespace collapsed; never cut (a sentence cut mid-word says less
+    than a long one: where it is shown, :func:`wrapped` breaks it between words)."""
+    return " ".join(str(text).split())
+
+
+# The name the position step's check calls (rope.harness.comparison): one line, never cut.
+clip = one_line
+
+
+def wrapped(text: str, *, indent: str = "", width: int = LINE_WIDTH) -> list[str]:
+    """``text`` on lines of at most ``width`` (each starting with ``indent``), broken between words,
+    never cut; a word longer than the line (a path) stays whole."""
+    import textwrap
+    return textwrap.wrap(one_line(text), width, initial_indent=indent, subsequent_indent=indent,
+                         break_long_words=False, break_on_hyphens=False) or [indent.rstrip()]
 
 
 def group(failures: list[dict]) -> list[dict]:
@@ -181,7 +201,7 @@ def terminal_lines(groups: list[dict], *, listed: int = 3) -> list[str]:
     for g in groups:
         rep = g["representative"]
         lines.append(f"{g['count']} failed: {g['cause']}")
-        lines.append(f"    {rep.get('headline', '')}")
+        lines += wrapped(rep.get("headline", ""), indent="    ")
         lines.append(f"    first: {rep['test']}")
         if rep.get("case"):
             lines.append(f"    case: {rep['case']}")
@@ -195,26 +215,33 @@ def terminal_lines(groups: list[dict], *, listed: int = 3) -> list[str]:
 
 
 def markdown_lines(groups: list[dict]) -> list[str]:
-    """summary.md's section: a table of the causes, then per cause the representative case and
-    every other failure with its case file."""
+    """summary.md's opening section, right under the totals: one item per cause, the largest first,
+    each with its count, its label, its sentence (wrapped, never cut), its smallest case and the
+    command that replays it (:func:`markdown_detail_lines` lists every failure further down)."""
     if not groups:
         return []
-    lines = ["## Failures by cause", "",
-             "One row per cause (a diagnosis label, or the exception and the line that raised it); the "
-             "first case of each is the smallest, its case file the one to replay.", "",
-             "| failures | cause | first case | replay |", "|---:|---|---|---|"]
+    total = sum(g["count"] for g in groups)
+    lines = ["## Causes", "",
+             f"{total} failed test{'s' if total != 1 else ''}, {len(groups)} cause{'s' if len(groups) != 1 else ''}"
+             + (" (the largest first)" if len(groups) > 1 else "")
+             + "; the first case of each is the smallest, its case file the one to replay.", ""]
     for g in groups:
         rep = g["representative"]
-        first = f"`{rep['test']}`" + (f" ({rep['case']})" if rep.get("case") else "")
-        replay = f"`{rep['replay']}`" if rep.get("replay") else "-"
-        lines.append(f"| {g['count']} | {_cell(g['cause'])}: {_cell(rep.get('headline', ''))} | {first} | {replay} |")
-    for g in groups:
-        if not g["others"]:
-            continue
-        lines += ["", f"### {_cell(g['cause'])}: the other {len(g['others'])}", ""]
-        lines += [f"- `{f['test']}`" + (f": `{f['case_file']}`" if f.get("case_file") else "") for f in g["others"]]
+        item = wrapped(f"**{g['count']} failed: {g['cause']}.** {rep.get('headline', '')}", width=LINE_WIDTH - 2)
+        lines += ["- " + item[0], *("  " + line for line in item[1:])]
+        lines.append(f"  First: `{rep['test']}`" + (f" ({rep['case']})" if rep.get("case") else "") + ".")
+        lines.append(f"  Replay: `{rep['replay']}`" if rep.get("replay") else "  Replay: no case file was written.")
     return lines
 
 
-def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|")
+def markdown_detail_lines(groups: list[dict]) -> list[str]:
+    """summary.md's closing section: every failed test under its cause, with its case file."""
+    if not groups:
+        return []
+    lines = ["## Failures by cause", "", "Every failed test under its cause, the first the one shown under Causes."]
+    for g in groups:
+        lines += ["", f"### {g['cause']}: {g['count']} failed", ""]
+        lines += [f"- `{f['test']}`" + (f" ({f['case']})" if f.get("case") else "")
+                  + (f": `{f['case_file']}`" if f.get("case_file") else "") for f in [g["representative"], *g["others"]]]
+    return lines
+

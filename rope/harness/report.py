@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import time
 import uuid
@@ -20,6 +21,7 @@ from pathlib import Path
 from rope.harness.atomic import atomic_write
 from rope.harness.output_dir import reports_dir
 from rope.harness import case_files, causes, profiling
+from rope.harness.suite import CHECKED_THINGS
 
 RUN_ENV = "ROPE_REPORT_RUN"          # the record directory of the current run
 DISABLE_ENV = "ROPE_NO_REPORT"       # set to skip recording (e.g. nested runs of deliberate mutants)
@@ -151,6 +153,7 @@ def summarize(records: list[dict]) -> dict:
     expected = {r["test"]: r.get("reason", "") for r in records if r.get("kind") == "expected_failure"}
     expected_counts = defaultdict(lambda: [0, 0])          # test -> [comparisons, failed]
     failed_tests = []                          # each failed test with its cause (rope.harness.causes)
+    compared = defaultdict(lambda: [0, 0])     # checked thing -> [comparisons, failed]
     for r in records:
         if r.get("kind") == "profile":
             profiles.append(r)
@@ -159,7 +162,7 @@ def summarize(records: list[dict]) -> dict:
             failed_tests.append({k: v for k, v in r.items() if k not in ("kind", "worker")})
             continue
         if r.get("kind") == "skip":
-            skips[(r.get("test", ""), r.get("reason", ""))] += 1
+            skips[(r.get("test", ""), skip_reason(r.get("reason", "")))] += 1
             continue
         if r.get("kind") == "rejected":
             rejected[(r.get("test", ""), r.get("reason", ""))] += int(r.get("draws", 0))
@@ -176,6 +179,8 @@ def summarize(records: list[dict]) -> dict:
         if r.get("tokens") is not None:
             tokens[(r["impl"], r["device"].split(":")[0])].add(r["tokens"])
         key = (r["impl"], r["device"], r["dtype"], r["variant"])
+        compared[checked_thing(r)][0] += 1
+        compared[checked_thing(r)][1] += 0 if r["ok"] else 1
         placed[r["device"]]["examples"] += 1
         placed[r["device"]]["workers"].add(r.get("worker", "main"))
         cell = cells[key]
@@ -196,7 +201,16 @@ def summarize(records: list[dict]) -> dict:
             above = min((n for n in seen if n >= t), default=None)
             switches.append({"impl": impl, "device": device, "switch": t, "below": below, "above": above,
                              "crossed": below is not None and above is not None})
-    return {"matrix": matrix, "switches": switches,
+    failed_by_thing = defaultdict(int)
+    for f in failed_tests:
+        failed_by_thing[checked_thing(f, default="other")] += 1
+    totals = [{"thing": thing, "comparisons": compared[thing][0], "failed": compared[thing][1],
+               "failed_tests": failed_by_thing[thing]}
+              for thing in [*CHECKED_THINGS, "other"] if thing in compared or thing in failed_by_thing]
+    examples, failures = sum(c["examples"] for c in cells.values()), sum(c["failures"] for c in cells.values())
+    return {"verdict": "failed" if failures or failed_tests else "passed" if examples else "nothing compared",
+            "totals": totals, "failed_tests": len(failed_tests),
+            "matrix": matrix, "switches": switches,
             "skips": [{"test": t, "reason": why, "count": n} for (t, why), n in sorted(skips.items())],
             "rejected": [{"test": t, "reason": why, "draws": n} for (t, why), n in sorted(rejected.items())],
             "placement": [{"device": d, "examples": p["examples"], "workers": sorted(p["workers"], key=_worker_order)}
@@ -204,9 +218,64 @@ def summarize(records: list[dict]) -> dict:
             "expected_failures": [{"test": t, "reason": expected[t], "comparisons": expected_counts[t][0],
                                    "failed": expected_counts[t][1]} for t in sorted(expected)],
             "causes": causes.group(failed_tests),
-            "examples": sum(c["examples"] for c in cells.values()),
-            "failures": sum(c["failures"] for c in cells.values()),
+            "examples": examples, "failures": failures,
             "profile": profiling.combine(profiles)}
+
+
+def checked_thing(record: dict, *, default: str = "rotation") -> str:
+    """The checked thing a record belongs to (rope.harness.suite.CHECKED_THINGS): a position
+    step's or position ids' comparison by its variant, else the suite directory its test lives in
+    (``properties/position_step/...``); a comparison of no such directory is a rotation's."""
+    variant = str(record.get("variant") or "")
+    if variant.startswith("positions-"):
+        return "position_step"
+    if variant.startswith("position-ids-"):
+        return "position_ids"
+    parts = str(record.get("test") or "").split("::", 1)[0].replace("\\", "/").split("/")
+    return next((thing for thing in CHECKED_THINGS if thing in parts), default)
+
+
+# What Hypothesis appends to the message of an exception raised in an example it replays (a skip
+# raised in an @example's call: "Failing explicit example: test(...)" over many lines).
+_HYPOTHESIS_APPENDIX = re.compile(r"\n\s*(Failing explicit example|Falsifying (explicit )?example|Trying example)")
+
+
+def skip_reason(text: str) -> str:
+    """A skip's reason on one line: pytest's ``Skipped:`` prefix and the example Hypothesis appends
+    left out, the rest's whitespace collapsed (one table row per reason, however it was raised)."""
+    text = str(text)
+    appendix = _HYPOTHESIS_APPENDIX.search(text)
+    text = causes.one_line(text[:appendix.start()] if appendix else text)
+    return text[len("Skipped:"):].lstrip() if text.startswith("Skipped:") else text
+
+
+def totals_line(summary: dict) -> str:
+    """summary.md's second line: the verdict, then per checked thing its comparisons against the
+    float64 reference and how many failed (``rotation: 830 comparisons, 94 failed; ...``)."""
+    verdict = summary.get("verdict", "failed" if summary["failures"] else "passed" if summary["examples"]
+                          else "nothing compared")
+    parts = []
+    for t in summary.get("totals", ()):
+        label = t["thing"].replace("_", " ")
+        if t["comparisons"]:
+            parts.append(f"{label}: {t['comparisons']} comparison{'s' if t['comparisons'] != 1 else ''}, "
+                         f"{t['failed']} failed")
+        elif t["failed_tests"]:
+            parts.append(f"{label}: {t['failed_tests']} test{'s' if t['failed_tests'] != 1 else ''} failed")
+    line = f"**{verdict.capitalize()}.** " + ("; ".join(parts) if parts else
+                                              "No comparison against the float64 reference was made")
+    failed = summary.get("failed_tests", 0)
+    if failed:
+        n = len(summary.get("causes", ()))
+        line += f"; {failed} test{'s' if failed != 1 else ''} failed, {n} cause{'s' if n != 1 else ''}"
+    expected = len(summary.get("expected_failures", ()))
+    if expected:
+        line += f"; {expected} expected failure{'s' if expected != 1 else ''}, not counted"
+    return line + "."
+
+
+def _cell(text) -> str:
+    return str(text).replace("|", "\\|")
 
 
 def _worker_order(name: str):
@@ -222,10 +291,15 @@ VARIANT_LEGEND = ("Variants: `1d` 1-D RoPE; `chunkedN` sections in consecutive r
 
 
 def markdown(summary: dict, plots: list[str]) -> str:
-    lines = ["# rope-harness run report", "",
-             f"{summary['examples']} comparisons against the float64 reference, {summary['failures']} failed.", "",
-             "| implementation | device | dtype | variant | examples | worst error/bound | failures |",
-             "|---|---|---|---|---:|---:|---:|"]
+    """The report opens with the verdict: the title, the totals line, the causes of the failures
+    (one item each, the sentence never cut, the replay command); the tables follow."""
+    lines = ["# rope-harness run report", "", totals_line(summary)]
+    if summary.get("causes"):
+        lines += [""] + causes.markdown_lines(summary["causes"])
+    if summary["matrix"]:
+        lines += ["", "## Comparisons by variant", "",
+                  "| implementation | device | dtype | variant | examples | worst error/bound | failures |",
+                  "|---|---|---|---|---:|---:|---:|"]
     for c in summary["matrix"]:
         wr = c["worst_ratio"]
         wr = wr if isinstance(wr, str) else f"{wr:.3g}"
@@ -237,7 +311,7 @@ def markdown(summary: dict, plots: list[str]) -> str:
         lines += ["", "## Expected failures", "",
                   "Pinned upstream mismatches (strict xfail): not counted above, and no case files.", "",
                   "| test | comparisons | failed | why |", "|---|---:|---:|---|"]
-        lines += [f"| {e['test']} | {e['comparisons']} | {e['failed']} | {e['reason']} |"
+        lines += [f"| {e['test']} | {e['comparisons']} | {e['failed']} | {_cell(causes.one_line(e['reason']))} |"
                   for e in summary["expected_failures"]]
     if summary.get("placement"):
         lines += ["", "## Where it ran", "", "| device | examples | workers |", "|---|---:|---|"]
@@ -253,20 +327,20 @@ def markdown(summary: dict, plots: list[str]) -> str:
                   for s in summary["switches"]]
     if summary["skips"]:
         lines += ["", "## Skipped", "", "| test | reason | count |", "|---|---|---:|"]
-        lines += [f"| {s['test']} | {s['reason']} | {s['count']} |" for s in summary["skips"]]
+        lines += [f"| {s['test']} | {_cell(skip_reason(s['reason']))} | {s['count']} |" for s in summary["skips"]]
     if summary.get("rejected"):
         lines += ["", "## Draws rejected", "",
                   "Hypothesis draws the implementation does not run (unsupported, a known fault, or a known "
                   "defect the run avoids), summed over the test's copies; the search went on with the others.", "",
                   "| test | reason | draws |", "|---|---|---:|"]
-        lines += [f"| {s['test']} | {s['reason']} | {s['draws']} |" for s in summary["rejected"]]
+        lines += [f"| {s['test']} | {_cell(causes.one_line(s['reason']))} | {s['draws']} |" for s in summary["rejected"]]
     if summary.get("profile"):
         lines += ["", "## Where the time went", "",
                   f"Summed over {summary['profile']['processes']} test processes "
                   f"({summary['profile']['calls']} implementation calls):", ""]
         lines += profiling.markdown_rows(summary["profile"])
     if summary.get("causes"):
-        lines += [""] + causes.markdown_lines(summary["causes"])
+        lines += [""] + causes.markdown_detail_lines(summary["causes"])
     # Case files no failed test names (a worker that crashed before its report came back).
     named = {Path(f["case_file"]).name for g in summary.get("causes", ()) for f in [g["representative"], *g["others"]]
              if f.get("case_file")}

@@ -13,7 +13,7 @@ import time
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rope.harness import case_files, comparison
+from rope.harness import case_files, comparison, report
 from rope.harness.deadline import CALL_TIMEOUT_ENV, ImplementationHung, call_timeout, deadline
 from rope.harness.inputs import RotationCase
 from rope.spec import RopeSpec
@@ -93,6 +93,7 @@ def test_bad_call_timeout_names_the_setting(monkeypatch, raw):
 def case_dir(tmp_path, monkeypatch):
     monkeypatch.setenv(case_files.CASES_DIR_ENV, str(tmp_path / "cases"))
     monkeypatch.setenv(CALL_TIMEOUT_ENV, "0.5")
+    monkeypatch.setenv(report.DISABLE_ENV, "1")      # the hanging stand-in of this test: not a finding of the run
     return tmp_path / "cases"
 
 
@@ -162,4 +163,4 @@ def test_a_hanging_implementation_fails_one_test_and_the_run_goes_on(tmp_path, i
     assert len(cases) == 1, out
     assert json.loads(cases[0].read_text())["implementation"] == f"hanging_impl:{impl}"
     summary = (tmp_path / "reports" / "summary.md").read_text()
-    assert "2 comparisons against the float64 reference, 1 failed" in summary and cases[0].name in summary, summary
+    assert "rotation: 2 comparisons, 1 failed" in summary.splitlines()[2] and cases[0].name in summary, summary
