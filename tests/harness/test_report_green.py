@@ -56,10 +56,12 @@ def test_tests_for_the_builtins_only_are_deselected_for_a_users_implementation(t
 def test_the_project_tests_broken_stand_ins_stay_out_of_the_run_report(tmp_path):
     # tests/ runs on the harness's machinery (pyproject's rope_harness_test_dirs), so a repository
     # run's report collects its comparisons: the stand-ins these tests break on purpose (a hanging
-    # rotation, a wrong position step) are not findings of the run.
+    # rotation, a wrong position step, position-id mutants) are not findings of the run.
     run = _pytest(["-q", "tests/harness/test_deadline.py::test_a_hang_fails_with_a_case_file_and_is_not_shrunk",
-                   "tests/harness/test_failure_groups.py::test_a_wrong_position_step_is_one_cause_in_short_lines"],
+                   "tests/harness/test_failure_groups.py::test_a_wrong_position_step_is_one_cause_in_short_lines",
+                   "tests/harness/test_position_ids_harness.py::test_mismatch_writes_a_case_file_that_loads_and_replays",
+                   "tests/harness/test_position_ids_harness.py::test_omni_case_file_round_trips"],
                   ROOT, tmp_path / "reports")
-    assert run.returncode == 0 and "2 passed" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
+    assert run.returncode == 0 and "4 passed" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
     summary = json.loads((tmp_path / "reports" / "summary.json").read_text())
     assert summary["matrix"] == [] and summary["failures"] == 0, summary["matrix"]
