@@ -15,6 +15,10 @@ by token count, flashinfer#609 -> #619; grids overflow 65,535 programs in a dime
   of at least 2^15 on every layout, pairing and rotary width, and on both sides of each product it
   declares a switch at (``switch_token_heads``).
 
+A boundary case whose turn falls on a layout (or, of the table-read maps, a map) the implementation
+does not run takes the next one along the cycle that it runs, so a kernel of chunked and
+interleaved sections only meets every boundary, 16,384 tokens included, on the CPU too.
+
 On the CPU (Triton under its interpreter runs one program at a time, ~10 ms each) the cases have
 one query head of 32 channels and at most one kv head, and from 2,048 tokens a boundary (a
 power of two, a declared switch) runs without its +-1: they differ from it only by a partial last
@@ -91,14 +95,16 @@ def _spec(kind: str, neox: bool, head_size: int, rotary: int, index: int = 0) ->
                     max_position=32768)
 
 
-def boundary_case(index: int, num_tokens: int, device: str) -> RotationCase:
+def boundary_case(index: int, num_tokens: int, device: str, layout_step: int = 0) -> RotationCase:
     """The explicit case at a boundary: layout, pairing, dtype, partial rotary and packed q/k
-    cycle with ``index`` (periods 7, 2, 3, 4), so neighbouring counts differ in each."""
-    kind = BOUNDARY_KINDS[index % len(BOUNDARY_KINDS)]
+    cycle with ``index`` (periods 7, 2, 3, 4), so neighbouring counts differ in each.
+    ``layout_step`` moves the layout that many places further along its cycle (the next layout an
+    implementation that lacks this one may support: :func:`supported_boundary_case`)."""
+    kind = BOUNDARY_KINDS[(index + layout_step) % len(BOUNDARY_KINDS)]
     neox = index % 2 == 0
     dtype = list(DTYPES)[index % len(DTYPES)]
     head_size = 32 if _small_heads(device) else 128
-    spec = _spec(kind, neox, head_size, head_size // 2 if index % 4 == 3 else head_size, index)
+    spec = _spec(kind, neox, head_size, head_size // 2 if index % 4 == 3 else head_size, index + layout_step)
     # CPU: a key on every other count below 8192 tokens (a key doubles the interpreter's programs,
     # and its programs run the same code as the query's, exercised at every smaller boundary).
     nq, nkv = (1, index % 2 if num_tokens < CPU_KEY_MAX_TOKENS else 0) if _small_heads(device) else GPU_HEADS
@@ -119,6 +125,23 @@ def power_of_two_counts(log2: int, device: str) -> tuple[int, ...]:
 def power_of_two_boundaries_run(device: str) -> list[int]:
     """Every count test_power_of_two_boundaries_match_reference runs on ``device``, ascending."""
     return sorted(n for k in POWER_OF_TWO_LOG2 for n in power_of_two_counts(k, device))
+
+
+def supported(impl_name: str, impl, case: RotationCase, device: str) -> bool:
+    return unsupported_reason(impl_name, impl, case.spec, DTYPES[case.dtype], device) is None
+
+
+def supported_boundary_case(impl_name: str, impl, index: int, num_tokens: int, device: str) -> RotationCase:
+    """The boundary case of ``index``, or, where the implementation does not run its layout, the
+    next one along the layout cycle that it runs (same count, pairing, dtype and width): a kernel of
+    chunked and interleaved sections only meets every boundary too, 16,384 tokens included,
+    instead of skipping the counts whose turn fell on a map it lacks.  The cycled case itself when
+    it runs none (the caller skips it)."""
+    for step in range(len(BOUNDARY_KINDS)):
+        case = boundary_case(index, num_tokens, device, step)
+        if supported(impl_name, impl, case, device):
+            return case
+    return boundary_case(index, num_tokens, device)
 
 
 def _check(impl_name, impl, case, device) -> bool:
@@ -146,7 +169,7 @@ def test_power_of_two_boundaries_match_reference(impl_name, device, log2):
     ran = 0
     for num_tokens in power_of_two_counts(log2, device):
         index = POWER_OF_TWO_BOUNDARIES.index(num_tokens)
-        ran += _check(impl_name, impl, boundary_case(index, num_tokens, device), device)
+        ran += _check(impl_name, impl, supported_boundary_case(impl_name, impl, index, num_tokens, device), device)
     if not ran:
         pytest.skip(f"{impl_name} supports none of the boundary cases at {1 << log2} tokens on {device}")
 
@@ -173,7 +196,7 @@ def test_declared_switches_match_reference(impl_name, device):
     counts = declared_switch_counts(thresholds, device)
     ran = 0
     for index, num_tokens in enumerate(counts):
-        ran += _check(impl_name, impl, boundary_case(index, num_tokens, device), device)
+        ran += _check(impl_name, impl, supported_boundary_case(impl_name, impl, index, num_tokens, device), device)
     if not ran:
         pytest.skip(f"{impl_name} supports none of the cases at its declared switches on {device}")
 
@@ -201,12 +224,13 @@ def token_head_variants(kind: str, device: str) -> list[tuple[bool, bool]]:
 
 
 def token_head_case(kind: str, neox: bool, partial: bool, index: int, device: str, product: int = TOKEN_HEAD_PRODUCT,
-                    below: bool = False) -> RotationCase:
+                    below: bool = False, map_index: int | None = None) -> RotationCase:
     """A case whose tokens x (query + key heads) is the first at or past ``product`` (``below``: the
     last under it, one token fewer), for ``kind`` and pairing, full or half rotary; dtype and packed
-    q/k cycle with ``index``."""
+    q/k cycle with ``index``, and so does the map of kind "mapped" unless ``map_index`` picks it."""
     head_size = CPU_TOKEN_HEAD_SIZE if _small_heads(device) else 128
-    spec = _spec(kind, neox, head_size, head_size // 2 if partial else head_size, index)
+    spec = _spec(kind, neox, head_size, head_size // 2 if partial else head_size,
+                 index if map_index is None else map_index)
     nq, nkv = CPU_TOKEN_HEADS if _small_heads(device) else GPU_TOKEN_HEADS
     nq = max(nq, -(-product // TOKEN_HEAD_MAX_TOKENS) - nkv)
     first = -(-product // (nq + nkv))          # the first token count whose product reaches ``product``
@@ -228,12 +252,28 @@ def declared_token_head_cases(thresholds, device: str) -> list[tuple[bool, Rotat
     return out
 
 
+def supported_token_head_case(impl_name: str, impl, kind: str, neox: bool, partial: bool, index: int,
+                              device: str) -> RotationCase:
+    """The product case of ``kind``; for "mapped", where the implementation does not run the map
+    whose turn it is, the next map it runs (a kernel of one of the table-read maps meets the
+    product on it)."""
+    case = token_head_case(kind, neox, partial, index, device)
+    if kind != "mapped" or supported(impl_name, impl, case, device):
+        return case
+    for step in range(1, len(MAPPED_LAYOUTS)):
+        other = token_head_case(kind, neox, partial, index, device, map_index=index + step)
+        if supported(impl_name, impl, other, device):
+            return other
+    return case
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_token_head_products_match_reference(impl_name, device, kind):
     # NeoX and GPT-J, full and partial rotary, each at tokens x heads >= 2^15 (1,024 tokens x 32
     # heads on the CPU).  Rejects a path chosen by the product that pairs, maps or indexes wrongly.
     impl = get_implementation(impl_name)
-    ran = sum(_check(impl_name, impl, token_head_case(kind, neox, partial, index, device), device)
+    ran = sum(_check(impl_name, impl, supported_token_head_case(impl_name, impl, kind, neox, partial, index, device),
+                     device)
               for index, (neox, partial) in enumerate(token_head_variants(kind, device)))
     if not ran:
         pytest.skip(f"{impl_name} supports none of the {kind} cases past {TOKEN_HEAD_PRODUCT} token-heads on {device}")
