@@ -195,8 +195,9 @@ def group(failures: list[dict]) -> list[dict]:
 
 
 def terminal_lines(groups: list[dict], *, listed: int = 3) -> list[str]:
-    """The terminal's block per cause: count, cause, what it said, the smallest case, its replay,
-    then up to ``listed`` other tests (summary.md lists them all)."""
+    """The terminal's block per cause: count, cause, what it said, the smallest case, its replay
+    and the command that reruns its test from any directory, then up to ``listed`` other tests
+    (summary.md lists them all)."""
     lines = []
     for g in groups:
         rep = g["representative"]
@@ -207,6 +208,8 @@ def terminal_lines(groups: list[dict], *, listed: int = 3) -> list[str]:
             lines.append(f"    case: {rep['case']}")
         if rep.get("replay"):
             lines.append(f"    replay: {rep['replay']}")
+        if rep.get("rerun"):
+            lines.append(f"    rerun: {rep['rerun']}")
         for other in g["others"][:listed]:
             lines.append(f"    also: {other['test']}")
         if len(g["others"]) > listed:
@@ -231,6 +234,8 @@ def markdown_lines(groups: list[dict]) -> list[str]:
         lines += ["- " + item[0], *("  " + line for line in item[1:])]
         lines.append(f"  First: `{rep['test']}`" + (f" ({rep['case']})" if rep.get("case") else "") + ".")
         lines.append(f"  Replay: `{rep['replay']}`" if rep.get("replay") else "  Replay: no case file was written.")
+        if rep.get("rerun"):
+            lines.append(f"  Rerun the test: `{rep['rerun']}`")
     return lines
 
 

@@ -89,3 +89,12 @@ def test_a_failure_block_is_quiet_and_its_rerun_command_fails_the_same_test_from
                                                       f"{' '.join(plugin_args())} ", 1),
                            shell=True, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 1 and "1 failed" in again.stdout, again.stdout[-3000:] + again.stderr[-2000:]
+
+
+def test_each_cause_block_carries_its_first_tests_rerun_command():
+    from rope.harness import causes
+    info = {"test": "::t[x]", "cause": "pairing_swapped", "headline": "swapped", "case_file": "reports/cases/a.json",
+            "replay": "rope-harness repro reports/cases/a.json", "rerun": "cd /u && pytest --pyargs 'p.m::t[x]'"}
+    groups = causes.group([info])
+    assert "    rerun: cd /u && pytest --pyargs 'p.m::t[x]'" in causes.terminal_lines(groups)
+    assert "  Rerun the test: `cd /u && pytest --pyargs 'p.m::t[x]'`" in causes.markdown_lines(groups)
