@@ -227,7 +227,6 @@ def test_delta_only_mismatch_is_located_nowhere():
 # ------------------------------------------------------------------------------------------ case files
 def _write_case(tmp_path, monkeypatch, name="temporal_scale_truncated"):
     monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))
-    monkeypatch.setenv("ROPE_NO_REPORT", "1")       # a deliberately broken stand-in: not a finding of the run
     key, _ = CAUGHT_BY[name]
     family, batch = PROMPTS[key]
     with pytest.raises(AssertionError) as info:
@@ -260,7 +259,6 @@ def test_mismatch_writes_a_case_file_that_loads_and_replays(tmp_path, monkeypatc
 def test_omni_case_file_round_trips(tmp_path, monkeypatch):
     # Audio clips and a video's audio track are written and read back: the replay is the same batch.
     monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))
-    monkeypatch.setenv("ROPE_NO_REPORT", "1")       # a deliberately broken stand-in: not a finding of the run
     family, batch = PROMPTS["vllm#16878-image-beside-audio-in-video"]
     batch = PromptBatch(batch.prompts + (Prompt((Text(1), Audio(40))),), (0, 2), "right")
     fn = broken.BROKEN_POSITION_IDS["image_end_shifted_with_audio_in_video"]
