@@ -7,6 +7,7 @@ of RULES matters where a later rule would also fire on an earlier rule's input).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 
 import pytest
@@ -141,7 +142,7 @@ def test_nan_is_named_with_its_first_location(value):
 
 def test_only_key_wrong():
     x, q, k = _correct(FP32_CASE)
-    k[3, 5] += 0.5
+    k[3, [5, 128 + 5]] += 0.5                        # token 3, both key heads
     d = _diagnosis_of(FP32_CASE, q, k, x=x)
     assert (d.label, "the query is right" in d.sentence) == ("key_only", True), d.lines()
     assert set(d.location) == {"key"} and d.location["key"]["tokens"] == "3 of 6"
@@ -149,9 +150,19 @@ def test_only_key_wrong():
 
 def test_only_query_wrong():
     x, q, k = _correct(FP32_CASE)
-    q[:, 128:128 + 64] *= 1.25                       # head 1, rotary channels
+    for head in range(FP32_CASE.num_q_heads):
+        q[:, head * 128:head * 128 + 64] *= 1.25     # every head, rotary channels
     d = _diagnosis_of(FP32_CASE, q, k, x=x)
     assert d.label == "query_only", d.lines()
+
+
+def test_some_heads_of_one_tensor_are_a_head_subset():
+    # Query heads 1-3 wrong, head 0 and the key right: a head loop bound (e.g. the query's loop
+    # bounded by the key's head count), not the whole query path.
+    x, q, k = _correct(FP32_CASE)
+    q[:, 128:] = x.query[:, 128:]                    # heads 1-3 left unrotated
+    d = _diagnosis_of(FP32_CASE, q, k, x=x)
+    assert (d.label, "query heads 1-3 of 4" in d.sentence) == ("head_subset", True), d.lines()
 
 
 def test_pass_through_touched():
@@ -170,6 +181,83 @@ def test_shifted_section_boundary():
     d = _diagnosis_of(FP32_CASE, q, k, x=x)
     assert (d.label, "sections=(9, 11, 12)" in d.sentence) == ("section_boundary_shifted", True), d.lines()
     assert d.location["query"]["freqs"].startswith("8 of"), d.location     # the one frequency that moved
+
+
+def _shifted_map(spec, offset):
+    """The chunked map with every section boundary moved by ``offset`` (a <, <= slip)."""
+    bounds = [b + offset for b in itertools.accumulate(spec.sections[:-1])]
+    return [sum(b <= i for b in bounds) for i in range(spec.num_freqs)]
+
+
+def _rotated_with_map(case, axis):
+    x = _inputs(case)
+    cos, sin = reference.rotation.select_cos_sin(case.spec, x.positions, x.cache, axis)
+    q, k = (reference.rotation.rotate_heads(case.spec, t, cos, sin).to(t.dtype) for t in (x.query, x.key))
+    return x, q, k
+
+
+SYSTEMATIC_SPECS = {
+    "qwen2-vl": RopeSpec(128, 128, True, (16, 24, 24), "chunked", max_position=4096),
+    "glm-4.1v": GLM_41V,
+    "4-row": RopeSpec(64, 32, True, (4, 4, 4, 4), "chunked", max_position=4096),
+}
+
+
+@pytest.mark.parametrize("offset", [1, -1])
+@pytest.mark.parametrize("name", list(SYSTEMATIC_SPECS))
+def test_every_boundary_shifted_by_one_is_one_cause(name, offset):
+    # torch.bucketize(freq, cumsum(sections)) with its default right=False moves every boundary by +1
+    # (frequencies 16 and 40 of (16, 24, 24) read the previous section's row); the converse slip by -1.
+    spec = SYSTEMATIC_SPECS[name]
+    case = RotationCase(spec, 6, 2, 1, "float32", "uniform", False, 61)
+    axis = _shifted_map(spec, offset)
+    x, q, k = _rotated_with_map(case, axis)
+    d = _diagnosis_of(case, q, k, x=x)
+    assert (d.label, f"every section boundary moved by {offset:+d} frequency" in d.sentence) == \
+        ("section_boundary_shifted", True), d.lines()
+    moved = [i for i, (a, b) in enumerate(zip(spec.axis_map(), axis)) if a != b]
+    assert d.location["query"]["freqs"].startswith(f"{ranges(moved)} of {spec.num_freqs} (on section boundaries: ")
+
+
+def test_bucketize_slip_on_grid_positions_is_a_section_boundary_shift():
+    # The user's report: on an image grid, tokens whose rows are all equal come out right, which
+    # token_subset took for evidence; the systematic shift names the one cause.
+    spec = SYSTEMATIC_SPECS["qwen2-vl"]
+    case = RotationCase(spec, 5, 2, 1, "bfloat16", "grid", True, 41)
+    x, q, k = _rotated_with_map(case, _shifted_map(spec, 1))
+    d = _diagnosis_of(case, q, k, x=x)
+    assert (d.label, "torch.bucketize" in d.sentence) == ("section_boundary_shifted", True), d.lines()
+
+
+def test_where_says_when_the_wrong_frequencies_sit_on_section_boundaries():
+    spec = SYSTEMATIC_SPECS["qwen2-vl"]
+    assert diagnosis.locations.boundary_note(spec, [16, 40]) == \
+        " (on section boundaries: 16 opens row 1, 40 opens row 2)"
+    assert diagnosis.locations.boundary_note(spec, [15]) == " (on section boundaries: 15 closes row 0)"
+    assert diagnosis.locations.boundary_note(spec, [16, 17]) == ""             # 17 is inside row 1
+    assert diagnosis.locations.boundary_note(RopeSpec(64, 64, True), [0]) == ""   # 1-D: no boundaries
+    assert "on section boundaries" in diagnosis.locations.boundary_note(QWEN3_VL, [61])   # past 3*s_h = 60
+
+
+def test_token_subset_leaves_out_tokens_whose_rows_are_all_equal():
+    # A map bug cannot show on a token whose position rows are all equal: such a token being right
+    # is no evidence that only some tokens are wrong.
+    case = RotationCase(GLM_41V, 6, 2, 1, "float32", "uniform", False, 62)
+    x = _inputs(case)
+    x.positions[:, :2] = x.positions[0, :2]             # tokens 0-1: text tokens (all rows equal)
+    q, k = reference.rotate(case.spec, x.positions, x.query, x.key, x.cache)
+    q, k = q.to(x.query.dtype), k.to(x.key.dtype)
+    gen = torch.Generator().manual_seed(0)
+    for out in (q, k):                                   # tokens 2-5 wrong, beyond any configuration
+        out[2:, :64] = torch.randn(4, 64, generator=gen)
+    ctx = _context(case, q, k, x=x)
+    assert RULE["token_subset"](ctx) is None
+    # The same wrong tokens beside a right token with distinct rows are a token subset.
+    x.positions[:, 1] = torch.tensor([7, 8, 9])
+    q1, k1 = reference.rotate(case.spec, x.positions, x.query, x.key, x.cache)
+    q1[2:], k1[2:] = q[2:].double(), k[2:].double()
+    d = RULE["token_subset"](_context(case, q1.to(x.query.dtype), k1.to(x.key.dtype), x=x))
+    assert d is not None and "only tokens 2-5 of 6" in d.sentence, d and d.lines()
 
 
 def test_shifted_interleaved_bound():
@@ -557,13 +645,21 @@ def _truncated_input(case):
 
 def _key_wrong_input(case):
     x, q, k = _correct(case)
-    k[3, 5] += 0.5
+    k[3, [5, 128 + 5]] += 0.5                        # token 3, both key heads
     return _context(case, q, k, x=x)
 
 
 def _query_wrong_input(case):
     x, q, k = _correct(case)
-    q[:, 128:128 + 64] *= 1.25                       # head 1, rotary channels
+    for head in range(case.num_q_heads):
+        q[:, head * 128:head * 128 + 64] *= 1.25     # every head, rotary channels
+    return _context(case, q, k, x=x)
+
+
+def _sin_flipped_input(case):
+    x = _inputs(case)
+    cos, sin = reference.rotation.select_cos_sin(case.spec, x.positions, x.cache)
+    q, k = (reference.rotation.rotate_heads(case.spec, t, cos, -sin).to(t.dtype) for t in (x.query, x.key))
     return _context(case, q, k, x=x)
 
 
@@ -599,6 +695,7 @@ RULE_INPUTS = {
     "out_of_bounds_read": (FP32_CASE, _traced_read_input, "out_of_bounds_read", "cos_sin_cache: 96 out-of-bounds"),
     "pairing_swapped": (FP32_CASE, lambda c: _rotated_by(c, spec=dataclasses.replace(GLM_41V, is_neox_style=True)),
                         "pairing_swapped", "NeoX pairs"),
+    "cos_sin_misused": (FP32_CASE, _sin_flipped_input, "cos_sin_misused", "sin's sign flipped"),
     "axis_map_wrong": (QWEN3_VL_CASE, lambda c: _rotated_by(c, spec=dataclasses.replace(QWEN3_VL, layout="chunked")),
                        "axis_map_wrong", "layout='chunked' instead of 'interleaved'"),
     "section_boundary_shifted": (
@@ -674,7 +771,7 @@ def test_rule_fires_on_its_input_and_not_on_a_correct_output(name):
 # earlier one names the cause.  (earlier, later)
 ORDER_MATTERS = [
     ("writes_outside", "wrong_output"),            # a modified input is a problem like any other
-    ("nonfinite_output", "query_only"),            # one NaN in the query: the query alone is "wrong"
+    ("nonfinite_output", "token_subset"),          # one NaN in the query: token 2 alone is "wrong"
     ("nonfinite_output", "head_subset"),
     ("out_of_bounds_read", "modest_rounding"),     # right values: every error/bound ratio is modest
     ("position_rows_swapped", "wrong_positions"),  # swapped rows are other positions, more specifically
@@ -683,9 +780,7 @@ ORDER_MATTERS = [
     ("modest_rounding", "lower_working_precision"),     # one rounding too many is not a whole precision
     ("lower_working_precision", "pass_through_and_rotary"),   # bf16 arithmetic rounds pass-through too
     ("imprecise_neighbour", "pass_through_and_rotary"),
-    ("key_only", "head_subset"),                   # one wrong key element: one head, one token
-    ("key_only", "token_subset"),
-    ("query_only", "head_subset"),
+    ("key_only", "token_subset"),                  # the key wrong at one token
     ("token_subset", "wrong_positions"),           # unrotated tokens are rotated by position 0
 ]
 
@@ -710,7 +805,7 @@ def test_imprecise_neighbour_is_what_names_a_structural_bug_in_low_precision():
 
 
 def test_neighbouring_rules_do_not_fire_on_each_others_inputs():
-    # The neighbouring configurations (rules 5-12) each explain only their own bug's output.
+    # The neighbouring configurations (rules 5-13) each explain only their own bug's output.
     neighbours = RULE_NAMES[RULE_NAMES.index("pairing_swapped"):RULE_NAMES.index("pair_rows_split") + 1]
     assert neighbours == list(diagnosis.NEIGHBOURS)
     for name in neighbours:

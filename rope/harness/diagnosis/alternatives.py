@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rope.harness.diagnosis.verdict import ALTERNATIVE_RESIDUE
+from rope.harness.diagnosis.verdict import ALTERNATIVE_KNOWN, ALTERNATIVE_RESIDUE
 from rope.harness.tolerance import Comparison, rotation_bound
 from rope.row_maps import CUSTOM, LAYOUT_ROWS, row_counts
 from rope.spec import RopeSpec
@@ -105,6 +105,19 @@ def _pairing_alternatives(spec: RopeSpec, positions, query, key, cache):
             swapped, positions, query, key, cache)
 
 
+def _cos_sin_alternatives(spec: RopeSpec, positions, query, key, cache):
+    """cos and sin misused in the rotation itself: sin's sign flipped (a rotation by -theta:
+    x1*cos + x2*sin, x2*cos - x1*sin), or cos and sin swapped (cos read from the sin half of the
+    cache row and the reverse)."""
+    cos, sin = select_cos_sin(spec, positions, cache)
+    yield _Alt("cos_sin_misused",
+               "the output matches the reference with sin's sign flipped (a rotation by -theta: x1*cos + x2*sin, "
+               "x2*cos - x1*sin where x1*cos - x2*sin, x2*cos + x1*sin belongs)", spec, cos, -sin, query, key)
+    yield _Alt("cos_sin_misused",
+               "the output matches the reference with cos and sin swapped (cos read from the second half of the "
+               "cache row, sin from the first: the cache row is cos | sin)", spec, sin, cos, query, key)
+
+
 def _axis_map_alternatives(spec: RopeSpec, positions, query, key, cache):
     """Every other named layout's map of the same sections (chunked for interleaved, interleaved
     or GLM round-robin for chunked, chunked for two-row interleaved, ...), then the spec's own map
@@ -126,6 +139,18 @@ def _axis_map_alternatives(spec: RopeSpec, positions, query, key, cache):
             f"the output matches the reference with layout={layout!r} instead of {spec.layout!r}: "
             f"the axis map of sections={secs} is wrong: {_moved(spec, alt)} (docs/spec.md §2)",
             alt, positions, query, key, cache)
+    if spec.layout == "interleaved":
+        # The round-robin T H W T H W over every frequency, the bounds 3*s of the rows ignored.
+        rows = tuple(i % len(secs) for i in range(spec.num_freqs))
+        alt = None if rows in seen else _replace(spec, layout=CUSTOM, freq_rows=rows,
+                                                  sections=row_counts(rows, len(secs)))
+        if alt is not None:
+            seen.add(rows)
+            yield _positions_alt(
+                "axis_map_wrong",
+                f"the output matches the interleaved map without its bounds: frequency i takes row i % {len(secs)} "
+                f"over every frequency, where rows 1-{len(secs) - 1} stop at 3*s (sections={secs}): "
+                f"{_moved(spec, alt)} (docs/spec.md §2)", alt, positions, query, key, cache)
     if spec.layout in ("chunked", "interleaved"):
         return
     # Custom maps next to the spec's own: the round-robin without its pass-on, the map one frequency off.
@@ -147,11 +172,66 @@ def _axis_map_alternatives(spec: RopeSpec, positions, query, key, cache):
             yield _positions_alt("axis_map_wrong", sentence(alt), alt, positions, query, key, cache)
 
 
+def chunked_bounds(secs) -> list[int]:
+    """The section boundaries of a chunked map: the first frequency of every section after the
+    first (cumsum(sections)[:-1]); frequency i takes row ``#{b <= i}``."""
+    return list(itertools.accumulate(secs))[:-1]
+
+
+def _systematic_shift_alternatives(spec: RopeSpec, positions, query, key, cache):
+    """Every section boundary moved by the same offset, +1 and -1: the slip of a ``<`` / ``<=`` in
+    the one comparison every boundary goes through (``torch.bucketize(i, cumsum(sections))`` with
+    its default right=False, ``i <= bound``; interleaved ``i // 3 <= s`` for every row), which moves
+    all boundaries at once.  Only where there are two boundaries or more (one boundary: the
+    single-boundary alternatives are the same thing)."""
+    secs = spec.sections
+    if secs is None or len(secs) < 3 or spec.layout not in ("chunked", "interleaved"):
+        return
+    axis = spec.axis_map()
+    for step in (1, -1):
+        if spec.layout == "chunked":
+            bounds = chunked_bounds(secs)
+            moved_bounds = [b + step for b in bounds]
+            new = tuple(sum(b <= i for b in moved_bounds) for i in range(spec.num_freqs))
+            if new == axis:
+                continue
+            counts = tuple(new.count(d) for d in range(len(secs)))
+            which = ("the first frequency of every section after the first reads the previous section's row"
+                     if step > 0 else "the last frequency of every section before the last reads the next "
+                                      "section's row")
+            slip = ("e.g. torch.bucketize(i, cumsum(sections)) with its default right=False, or i <= bound "
+                    "where i < bound belongs" if step > 0 else "e.g. i < bound - 1, or i + 1 >= bound, where "
+                                                               "i < bound belongs")
+            moved = [i for i in range(spec.num_freqs) if axis[i] != new[i]]
+            how = ", ".join(f"frequency {i} takes row {new[i]} instead of row {axis[i]}" for i in moved[:4])
+            cos, sin = select_cos_sin(spec, positions, cache, new)
+            yield _Alt("section_boundary_shifted",
+                       f"the output matches the reference with every section boundary moved by {step:+d} frequency "
+                       f"(boundaries {', '.join(map(str, bounds))} of sections={secs} act as "
+                       f"{', '.join(map(str, moved_bounds))}: sections {counts}): {which}: {how} ({slip})",
+                       spec, cos, sin, query, key)
+        else:
+            shifted = (secs[0] - (len(secs) - 1) * step,) + tuple(s + step for s in secs[1:])
+            alt = _replace(spec, sections=shifted) if min(shifted) > 0 else None
+            if alt is None or alt.axis_map() == axis:
+                continue
+            bounds = " and ".join(f"i < 3*s_{r} = {3 * secs[r]} acts as i < {3 * shifted[r]}"
+                                  for r in range(1, len(secs)))
+            yield _positions_alt(
+                "section_boundary_shifted",
+                f"the output matches the reference with sections={shifted} instead of {secs}: every interleaved "
+                f"bound is off by {step:+d} group ({bounds}): {_moved(spec, alt)} (e.g. i // 3 <= s where i < 3*s "
+                f"belongs, in the one comparison every row goes through; docs/spec.md §7.9)",
+                alt, positions, query, key, cache)
+
+
 def _section_boundary_alternatives(spec: RopeSpec, positions, query, key, cache):
-    """Each section boundary (each interleaved bound 3*s) moved by one frequency either way."""
+    """Every section boundary moved by the same offset (:func:`_systematic_shift_alternatives`),
+    then each section boundary (each interleaved bound 3*s) moved by one frequency either way."""
     secs = spec.sections
     if secs is None or len(secs) < 2:
         return
+    yield from _systematic_shift_alternatives(spec, positions, query, key, cache)
     axis = spec.axis_map()
     for j in range(len(secs) - 1):
         for step in (1, -1):
@@ -273,7 +353,7 @@ def _partial_rotary_alternatives(spec: RopeSpec, rows, query, key, cache):
     if rd >= hs or hs % 2:
         return
     cos, sin = select_cos_sin(spec, rows, cache)
-    flat = cache.reshape(-1)
+    flat = _storage_tail(cache)
     pos = torch.stack([rows[a] for a in spec.axis_map()], dim=1).long()         # [T, F]
     index = pos * rd + hs // 2 + torch.arange(half)
     far_sin = torch.full_like(sin, float("nan"))
@@ -300,6 +380,61 @@ def _partial_rotary_alternatives(spec: RopeSpec, rows, query, key, cache):
                        query, key)
         else:
             yield _Alt("partial_rotary_stride", sentence, spec, cos, s, query, key)
+    # head_size/2 as the lane bound too: every lane of the kernel's block rotates, up to head_size/2
+    # (a block of a power of two lanes, or the whole head).
+    lane_counts = sorted({hs // 2} | {1 << k for k in range(hs.bit_length()) if half < 1 << k < hs // 2})
+    for lanes in lane_counts if wide is not None else ():
+        found = _head_wide_lanes(spec, rows, flat, lanes)
+        pairs = f"(i, i + {hs // 2})" if spec.is_neox_style else "(2i, 2i + 1)"
+        yield _Alt("partial_rotary_stride",
+                   f"the output matches the reference computed with head_size/2 = {hs // 2} where rotary_dim/2 = "
+                   f"{half} belongs (partial rotary: rotary_dim={rd} < head_size={hs}) as the lane bound, the sin "
+                   f"offset{' and the NeoX partner' if spec.is_neox_style else ''}: every pair {pairs} for i < "
+                   f"{lanes} rotates, pass-through channels included, by cos/sin read from the cache row as if it "
+                   f"were head_size wide (docs/spec.md §7.3)", wide, found[0], found[1], query, key)
+
+
+def _head_wide_lanes(spec: RopeSpec, rows, flat, lanes: int):
+    """cos, sin [T, head_size/2] of a kernel whose first ``lanes`` lanes rotate and read the cache
+    row as if it were head_size wide: lane i reads element i (cos) and head_size/2 + i (sin) from
+    the start of its position's row of rotary_dim elements (NaN past the cache); lanes past
+    rotary_dim/2 take the row the map's rule gives them (chunked: the last; interleaved: row r
+    where i % 3 == r and i < 3*s_r, else 0; 1-D: 0; a map table: unknowable, read past its end);
+    lanes from ``lanes`` on leave their pair alone (cos 1, sin 0)."""
+    hs, rd, secs = spec.head_size, spec.rotary_dim, spec.sections
+    extra = lanes - spec.num_freqs
+    if secs is None or len(secs) == 1:
+        axis = [0] * lanes
+    elif spec.layout == "chunked":
+        axis = list(spec.axis_map()) + [len(secs) - 1] * extra
+    elif spec.layout == "interleaved":
+        axis = [i % 3 if i % 3 and i < 3 * secs[i % 3] else 0 for i in range(lanes)]
+    else:
+        axis = list(spec.axis_map()) + [None] * extra       # a map table read past its end: unknowable
+    pos = torch.stack([rows[0] if a is None else rows[a] for a in axis], dim=1).long()    # [T, lanes]
+    unknowable = torch.tensor([a is None for a in axis])
+    out = []
+    for offset, idle in ((0, 1.0), (hs // 2, 0.0)):
+        index = pos * rd + offset + torch.arange(lanes)
+        values = torch.full((pos.shape[0], hs // 2), idle, dtype=torch.float64)
+        read = torch.full(index.shape, float("nan"), dtype=torch.float64)
+        inside = (index < flat.numel()) & ~unknowable
+        read[inside] = flat[index[inside]].to(torch.float64)
+        values[:, :lanes] = read
+        out.append(values)
+    return tuple(out)
+
+
+def _storage_tail(cache):
+    """The cache flattened, continued to the end of its storage where it is a contiguous view into
+    a longer table (the rows past max_position a read past the cache's end meets)."""
+    flat = cache.reshape(-1)
+    if not cache.is_contiguous():
+        return flat
+    available = cache.untyped_storage().nbytes() // cache.element_size() - cache.storage_offset()
+    if available <= flat.numel():
+        return flat
+    return cache.as_strided((available,), (1,), cache.storage_offset())
 
 
 # Largest cache searched for the positions a wrong output was rotated by (rows x frequencies).
@@ -393,6 +528,11 @@ def _alternative_result(alt: _Alt, out_q, out_k, ref_q, ref_k, precision) -> _Al
 
 
 def _explains(result: _AltResult, comparison: Comparison) -> bool:
-    """At most ALTERNATIVE_RESIDUE of the original mismatches left, and at most half unknowable."""
-    return (result.num_mismatched <= ALTERNATIVE_RESIDUE * comparison.num_mismatched
-            and result.num_unknown <= result.num_elements // 2)
+    """At most ALTERNATIVE_RESIDUE of the original mismatches left, and at least
+    ALTERNATIVE_KNOWN of them (one at least) where the alternative is known: an alternative
+    unknowable wherever the output is wrong (a read past the cache) explains nothing."""
+    if result.num_mismatched > ALTERNATIVE_RESIDUE * comparison.num_mismatched:
+        return False
+    known = sum(int(((comparison.errors[name] > comparison.bounds[name]) & ~torch.isnan(err)).sum())
+                for name, err in result.errors.items() if name in comparison.errors)
+    return known >= max(1, ALTERNATIVE_KNOWN * comparison.num_mismatched)

@@ -8,7 +8,7 @@ from functools import cached_property
 
 import torch
 
-from rope.harness.diagnosis.alternatives import (_alternative_result, _axis_map_alternatives,
+from rope.harness.diagnosis.alternatives import (_alternative_result, _axis_map_alternatives, _cos_sin_alternatives,
                                                  _pair_rows_split_alternatives, _pairing_alternatives,
                                                  _partial_rotary_alternatives, _row_misread_alternatives,
                                                  _row_order_alternatives, _row_stride_alternatives,
@@ -41,11 +41,12 @@ class _Lazy:
             i += 1
 
 
-# label -> the neighbouring configurations of that label, for a Context; in rule order (5-12).
+# label -> the neighbouring configurations of that label, for a Context; in rule order (5-13).
 # The positions-level ones use only the cache rows the positions use (Context.used_positions);
 # the partial rotary and pair-split ones the full cache (a sin read past its row lands in the next).
 NEIGHBOURS = {
     "pairing_swapped": lambda c: _pairing_alternatives(c.spec, c.used_positions, c.query, c.key, c.used_cache),
+    "cos_sin_misused": lambda c: _cos_sin_alternatives(c.spec, c.used_positions, c.query, c.key, c.used_cache),
     "axis_map_wrong": lambda c: _axis_map_alternatives(c.spec, c.used_positions, c.query, c.key, c.used_cache),
     "section_boundary_shifted": lambda c: _section_boundary_alternatives(
         c.spec, c.used_positions, c.query, c.key, c.used_cache),
@@ -143,24 +144,53 @@ class Context:
         return [p for p in self.comparison.problems if _is_read_problem(p)]
 
     @cached_property
+    def planted_nonfinite(self) -> bool:
+        """Whether q or k (as given) hold NaN/inf."""
+        return any(x is not None and not bool(torch.isfinite(x).all()) for x in (self.query, self.key))
+
+    @cached_property
     def nonfinite(self) -> dict:
-        """name -> bool mask: NaN/inf in the output where the reference is finite."""
+        """name -> bool mask: NaN/inf in the output where the reference is finite, in heads whose
+        input is finite throughout (a NaN from nowhere: an out-of-bounds read).  Where a head's
+        input carries NaN/inf, a structural bug that mixes its channels (another pairing, another
+        row) spreads them: not evidence of a read outside the inputs."""
         out = {}
         for name in self.comparison.errors:
-            _, got, exp = self.inputs[name]
-            out[name] = ~torch.isfinite(got.detach().to("cpu", torch.float64)) & torch.isfinite(exp)
+            x, got, exp = self.inputs[name]
+            out[name] = (~torch.isfinite(got.detach().to("cpu", torch.float64)) & torch.isfinite(exp)
+                         & self.finite_heads[name])
         return out
 
     @cached_property
-    def nonfinite_lost(self) -> dict:
-        """name -> bool mask: where the reference is NaN/inf and the output is not the same
-        (finite, the other infinity, or NaN for an infinity)."""
+    def finite_heads(self) -> dict:
+        """name -> bool mask over the tensor's elements: the head's input is finite throughout."""
         out = {}
         for name in self.comparison.errors:
-            _, got, exp = self.inputs[name]
+            x = self.inputs[name][0]
+            heads = x.reshape(x.shape[0], -1, self.spec.head_size)
+            out[name] = torch.isfinite(heads).all(dim=2, keepdim=True).expand_as(heads).reshape(x.shape)
+        return out
+
+    @cached_property
+    def finite_head_errors(self) -> dict:
+        """The comparison's errors, 0 in heads whose input holds NaN/inf: how a planted non-finite
+        value propagates is the non-finite rules' to judge (they ran first), not the precision's."""
+        return {name: torch.where(self.finite_heads[name], err, torch.zeros_like(err))
+                for name, err in self.comparison.errors.items()}
+
+    @cached_property
+    def nonfinite_lost(self) -> dict:
+        """name -> bool mask: rotary channels where the input itself is NaN/inf, the reference
+        carries it and the output is finite (swallowed; pass-through channels are pass_through's
+        to judge: any change there is a bug of its own).  A non-finite output that differs from the reference's (the
+        other infinity, NaN for an infinity) is what any structural bug does to a planted
+        infinity: not evidence."""
+        out = {}
+        for name in self.comparison.errors:
+            x, got, exp = self.inputs[name]
             got = got.detach().to("cpu", torch.float64)
-            same = (torch.isnan(got) & torch.isnan(exp)) | (got == exp)
-            out[name] = ~torch.isfinite(exp) & ~same
+            rotary = (torch.arange(x.shape[1]) % self.spec.head_size) < self.spec.rotary_dim
+            out[name] = ~torch.isfinite(exp) & ~torch.isfinite(x) & torch.isfinite(got) & rotary
         return out
 
     # ----- positions.  The rules recompute references; model caches hold up to a million rows, so
@@ -224,7 +254,7 @@ class Context:
 
     @cached_property
     def gross(self) -> _Gross:
-        """Only errors beyond what the coarsest lower precision explains count (rules 17-22)."""
+        """Only errors beyond what the coarsest lower precision explains count (rules 18-23)."""
         coarse = LOWER_PRECISIONS[-1]
         cos, sin = self.cos_sin
         c, where = self.comparison, self.where

@@ -3,6 +3,7 @@ channel, and the location of a mask over tokens, heads and channels."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +56,37 @@ def channel_location(spec: RopeSpec, channel: int) -> dict:
     return {"freq": freq, "member": member, "row": spec.axis_map()[freq]}
 
 
+def boundary_frequencies(spec: RopeSpec) -> dict:
+    """frequency -> what it is at a section boundary, for the frequencies a boundary moved by one
+    takes to another row: chunked, the first frequency of each section after the first ('opens row
+    1') and the last of each before the last ('closes row 0'); interleaved, the last frequency of
+    each bounded row and the one past its bound 3*s.  Empty for 1-D RoPE and the other maps."""
+    secs = spec.sections
+    if secs is None or len(secs) < 2:
+        return {}
+    out = {}
+    if spec.layout == "chunked":
+        for j, b in enumerate(itertools.accumulate(secs[:-1])):
+            out.setdefault(b, f"{b} opens row {j + 1}")
+            out.setdefault(b - 1, f"{b - 1} closes row {j}")
+    elif spec.layout == "interleaved":
+        for r in range(1, len(secs)):
+            last, past = 3 * (secs[r] - 1) + r, 3 * secs[r] + r
+            out.setdefault(last, f"{last} closes row {r} (i < 3*s_{r} = {3 * secs[r]})")
+            if past < spec.num_freqs:
+                out.setdefault(past, f"{past} is past row {r}'s bound 3*s_{r} = {3 * secs[r]}")
+    return out
+
+
+def boundary_note(spec: RopeSpec, freqs) -> str:
+    """' (on section boundaries: 16 opens row 1, 40 opens row 2)' when every frequency in ``freqs``
+    sits on a section boundary (a ``<`` / ``<=`` slip in the axis map moves exactly those), else ''."""
+    at = boundary_frequencies(spec)
+    if not freqs or not all(f in at for f in freqs):
+        return ""
+    return f" (on section boundaries: {', '.join(at[f] for f in sorted(freqs))})"
+
+
 @dataclass
 class _Where:
     """Mismatched elements of one tensor, as index sets."""
@@ -74,7 +106,7 @@ class _Where:
             "elements": f"{self.count}/{self.total}",
             "tokens": f"{ranges(self.tokens)} of {self.num_tokens}",
             "heads": f"{ranges(self.heads)} of {self.num_heads}",
-            "freqs": f"{ranges(self.freqs)} of {spec.num_freqs}",
+            "freqs": f"{ranges(self.freqs)} of {spec.num_freqs}{boundary_note(spec, self.freqs)}",
             "rows": ranges(self.rows),
             "members": ",".join(self.members) or "none",
             "pass_through_channels": ranges(self.pass_through),

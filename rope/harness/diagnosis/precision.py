@@ -29,7 +29,8 @@ def _fitting_precision(spec, cos, sin, tensors, errors, precision, out_dtype):
     for cand in LOWER_PRECISIONS:
         if unit_roundoff(cand) <= unit_roundoff(declared):
             continue
-        if all(bool((errors[name] <= loose_bound(spec, cos, sin, x, exp, cand, out_dtype)).all())
+        # An exact element fits any bound (also where the bound of a non-finite value is NaN).
+        if all(bool(((errors[name] <= loose_bound(spec, cos, sin, x, exp, cand, out_dtype)) | (errors[name] == 0)).all())
                for name, x, exp in tensors):
             return cand
     return None

@@ -57,7 +57,12 @@ def nonfinite_output(ctx: Context) -> Diagnosis | None:
     guard region of properties/guards.py.
 
     Before the value rules: a NaN makes every error comparison meaningless (it would read as
-    query_only, head_subset or token_subset)."""
+    query_only, head_subset or token_subset).  On inputs with NaN/inf planted, a neighbouring
+    configuration that explains the output, NaN/inf included, goes first (a misread of q/k or a
+    wrong pairing carries the planted values elsewhere), and so does a partial-rotary stride that
+    the changed channels show (its reads past the cache are what brings the NaN)."""
+    if (ctx.planted_nonfinite and _neighbour_explains(ctx)) or _partial_rotary_channels(ctx) is not None:
+        return None
     nonfinite = ctx.nonfinite
     hit = [name for name, m in nonfinite.items() if bool(m.any())]
     if not hit:
@@ -76,6 +81,11 @@ def nonfinite_output(ctx: Context) -> Diagnosis | None:
                             f"{name}[token {token}, head {head}, channel {channel}], over {name} {spread}: most "
                             f"likely an out-of-bounds read (cos/sin, positions or q/k loaded past the mask or "
                             f"the row, from a guard region or padding lanes){traced}")
+
+
+def _neighbour_explains(ctx: Context) -> bool:
+    """Some neighbouring configuration (rules 5-13) explains the output, NaN/inf included."""
+    return any(_explains(result, ctx.comparison) for label in NEIGHBOURS for result in ctx.neighbours(label))
 
 
 def _nonfinite_lost(ctx: Context) -> Diagnosis | None:
@@ -124,11 +134,21 @@ def pairing_swapped(ctx: Context) -> Diagnosis | None:
     """The output is the reference with the other pairing style: NeoX pairs (i, i + rotary_dim/2)
     for a GPT-J model or the reverse, the kernel ignoring is_neox_style (docs/spec.md §7.1).
 
-    First of the neighbouring configurations (5-12): they come before the precision and subset
+    First of the neighbouring configurations (5-13): they come before the precision and subset
     rules because an exact alternative explains every error, small ones included (a structural bug
     can look like rounding, or hit only some tokens).  The pairing swap changes every pair, so it
     is tried before the alternatives that move only some frequencies."""
     return _explained_by(ctx, "pairing_swapped")
+
+
+@_on_mismatch
+def cos_sin_misused(ctx: Context) -> Diagnosis | None:
+    """The output is the reference with cos and sin misused in the rotation: sin's sign flipped (a
+    rotation by -theta) or cos and sin swapped (the two halves of the cache row read the other way).
+
+    After pairing_swapped (which pairs, before what they are rotated by); before the axis-map rules:
+    it changes every frequency of every row, they change the row of some frequencies."""
+    return _explained_by(ctx, "cos_sin_misused")
 
 
 @_on_mismatch
@@ -145,12 +165,15 @@ def axis_map_wrong(ctx: Context) -> Diagnosis | None:
 
 @_on_mismatch
 def section_boundary_shifted(ctx: Context) -> Diagnosis | None:
-    """The output is the reference with one section boundary moved by one frequency (chunked: <=
-    where < belongs, or a boundary that empties a row) or one interleaved bound 3*s off by one
-    group (docs/spec.md §7.9).
+    """The output is the reference with every section boundary moved by the same offset, +1 or -1
+    (one ``<`` / ``<=`` slip in the comparison every boundary goes through: torch.bucketize with its
+    default right=False puts the first frequency of every section after the first in the previous
+    section's row), with one section boundary moved by one frequency (chunked: <= where < belongs,
+    or a boundary that empties a row), or with the interleaved bounds 3*s off by one group, all of
+    them or one (docs/spec.md §7.9).  The systematic shift is tried first: one slip, one cause.
 
-    After axis_map_wrong (the whole map before one bound of it); before the position-row rules,
-    which change every frequency of a row."""
+    After axis_map_wrong (the whole map before its bounds); before the position-row rules, which
+    change every frequency of a row."""
     return _explained_by(ctx, "section_boundary_shifted")
 
 
@@ -190,9 +213,45 @@ def partial_rotary_stride(ctx: Context) -> Diagnosis | None:
     docs/spec.md §7.3): sin read at offset head_size/2 + i of the cache row (past the row's end),
     and/or the NeoX partner of frequency i at i + head_size/2.
 
-    After the configurations of the spec's own shape (5-10): it reads the full cache, past the
+    Where every read went past the cache (every token at its last row), the values are
+    unknowable, and the channels it changed tell it: the pass-through channels wrong are exactly
+    those of pairs rotated by lanes up to head_size/2 (or a power-of-two block of them).
+
+    After the configurations of the spec's own shape (5-11): it reads the full cache, past the
     rows the positions use; partial rotary only (rotary_dim < head_size)."""
-    return _explained_by(ctx, "partial_rotary_stride")
+    return _explained_by(ctx, "partial_rotary_stride") or _partial_rotary_channels(ctx)
+
+
+def partial_rotary_lane_channels(spec, lanes: int) -> set:
+    """The pass-through channels a kernel rotating ``lanes`` lanes with head_size/2 as the NeoX
+    partner offset (GPT-J: pairs (2i, 2i + 1)) writes."""
+    hs, rd = spec.head_size, spec.rotary_dim
+    chans = ({i for i in range(lanes)} | {i + hs // 2 for i in range(lanes)} if spec.is_neox_style
+             else set(range(2 * lanes)))
+    return {c for c in chans if rd <= c < hs}
+
+
+def _partial_rotary_channels(ctx: Context) -> Diagnosis | None:
+    """partial_rotary_stride from the location alone: rotary channels wrong, and the wrong
+    pass-through channels exactly those of lanes up to head_size/2 or a power-of-two block (not
+    all of them: every pass-through channel wrong has no pattern to tell a stride by)."""
+    spec = ctx.spec
+    hs, half = spec.head_size, spec.num_freqs
+    if spec.rotary_dim >= hs or not ctx.rotary_wrong or not ctx.touched:
+        return None
+    touched = set().union(*(set(w.pass_through) for w in ctx.touched.values()))
+    if touched == set(range(spec.rotary_dim, hs)):
+        return None          # every pass-through channel: no pattern (rounding, garbage) to tell it by
+    for lanes in sorted({hs // 2} | {1 << k for k in range(hs.bit_length()) if half < 1 << k < hs // 2}):
+        if touched == partial_rotary_lane_channels(spec, lanes):
+            return ctx.found(
+                "partial_rotary_stride",
+                f"the rotary channels are wrong and the pass-through channels changed are exactly those of "
+                f"{lanes} lanes with head_size/2 = {hs // 2} where rotary_dim/2 = {half} belongs (partial rotary: "
+                f"rotary_dim={spec.rotary_dim} < head_size={hs}) as the lane bound"
+                f"{' and the NeoX partner offset' if spec.is_neox_style else ''}; the values read are past the "
+                f"cache (unknowable here), the channels written say the stride (docs/spec.md §7.3)")
+    return None
 
 
 @_on_mismatch
@@ -247,10 +306,11 @@ def lower_working_precision(ctx: Context) -> Diagnosis | None:
     working precision than declared (e.g. bf16 arithmetic in a kernel that declares float32; vLLM's
     Triton kernel rotates in the cos dtype, docs/spec.md §8.1).
 
-    After modest_rounding; before imprecise_neighbour (one cause before two) and the gross-error
-    rules, which only look beyond what this precision explains."""
+    Heads whose input holds NaN/inf are left out (nonfinite_output judged them).  After
+    modest_rounding; before imprecise_neighbour (one cause before two) and the gross-error rules,
+    which only look beyond what this precision explains."""
     cos, sin = ctx.cos_sin
-    lower = _fitting_precision(ctx.spec, cos, sin, ctx.tensors, ctx.comparison.errors, ctx.precision, ctx.out_dtype)
+    lower = _fitting_precision(ctx.spec, cos, sin, ctx.tensors, ctx.finite_head_errors, ctx.precision, ctx.out_dtype)
     if lower is not None:
         return ctx.found("precision_loss",
                          f"small errors spread over {ctx.spread} (worst error/bound {ctx.comparison.worst_ratio:.3g}), "
@@ -261,7 +321,7 @@ def lower_working_precision(ctx: Context) -> Diagnosis | None:
 
 @_on_mismatch
 def imprecise_neighbour(ctx: Context) -> Diagnosis | None:
-    """The labels of rules 5-12: a neighbouring configuration that explains the output only in a
+    """The labels of rules 5-13: a neighbouring configuration that explains the output only in a
     lower working precision than declared (a structural bug *and* imprecise arithmetic: a
     mutant of the float32 path run on fp16/bf16 inputs).
 
@@ -284,8 +344,10 @@ def imprecise_neighbour(ctx: Context) -> Diagnosis | None:
 
 
 def _one_tensor_wrong(ctx: Context, name: str, other: str) -> Diagnosis | None:
+    """``name`` alone wrong, in every one of its heads (some of its heads right: head_subset's, the
+    head loop or the heads past a power of two, whichever tensor it is)."""
     g = ctx.gross
-    if g.grossly == [name] and other in g.where:
+    if g.grossly == [name] and other in g.where and len(g.where[name].heads) == g.where[name].num_heads:
         x, out, _ = ctx.inputs[name]
         unrotated = torch.equal(out.detach().to("cpu"), x)
         how = "it comes back exactly as it went in (never rotated)" if unrotated else f"the {other} is right"
@@ -298,20 +360,21 @@ def _one_tensor_wrong(ctx: Context, name: str, other: str) -> Diagnosis | None:
 
 @_on_mismatch
 def key_only(ctx: Context) -> Diagnosis | None:
-    """Only the key has gross errors, the query is right: the key path (pointer, row stride, head
-    count, the key-present switch) differs from the query's, e.g. the key never rotated.
+    """Only the key has gross errors, in every key head, the query is right: the key path (pointer,
+    row stride, head count, the key-present switch) differs from the query's, e.g. the key never
+    rotated.  Some key heads right is head_subset's (a head loop bound, whichever tensor).
 
-    First of the gross-error rules: it is the more specific subset (one key head or token wrong
-    would otherwise be head_subset or token_subset)."""
+    First of the gross-error rules: it is the more specific subset (one key token wrong would
+    otherwise be token_subset)."""
     return _one_tensor_wrong(ctx, "key", "query")
 
 
 @_on_mismatch
 def query_only(ctx: Context) -> Diagnosis | None:
-    """Only the query has gross errors, the key is right: the query path differs from the key's.
+    """Only the query has gross errors, in every query head, the key is right: the query path
+    differs from the key's.
 
-    Beside key_only (they cannot both fire), before head_subset and token_subset for the same
-    reason."""
+    Beside key_only (they cannot both fire), before token_subset for the same reason."""
     return _one_tensor_wrong(ctx, "query", "key")
 
 
@@ -320,7 +383,8 @@ def head_subset(ctx: Context) -> Diagnosis | None:
     """Only some heads have gross errors: a head loop bound or per-head offset, e.g. a tile or grid
     sized with prev_power_of_2 that misses the heads beyond the first power of two.
 
-    After key_only / query_only; before token_subset (a head subset of every token is a head bug)."""
+    After key_only / query_only (a whole tensor wrong); before token_subset (a head subset of every
+    token is a head bug)."""
     g = ctx.gross
     where, grossly = g.where, g.grossly
     if not grossly or not all(len(where[n].heads) < where[n].num_heads for n in grossly):
@@ -339,6 +403,8 @@ def head_subset(ctx: Context) -> Diagnosis | None:
 def token_subset(ctx: Context) -> Diagnosis | None:
     """Only some tokens have gross errors: the tokens at the last cache row (an off-by-one bound on
     the cache), every token but the first (a token stride), or a per-token offset or loop bound.
+    Right tokens whose position rows are all equal are no evidence (no row-map bug shows there):
+    where every wrong token has distinct rows, at least one right token must have them too.
 
     After head_subset; before wrong_positions, which would also recover other positions for
     these tokens but cannot say the bug is in the token loop."""
@@ -348,7 +414,16 @@ def token_subset(ctx: Context) -> Diagnosis | None:
     tokens = sorted(set().union(*(g.where[n].tokens for n in g.grossly)))
     num_tokens = g.where[g.grossly[0]].num_tokens
     if len(tokens) >= num_tokens:
-        return None
+        return _no_token_rotated(ctx)
+    if ctx.spec.num_dims > 1:
+        # A token whose position rows are all equal cannot show a bug in which row a frequency
+        # reads (axis map, section boundaries, row order): being right there is no evidence that
+        # the bug spares some tokens.  When every wrong token has distinct rows, only right tokens
+        # with distinct rows count.
+        distinct = (ctx.rows != ctx.rows[:1]).any(dim=0).tolist()
+        right = set(range(num_tokens)) - set(tokens)
+        if all(distinct[t] for t in tokens) and not any(distinct[t] for t in right):
+            return None
     last = ctx.cache.shape[0] - 1
     at_last = (ctx.rows == last).any(dim=0).nonzero().flatten().tolist()
     if tokens == at_last:
@@ -360,6 +435,21 @@ def token_subset(ctx: Context) -> Diagnosis | None:
         hint = "a per-token offset, the token loop bound, or the positions of these tokens"
     return ctx.found_gross("token_subset",
                            f"only tokens {ranges(tokens)} of {num_tokens} are wrong{g.rounding_note}: {hint}")
+
+
+def _no_token_rotated(ctx: Context) -> Diagnosis | None:
+    """Every token wrong, and q and k come back exactly as they went in: the token loop never ran
+    (a bound one short on a one-token batch, a grid of no programs), the same slip as a token
+    subset seen where the subset is every token."""
+    for name in ("query", "key"):
+        x, out, _ = ctx.inputs[name]
+        if x is not None and not torch.equal(out.detach().to("cpu"), x):
+            return None
+    num_tokens = ctx.gross.where[ctx.gross.grossly[0]].num_tokens
+    return ctx.found_gross("token_subset",
+                           f"every token ({num_tokens}) comes back exactly as it went in (never rotated): the token "
+                           f"loop bound or the launch grid (one short, or no program ran), or the rotated values "
+                           f"never stored")
 
 
 @_on_mismatch
@@ -392,8 +482,8 @@ def pass_through_and_rotary(ctx: Context) -> Diagnosis | None:
 
 RULES = (
     writes_outside, wrong_output, nonfinite_output, out_of_bounds_read,
-    pairing_swapped, axis_map_wrong, section_boundary_shifted, position_rows_swapped, position_rows_misread,
-    row_stride_ignored, partial_rotary_stride, pair_rows_split,
+    pairing_swapped, cos_sin_misused, axis_map_wrong, section_boundary_shifted, position_rows_swapped,
+    position_rows_misread, row_stride_ignored, partial_rotary_stride, pair_rows_split,
     pass_through_only, modest_rounding, lower_working_precision, imprecise_neighbour,
     key_only, query_only, head_subset, token_subset, wrong_positions, pass_through_and_rotary,
 )

@@ -10,13 +10,16 @@ import torch
 
 LABELS = (
     "match", "wrong_output", "writes_outside", "nan", "out_of_bounds_read", "pairing_swapped",
-    "axis_map_wrong", "section_boundary_shifted", "position_rows_swapped", "position_rows_misread",
+    "cos_sin_misused", "axis_map_wrong", "section_boundary_shifted", "position_rows_swapped", "position_rows_misread",
     "row_stride_ignored", "partial_rotary_stride", "pair_rows_split", "wrong_positions", "pass_through_touched",
     "precision_loss", "key_only", "query_only", "head_subset", "token_subset", "unknown",
 )
 # An alternative configuration explains the output when it leaves at most this share of the
 # original mismatches (1%: a kernel may be wrong in one way and slightly imprecise as well).
 ALTERNATIVE_RESIDUE = 0.01
+# ... and when it is known (not read past the cache) at this share of the original mismatches at
+# least: a read past the cache is unknowable, the rest of the output still tells the configuration.
+ALTERNATIVE_KNOWN = 0.1
 # Inputs rounded to the lower precision add about two unit roundoffs per product to the bound
 # of computing in it (rope.harness.tolerance); 4x covers that.
 LOWER_PRECISION_SLACK = 4.0
