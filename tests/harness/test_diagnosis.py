@@ -421,6 +421,16 @@ def test_every_mutant_has_an_expected_label():
             assert entry[2] in LABELS, (name, entry[2])
 
 
+def test_accuracy_table_expects_the_labels_named_here():
+    # docs/mutation.md's accuracy table (tests/harness/diagnosis_accuracy.py) holds each rotation
+    # mutant to the label this file checks on its fixed case.
+    from tests.harness.diagnosis_accuracy import MUTANT_LABELS as ACCURACY_LABELS
+    for name, (_, label) in ACCURACY_LABELS.items():
+        entry = MUTANT_LABELS[name]
+        if entry is not GPU_ONLY:
+            assert entry[2] == label, (name, entry[2], label)
+
+
 def _op_label(how, case, broken_cls):
     x = build_rotation_inputs(case)
     op = broken_cls(case.spec, DTYPES[case.dtype], platform="cpu", custom_ops=False)

@@ -1,0 +1,231 @@
+"""How often the diagnosis names the right cause: for every rotation mutant of the catalogue
+(properties/mutants) and every hand-written bug (tests/harness/handwritten_bugs.py), the share of
+its failures, over the rotation properties' drawn cases, that carry its label.
+
+    python -m tests.harness.diagnosis_accuracy [--failures N] [--rounds R] [--only NAME ...]
+                                               [--write docs/mutation.md]
+
+Each subject runs on the cases test_rotation_matches_reference draws (every dtype, kind and
+pairing it runs, ``rotation_cases`` with NaN/inf planted or not), a few examples per variant per
+round, each round from another Hypothesis seed, no shrinking, until it has ``--failures`` failing
+cases or ``--rounds`` rounds are done.  A failing case is diagnosed as the suite diagnoses it
+(rope.harness.comparison.diagnose_mismatch; on guarded inputs, properties.guards.diagnose_guarded,
+for the memory-safety mutants only the guards see).  Prints the table; ``--write`` puts it into the
+file between the markers ``<!-- diagnosis-accuracy -->`` and ``<!-- /diagnosis-accuracy -->``.
+Exit status 1 when a subject's share is below TARGET, or a subject has no failure at all.
+
+Test-side: it imports the hand-written bugs from tests/, which no shipped package may import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hypothesis import HealthCheck, Phase, given, seed, settings, strategies as st
+
+from properties.guards import diagnose_guarded
+from properties.mutants.broken_rotations import BROKEN_ROTATIONS
+from properties.mutants.kernel import ROTARY_MUTANTS
+from properties.strategies import DTYPES, KINDS, prefill_cases, prefill_token_counts, rotation_cases, supported_shapes
+from rope.harness.comparison import diagnose_mismatch, evaluate_case
+from rope.harness.mutation import discover_mutants
+from tests.harness.handwritten_bugs import BUGS
+
+TARGET = 0.9
+BEGIN, END = "<!-- diagnosis-accuracy -->", "<!-- /diagnosis-accuracy -->"
+COMMAND = "python -m tests.harness.diagnosis_accuracy --write docs/mutation.md"
+
+# Every rotation mutant of the catalogue -> (how its failures are seen, the label they must carry).
+# "plain": the rotation properties' check; "guarded": on guarded inputs (properties/guards.py), the
+# memory-safety bugs whose values are right on plain inputs; "prefill": prefill-size cases (the
+# prefill property's draws), for a bug on a path chosen by token count.
+MUTANT_LABELS = {
+    "broken_rotations:neox_for_gptj": ("plain", "pairing_swapped"),
+    "broken_rotations:chunked_for_interleaved": ("plain", "axis_map_wrong"),
+    "broken_rotations:chunked_for_two_row": ("plain", "axis_map_wrong"),
+    "broken_rotations:glm_round_robin_without_skip": ("plain", "axis_map_wrong"),
+    "broken_rotations:ernie45_h_w_swapped": ("plain", "position_rows_swapped"),
+    "broken_rotations:row_map_shifted_by_one": ("plain", "axis_map_wrong"),
+    "broken_rotations:key_unrotated": ("plain", "key_only"),
+    "broken_rotations:touches_pass_through": ("plain", "pass_through_touched"),
+    "broken_rotations:first_pow2_heads": ("plain", "head_subset"),
+    "broken_rotations:assumes_contiguous": ("plain", "row_stride_ignored"),
+    "broken_rotations:bf16_claiming_fp32": ("plain", "precision_loss"),
+    "broken_rotations:hides_nonfinite": ("plain", "nan"),
+    "kernel:neox_for_gptj": ("plain", "pairing_swapped"),
+    "kernel:cos_sin_unmasked": ("guarded", "out_of_bounds_read"),
+    "kernel:cos_sin_unmasked_head_padded": ("guarded", "out_of_bounds_read"),
+    "kernel:partial_rotary_head_half": ("plain", "partial_rotary_stride"),
+    "kernel:interleaved_h_bound_off_by_one": ("plain", "section_boundary_shifted"),
+    "kernel:interleaved_thw_order_swapped": ("plain", "position_rows_swapped"),
+    "kernel:row_map_table_shifted": ("plain", "axis_map_wrong"),
+    "kernel:positions_rows_packed": ("guarded", "wrong_positions"),
+    "kernel:positions_rows_at_token_offsets": ("plain", "position_rows_misread"),
+    "kernel:neox_pairs_from_4096_tokens": ("prefill", "pairing_swapped"),
+}
+
+
+@dataclass
+class Subject:
+    name: str
+    fn: object
+    label: str
+    how: str = "plain"
+    slip: str = ""
+
+
+@dataclass
+class Tally:
+    subject: Subject
+    cases: int = 0
+    labels: Counter = field(default_factory=Counter)
+    seconds: float = 0.0
+
+    @property
+    def failures(self) -> int:
+        return sum(self.labels.values())
+
+    @property
+    def right(self) -> int:
+        return self.labels[self.subject.label]
+
+    @property
+    def share(self) -> float:
+        return self.right / self.failures if self.failures else 0.0
+
+
+def subjects(only=()) -> list[Subject]:
+    """The catalogue's rotation mutants (every one MUTANT_LABELS names), then the hand-written bugs."""
+    out = []
+    for name, (how, label) in MUTANT_LABELS.items():
+        module, attr = name.split(":")
+        fn = ROTARY_MUTANTS[attr] if module == "kernel" else BROKEN_ROTATIONS[attr]
+        out.append(Subject(name, fn, label, how, _first_line(fn.__doc__)))
+    out += [Subject(f"handwritten:{name}", bug.fn, bug.label, "plain", bug.slip) for name, bug in BUGS.items()]
+    return [s for s in out if not only or any(o == s.name or o == s.name.split(":")[1] for o in only)]
+
+
+def _first_line(doc) -> str:
+    return " ".join((doc or "").strip().split("\n\n", 1)[0].split())
+
+
+def _label(subject: Subject, case) -> str | None:
+    """The diagnosis label of ``case`` when the subject fails it, else None."""
+    if subject.how == "guarded":
+        d = diagnose_guarded(subject.fn, case)
+        return None if d.label == "match" else d.label
+    run = evaluate_case(subject.name, subject.fn, case, "cpu")
+    if run.comparison.ok:
+        return None
+    return diagnose_mismatch(subject.fn, case, run).label
+
+
+def _variants(subject: Subject) -> list[tuple]:
+    """(dtype, kind, is_neox_style, narrowed rotation_cases arguments) the subject runs, as
+    test_rotation_matches_reference parametrizes them."""
+    return [(dtype, kind, neox, narrowed) for dtype in DTYPES for kind in KINDS for neox in (True, False)
+            if (narrowed := supported_shapes(subject.name, subject.fn, kind, neox, dtype, "cpu")) is not None]
+
+
+def measure(subject: Subject, *, failures: int, rounds: int, per_variant: int = 3) -> Tally:
+    """Draw cases round by round until ``failures`` failing cases (or ``rounds`` rounds)."""
+    tally, seen = Tally(subject), set()
+    start = time.perf_counter()
+    if subject.how == "prefill":
+        strategies = [prefill_cases(tokens=prefill_token_counts((4096,)), small_heads=True)]
+    else:
+        strategies = [rotation_cases(dtype=dtype, kind=kind, is_neox_style=neox, nonfinite=True, **narrowed)
+                      for dtype, kind, neox, narrowed in _variants(subject)]
+
+    def visit(case):
+        if case in seen or tally.failures >= failures:
+            return
+        seen.add(case)
+        tally.cases += 1
+        label = _label(subject, case)
+        if label is not None:
+            tally.labels[label] += 1
+
+    for r in range(rounds):
+        for i, strategy in enumerate(strategies):
+            if tally.failures >= failures:
+                break
+            run = settings(max_examples=per_variant, database=None, deadline=None, phases=[Phase.generate],
+                           suppress_health_check=list(HealthCheck))(given(case=strategy)(visit))
+            seed(r * 1000 + i)(run)()
+        if tally.failures >= failures:
+            break
+    tally.seconds = time.perf_counter() - start
+    return tally
+
+
+def table(tallies: list[Tally]) -> str:
+    lines = ["| bug | slip | label it must get | failures | right | share | other labels |",
+             "|---|---|---|---:|---:|---:|---|"]
+    for t in tallies:
+        others = ", ".join(f"{label} {n}" for label, n in t.labels.most_common() if label != t.subject.label)
+        slip = t.subject.slip.replace("|", "/")
+        if len(slip) > 90:
+            slip = slip[:87] + "..."
+        lines.append(f"| `{t.subject.name}` | {slip} | `{t.subject.label}` | {t.failures} | {t.right} | "
+                     f"{100 * t.share:.0f}% | {others or '-'} |")
+    return "\n".join(lines)
+
+
+def section(tallies: list[Tally], args) -> str:
+    low = [t.subject.name for t in tallies if t.share < TARGET]
+    return "\n".join([
+        BEGIN,
+        f"Regenerate with `{COMMAND}` (here: {args.failures} failing cases per bug at most, {args.rounds} rounds "
+        f"of {args.per_variant} examples per variant; CPU, Triton kernels under the interpreter).",
+        "",
+        table(tallies),
+        "",
+        f"{sum(t.right for t in tallies)} of {sum(t.failures for t in tallies)} failures carry the right label; "
+        + (f"below {TARGET:.0%}: {', '.join(low)}." if low else f"every bug at {TARGET:.0%} or more."),
+        END,
+    ])
+
+
+def write(path: Path, text: str) -> None:
+    doc = path.read_text()
+    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+    if not pattern.search(doc):
+        raise SystemExit(f"{path}: no {BEGIN} ... {END} markers to write the table between")
+    path.write_text(pattern.sub(lambda _: text, doc))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.harness.diagnosis_accuracy", description=__doc__.split("\n\n")[0])
+    p.add_argument("--failures", type=int, default=30, help="failing cases per bug to stop at (default 30)")
+    p.add_argument("--rounds", type=int, default=4, help="rounds over the variants at most (default 4)")
+    p.add_argument("--per-variant", type=int, default=3, help="examples per variant per round (default 3)")
+    p.add_argument("--only", action="append", default=[], metavar="NAME", help="this bug only; repeatable")
+    p.add_argument("--write", type=Path, default=None, metavar="DOC", help="write the table into DOC")
+    args = p.parse_args(argv)
+    missing = sorted(m.name for m in discover_mutants() if m.kind.startswith("rotation") and not m.needs
+                     and m.name not in MUTANT_LABELS)
+    if missing:
+        print(f"rotation mutants without an expected label: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    tallies = []
+    for subject in subjects(args.only):
+        t = measure(subject, failures=args.failures, rounds=args.rounds, per_variant=args.per_variant)
+        print(f"{subject.name}: {t.right}/{t.failures} right ({100 * t.share:.0f}%) of {t.cases} cases in "
+              f"{t.seconds:.1f} s; {dict(t.labels)}", file=sys.stderr, flush=True)
+        tallies.append(t)
+    text = section(tallies, args)
+    print(text)
+    if args.write:
+        write(args.write, text)
+    return 0 if all(t.failures and t.share >= TARGET for t in tallies) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

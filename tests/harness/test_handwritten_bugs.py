@@ -1,0 +1,55 @@
+"""The hand-written bugs of tests/harness/handwritten_bugs.py: each a different slip, each named
+by the diagnosis with its own label on a fixed case, and the measurement of
+tests/harness/diagnosis_accuracy.py (docs/mutation.md's accuracy table) on a few drawn cases."""
+
+from __future__ import annotations
+
+import pytest
+
+from rope.harness.comparison import diagnose_run, evaluate_case
+from rope.harness.diagnosis import LABELS
+from tests.harness import diagnosis_accuracy
+from tests.harness.handwritten_bugs import BUGS, CORRECT
+
+
+def test_at_least_ten_bugs_each_a_different_slip():
+    assert len(BUGS) >= 10
+    assert len({bug.slip for bug in BUGS.values()}) == len(BUGS)
+    assert {bug.label for bug in BUGS.values()} <= set(LABELS)
+
+
+@pytest.mark.parametrize("name", list(BUGS))
+def test_the_kernel_without_its_slip_matches_the_reference(name):
+    run = evaluate_case("correct", CORRECT, BUGS[name].case, "cpu")
+    assert run.comparison.ok, run.comparison
+
+
+@pytest.mark.parametrize("name", list(BUGS))
+def test_handwritten_bug_gets_its_label(name):
+    bug = BUGS[name]
+    run = evaluate_case(name, bug.fn, bug.case, "cpu")
+    assert not run.comparison.ok, f"{name} does not fail on its case: pick another"
+    d = diagnose_run(bug.fn, bug.case, run)
+    assert d.label == bug.label, d.lines()
+
+
+def test_the_user_bucketize_slip_says_where_the_boundaries_are():
+    bug = BUGS["bucketize_default_right"]
+    run = evaluate_case("bucketize_default_right", bug.fn, bug.case, "cpu")
+    d = diagnose_run(bug.fn, bug.case, run)
+    assert "every section boundary moved by +1 frequency" in d.sentence, d.lines()
+    assert "(on section boundaries: 16 opens row 1, 40 opens row 2)" in d.location["query"]["freqs"], d.lines()
+
+
+def test_accuracy_measures_the_share_of_failures_with_the_right_label():
+    subject = diagnosis_accuracy.subjects(["handwritten:sin_sign_flipped"])[0]
+    tally = diagnosis_accuracy.measure(subject, failures=4, rounds=1)
+    assert tally.failures == 4 and tally.share == 1.0, tally.labels
+    table = diagnosis_accuracy.table([tally])
+    assert "| `handwritten:sin_sign_flipped` |" in table and "| 4 | 4 | 100% |" in table
+
+
+def test_every_rotation_mutant_has_an_accuracy_label():
+    from rope.harness.mutation import discover_mutants
+    rotation = {m.name for m in discover_mutants() if m.kind.startswith("rotation") and not m.needs}
+    assert set(diagnosis_accuracy.MUTANT_LABELS) == rotation
