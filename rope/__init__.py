@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 
 _PUBLIC = {
+    "Implementation": "rope.implementation",
     "RopeSpec": "rope.spec",
     "cos_sin_cache": "rope.cache",
     "get_implementation": "rope.registry",

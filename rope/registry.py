@@ -2,8 +2,9 @@
 
 An implementation is a callable ``fn(spec, positions, query, key, cos_sin_cache) -> (q, k)`` (or,
 for the runner's position step, the signature in docs/implementations.md).  What it may declare
-(``working_precision``, ``supports``, ``unsupported_reason``, ``known_fault``, ``unchecked``) is
-documented in one place, docs/implementations.md, with a complete example; this module reads it.
+(``working_precision``, ``supports``, ``unsupported_reason``, ``known_fault``, ``unchecked``, ...)
+is documented in one place, docs/implementations.md, with a complete example; the registry reads it
+into one record, :class:`rope.implementation.Implementation` (:func:`implementation_record`).
 
 Names resolve to built-ins (``native``, ``triton``), to the adapters of external implementations
 (``liger``, ``transformers``, ``vllm-native``, ``vllm-cuda``, ``vllm-xd``, ``sglang``, ``flashinfer``:
@@ -24,8 +25,7 @@ import sys
 from typing import Callable
 
 from rope.backends import BACKENDS
-
-WORKING_PRECISIONS = ("float32", "activation")
+from rope.implementation import MAX_SWITCH, WORKING_PRECISIONS, Implementation
 
 _ROTATIONS = {
     "native": "rope.native:rotate_native",
@@ -126,12 +126,22 @@ def _import_failure(what: str, module_name: str, exc: BaseException) -> str:
 
 
 def get_implementation(name: str) -> Callable:
-    """A rotation implementation by registered name or import path."""
+    """A rotation implementation by registered name or import path (its declarations checked:
+    :func:`implementation_record` gives them)."""
     fn = resolve(name, kind="impl", builtins=_ROTATIONS)
-    precision = working_precision(fn)
-    if precision not in WORKING_PRECISIONS:
-        raise ValueError(f"impl={name!r}: working_precision={precision!r} must be one of {WORKING_PRECISIONS}")
+    try:
+        Implementation.of(name, fn)
+    except ValueError as exc:
+        raise ValueError(f"impl={name!r}: {exc}") from None
     return fn
+
+
+def implementation_record(name: str, thing: str = "rotation", fn: Callable | None = None) -> Implementation:
+    """The :class:`~rope.implementation.Implementation` record of a rotation or position-step
+    implementation: by registered name or import path, or of ``fn`` under ``name``."""
+    if fn is None:
+        fn = get_implementation(name) if thing == "rotation" else get_positions_implementation(name)
+    return Implementation.of(name, fn, thing)
 
 
 def resolve_recorded(name: str, *, source: str, registered, get: Callable, option: str,
@@ -171,62 +181,46 @@ def positions_implementations() -> dict[str, Callable]:
 
 
 def positions_unsupported_reason(name: str, fn: Callable, device: str) -> str | None:
-    supports = getattr(fn, "supports", None)
+    supports = Implementation.of(name, fn, "position_step").supports
     if supports is None or supports(device):
         return None
     return f"unsupported: {name} does not run on {device}"
 
 
-MAX_SWITCH_TOKENS = 1 << 31
+MAX_SWITCH_TOKENS = MAX_SWITCH
 
 
 def switch_tokens(name: str, fn: Callable) -> tuple[int, ...]:
-    """The token counts at which ``fn`` declares it switches code paths (its optional
-    ``switch_tokens`` attribute: each the first token count of a new path), sorted; () when it
-    declares none.  A malformed declaration is a ValueError naming the implementation."""
-    return _declared_switches(name, fn, "switch_tokens", "token counts")
+    """The token counts at which ``fn`` declares it switches code paths (its record's
+    ``switch_tokens``: each the first token count of a new path), sorted; () when it declares
+    none.  A malformed declaration is a ValueError naming the implementation."""
+    return Implementation.of(name, fn).switch_tokens
 
 
 def switch_token_heads(name: str, fn: Callable) -> tuple[int, ...]:
     """The products ``tokens x (query heads + key heads)`` at which ``fn`` declares it switches
-    code paths (its optional ``switch_token_heads`` attribute: each the first product of a new
-    path, as fused QK-norm + RoPE kernels choose several heads per warp, vllm#51049), sorted; ()
-    when it declares none.  A malformed declaration is a ValueError naming the implementation."""
-    return _declared_switches(name, fn, "switch_token_heads", "token x head products")
-
-
-def _declared_switches(name: str, fn: Callable, attribute: str, what: str) -> tuple[int, ...]:
-    declared = getattr(fn, attribute, ())
-    try:
-        values = tuple(sorted({int(v) for v in declared if int(v) == v and not isinstance(v, bool)}))
-        complete = len(values) == len(set(declared))
-    except (TypeError, ValueError):
-        complete, values = False, ()
-    if not complete or any(not 1 <= v <= MAX_SWITCH_TOKENS for v in values):
-        raise ValueError(f"{name}.{attribute}={declared!r}: must be {what}, ints in [1, 2**31] "
-                         f"(each the first of a new code path)")
-    return values
+    code paths (each the first product of a new path, as fused QK-norm + RoPE kernels choose several
+    heads per warp, vllm#51049), sorted; () when it declares none."""
+    return Implementation.of(name, fn).switch_token_heads
 
 
 def working_precision(fn: Callable) -> str:
-    return getattr(fn, "working_precision", "float32")
+    return Implementation.of("", fn).working_precision
 
 
 def unsupported_reason(name: str, fn: Callable, spec, dtype, device: str) -> str | None:
     """None when ``fn`` claims to support the combination, else the reason to skip it: unsupported,
     or a known fault of that code (declared by the adapter: running it would crash the process)."""
+    record = Implementation.of(name, fn)
     what = f"{spec.variant()} {str(dtype).replace('torch.', '')} on {device}"
-    explain = getattr(fn, "unsupported_reason", None)
-    if explain is not None:
-        why = explain(spec, dtype, device)
+    if record.unsupported_reason is not None:
+        why = record.unsupported_reason(spec, dtype, device)
         if why is not None:
             return f"unsupported: {name} does not run {what}: {why}"
-    else:
-        supports = getattr(fn, "supports", None)
-        if supports is not None and not supports(spec, dtype, device):
-            return f"unsupported: {name} does not run {what}"
-    fault = getattr(fn, "known_fault", None)          # asked only of what the code claims to support
-    why = fault(spec, dtype, device) if fault is not None else None
+    elif record.supports is not None and not record.supports(spec, dtype, device):
+        return f"unsupported: {name} does not run {what}"
+    # Asked only of what the code claims to support.
+    why = record.known_fault(spec, dtype, device) if record.known_fault is not None else None
     return None if why is None else f"known fault: {name} on {what}: {why}"
 
 
@@ -236,7 +230,7 @@ def known_defect(name: str, fn: Callable, spec, num_tokens: int, dtype, device: 
     ``num_kv_heads`` key heads on the combination wrongly (or to raise on it), as its adapter declares
     (``declare(..., defect=...)``: a measured upstream defect), or None.  An implementation that
     declares no ``known_defect`` has every call checked."""
-    defect = getattr(fn, "known_defect", None)
+    defect = Implementation.of(name, fn).known_defect
     why = (defect(spec, num_tokens, dtype, device, num_heads=num_heads, num_kv_heads=num_kv_heads)
            if defect is not None else None)
     if why is None:

@@ -6,6 +6,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
+from rope.implementation import Implementation
 from rope.harness.comparison import (assert_matches_reference, call_rotation, checked_run, skip_if_none_supported,
                                      skip_if_unsupported)
 from rope.registry import get_implementation
@@ -127,7 +128,7 @@ def test_text_tokens_reduce_to_1d(impl_name, device, kind, data):
 
 def check_text_tokens_reduce_to_1d(impl_name, impl, case: RotationCase, device: str) -> None:
     spec_1d = _as_1d(case.spec)
-    if getattr(impl, "separate_1d_kernel", False):
+    if Implementation.of(impl_name, impl).separate_1d_kernel:
         # Two kernels by design (vLLM: triton_mrope for rows, another kernel for [T]): bit-for-bit
         # agreement is not promised, so each is held to the reference on the same text tokens.
         assert_matches_reference(impl_name, impl, case, device)

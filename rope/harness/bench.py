@@ -481,6 +481,7 @@ def bench_positions(device, time_fn, ceiling, progress, shapes=POSITION_SHAPES) 
     without a host sync), after the checked call's output was compared; on a GPU the Triton public
     entry (``triton-public``: its checks included) beside them."""
     from rope.devices import triton_runs_on
+    from rope.implementation import Implementation
     from rope.registry import get_positions_implementation
     out = []
     dims = 3
@@ -503,7 +504,7 @@ def bench_positions(device, time_fn, ceiling, progress, shapes=POSITION_SHAPES) 
             checked = "ok" if expected is None or torch.equal(o.cpu(), expected) else "MISMATCH"
             if expected is None:
                 checked = "ok (same as native)" if name == "native" or torch.equal(o.cpu(), row["native"][1]) else "MISMATCH"
-            fn = getattr(fn, "unchecked", fn)
+            fn = Implementation.of(name, fn, "position_step").unchecked or fn
             if name != "native" and device == "cpu":      # the Triton interpreter: checked, not timed
                 ms, how = float("nan"), "interpreter: checked, not timed"
             else:

@@ -33,6 +33,7 @@ import torch
 
 from rope.devices import triton_runs_on
 from rope.native import apply_rotation, rotate_native_unchecked
+from rope.implementation import Implementation
 from rope.registry import get_implementation, unsupported_reason, working_precision
 from rope.spec import RopeSpec
 
@@ -188,7 +189,8 @@ def contenders(only=CONTENDERS, extra: list[str] = ()) -> tuple[list[Contender],
             found.append(hf)
     for name in extra:
         fn = get_implementation(name)
-        found.append(Contender(name, False, _call_with(getattr(fn, "unchecked", fn)), working_precision(fn),
+        record = Implementation.of(name, fn)
+        found.append(Contender(name, False, _call_with(record.unchecked or fn), record.working_precision,
                                _reason(name, fn)))
     return found, absent
 

@@ -92,7 +92,8 @@ from rope.harness.atomic import atomic_write
 from rope.harness.causes import LINE_WIDTH
 from rope.devices import DEVICE_NAMES
 from rope.harness.diagnosis import Diagnosis, channel_location
-from rope.registry import WORKING_PRECISIONS, get_implementation
+from rope.implementation import WORKING_PRECISIONS, Implementation
+from rope.registry import get_implementation
 from rope.spec import RopeSpec
 from rope.prompts import FAMILIES, Audio, Image, Prompt, PromptBatch, Text, Video
 from rope.harness.position_ids.diagnosis import LABELS, PositionIdsMismatch
@@ -567,7 +568,7 @@ def position_ids_case_record(*, implementation: str, fn: Callable, family: str, 
                              mismatch: PositionIdsMismatch, deviation, hypothesis: dict | None) -> dict:
     """A position-id case file's contents (the position_ids kind of the module's docstring)."""
     found = versions("cpu")
-    found["implementation"] = getattr(fn, "version", None)
+    found["implementation"] = Implementation.of("", fn, "position_ids").version
     return {
         "schema_version": POSITION_IDS_SCHEMA_VERSION, "kind": POSITION_IDS_KIND,
         "id": position_ids_case_id(implementation, family, batch),

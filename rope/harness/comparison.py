@@ -20,6 +20,7 @@ from rope.harness.stop import skip_if_stopped
 from rope.devices import synchronize
 from rope.harness.placement import device_label
 from rope.harness.diagnosis import Diagnosis, diagnose
+from rope.implementation import Implementation
 from rope.registry import BUILTIN_POSITIONS, BUILTIN_ROTATIONS, known_defect, unsupported_reason, working_precision
 from rope.harness.tolerance import Comparison, compare_rotation
 
@@ -235,7 +236,7 @@ def compare_case(impl_name: str, fn, case: RotationCase, device: str) -> Compari
 def angle_source(fn) -> str:
     """Where ``fn`` gets its angles (its ``angles`` attribute): "cache" (the one it is handed) or
     "own-float32" (computed itself, ggml's recurrence; rope/harness/tolerance.py)."""
-    return getattr(fn, "angles", "cache")
+    return Implementation.of("", fn).angles
 
 
 def exact_rotation(spec, positions, query, key):

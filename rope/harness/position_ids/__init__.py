@@ -37,6 +37,7 @@ import torch
 from reference.position_ids import prompt_positions
 # The batch and the declaration are the contract's (rope/prompts.py), named here too.
 from rope.prompts import FAMILIES, KnownDeviation, Prompt, PromptBatch, check_family, family_num_dims  # noqa: F401
+from rope.implementation import Implementation
 from rope.registry import resolve
 
 ADAPTERS = {
@@ -67,10 +68,9 @@ def position_ids_implementations() -> dict[str, Callable]:
 
 def families(fn: Callable) -> tuple[str, ...]:
     """The families an implementation declares (every family when it declares none)."""
-    declared = getattr(fn, "families", None)
+    declared = Implementation.of("", fn, "position_ids").families
     if declared is None:
         return FAMILIES
-    declared = tuple(declared)
     unknown = [f for f in declared if f not in FAMILIES]
     if unknown:
         raise ValueError(f"families={declared!r}: unknown families {unknown} (known: {FAMILIES})")
@@ -82,7 +82,7 @@ def unsupported_reason(name: str, fn: Callable, family: str, prompt: Prompt | No
     check_family(family)
     if family not in families(fn):
         return f"unsupported: {name} does not implement {family} (it declares {', '.join(families(fn))})"
-    reason = getattr(fn, "unsupported_reason", None)
+    reason = Implementation.of(name, fn, "position_ids").unsupported_reason
     if reason is not None:
         why = reason(family, prompt)
         if why:
@@ -145,7 +145,7 @@ def _call(fn: Callable, *args):
 def run_batch(fn: Callable, family: str, batch: PromptBatch) -> list[tuple[torch.Tensor, int]]:
     """Run every prompt of ``batch``: in one call where ``fn`` has ``batch``, else one by one.
     Each result goes through :func:`check_result`."""
-    batched = getattr(fn, "batch", None)
+    batched = Implementation.of("", fn, "position_ids").batch
     if batched is not None:
         results = _call(batched, family, batch)
         if not isinstance(results, (list, tuple)) or len(results) != len(batch.prompts):
@@ -160,7 +160,7 @@ def expected(fn: Callable, family: str, batch: PromptBatch) -> list[tuple[torch.
     """Per prompt: the positions and delta ``fn`` must return, and the known deviation they come
     from (None: the reference's own)."""
     refs = [prompt_positions(family, p) for p in batch.prompts]
-    declared = getattr(fn, "known_deviations", None)
+    declared = Implementation.of("", fn, "position_ids").known_deviations
     deviations = list(declared(family, batch)) if declared is not None else [None] * len(refs)
     if len(deviations) != len(refs):
         raise ValueError(f"known_deviations: must give one entry per prompt ({len(refs)}) (got {len(deviations)})")
