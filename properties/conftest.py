@@ -4,12 +4,11 @@ report (the plugin keeps the baseline, the replays and the mutants' searches out
 
 from __future__ import annotations
 
-
 from rope.harness.plugin import kept_out_of_the_report, load_default_profile
 
-# Modules whose tests run deliberately broken implementations (the suite checking itself): their
-# mismatches are the point, so they stay out of the run report, which is about the code under test.
-_self_tests_stay_out_of_the_report = kept_out_of_the_report({"test_repro.py", "test_mutants.py"})
+# Modules marked self_test run deliberately broken implementations (the suite checking itself):
+# their mismatches are the point, so they stay out of the run report, which is about the code under test.
+_self_tests_stay_out_of_the_report = kept_out_of_the_report(marker="self_test")
 
 
 def pytest_configure(config):

@@ -26,6 +26,7 @@ from properties.strategies import RotationCase, ragged_batches, rotation_cases
 from properties.position_step.test_runner_positions import assert_positions_match
 
 pytestmark = [
+    pytest.mark.self_test,          # runs deliberately broken implementations: kept out of the run report
     pytest.mark.harness_stage,      # rope-harness mutants names these by node id; not a plain run's
     pytest.mark.interpreter,
     pytest.mark.skipif(not is_interpreter(), reason="needs Triton's interpreter (TRITON_INTERPRET=1): the "

@@ -33,7 +33,7 @@ from rope.harness.position_ids.cases import is_position_ids_case
 from rope.harness.repro import regeneration_notes
 
 # The replays: run with --rope-repro (or when named), not in a plain run.
-pytestmark = [pytest.mark.replay, pytest.mark.harness_stage]
+pytestmark = [pytest.mark.replay, pytest.mark.harness_stage, pytest.mark.self_test]
 
 
 def case_paths(arguments: list[str]) -> list[Path]:

@@ -65,3 +65,33 @@ def test_the_project_tests_broken_stand_ins_stay_out_of_the_run_report(tmp_path)
     assert run.returncode == 0 and "4 passed" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
     summary = json.loads((tmp_path / "reports" / "summary.json").read_text())
     assert summary["matrix"] == [] and summary["failures"] == 0, summary["matrix"]
+
+
+_MARKED_CONFTEST = '''
+from rope.harness.plugin import kept_out_of_the_report
+
+_out = kept_out_of_the_report(marker="self_test")
+'''
+_RECORDING = '''
+import pytest
+from rope.harness import report
+{mark}
+
+def test_records():
+    report.record_exact_check(test="t", impl="{impl}", device="cpu", what="positions-1rows", ok={ok}, elements=4)
+'''
+
+
+def test_modules_marked_self_test_stay_out_of_the_run_report(tmp_path):
+    # A conftest keeps the modules carrying the marker out (the suite's replays and mutant searches):
+    # by marker, not by a list of file names.
+    (tmp_path / "mytests").mkdir()
+    (tmp_path / "pytest.ini").write_text("[pytest]\nrope_harness_test_dirs = mytests\n")
+    (tmp_path / "mytests" / "conftest.py").write_text(_MARKED_CONFTEST)
+    (tmp_path / "mytests" / "test_broken.py").write_text(
+        _RECORDING.format(mark="pytestmark = pytest.mark.self_test", impl="broken", ok=False))
+    (tmp_path / "mytests" / "test_real.py").write_text(_RECORDING.format(mark="", impl="real", ok=True))
+    run = _pytest(["-q", "mytests", "--rope-device", "cpu"], tmp_path, tmp_path / "reports", PYTHONPATH=str(ROOT))
+    assert run.returncode == 0 and "2 passed" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
+    summary = json.loads((tmp_path / "reports" / "summary.json").read_text())
+    assert [cell["impl"] for cell in summary["matrix"]] == ["real"] and summary["failures"] == 0, summary["matrix"]

@@ -87,6 +87,7 @@ _MARKERS = (
     "prefill: a prefill-size batch (1,024 to 16,384 tokens and past); a campaign leaves these out",
     "harness_stage: run by a rope-harness command (a replay, the baseline, a mutant's guarded search), not a plain run",
     "replay: replays case files (--rope-repro)",
+    "self_test: runs deliberately broken implementations (the suite checking itself): kept out of the run report",
     "builtins_only: holds the built-in implementations to what only they promise (the harness's own validation "
     "messages); deselected for any other implementation",
 )

@@ -40,14 +40,14 @@ def load_default_profile(config) -> None:
         settings.load_profile(default_profile())
 
 
-def kept_out_of_the_report(module_names: set[str] = frozenset(), *, every_module: bool = False):
-    """An autouse, module-scoped fixture for a conftest: the tests of the modules named (file names),
-    or of every module under the conftest, run deliberately broken implementations, so their
-    mismatches stay out of the run report, which is about the code under test.  Module scope:
+def kept_out_of_the_report(*, marker: str | None = None, every_module: bool = False):
+    """An autouse, module-scoped fixture for a conftest: the tests of the modules carrying
+    ``marker``, or of every module under the conftest, run deliberately broken implementations, so
+    their mismatches stay out of the run report, which is about the code under test.  Module scope:
     before the modules' own module-scoped fixtures, which run broken code too."""
     @pytest.fixture(autouse=True, scope="module")
     def _kept_out_of_the_report(request):
-        if not every_module and request.node.path.name not in module_names:
+        if not every_module and (marker is None or request.node.get_closest_marker(marker) is None):
             yield
             return
         from rope.harness import report
