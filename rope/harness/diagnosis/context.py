@@ -172,10 +172,10 @@ class Context:
         return out
 
     @cached_property
-    def finite_head_errors(self) -> dict:
-        """The comparison's errors, 0 in heads whose input holds NaN/inf: how a planted non-finite
-        value propagates is the non-finite rules' to judge (they ran first), not the precision's."""
-        return {name: torch.where(self.finite_heads[name], err, torch.zeros_like(err))
+    def finite_errors(self) -> dict:
+        """The comparison's errors, 0 where the reference is NaN/inf: how a planted non-finite value
+        propagates is the non-finite rules' to judge (they ran first), not the precision's."""
+        return {name: torch.where(torch.isfinite(self.inputs[name][2]), err, torch.zeros_like(err))
                 for name, err in self.comparison.errors.items()}
 
     @cached_property

@@ -306,11 +306,11 @@ def lower_working_precision(ctx: Context) -> Diagnosis | None:
     working precision than declared (e.g. bf16 arithmetic in a kernel that declares float32; vLLM's
     Triton kernel rotates in the cos dtype, docs/spec.md §8.1).
 
-    Heads whose input holds NaN/inf are left out (nonfinite_output judged them).  After
+    Elements where the reference is NaN/inf are left out (nonfinite_output judged them).  After
     modest_rounding; before imprecise_neighbour (one cause before two) and the gross-error rules,
     which only look beyond what this precision explains."""
     cos, sin = ctx.cos_sin
-    lower = _fitting_precision(ctx.spec, cos, sin, ctx.tensors, ctx.finite_head_errors, ctx.precision, ctx.out_dtype)
+    lower = _fitting_precision(ctx.spec, cos, sin, ctx.tensors, ctx.finite_errors, ctx.precision, ctx.out_dtype)
     if lower is not None:
         return ctx.found("precision_loss",
                          f"small errors spread over {ctx.spread} (worst error/bound {ctx.comparison.worst_ratio:.3g}), "
@@ -406,8 +406,11 @@ def token_subset(ctx: Context) -> Diagnosis | None:
     Right tokens whose position rows are all equal are no evidence (no row-map bug shows there):
     where every wrong token has distinct rows, at least one right token must have them too.
 
-    After head_subset; before wrong_positions, which would also recover other positions for
-    these tokens but cannot say the bug is in the token loop."""
+    Wrong tokens that are rotated, by positions wrong_positions recovers exactly, are its (a
+    positions misread right at some tokens by chance); tokens left unrotated are the token loop's.
+
+    After head_subset; before wrong_positions, which would also recover other positions (0) for
+    unrotated tokens but cannot say the bug is in the token loop."""
     g = ctx.gross
     if not g.grossly:
         return None
@@ -424,6 +427,8 @@ def token_subset(ctx: Context) -> Diagnosis | None:
         right = set(range(num_tokens)) - set(tokens)
         if all(distinct[t] for t in tokens) and not any(distinct[t] for t in right):
             return None
+    if not _unrotated(ctx, tokens) and wrong_positions(ctx) is not None:
+        return None          # rotated, by other positions: wrong_positions says which
     last = ctx.cache.shape[0] - 1
     at_last = (ctx.rows == last).any(dim=0).nonzero().flatten().tolist()
     if tokens == at_last:
@@ -437,14 +442,24 @@ def token_subset(ctx: Context) -> Diagnosis | None:
                            f"only tokens {ranges(tokens)} of {num_tokens} are wrong{g.rounding_note}: {hint}")
 
 
+def _unrotated(ctx: Context, tokens) -> bool:
+    """Whether q and k come back at ``tokens`` exactly as they went in."""
+    for name in ("query", "key"):
+        x, out, _ = ctx.inputs[name]
+        if x is None:
+            continue
+        got, given = out.detach().to("cpu")[tokens], x[tokens]
+        if not bool(((got == given) | (torch.isnan(got) & torch.isnan(given))).all()):
+            return False
+    return True
+
+
 def _no_token_rotated(ctx: Context) -> Diagnosis | None:
     """Every token wrong, and q and k come back exactly as they went in: the token loop never ran
     (a bound one short on a one-token batch, a grid of no programs), the same slip as a token
     subset seen where the subset is every token."""
-    for name in ("query", "key"):
-        x, out, _ = ctx.inputs[name]
-        if x is not None and not torch.equal(out.detach().to("cpu"), x):
-            return None
+    if not _unrotated(ctx, list(range(ctx.rows.shape[1]))):
+        return None
     num_tokens = ctx.gross.where[ctx.gross.grossly[0]].num_tokens
     return ctx.found_gross("token_subset",
                            f"every token ({num_tokens}) comes back exactly as it went in (never rotated): the token "
