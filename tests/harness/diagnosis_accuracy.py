@@ -8,7 +8,8 @@ its failures, over the rotation properties' drawn cases, that carry its label.
 Each subject runs on the cases test_rotation_matches_reference draws (every dtype, kind and
 pairing it runs, ``rotation_cases`` with NaN/inf planted or not), a few examples per variant per
 round, each round from another Hypothesis seed, no shrinking, until it has ``--failures`` failing
-cases or ``--rounds`` rounds are done.  A failing case is diagnosed as the suite diagnoses it
+cases or ``--rounds`` rounds are done; after FOCUS_AFTER rounds over every variant, only over the
+variants the subject failed in.  A failing case is diagnosed as the suite diagnoses it
 (rope.harness.comparison.diagnose_mismatch; on guarded inputs, properties.guards.diagnose_guarded,
 for the memory-safety mutants only the guards see).  Prints the table; ``--write`` puts it into the
 file between the markers ``<!-- diagnosis-accuracy -->`` and ``<!-- /diagnosis-accuracy -->``.
@@ -42,6 +43,7 @@ from rope.harness.mutation import discover_mutants
 from tests.harness.handwritten_bugs import BUGS
 
 TARGET = 0.9
+FOCUS_AFTER = 2                 # rounds over every variant before the rounds over the failing ones
 PREFILL_FAILURES = 5            # failing cases of a prefill-size subject at most (each a 4,096-token run)
 BEGIN, END = "<!-- diagnosis-accuracy -->", "<!-- /diagnosis-accuracy -->"
 COMMAND = "python -m tests.harness.diagnosis_accuracy --write docs/mutation.md"
@@ -151,7 +153,9 @@ def measure(subject: Subject, *, failures: int, rounds: int, per_variant: int = 
         strategies = [rotation_cases(dtype=dtype, kind=kind, is_neox_style=neox, nonfinite=True, **narrowed)
                       for dtype, kind, neox, narrowed in _variants(subject)]
 
-    def visit(case):
+    failing = Counter()                   # variant -> failures found there
+
+    def visit(case, variant):
         if case in seen or tally.failures >= failures:
             return
         seen.add(case)
@@ -159,18 +163,28 @@ def measure(subject: Subject, *, failures: int, rounds: int, per_variant: int = 
         label = _label(subject, case)
         if label is not None:
             tally.labels[label] += 1
+            failing[variant] += 1
 
     for r in range(rounds):
-        for i, strategy in enumerate(strategies):
+        # From the third round on, only the variants the subject has failed in (a bug of one layout
+        # fails in few of them): the same draws for the same subject, a shorter run.
+        chosen = [i for i in range(len(strategies)) if r < FOCUS_AFTER or failing[i]] or range(len(strategies))
+        for i in chosen:
             if tally.failures >= failures:
                 break
             run = settings(max_examples=per_variant, database=None, deadline=None, phases=[Phase.generate],
-                           suppress_health_check=list(HealthCheck))(given(case=strategy)(visit))
+                           suppress_health_check=list(HealthCheck))(given(case=strategies[i])(_visitor(visit, i)))
             seed(r * 1000 + i)(run)()
         if tally.failures >= failures:
             break
     tally.seconds = time.perf_counter() - start
     return tally
+
+
+def _visitor(visit, variant):
+    def check(case):
+        visit(case, variant)
+    return check
 
 
 def table(tallies: list[Tally]) -> str:
@@ -212,7 +226,9 @@ def write(path: Path, text: str) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.harness.diagnosis_accuracy", description=__doc__.split("\n\n")[0])
     p.add_argument("--failures", type=int, default=20, help="failing cases per bug to stop at (default 20)")
-    p.add_argument("--rounds", type=int, default=4, help="rounds over the variants at most (default 4)")
+    p.add_argument("--rounds", type=int, default=12,
+                   help=f"rounds at most (default 12): every variant in the first {FOCUS_AFTER}, then the variants "
+                        f"the bug failed in")
     p.add_argument("--per-variant", type=int, default=3, help="examples per variant per round (default 3)")
     p.add_argument("--only", action="append", default=[], metavar="NAME", help="this bug only; repeatable")
     p.add_argument("--write", type=Path, default=None, metavar="DOC", help="write the table into DOC")
