@@ -25,6 +25,7 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")       # the kernel mutants on a machine without a GPU
 
 import argparse
+import dataclasses
 import re
 import sys
 import time
@@ -37,8 +38,12 @@ from hypothesis import HealthCheck, Phase, given, seed, settings, strategies as 
 from properties.guards import diagnose_guarded
 from properties.mutants.broken_rotations import BROKEN_ROTATIONS
 from properties.mutants.kernel import ROTARY_MUTANTS
-from properties.strategies import DTYPES, KINDS, prefill_cases, rotation_cases, supported_shapes
+from properties.mutants.dispatch import BROKEN_OPS
+from properties.strategies import (DTYPES, KINDS, build_rotation_inputs, prefill_cases, rotation_cases,
+                                   supported_shapes)
 from rope.harness.comparison import diagnose_mismatch, evaluate_case
+from rope.harness.diagnosis import diagnose
+from rope.native import rotate_native
 from rope.harness.mutation import discover_mutants
 from tests.harness.handwritten_bugs import BUGS
 
@@ -48,10 +53,11 @@ PREFILL_FAILURES = 5            # failing cases of a prefill-size subject at mos
 BEGIN, END = "<!-- diagnosis-accuracy -->", "<!-- /diagnosis-accuracy -->"
 COMMAND = "python -m tests.harness.diagnosis_accuracy --write docs/mutation.md"
 
-# Every rotation mutant of the catalogue -> (how its failures are seen, the label they must carry).
+# Every catalogue mutant with a rotation output -> (how its failures are seen, the label they must carry).
 # "plain": the rotation properties' check; "guarded": on guarded inputs (properties/guards.py), the
 # memory-safety bugs whose values are right on plain inputs; "prefill": prefill-size cases (the
-# prefill property's draws), for a bug on a path chosen by token count.
+# prefill property's draws), for a bug on a path chosen by token count; "op": a dispatch op class
+# called twice (test_dispatch.py's check).
 MUTANT_LABELS = {
     "broken_rotations:neox_for_gptj": ("plain", "pairing_swapped"),
     "broken_rotations:chunked_for_interleaved": ("plain", "axis_map_wrong"),
@@ -75,7 +81,12 @@ MUTANT_LABELS = {
     "kernel:positions_rows_packed": ("guarded", "wrong_positions"),
     "kernel:positions_rows_at_token_offsets": ("plain", "position_rows_misread"),
     "kernel:neox_pairs_from_4096_tokens": ("prefill", "pairing_swapped"),
+    "dispatch:mrope_cached_cos_sin": ("op", "wrong_positions"),
 }
+# The catalogue's other mutants give no rotation output to label: the positions and position-id
+# mutants (a position check; rope.harness.position_ids' own diagnosis), the dispatch ops that raise
+# or take a wrong positions shape with right values, and the GPU-only ones (a GPU, deep profile).
+NOT_LABELLED = ("positions", "positions-kernel", "position-ids", "dispatch")
 
 
 @dataclass
@@ -112,7 +123,8 @@ def subjects(only=()) -> list[Subject]:
     out = []
     for name, (how, label) in MUTANT_LABELS.items():
         module, attr = name.split(":")
-        fn = ROTARY_MUTANTS[attr] if module == "kernel" else BROKEN_ROTATIONS[attr]
+        fn = {"kernel": ROTARY_MUTANTS, "dispatch": {k: cls for k, (_, cls) in BROKEN_OPS.items()}}.get(
+            module, BROKEN_ROTATIONS)[attr]
         out.append(Subject(name, fn, label, how, _first_line(fn.__doc__)))
     out += [Subject(f"handwritten:{name}", bug.fn, bug.label, "plain", bug.slip) for name, bug in BUGS.items()]
     return [s for s in out if not only or any(o == s.name or o == s.name.split(":")[1] for o in only)]
@@ -124,6 +136,8 @@ def _first_line(doc) -> str:
 
 def _label(subject: Subject, case) -> str | None:
     """The diagnosis label of ``case`` when the subject fails it, else None."""
+    if subject.how == "op":
+        return _op_label(subject.fn, case)
     if subject.how == "guarded":
         d = diagnose_guarded(subject.fn, case)
         return None if d.label == "match" else d.label
@@ -131,6 +145,21 @@ def _label(subject: Subject, case) -> str | None:
     if run.comparison.ok:
         return None
     return diagnose_mismatch(subject.fn, case, run).label
+
+
+def _op_label(op_class, case) -> str | None:
+    """An op class called twice, as test_dispatch.py does: first on other positions of the same
+    length, then on the case; None where it passes (or the op takes no such spec)."""
+    x = build_rotation_inputs(case)
+    first = build_rotation_inputs(dataclasses.replace(case, seed=case.seed + 1))
+    try:
+        op = op_class(case.spec, DTYPES[case.dtype], platform="cpu", custom_ops=False)
+        op(first.positions, first.query.clone(), None if first.key is None else first.key.clone())
+        q, k = op(x.positions, x.query.clone(), None if x.key is None else x.key.clone())
+    except (ValueError, NotImplementedError):
+        return None                              # a spec the op does not take
+    d = diagnose(case.spec, x.positions, x.query, x.key, x.cache, q, k, precision=rotate_native.working_precision)
+    return None if d.label == "match" else d.label
 
 
 def _variants(subject: Subject) -> list[tuple]:
@@ -144,7 +173,10 @@ def measure(subject: Subject, *, failures: int, rounds: int, per_variant: int = 
     """Draw cases round by round until ``failures`` failing cases (or ``rounds`` rounds)."""
     tally, seen = Tally(subject), set()
     start = time.perf_counter()
-    if subject.how == "prefill":
+    if subject.how == "op":
+        strategies = [rotation_cases(dtype=dtype, kind=kind, is_neox_style=neox, nonfinite=True)
+                      for dtype in DTYPES for kind in ("chunked3", "chunked4", "interleaved") for neox in (True, False)]
+    elif subject.how == "prefill":
         # The switch's own boundary, few small heads: every example is a kernel run of 4,096 tokens
         # (under the interpreter, seconds each).
         failures = min(failures, PREFILL_FAILURES)
@@ -233,7 +265,7 @@ def main(argv=None) -> int:
     p.add_argument("--only", action="append", default=[], metavar="NAME", help="this bug only; repeatable")
     p.add_argument("--write", type=Path, default=None, metavar="DOC", help="write the table into DOC")
     args = p.parse_args(argv)
-    missing = sorted(m.name for m in discover_mutants() if m.kind.startswith("rotation") and not m.needs
+    missing = sorted(m.name for m in discover_mutants() if m.kind not in NOT_LABELLED and not m.needs
                      and m.name not in MUTANT_LABELS)
     if missing:
         print(f"rotation mutants without an expected label: {', '.join(missing)}", file=sys.stderr)
