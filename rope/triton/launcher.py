@@ -5,7 +5,7 @@ the GPU sees the launch: it binds the arguments, specializes each one, builds a 
 specialization and a string of the options, looks the compiled kernel up, checks the globals the
 kernel read, builds launch metadata and only then calls the compiled kernel's launcher
 (``CompiledKernel.run``).  A caller that has already computed its launch (grid, constexprs, compile
-options: rope/triton/rotary.py's plan) needs only the last step.
+options: rope/triton/rotary_plan.py) needs only the last step.
 
 :func:`launch` keeps, per kernel, the compiled kernel that Triton's own path returned for a key made
 of the caller's plan and what Triton specializes the runtime arguments on: each integer's value
@@ -36,6 +36,8 @@ try:                  # Triton 3.4 and later; older ones (Intel's XPU Triton 3.3
     from triton import knobs
 except ImportError:
     knobs = None
+
+__all__ = ["LIMIT", "enabled", "forget", "kept", "launch"]
 
 # Compiled kernels kept per kernel object (a key's entry: the launcher, the function handle, the
 # packed metadata, the constexpr values in parameter order); forgotten all at once past this many.

@@ -17,8 +17,10 @@ Run it in a process of its own with TRITON_INTERPRET=0 (the interpreter takes ov
     TRITON_INTERPRET=0 python -m tests.kernels.compile_offline [--target sm_90|gfx942|gfx90a|xpu] [--all-options] [--models A,B] [--substitute SUBS.json]
 
 One JSON line per compiled launch; exit 1 if any failed.  ``--substitute`` applies
-[[old, new], ...] to rope/triton/rotary.py first (tests/kernels/test_kernel_compiles.py shows
-with it that a kernel the interpreter runs, and the compiler refuses, is caught).
+[[old, new], ...] to the rotation kernel's modules first (rope/triton/rotary_kernel.py, rotary_plan.py,
+rotary.py: each pair to the one it matches, as properties/mutants/kernel.py does), and launches
+the patched kernel (tests/kernels/test_kernel_compiles.py shows with it that a kernel the
+interpreter runs, and the compiler refuses, is caught).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ PVC = {"architecture": 0x030F000700, "name": "Intel(R) Data Center GPU Max 1550"
 # Triton's own name of each target of rope.triton.targets.TARGETS.
 COMPILE_TARGETS = {"sm_90": lambda: GPUTarget("cuda", 90, 32), "gfx942": lambda: GPUTarget("hip", "gfx942", 64),
                    "gfx90a": lambda: GPUTarget("hip", "gfx90a", 64), "pvc": lambda: GPUTarget("xpu", PVC, 32)}
-# Launches per model: the launcher's defaults in each band of rope.triton.rotary._default_tile (decode,
+# Launches per model: the launcher's defaults in each band of rope.triton.rotary_plan._default_tile (decode,
 # the small-batch grid's 8-head programs, the one-wave tiles on either side of their program-count
 # switch, the per-lane gather's 4-token tiles, a large prefill), and the options a sweep may pick
 # (test_launch_options.py holds their bits).
@@ -181,7 +183,8 @@ def compile_all(launches, target: str = "sm_90"):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--substitute", help="JSON file: [[old, new], ...] applied to rope/triton/rotary.py")
+    parser.add_argument("--substitute", help="JSON file: [[old, new], ...] applied to the rotation kernel's modules "
+                        "(rope/triton/rotary_kernel.py, rotary_plan.py, rotary.py)")
     parser.add_argument("--rotation-only", action="store_true", help="skip the position kernel")
     parser.add_argument("--all-options", action="store_true", help="every model with every option (about 190 compiles)")
     parser.add_argument("--models", help="comma-separated model keys (default: every model of rope/models.yaml)")

@@ -33,7 +33,8 @@ from rope.models import load_models
 from rope.triton.grid import cdiv, next_power_of_2
 from rope.triton.positions import launch_prepare_positions
 from rope.spec import RopeSpec
-from rope.triton.rotary import MIN_BLOCK_F, SPECULATE_MAX_TOKENS, launch_rotary
+from rope.triton.rotary import launch_rotary
+from rope.triton.rotary_plan import MIN_BLOCK_F, SPECULATE_MAX_TOKENS, default_plan
 from rope.triton.targets import INTERPRETER, TARGETS, cuda_target
 
 LAUNCH_OPTIONS = st.fixed_dictionaries({
@@ -374,20 +375,19 @@ def test_each_target_gets_only_the_launch_options_it_has(target, pdl, evict, com
 def test_the_default_plan_is_computed_once_per_signature():
     # The default launch's grid and constexprs are a function of the shapes, the dtype, the cache's
     # rows and row stride and the compile target: computed once, then a lookup.
-    import rope.triton.rotary as rotary
     meta = torch.device("meta")
     cache = torch.empty(4096, 128, device=meta, dtype=torch.bfloat16)
     q, k = torch.empty(5, 8 * 128, device=meta, dtype=torch.bfloat16), torch.empty(5, 128, device=meta, dtype=torch.bfloat16)
     positions = torch.zeros(3, 5, dtype=torch.long, device=meta)
-    rotary._default_plan.cache_clear()
+    default_plan.cache_clear()
     first = _recorded_constexprs(positions, q, k, cache)
     again = _recorded_constexprs(positions, q, k, cache)
-    info = rotary._default_plan.cache_info()
+    info = default_plan.cache_info()
     assert first == again and (info.misses, info.hits) == (1, 1), info
     # Another token count, or an option given, is planned anew (an option never from the cache).
     _recorded_constexprs(torch.zeros(3, 6, dtype=torch.long, device=meta), q[:1].expand(6, -1), k[:1].expand(6, -1), cache)
     asked = _recorded_constexprs(positions, q, k, cache, evict_first=False, block_h=2)
-    info = rotary._default_plan.cache_info()
+    info = default_plan.cache_info()
     assert info.misses == 2 and asked["BLOCK_H"] == 2, info
 
 

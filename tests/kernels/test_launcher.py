@@ -157,13 +157,14 @@ def test_a_kernel_that_is_not_a_jit_function_is_launched_as_it_is(fake_driver):
 def test_the_kept_launch_runs_the_kernel_triton_picks_and_the_same_bits():
     if not torch.cuda.is_available():
         pytest.skip("the compiled kernel's launcher needs a GPU (the interpreter launches through Triton's path)")
-    import rope.triton.rotary as rotary
     from rope import RopeSpec, cos_sin_cache
-    from rope.triton.rotary import launch_rotary
+    from rope.triton.rotary import launch_rotary, launch_signature
+    from rope.triton.rotary_kernel import rotary_kernel
+    from rope.triton.rotary_plan import default_plan, kernel_arguments
     spec = RopeSpec(head_size=128, rotary_dim=128, sections=(16, 24, 24), max_position=4096)
     cache = cos_sin_cache(spec, torch.bfloat16, "cuda")
     gen = torch.Generator().manual_seed(0)
-    launcher.forget(rotary._rotary_kernel)
+    launcher.forget(rotary_kernel)
     for tokens, offset in ((1, 0), (7, 8), (64, 0), (300, 8), (4096, 0), (5, 0)):
         positions = torch.randint(0, 4096, (3, tokens), generator=gen).cuda()
         # An offset of 8 bf16 columns leaves q's rows 16-byte aligned, 8 more would not: both occur.
@@ -181,12 +182,12 @@ def test_the_kept_launch_runs_the_kernel_triton_picks_and_the_same_bits():
             torch.cuda.synchronize()
             assert all(torch.equal(a, b) for a, b in zip(got, expected)), (tokens, offset)
         # The kept entry is the compiled kernel Triton's binder picks for these arguments.
-        signature = rotary._signature(spec, positions, got[0], got[1], cache)
-        grid, constexprs = rotary._default_plan(*signature)
-        args = rotary._arguments(signature, positions, got[0], got[1], cache, None, constexprs["MAP_TABLE"])
-        compiled = rotary._rotary_kernel.__dict__[launcher._ATTRIBUTE]
+        signature = launch_signature(spec, positions, got[0], got[1], cache)
+        grid, constexprs = default_plan(*signature)
+        args = kernel_arguments(signature, positions, got[0], got[1], cache, None, constexprs["MAP_TABLE"])
+        compiled = rotary_kernel.__dict__[launcher._ATTRIBUTE]
         entry = compiled.entries[(signature, torch.cuda.current_device(), launcher._argument_key(args))]
-        picked = rotary._rotary_kernel.run(*args, grid=grid, warmup=True, **constexprs)
+        picked = rotary_kernel.run(*args, grid=grid, warmup=True, **constexprs)
         assert entry[1] == picked.function and entry[3] == tuple(
-            constexprs[p.name] for p in rotary._rotary_kernel.params[len(args):])
-    assert launcher.kept(rotary._rotary_kernel) >= 6
+            constexprs[p.name] for p in rotary_kernel.params[len(args):])
+    assert launcher.kept(rotary_kernel) >= 6
