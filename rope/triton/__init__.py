@@ -5,3 +5,9 @@ precede every ``@triton.jit``."""
 from rope.devices import configure_triton
 
 configure_triton()
+
+# The package's modules: the rotation kernel (rotary_kernel), its launch plan (rotary_plan) and its
+# entry points (rotary); the position step (positions); both as torch custom ops (ops); what they
+# share (checked, grid, launcher, pdl, targets).  Each states its own public names in __all__.
+__all__ = ["checked", "grid", "launcher", "ops", "pdl", "positions", "rotary", "rotary_kernel", "rotary_plan",
+           "targets"]

@@ -9,6 +9,8 @@ and finds what the entry derived from them the first time (whether it must copy 
 
 from __future__ import annotations
 
+__all__ = ["CheckedCalls"]
+
 
 def _metadata(t):
     return None if t is None else (t.dtype, t.shape, t.stride(), t.device, t.data_ptr())

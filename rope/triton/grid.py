@@ -7,6 +7,8 @@ computes five of them.  These are the same functions on Python ints.
 
 from __future__ import annotations
 
+__all__ = ["cdiv", "next_power_of_2"]
+
 
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) for a >= 0, b > 0."""

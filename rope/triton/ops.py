@@ -28,6 +28,8 @@ from rope.spec import RopeSpec
 from rope.triton.positions import prepare_positions_triton
 from rope.triton.rotary import rotate_triton
 
+__all__ = ["NAMESPACE", "prepare_positions", "rotary"]
+
 NAMESPACE = "rope_harness"
 
 

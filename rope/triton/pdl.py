@@ -15,6 +15,8 @@ try:
     from triton.backends.nvidia.compiler import CUDAOptions
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401  (re-exported)
     HAS_PDL = "launch_pdl" in CUDAOptions.__dataclass_fields__
+    __all__ = ["HAS_PDL", "gdc_launch_dependents", "gdc_wait"]
 except ImportError:
     HAS_PDL = False
+    __all__ = ["HAS_PDL"]
 

@@ -30,6 +30,8 @@ from rope.triton.targets import launch_target
 if HAS_PDL:     # programmatic dependent launch: rope/triton/pdl.py
     from rope.triton.pdl import gdc_launch_dependents, gdc_wait
 
+__all__ = ["BLOCK", "TARGET_PROGRAMS", "default_splits", "launch_prepare_positions", "prepare_positions_triton"]
+
 BLOCK = 256
 TARGET_PROGRAMS = 1024      # about 8 programs per SM of an H200: enough blocks in flight to hide latency
 

@@ -20,6 +20,9 @@ import torch
 from rope.devices import is_interpreter
 from rope.triton.pdl import HAS_PDL
 
+__all__ = ["INTERPRETER", "TARGETS", "Target", "cuda_target", "hip_target", "launch_target", "pdl_available",
+           "xpu_target"]
+
 
 @dataclass(frozen=True)
 class Target:
