@@ -218,7 +218,7 @@ def cmd_check(args) -> int:
     things = "all" if args.all else ", ".join(checked_things(args)).replace("_", " ")
     print(f"rope-harness check: {things}; devices {', '.join(devices)}; implementations "
           f"{', '.join(named) if named else 'all built-in'}; profile {args.profile}", flush=True)
-    started = time.perf_counter()
+    started, began = time.perf_counter(), time.time()
     bar = _ProgressBar()
     verdicts = []
 
@@ -231,16 +231,27 @@ def cmd_check(args) -> int:
     from rope.harness.report import reports_dir
     verdict = next((v for v in verdicts if v is not None), None)
     collect_only = any(a in ("--collect-only", "--co") for a in args.pytest_args)
-    print(closing_line(code, bar.outcomes, reports_dir() / "summary.json", time.perf_counter() - started,
-                       nothing_compared=getattr(verdict, "reason", None), collected=bar.progress.tasks[0].total
-                       if bar.task is not None else 0, collect_only=collect_only))
+    summary = reports_dir() / "summary.json"
+    print(closing_line(code, bar.outcomes, summary if _written_since(summary, began) else None,
+                       time.perf_counter() - started, comparisons=bar.comparisons,
+                       nothing_compared=getattr(verdict, "reason", None),
+                       collected=bar.progress.tasks[0].total if bar.task is not None else 0, collect_only=collect_only))
     return code
 
 
-def closing_line(code: int, outcomes, summary_json: Path, seconds: float, *, nothing_compared: str | None = None,
-                 collected: float | None = 0, collect_only: bool = False) -> str:
-    """The run's last line: the verdict, the tests' outcomes, the comparisons (the report's count)
-    and the time.  A run that compared nothing never says "matches": it names why."""
+def _written_since(path: Path, since: float) -> bool:
+    """Whether ``path`` was written by this run (a report turned off leaves an older one in place)."""
+    try:
+        return path.stat().st_mtime >= since
+    except OSError:
+        return False
+
+
+def closing_line(code: int, outcomes, summary_json: Path | None, seconds: float, *, comparisons: int | None = None,
+                 nothing_compared: str | None = None, collected: float | None = 0, collect_only: bool = False) -> str:
+    """The run's last line: the verdict, the tests' outcomes, the comparisons (the report's count,
+    with its failures; the tests' own count where this run wrote no report) and the time.  A run
+    that compared nothing never says "matches": it names why."""
     if collect_only:
         return (f"rope-harness check: collected only, nothing run: {int(collected or 0)} tests would run "
                 f"in {seconds:.0f} s")
@@ -256,8 +267,9 @@ def closing_line(code: int, outcomes, summary_json: Path, seconds: float, *, not
     try:
         data = json.loads(summary_json.read_text())
         counts += f"; {data['examples']} comparisons, {data['failures']} failed"
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    except (AttributeError, OSError, ValueError, KeyError, TypeError):
+        if comparisons is not None:
+            counts += f"; {comparisons} comparisons (no report written)"
     return f"rope-harness check: {verdict} ({counts}) in {seconds:.0f} s"
 
 

@@ -201,10 +201,10 @@ def test_a_fail_fast_run_gives_every_search_a_first_pass(tmp_path):
 def test_a_fail_fast_run_caps_shrinking():
     from hypothesis.internal.conjecture import engine
 
-    from rope.harness.plugin import FAIL_FAST_SHRINK_S, _cap_shrinking
+    from rope.harness.plugin import FAIL_FAST_SHRINK_S, cap_shrinking
     before = engine.MAX_SHRINKING_SECONDS
     try:
-        _cap_shrinking(FAIL_FAST_SHRINK_S)
+        cap_shrinking(FAIL_FAST_SHRINK_S)
         assert engine.MAX_SHRINKING_SECONDS == min(before, FAIL_FAST_SHRINK_S)
     finally:
         engine.MAX_SHRINKING_SECONDS = before
@@ -222,9 +222,9 @@ def test_a_stopped_run_skips_the_next_check(tmp_path, monkeypatch):
     from rope.harness.plugin import run_end
     monkeypatch.setattr(run_end, "_STOP_AFTER", [2, 0])
     failed = type("Report", (), {"failed": True, "when": "call"})()
-    plugin._note_failure_for_stop(failed)
+    plugin.note_failure_for_stop(failed)
     assert not stop.stop_requested()
-    plugin._note_failure_for_stop(failed)
+    plugin.note_failure_for_stop(failed)
     assert stop.stop_requested()
     with pytest.raises(pytest.skip.Exception, match="stopped at another worker's failure"):
         comparison.evaluate_case("native", rotate_native, case, "cpu")
@@ -321,16 +321,16 @@ def test_the_end_watchdog_fires_once_and_keeps_the_first_deadline(tmp_path, monk
     monkeypatch.setattr(faulthandler, "dump_traceback_later", lambda s, repeat=False, file=None: armed.append(s))
     monkeypatch.setenv("ROPE_END_STACKS_S", "100")
     out = open(tmp_path / "end-stacks.txt", "w")        # noqa: SIM115 - the plugin holds it open
-    held = plugin._END_STACKS_FILE[:]         # this process's own, put back before this test's teardown arms it
+    held = plugin.END_STACKS_FILE[:]         # this process's own, put back before this test's teardown arms it
     try:
-        plugin._END_STACKS_FILE[:] = [out, time.monotonic() - 40]
-        plugin._arm_end_stacks()
+        plugin.END_STACKS_FILE[:] = [out, time.monotonic() - 40]
+        plugin.arm_end_stacks()
         assert len(armed) == 1 and 59 < armed[0] <= 60, armed          # the time left, not a fresh 100 s
         os.write(out.fileno(), b"Thread 0x1 (most recent call first):\n")
-        plugin._arm_end_stacks()
+        plugin.arm_end_stacks()
         assert len(armed) == 1, "armed again after it had fired"
     finally:
-        plugin._END_STACKS_FILE[:] = held
+        plugin.END_STACKS_FILE[:] = held
         out.close()
 
 # ------------------------------------------------------------------ what rope-harness check runs
@@ -382,13 +382,20 @@ def test_check_takes_the_position_step_flag_and_its_alias():
 def test_check_ends_with_one_closing_line_of_counts_and_time(tmp_path):
     # The user's verdict in one line: tests passed / failed / skipped, the report's comparisons and
     # failures, the seconds.
-    run = subprocess.run([sys.executable, "-m", "rope.harness.cli", "check", "--impl", "native", "--device", "cpu",
-                          "--workers", "0", "--", "-k", "known_bug_triggers_match_reference and glm41v"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=300, env=subprocess_env())
+    command = [sys.executable, "-m", "rope.harness.cli", "check", "--impl", "native", "--device", "cpu",
+               "--workers", "0", "--", "-k", "known_bug_triggers_match_reference and glm41v"]
+    env = {k: v for k, v in subprocess_env().items() if k != "ROPE_NO_REPORT"}
+    run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     last = run.stdout.strip().splitlines()[-1]
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert re.fullmatch(r"rope-harness check: every implementation checked matches the reference \(\d+ passed, 0 failed, "
                         r"0 skipped; \d+ comparisons, 0 failed\) in \d+ s", last), last
+    # With the report off, the count is the tests' own, never an older report's.
+    quiet = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                           env={**env, "ROPE_NO_REPORT": "1"})
+    last = quiet.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"rope-harness check: every implementation checked matches the reference \(\d+ passed, 0 failed, "
+                        r"0 skipped; [1-9]\d* comparisons \(no report written\)\) in \d+ s", last), last
 
 
 _INTERPRETER_NOISE = '''

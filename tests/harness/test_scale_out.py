@@ -133,7 +133,7 @@ def _fake_items(tests: list[str], gpus: list[int], kind: str = "cuda") -> list[_
 def test_each_gpu_test_runs_once_and_tests_spread_over_the_gpus(tests, num_gpus):
     items = _fake_items(tests, list(range(num_gpus)))
     kept = list(items)
-    plugin._keep_one_gpu_per_test(kept)
+    plugin.keep_one_gpu_per_test(kept)
     gpu_kept = [i for i in kept if i.marks]
     assert len(gpu_kept) == len(tests)                                  # each GPU test once
     assert len([i for i in kept if not i.marks]) == len(tests)          # CPU tests untouched
@@ -143,14 +143,14 @@ def test_each_gpu_test_runs_once_and_tests_spread_over_the_gpus(tests, num_gpus)
     for item in gpu_kept:                                                # the id says where it runs
         assert f"cuda:{item.marks['rope_gpu'].args[1]}" in item.nodeid
     again = list(items)
-    plugin._keep_one_gpu_per_test(again)                               # every xdist worker agrees
+    plugin.keep_one_gpu_per_test(again)                               # every xdist worker agrees
     assert [i.nodeid for i in again] == [i.nodeid for i in kept]
 
 
 def test_gpu_copy_key_only_drops_the_gpu_index():
     item = _FakeItem(nodeid="t.py::test_x[native-cuda:10-cuda:1-chunked]",
                      marks={"rope_gpu": SimpleNamespace(args=("cuda", 1))})
-    assert plugin._gpu_copy_key(item) == "t.py::test_x[native-cuda:10-cuda-chunked]"
+    assert plugin.gpu_copy_key(item) == "t.py::test_x[native-cuda:10-cuda-chunked]"
 
 
 @pytest.mark.gpu

@@ -28,12 +28,12 @@ import torch
 
 from rope.spec import check_position_inputs
 from rope.backends import require
-from rope.backends.vllm.rotation import _INSTALL  # noqa: F401 - its import also keeps real Triton on a GPU-less host
+from rope.backends.vllm.rotation import INSTALL  # noqa: F401 - its import also keeps real Triton on a GPU-less host
 from rope.devices import device_name, triton_runs_on
 from rope.runner_positions import check_out
 
-_mm_rope = require("vllm.v1.worker.gpu.mm.rope", distribution="vllm", install=_INSTALL)
-_triton_utils = require("vllm.triton_utils", distribution="vllm", install=_INSTALL)
+_mm_rope = require("vllm.v1.worker.gpu.mm.rope", distribution="vllm", install=INSTALL)
+_triton_utils = require("vllm.triton_utils", distribution="vllm", install=INSTALL)
 
 
 def _rope_state(prefill_positions, prefill_delta, num_dims: int, out):

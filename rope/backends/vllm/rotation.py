@@ -32,11 +32,11 @@ from rope.spec import RopeSpec, check_rotation_inputs
 # "distributed environment" rule); on a GPU-less host that is a true statement, so say it.
 if not torch.cuda.is_available():
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-_INSTALL = ("pip install vllm (CUDA); on a CPU box scripts/vllm_cpu_env.sh (its own venv): see "
+INSTALL = ("pip install vllm (CUDA); on a CPU box scripts/vllm_cpu_env.sh (its own venv): see "
             "docs/implementations.md, \"Serving engines' own code as implementations\"")
-_rotary = require("vllm.model_executor.layers.rotary_embedding", distribution="vllm", install=_INSTALL)
-_mrope = require("vllm.model_executor.layers.rotary_embedding.mrope", distribution="vllm", install=_INSTALL)
-_config = require("vllm.config", distribution="vllm", install=_INSTALL)
+_rotary = require("vllm.model_executor.layers.rotary_embedding", distribution="vllm", install=INSTALL)
+_mrope = require("vllm.model_executor.layers.rotary_embedding.mrope", distribution="vllm", install=INSTALL)
+_config = require("vllm.config", distribution="vllm", install=INSTALL)
 XDRotaryEmbedding = getattr(_rotary, "XDRotaryEmbedding", None)
 try:        # Ernie-4.5-VL's own class (models/ernie45_vl_moe.py builds it; get_rope never does)
     from vllm.model_executor.layers.rotary_embedding.ernie45_vl_rope import Ernie4_5_VLRotaryEmbedding

@@ -49,27 +49,27 @@ import time
 import pytest
 
 from rope.harness.suite import CHECKED_BY_FIXTURE
-from rope.harness.plugin.activation import _is_controller, _rope_test, is_active
+from rope.harness.plugin.activation import is_controller, is_rope_test, is_active
 from rope.harness.plugin.device_faults import lost_context_reason, note_device_fault, sticky_device_error
-from rope.harness.plugin.gpus import _gpu_copy_key, _keep_one_gpu_per_test, _keep_shard, _rope_on_assigned_gpu
+from rope.harness.plugin.gpus import gpu_copy_key, keep_one_gpu_per_test, keep_shard, rope_on_assigned_gpu
 from rope.harness.plugin.profiles import default_profile, kept_out_of_the_report, load_default_profile
-from rope.harness.plugin.rounds import (FAIL_FAST_SHRINK_S, ROUND, _apply_round, _order_rounds, _parametrize_rounds, fail_fast,
+from rope.harness.plugin.rounds import (FAIL_FAST_SHRINK_S, ROUND, apply_round, order_rounds, parametrize_rounds, fail_fast,
                                         rope_round, without_round)
 from rope.harness.plugin import compared, failures, run_end
-from rope.harness.plugin.run_end import (_END_STACKS_FILE, _LAST_REPORT_AT, _arm_end_stacks, _arm_stop_file,
-                                         _note_failure_for_stop,
-                                         _record_profile)
-from rope.harness.plugin.selection import (_device_params, _keep_builtins_only_for_builtins, _keep_harness_stages_out,
-                                           _keep_only_replays,
-                                           _skip_oracle_tests_without_transformers, selected_devices,
+from rope.harness.plugin.run_end import (END_STACKS_FILE, LAST_REPORT_AT, arm_end_stacks, arm_stop_file,
+                                         note_failure_for_stop,
+                                         record_profile)
+from rope.harness.plugin.selection import (device_params, keep_builtins_only_for_builtins, keep_harness_stages_out,
+                                           keep_only_replays,
+                                           skip_oracle_tests_without_transformers, selected_devices,
                                            selected_implementations, selected_position_ids_implementations,
                                            selected_positions_implementations)
-from rope.harness.plugin.timeouts import _cap_shrinking, _configure_call_timeout, _set_test_timeouts, test_timeout
+from rope.harness.plugin.timeouts import cap_shrinking, configure_call_timeout, set_test_timeouts, test_timeout
 
 # What other modules, the run's fixtures and the tests reach through the plugin module: pytest finds
 # fixtures and hooks among a plugin module's attributes, so the fixtures of the parts are named here.
-__all__ = ["FAIL_FAST_SHRINK_S", "_END_STACKS_FILE", "_arm_end_stacks", "_cap_shrinking", "_gpu_copy_key",
-           "_keep_one_gpu_per_test", "_note_failure_for_stop", "_rope_on_assigned_gpu", "default_profile",
+__all__ = ["FAIL_FAST_SHRINK_S", "END_STACKS_FILE", "arm_end_stacks", "cap_shrinking", "gpu_copy_key",
+           "keep_one_gpu_per_test", "note_failure_for_stop", "rope_on_assigned_gpu", "default_profile",
            "is_active", "kept_out_of_the_report", "load_default_profile", "lost_context_reason", "note_device_fault",
            "rope_round", "sticky_device_error", "without_round"]
 
@@ -143,9 +143,9 @@ def pytest_generate_tests(metafunc):
     """The suite's tests taking ``impl_name`` (or ``positions_impl_name``) and ``device`` run for
     every implementation on every device; those taking ``position_ids_impl_name`` (no device: the
     ids are integers computed on the host) for every position-id implementation."""
-    if not _rope_test(metafunc):
+    if not is_rope_test(metafunc):
         return
-    _parametrize_rounds(metafunc)
+    parametrize_rounds(metafunc)
     if "position_ids_impl_name" in metafunc.fixturenames:
         names = list(selected_position_ids_implementations(metafunc.config))
         if not names:       # nothing installed to check: one skipped test says so
@@ -158,15 +158,15 @@ def pytest_generate_tests(metafunc):
         devices = selected_devices(metafunc.config)
         combos = [(name, dev) for name in impls for dev in devices]
         metafunc.parametrize("positions_impl_name,device",
-                             _device_params(metafunc.config, combos, [f"{n}-{d}" for n, d in combos]))
+                             device_params(metafunc.config, combos, [f"{n}-{d}" for n, d in combos]))
     elif "impl_name" in metafunc.fixturenames and "device" in metafunc.fixturenames:
         impls = selected_implementations(metafunc.config)
         devices = selected_devices(metafunc.config)
         combos = [(name, dev) for name in impls for dev in devices]
-        metafunc.parametrize("impl_name,device", _device_params(metafunc.config, combos, [f"{n}-{d}" for n, d in combos]))
+        metafunc.parametrize("impl_name,device", device_params(metafunc.config, combos, [f"{n}-{d}" for n, d in combos]))
     elif "device" in metafunc.fixturenames:
         devices = selected_devices(metafunc.config)
-        metafunc.parametrize("device", _device_params(metafunc.config, [(d,) for d in devices], devices))
+        metafunc.parametrize("device", device_params(metafunc.config, [(d,) for d in devices], devices))
 
 
 @pytest.hookimpl(wrapper=True)
@@ -174,7 +174,7 @@ def pytest_pyfunc_call(pyfuncitem):
     """A Hypothesis test whose every draw the implementation does not support is skipped with
     the reasons; one where only some were rejected records them in the run report.  After a
     sticky GPU fault in this process, later GPU tests are skipped naming the test that faulted."""
-    if not _rope_test(pyfuncitem):
+    if not is_rope_test(pyfuncitem):
         return (yield)
     from hypothesis.errors import Unsatisfiable
 
@@ -190,7 +190,7 @@ def pytest_pyfunc_call(pyfuncitem):
     from rope.harness import causes
     causes.forget_case()
     pyfuncitem._rope_comparisons_before = report.COMPARISONS[0]
-    restore = _apply_round(pyfuncitem) if callspec is not None and ROUND in callspec.params else None
+    restore = apply_round(pyfuncitem) if callspec is not None and ROUND in callspec.params else None
     started, calls_before = time.perf_counter(), profiling.calls()
     # A test expected to fail (a pinned upstream mismatch) writes no case file: its mismatch is known.
     # Marked xfail: none is written; pytest.xfail called in the body (after the mismatch was checked
@@ -230,7 +230,7 @@ def pytest_pyfunc_call(pyfuncitem):
 
 def pytest_itemcollected(item):
     """Mark each suite test with the checked thing whose implementation it takes (before -m selects)."""
-    if not _rope_test(item):
+    if not is_rope_test(item):
         return
     for fixture, marker in CHECKED_BY_FIXTURE.items():
         if fixture in getattr(item, "fixturenames", ()):
@@ -240,14 +240,14 @@ def pytest_itemcollected(item):
 def pytest_collection_modifyitems(config, items):
     if not is_active(config):
         return
-    _keep_one_gpu_per_test(items)
-    _keep_harness_stages_out(config, items)
-    _keep_only_replays(config, items)
-    _keep_builtins_only_for_builtins(config, items)
-    _keep_shard(config, items)
-    _set_test_timeouts(config, items)
-    _skip_oracle_tests_without_transformers(items)
-    _order_rounds(items)
+    keep_one_gpu_per_test(items)
+    keep_harness_stages_out(config, items)
+    keep_only_replays(config, items)
+    keep_builtins_only_for_builtins(config, items)
+    keep_shard(config, items)
+    set_test_timeouts(config, items)
+    skip_oracle_tests_without_transformers(items)
+    order_rounds(items)
 
 
 def pytest_report_header(config):
@@ -269,14 +269,14 @@ def pytest_configure(config):
     if not is_active(config):
         return
     config.pluginmanager.register(failures.RestoreFailed(), "rope-harness-restore-failed")
-    if _is_controller(config):
+    if is_controller(config):
         config.pluginmanager.register(compared.Verdict(config, failures.COMPARISONS_PROPERTY), compared.PLUGIN_NAME)
     _import_named_implementations(config)
-    _configure_call_timeout(config)
+    configure_call_timeout(config)
     _configure_known_defects(config)
     if fail_fast(config):
-        _cap_shrinking(FAIL_FAST_SHRINK_S)
-        _arm_stop_file(config)
+        cap_shrinking(FAIL_FAST_SHRINK_S)
+        arm_stop_file(config)
     from rope.devices import configure_triton
     configure_triton()          # before any kernel of the suite is defined (no GPU: the interpreter)
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -300,7 +300,7 @@ def pytest_configure(config):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
         placement.pin_worker(os.environ.get("PYTEST_XDIST_WORKER"))
     from rope.harness import report
-    if (_is_controller(config) and not os.environ.get(report.DISABLE_ENV) and not config.getoption("--rope-repro")
+    if (is_controller(config) and not os.environ.get(report.DISABLE_ENV) and not config.getoption("--rope-repro")
             and not os.environ.get("ROPE_CAMPAIGN")):   # a campaign round records into the campaign's run
         config._rope_run_dir = report.start_run()
 
@@ -329,8 +329,8 @@ def _configure_known_defects(config) -> None:
 
 
 def pytest_runtest_logreport(report):
-    _note_failure_for_stop(report)
-    _LAST_REPORT_AT[0] = time.perf_counter()
+    note_failure_for_stop(report)
+    LAST_REPORT_AT[0] = time.perf_counter()
     # Under xdist both the worker and the controller see every report: the controller records.
     if os.environ.get("PYTEST_XDIST_WORKER") or not os.environ.get("ROPE_REPORT_RUN"):
         return
@@ -369,7 +369,7 @@ def _quiet_xdist_startup(config) -> None:
 def pytest_runtest_makereport(item, call):
     """A failed suite test: the harness's frames leave its traceback, its cause and the
     comparisons it made go on its report (plugin/failures.py)."""
-    if not _rope_test(item):
+    if not is_rope_test(item):
         return (yield)
     failures.before_report(item, call)
     before = getattr(item, "_rope_comparisons_before", 0)
@@ -401,13 +401,13 @@ def _write_report_line(terminalreporter, config) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_teardown(item, nextitem):
     if nextitem is None and is_active(item.config):
-        _arm_end_stacks()
+        arm_end_stacks()
 
 
 def pytest_sessionfinish(session, exitstatus):
     if is_active(session.config):
-        _record_profile(session.config)
-        _arm_end_stacks()
+        record_profile(session.config)
+        arm_end_stacks()
     stop_file = getattr(session.config, "_rope_stop_file", None)
     if stop_file:
         from rope.harness.stop import STOP_FILE_ENV
@@ -416,13 +416,13 @@ def pytest_sessionfinish(session, exitstatus):
         if os.path.exists(stop_file):
             os.remove(stop_file)
     run_dir = getattr(session.config, "_rope_run_dir", None)
-    if run_dir is None or not _is_controller(session.config):
+    if run_dir is None or not is_controller(session.config):
         return
     from rope.harness import report
     # How long the end of the run takes, said with the report: the workers' shutdown after the last
     # test, then the report itself (a deep run's end must take seconds whatever its size).
     began = time.perf_counter()
-    shutdown = began - _LAST_REPORT_AT[0] if _LAST_REPORT_AT[0] is not None else None
+    shutdown = began - LAST_REPORT_AT[0] if LAST_REPORT_AT[0] is not None else None
     try:
         session.config._rope_report_paths = report.write_summary(run_dir)
     except Exception as exc:   # noqa: BLE001 - a broken report must not change the test outcome

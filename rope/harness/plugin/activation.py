@@ -45,7 +45,7 @@ def is_active(config) -> bool:
     return active
 
 
-def _rope_test(item_or_metafunc) -> bool:
+def is_rope_test(item_or_metafunc) -> bool:
     """A test the harness parametrizes and marks: the suite's, or one of the project's own tests."""
     module = getattr(item_or_metafunc, "module", None)
     if is_suite_module(getattr(module, "__name__", None)):
@@ -54,5 +54,5 @@ def _rope_test(item_or_metafunc) -> bool:
 
 
 # ------------------------------------------------------------------ configuration and the run report
-def _is_controller(config) -> bool:
+def is_controller(config) -> bool:
     return not hasattr(config, "workerinput")

@@ -8,13 +8,13 @@ import re
 import pytest
 
 
-def _gpu_copy_key(item) -> str:
+def gpu_copy_key(item) -> str:
     """A GPU test's id without its GPU index: the copies of one test on each GPU share it."""
     kind, index = item.get_closest_marker("rope_gpu").args
     return re.sub(rf"(?<![A-Za-z0-9_]){kind}:{index}(?![0-9])", kind, item.nodeid, count=1)
 
 
-def _keep_one_gpu_per_test(items) -> None:
+def keep_one_gpu_per_test(items) -> None:
     """Each GPU test was generated once per GPU; keep the copy whose GPU the round robin over the
     collection order assigns (the same in every xdist worker), so tests spread over the GPUs and
     each runs once."""
@@ -29,14 +29,14 @@ def _keep_one_gpu_per_test(items) -> None:
     keep = set()
     for kind, group in by_kind.items():
         gpus = sorted({item.get_closest_marker("rope_gpu").args[1] for item in group})
-        keys = [_gpu_copy_key(item) for item in group]
+        keys = [gpu_copy_key(item) for item in group]
         assigned = placement.assign_round_robin(keys, gpus)
         keep.update(id(item) for item, key in zip(group, keys)
                     if assigned[key] == item.get_closest_marker("rope_gpu").args[1])
     items[:] = [item for item in items if not item.get_closest_marker("rope_gpu") or id(item) in keep]
 
 
-def _keep_shard(config, items) -> None:
+def keep_shard(config, items) -> None:
     text = config.getoption("--rope-shard")
     if text is None:
         return
@@ -51,7 +51,7 @@ def _keep_shard(config, items) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _rope_on_assigned_gpu(request):
+def rope_on_assigned_gpu(request):
     """A test assigned to GPU k runs with GPU k as the current device."""
     marker = request.node.get_closest_marker("rope_gpu")
     if marker is None:

@@ -55,7 +55,7 @@ def hypothesis_rounds(config) -> list[tuple[int | None, int | None]]:
     return []
 
 
-def _parametrize_rounds(metafunc) -> None:
+def parametrize_rounds(metafunc) -> None:
     """In a campaign session, every Hypothesis test once per round: the processes, their compiled
     kernels and memoized tables live through all rounds instead of starting again per round.  In
     a fail-fast run, a first pass of a few examples, then the search."""
@@ -70,14 +70,14 @@ def _round_of(item) -> int:
     return callspec.params.get(ROUND, 0) if callspec is not None else 0
 
 
-def _order_rounds(items) -> None:
+def order_rounds(items) -> None:
     """Rounds in order: every test's round 0, then every test's round 1, ...  (a stable
     sort, after the suite's own ordering in properties/conftest.py: within a round it holds)."""
     if any(_round_of(item) for item in items):
         items.sort(key=_round_of)
 
 
-def _apply_round(item):
+def apply_round(item):
     """Set the round's examples and seed on this copy of a Hypothesis test, and the database key of
     the test without the round (a failure saved by one round is replayed first by the next);
     returns the function that puts the test's own settings and seed back."""

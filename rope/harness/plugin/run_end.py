@@ -9,17 +9,17 @@ import os
 import sys
 import time
 
-from rope.harness.plugin.activation import _is_controller
+from rope.harness.plugin.activation import is_controller
 
 
-def _arm_stop_file(config) -> None:
+def arm_stop_file(config) -> None:
     """The controller of a fail-fast run names the stop file (rope.harness.stop) for its workers.
 
     Always its own: a file named in the environment already is an enclosing run's (a test that
     runs pytest inside a worker of a ``-x`` run inherits it), and reusing it would leave this run
     without a stop of its own and tie it to the other run's failures."""
     from rope.harness.stop import STOP_FILE_ENV
-    if _is_controller(config):
+    if is_controller(config):
         import tempfile
         config._rope_stop_file = os.path.join(tempfile.gettempdir(), f"rope-stop-{os.getpid()}-{time.time_ns()}")
         os.environ[STOP_FILE_ENV] = config._rope_stop_file      # the workers, started later, inherit it
@@ -29,7 +29,7 @@ def _arm_stop_file(config) -> None:
 _STOP_AFTER = [0, 0]      # [--maxfail, failures seen] in the controller of a fail-fast run
 
 
-def _note_failure_for_stop(report) -> None:
+def note_failure_for_stop(report) -> None:
     """The controller counts failures; at --maxfail it tells the workers to stop (rope.harness.stop).
     (Only a fail-fast run's controller arms the count: workers and other runs return at once.)"""
     if not _STOP_AFTER[0]:
@@ -41,10 +41,10 @@ def _note_failure_for_stop(report) -> None:
             request_stop()
 
 
-_LAST_REPORT_AT = [None]      # when this process last heard of a test (the end of a run's tests)
+LAST_REPORT_AT = [None]      # when this process last heard of a test (the end of a run's tests)
 
 
-def _record_profile(config) -> None:
+def record_profile(config) -> None:
     """This process's time per phase (rope.harness.profiling) as one record of the run report."""
     from rope.harness import profiling, report
     started = getattr(config, "_rope_session_start", None)
@@ -61,10 +61,10 @@ END_STACKS_ENV = "ROPE_END_STACKS_S"
 END_STACKS_AFTER_S = 120.0
 
 
-_END_STACKS_FILE: list = []
+END_STACKS_FILE: list = []
 
 
-def _arm_end_stacks() -> None:
+def arm_end_stacks() -> None:
     """A run that hangs at its end says where.  Each process, when the teardown of its last test
     begins (session fixtures included) or else when its session ends (the xdist controller), arms
     faulthandler's watchdog (a C thread: it fires even while Python is blocked in C code): if the
@@ -85,13 +85,13 @@ def _arm_end_stacks() -> None:
         return
     import atexit
     import faulthandler
-    if _END_STACKS_FILE:
+    if END_STACKS_FILE:
         # Armed at the last teardown: again at the session's end (pytest's faulthandler_timeout,
         # where set, cancels the watchdog after each test), for the time left, and not at all once
         # it has fired.  The watchdog reads the other threads' frames without the GIL: safe on a
         # process that is stuck, not on one still running Python (a second dump while the report
         # is written, or while the exit handlers run, can crash the process).
-        out, armed_at = _END_STACKS_FILE
+        out, armed_at = END_STACKS_FILE
         if os.fstat(out.fileno()).st_size > 0:
             return
         left = seconds - (time.monotonic() - armed_at)
@@ -103,7 +103,7 @@ def _arm_end_stacks() -> None:
     except OSError:
         return
     armed_at = time.monotonic()
-    _END_STACKS_FILE[:] = [out, armed_at]
+    END_STACKS_FILE[:] = [out, armed_at]
     faulthandler.dump_traceback_later(seconds, repeat=False, file=out)
 
     def at_exit():

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from rope.harness.plugin.activation import _rope_test
+from rope.harness.plugin.activation import is_rope_test
 
 
-def _keep_harness_stages_out(config, items):
+def keep_harness_stages_out(config, items):
     """The tests marked ``harness_stage`` run when a rope-harness command asks for them, not in a plain
     run of the suite (they take no implementation of the user's): the replays with --rope-repro, the
     serving-engine-style baseline with --rope-baseline, the guarded searches rope-harness mutants runs
@@ -29,7 +29,7 @@ def _keep_harness_stages_out(config, items):
         items[:] = keep
 
 
-def _keep_only_replays(config, items):
+def keep_only_replays(config, items):
     """With --rope-repro, run the replays only (the tests marked ``replay``: properties/test_repro.py)."""
     if not config.getoption("--rope-repro"):
         return
@@ -44,7 +44,7 @@ def _builtins_by_parameter() -> dict:
     return {"impl_name": BUILTIN_ROTATIONS, "positions_impl_name": BUILTIN_POSITIONS}
 
 
-def _keep_builtins_only_for_builtins(config, items):
+def keep_builtins_only_for_builtins(config, items):
     """The tests marked ``builtins_only`` hold the built-in implementations to what only they promise
     (the harness's own validation messages: rope.harness.comparison.skip_unless_builtin): for any other
     implementation (``--rope-impl mypkg.rope:fn``) they are deselected, not skipped, so its run counts
@@ -92,10 +92,10 @@ def selected_gpus(config, kind: str) -> list[int]:
     return list(dict.fromkeys(indices)) or list(range(max(1, placement.gpu_count(kind))))
 
 
-def _device_params(config, combos: list[tuple], ids: list[str]) -> list:
+def device_params(config, combos: list[tuple], ids: list[str]) -> list:
     """pytest params for (..., device) combos: a GPU device becomes one param per selected GPU
     (``cuda:0``, ``cuda:1``, ...), marked ``rope_gpu``; collection keeps one of them per test
-    (:func:`_keep_one_gpu_per_test`)."""
+    (:func:`keep_one_gpu_per_test`)."""
     params = []
     for combo, name in zip(combos, ids):
         kind = combo[-1]
@@ -133,7 +133,7 @@ def selected_position_ids_implementations(config) -> dict:
     return _selected(config, "--rope-position-ids-impl", position_ids_implementations, get_position_ids_implementation)
 
 
-def _skip_oracle_tests_without_transformers(items) -> None:
+def skip_oracle_tests_without_transformers(items) -> None:
     """Tests marked ``oracle`` compare against transformers: where it is not installed (the
     ``oracle`` extra is optional) they skip and say what to install, whatever they import first."""
     import importlib.util
@@ -141,5 +141,5 @@ def _skip_oracle_tests_without_transformers(items) -> None:
         return
     skip = pytest.mark.skip(reason="transformers not installed: pip install 'rope-harness[oracle]'")
     for item in items:
-        if _rope_test(item) and item.get_closest_marker("oracle") is not None:
+        if is_rope_test(item) and item.get_closest_marker("oracle") is not None:
             item.add_marker(skip)

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from rope.harness.plugin.activation import _rope_test
+from rope.harness.plugin.activation import is_rope_test
 from rope.harness.plugin.profiles import default_profile
 
 
@@ -44,18 +44,18 @@ def _ini(config, name):
         return None
 
 
-def _set_test_timeouts(config, items) -> None:
+def set_test_timeouts(config, items) -> None:
     seconds = test_timeout(config)
     if seconds is None or not config.pluginmanager.hasplugin("timeout"):
         return
     for item in items:
-        if _rope_test(item) and item.get_closest_marker("timeout") is None:
+        if is_rope_test(item) and item.get_closest_marker("timeout") is None:
             # thread: stacks are dumped and the process ends (under xdist the worker is replaced and
             # only this test fails); the signal method could not interrupt C code.
             item.add_marker(pytest.mark.timeout(seconds, method="thread"))
 
 
-def _cap_shrinking(seconds: float) -> None:
+def cap_shrinking(seconds: float) -> None:
     """Hypothesis shrinks a failure for up to 5 minutes (its MAX_SHRINKING_SECONDS; under the Triton
     interpreter every step is a kernel run): a fail-fast run reports after ``seconds`` with the
     smallest example found so far.  A Hypothesis without that constant keeps its own limit."""
@@ -64,7 +64,7 @@ def _cap_shrinking(seconds: float) -> None:
         engine.MAX_SHRINKING_SECONDS = min(engine.MAX_SHRINKING_SECONDS, seconds)
 
 
-def _configure_call_timeout(config) -> None:
+def configure_call_timeout(config) -> None:
     """--rope-call-timeout reaches every process (xdist workers, subprocesses) through the environment."""
     from rope.harness.deadline import CALL_TIMEOUT_ENV, call_timeout
     value = config.getoption("--rope-call-timeout")
