@@ -32,10 +32,11 @@ def _axis(spec: RopeSpec, slips: frozenset) -> torch.Tensor:
     n = len(spec.sections)
     if spec.layout == "interleaved":
         rows = freq % n
-        if "interleaved_bounds_ignored" in slips:
-            return rows
         bounded = torch.tensor([0] + [3 * s for s in spec.sections[1:]])
-        return torch.where(freq < bounded[rows], rows, 0)
+        axis = torch.where(freq < bounded[rows], rows, 0)
+        if "interleaved_lanes_t_w_h" in slips and n == 3:
+            axis = torch.tensor([0, 2, 1])[axis]            # the lanes' rows written T W H
+        return axis
     bounds = torch.tensor(spec.sections).cumsum(0)
     return torch.bucketize(freq, bounds, right="bucketize_default_right" not in slips)
 
@@ -151,9 +152,9 @@ BUGS = {
         _kernel("partner_at_head_half"), "partial_rotary_stride",
         "partial rotary NeoX pairs frequency i with channel i + head_size/2, not i + rotary_dim/2",
         _case(_PARTIAL_NEOX, 8)),
-    "interleaved_bounds_ignored": Bug(
-        _kernel("interleaved_bounds_ignored"), "axis_map_wrong",
-        "interleaved T H W round-robin over every frequency, the 3*s bounds of H and W left out",
+    "interleaved_lanes_t_w_h": Bug(
+        _kernel("interleaved_lanes_t_w_h"), "position_rows_swapped",
+        "interleaved lanes read the rows in T W H order: the H lanes (below 3*s_h) read W, the W lanes H",
         _case(_QWEN3_VL, 9)),
     "key_left_unrotated": Bug(
         _kernel("key_left_unrotated"), "key_only", "the key rotated into a copy and the input returned",

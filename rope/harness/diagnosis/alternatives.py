@@ -142,6 +142,8 @@ def _axis_map_alternatives(spec: RopeSpec, positions, query, key, cache):
     if spec.layout == "interleaved":
         # The round-robin T H W T H W over every frequency, the bounds 3*s of the rows ignored.
         rows = tuple(i % len(secs) for i in range(spec.num_freqs))
+        if rows in _bound_shift_maps(spec):
+            rows = axis                          # no more than a bound off by one group: the next rule's
         alt = None if rows in seen else _replace(spec, layout=CUSTOM, freq_rows=rows,
                                                   sections=row_counts(rows, len(secs)))
         if alt is not None:
@@ -176,6 +178,22 @@ def chunked_bounds(secs) -> list[int]:
     """The section boundaries of a chunked map: the first frequency of every section after the
     first (cumsum(sections)[:-1]); frequency i takes row ``#{b <= i}``."""
     return list(itertools.accumulate(secs))[:-1]
+
+
+def _bound_shift_maps(spec: RopeSpec) -> set:
+    """The interleaved maps with one bound, or every bound, off by one group (the maps
+    section_boundary_shifted tries)."""
+    secs, n = spec.sections, len(spec.sections)
+    shifts = [tuple((step if r == j + 1 else -step if r == j else 0) for r in range(n))
+              for j in range(n - 1) for step in (1, -1)]
+    shifts += [tuple(-(n - 1) * step if r == 0 else step for r in range(n)) for step in (1, -1)]
+    maps = set()
+    for shift in shifts:
+        shifted = tuple(s + d for s, d in zip(secs, shift))
+        alt = _replace(spec, sections=shifted) if min(shifted) > 0 else None
+        if alt is not None:
+            maps.add(alt.axis_map())
+    return maps
 
 
 def _systematic_shift_alternatives(spec: RopeSpec, positions, query, key, cache):

@@ -84,8 +84,14 @@ def nonfinite_output(ctx: Context) -> Diagnosis | None:
 
 
 def _neighbour_explains(ctx: Context) -> bool:
-    """Some neighbouring configuration (rules 5-13) explains the output, NaN/inf included."""
-    return any(_explains(result, ctx.comparison) for label in NEIGHBOURS for result in ctx.neighbours(label))
+    """Some neighbouring configuration (rules 5-13) explains the output, NaN/inf included: it
+    explains the values and is non-finite exactly where the output is."""
+    def same_nonfinite(result) -> bool:
+        return all(exp is None or out is None or torch.equal(torch.isfinite(exp),
+                                                             torch.isfinite(out.detach().to("cpu", torch.float64)))
+                   for exp, out in zip(result.outputs, (ctx.out_q, ctx.out_k)))
+    return any(_explains(result, ctx.comparison) and same_nonfinite(result)
+               for label in NEIGHBOURS for result in ctx.neighbours(label))
 
 
 def _nonfinite_lost(ctx: Context) -> Diagnosis | None:
