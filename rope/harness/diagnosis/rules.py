@@ -246,16 +246,30 @@ def partial_rotary_lane_channels(spec, lanes: int) -> set:
     return {c for c in chans if rd <= c < hs}
 
 
+def _reads_past_cache_everywhere(ctx: Context) -> bool:
+    """Every token's sin, read at head_size/2 + i of its rows, lies past the cache (every token at
+    the cache's last rows), and the rotary channels are grossly wrong: the values are garbage a
+    partial-rotary stride read, with no rounding to mistake them for."""
+    spec = ctx.spec
+    rows, numel = ctx.rows.long(), ctx.cache.numel()
+    past = (rows.max(dim=0).values * spec.rotary_dim + spec.head_size // 2 + spec.num_freqs > numel)
+    if not bool(past.all()) or ctx.comparison.worst_ratio <= MODEST_RATIO:
+        return False
+    cos, sin = ctx.cos_sin
+    return _fitting_precision(spec, cos, sin, ctx.tensors, ctx.finite_errors, ctx.precision, ctx.out_dtype) is None
+
+
 def _partial_rotary_channels(ctx: Context) -> Diagnosis | None:
     """partial_rotary_stride from the location alone: rotary channels wrong, and the wrong
-    pass-through channels exactly those of lanes up to head_size/2 or a power-of-two block (not
-    all of them: every pass-through channel wrong has no pattern to tell a stride by)."""
+    pass-through channels exactly those of lanes up to head_size/2 or a power-of-two block (all of
+    them only where every token's reads lie past the cache: elsewhere every pass-through channel
+    wrong has no pattern to tell a stride by)."""
     spec = ctx.spec
     hs, half = spec.head_size, spec.num_freqs
     if spec.rotary_dim >= hs or not ctx.rotary_wrong or not ctx.touched:
         return None
     touched = set().union(*(set(w.pass_through) for w in ctx.touched.values()))
-    if touched == set(range(spec.rotary_dim, hs)):
+    if touched == set(range(spec.rotary_dim, hs)) and not _reads_past_cache_everywhere(ctx):
         return None          # every pass-through channel: no pattern (rounding, garbage) to tell it by
     for lanes in sorted({hs // 2} | {1 << k for k in range(hs.bit_length()) if half < 1 << k < hs // 2}):
         if touched == partial_rotary_lane_channels(spec, lanes):
