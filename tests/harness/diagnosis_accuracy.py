@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")       # the kernel mutants on a machine without a GPU
+if __name__ == "__main__":
+    # Run as a command: the kernel mutants under the interpreter on a machine without a GPU.  Never on
+    # import: the tests that import this module share their process with GPU tests.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import argparse
 import dataclasses
