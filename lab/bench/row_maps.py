@@ -43,7 +43,14 @@ BASELINE_SPECS = ("chunked [16,24,24]", "interleaved [24,20,20]", "chunked [16,2
 
 
 def load_baseline(rev: str):
-    """The rotation kernel module of commit ``rev``, imported under another name."""
+    """The rotation kernel module of commit ``rev``, imported under another name.  Only a commit whose
+    rotary.py holds the whole kernel: from the split into rotary_kernel.py / rotary_plan.py / rotary.py,
+    rotary.py imports the current tree's kernel and plan, so the "baseline" would be the current one."""
+    split = subprocess.run(["git", "cat-file", "-e", f"{rev}:rope/triton/rotary_kernel.py"], capture_output=True)
+    if split.returncode == 0:
+        raise SystemExit(f"--baseline {rev}: its kernel is split over rotary_kernel.py and rotary_plan.py, which "
+                         f"rotary.py imports from the current tree; compare with a commit before the split, or "
+                         f"check that revision out in a worktree and run this there")
     source = subprocess.run(["git", "show", f"{rev}:rope/triton/rotary.py"], check=True, capture_output=True,
                             text=True).stdout
     path = Path(tempfile.mkdtemp()) / "rotary_baseline.py"
