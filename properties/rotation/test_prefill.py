@@ -332,7 +332,7 @@ def test_prefill_batches_match_reference(impl_name, device):
 HUGE_CASES = [pytest.param(70_000, 28, 4, id="grid-past-65535"),
               pytest.param(262_160, 64, 8, id="q-past-2^31-elements"),
               # 4 key heads: the Triton kernel's key programs then take 4 heads x twice the tokens,
-              # and q its own program order (rope/triton/rotary.py, BLOCK_HK): 64-bit offsets there too.
+              # and q its own program order (rope/triton/rotary_plan.py, BLOCK_HK): 64-bit offsets there too.
               pytest.param(262_160, 64, 4, id="q-past-2^31-elements-4-kv-heads")]
 HUGE_CHUNK_TOKENS = 8192
 
@@ -373,7 +373,7 @@ def test_huge_batches_match_reference_in_chunks(impl_name, device, num_tokens, q
 
 
 # The cache past 2^31 elements: the Triton kernel indexes the cache in 32 bits unless an offset could
-# pass 2^31 - 1 (rope/triton/rotary.py, CACHE_I64).  The cache is a view that starts 2^31 elements
+# pass 2^31 - 1 (rope/triton/rotary_kernel.py, CACHE_I64).  The cache is a view that starts 2^31 elements
 # into a zeroed buffer, so an offset that wrapped in 32 bits reads zeros inside the buffer (a wrong
 # answer, not a fault); only its last HUGE_CACHE_ROWS_USED rows hold cos/sin, and the positions point there.
 HUGE_CACHE_START = 2**31
