@@ -114,7 +114,10 @@ class Tally:
 
     @property
     def right(self) -> int:
-        return self.labels[self.subject.label]
+        """Failures with the subject's label, and failures whose values were right, named by what the
+        guards saw (:data:`VALUES_RIGHT`)."""
+        return self.labels[self.subject.label] + sum(n for label, n in self.labels.items()
+                                                     if label.endswith(VALUES_RIGHT))
 
     @property
     def share(self) -> float:
@@ -137,13 +140,26 @@ def _first_line(doc) -> str:
     return " ".join((doc or "").strip().split("\n\n", 1)[0].split())
 
 
+# A failure whose output values are right (on plain inputs the subject matches the reference; only
+# the guards and the tracer see its reads or writes) has no wrong value to name: its right label is
+# what the guards saw, whatever the bug does where its values go wrong.  Tallied as "<label> (values
+# right)" and counted right for every subject.
+MEMORY_LABELS = ("out_of_bounds_read", "writes_outside")
+VALUES_RIGHT = " (values right)"
+
+
 def _label(subject: Subject, case) -> str | None:
     """The diagnosis label of ``case`` when the subject fails it, else None."""
     if subject.how == "op":
         return _op_label(subject.fn, case)
     if subject.how == "guarded":
         d = diagnose_guarded(subject.fn, case)
-        return None if d.label == "match" else d.label
+        if d.label == "match":
+            return None
+        if d.label in MEMORY_LABELS and d.label != subject.label and \
+                evaluate_case(subject.name, subject.fn, case, "cpu").comparison.ok:
+            return d.label + VALUES_RIGHT
+        return d.label
     run = evaluate_case(subject.name, subject.fn, case, "cpu")
     if run.comparison.ok:
         return None

@@ -56,3 +56,14 @@ def test_every_mutant_with_a_rotation_output_has_an_accuracy_label():
     assert rotation <= set(diagnosis_accuracy.MUTANT_LABELS) <= {m.name for m in mutants}
     assert {m.kind for m in mutants if m.name not in diagnosis_accuracy.MUTANT_LABELS and not m.needs} <= \
         set(diagnosis_accuracy.NOT_LABELLED)
+
+
+def test_a_failure_with_right_values_is_right_when_named_by_what_the_guards_saw():
+    # positions_rows_packed: where its packed reads happen to give the right values, only the
+    # tracer sees them, and out_of_bounds_read is the right name for that failure, not the label of
+    # the bug's wrong values; any other label is still wrong.
+    subject = diagnosis_accuracy.Subject("s", None, "wrong_positions", "guarded")
+    tally = diagnosis_accuracy.Tally(subject)
+    tally.labels.update({"wrong_positions": 15, "out_of_bounds_read" + diagnosis_accuracy.VALUES_RIGHT: 4,
+                         "out_of_bounds_read": 2, "unknown": 1})
+    assert (tally.right, tally.failures) == (19, 22)
