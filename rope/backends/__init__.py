@@ -24,6 +24,8 @@ from rope.devices import configure_triton, triton_runs_on
 
 configure_triton()   # before any adapter imports an external package's @triton.jit kernels
 
+__all__ = ["BACKENDS", "declare", "heads", "require", "triton_reason"]
+
 # Where the engines' CPU setup is documented (the scripts live in the repository, not in the wheel).
 _ENGINES_DOC = "see docs/implementations.md, \"Serving engines' own code as implementations\""
 

@@ -86,7 +86,7 @@ def _pytest_args(args) -> list[str]:
 PROGRESS_EVERY_S = 30.0         # a log's progress line: at least this often ($ROPE_PROGRESS_EVERY_S)
 
 
-class _ProgressBar:
+class ProgressBar:
     """A pytest plugin showing the check's progress (xdist-aware: the controller sees every
     worker's reports): tests done of all, the comparisons they made and how many failed, the time
     spent and the time left.  On a terminal a rich progress bar; in a log (CI, ``| tee``), where a
@@ -219,7 +219,7 @@ def cmd_check(args) -> int:
     print(f"rope-harness check: {things}; devices {', '.join(devices)}; implementations "
           f"{', '.join(named) if named else 'all built-in'}; profile {args.profile}", flush=True)
     started, began = time.perf_counter(), time.time()
-    bar = _ProgressBar()
+    bar = ProgressBar()
     verdicts = []
 
     class _KeepVerdict:

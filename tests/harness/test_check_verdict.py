@@ -144,8 +144,8 @@ def test_a_replay_is_not_a_checked_test():
 def test_the_logs_progress_line_comes_from_a_ticker_that_does_not_wait_for_a_test(capsys):
     # In a log the bar would print once at the end: a ticker prints a line at every period instead,
     # whether or not a test ended (here its waits are a fake clock's: two periods, then the end).
-    from rope.harness.cli import _ProgressBar
-    bar = _ProgressBar(every_s=30.0)
+    from rope.harness.cli import ProgressBar
+    bar = ProgressBar(every_s=30.0)
     bar.live = False
     bar.task = bar.progress.add_task("check", total=10, failed=0, comparisons=0)
     bar._started = 0.0

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from properties.rotation.test_prefill import (BOUNDARY_KINDS, POWER_OF_TWO_LOG2, boundary_case, power_of_two_counts,
+from properties.rotation.prefill_cases import (BOUNDARY_KINDS, POWER_OF_TWO_LOG2, boundary_case, power_of_two_counts,
                                               supported_boundary_case, supported_token_head_case)
 from properties.strategies import POWER_OF_TWO_BOUNDARIES
 from rope.harness.suite import plugin_args, subprocess_env

@@ -51,7 +51,7 @@ def test_prefill_boundaries_catch_kernel_mutant(name, record_property, monkeypat
     # order, from the last one below the wrong path's start (the ones below it run the right path:
     # under the interpreter they were 60% of this test's time), until one fails.
     from properties.strategies import POWER_OF_TWO_BOUNDARIES
-    from properties.rotation.test_prefill import boundary_case, power_of_two_boundaries_run
+    from properties.rotation.prefill_cases import boundary_case, power_of_two_boundaries_run
     monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))       # deliberate failures: keep reports/cases clean
     mutant = ROTARY_MUTANTS[name]
     start, found = time.perf_counter(), []
@@ -74,7 +74,7 @@ def test_token_head_products_catch_rotation_mutant(name, monkeypatch, tmp_path):
     # A bug on a path chosen by tokens x (query + key heads): test_prefill.py's product cases find
     # it on the CPU, on exactly the layouts and pairings it breaks (partial-rotary NeoX), and, where
     # the implementation declares the product, on the first token count at it, not the last under it.
-    from properties.rotation.test_prefill import declared_token_head_cases, token_head_case, token_head_variants
+    from properties.rotation.prefill_cases import declared_token_head_cases, token_head_case, token_head_variants
     monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))       # deliberate failures: keep reports/cases clean
     mutant, product = TOKEN_HEAD_SWITCHES[name]
     caught, partial_neox = [], []

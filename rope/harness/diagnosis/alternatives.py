@@ -92,7 +92,7 @@ def _empty_section_alt(spec: RopeSpec, secs, shifted, j, positions, query, key, 
 
 # The neighbouring configurations, one generator per label (positions renumbered to the rows of
 # ``cache`` they use), each most specific first; NEIGHBOURS (below) lists them in rule order.
-def _pairing_alternatives(spec: RopeSpec, positions, query, key, cache):
+def pairing_alternatives(spec: RopeSpec, positions, query, key, cache):
     """The other pairing style: GPT-J pairs for NeoX, NeoX pairs for GPT-J."""
     other = "GPT-J pairs (2i, 2i+1)" if spec.is_neox_style else "NeoX pairs (i, i + rotary_dim/2)"
     asked = "NeoX" if spec.is_neox_style else "GPT-J"
@@ -105,7 +105,7 @@ def _pairing_alternatives(spec: RopeSpec, positions, query, key, cache):
             swapped, positions, query, key, cache)
 
 
-def _cos_sin_alternatives(spec: RopeSpec, positions, query, key, cache):
+def cos_sin_alternatives(spec: RopeSpec, positions, query, key, cache):
     """cos and sin misused in the rotation itself: sin's sign flipped (a rotation by -theta:
     x1*cos + x2*sin, x2*cos - x1*sin), or cos and sin swapped (cos read from the sin half of the
     cache row and the reverse)."""
@@ -118,7 +118,7 @@ def _cos_sin_alternatives(spec: RopeSpec, positions, query, key, cache):
                "cache row, sin from the first: the cache row is cos | sin)", spec, sin, cos, query, key)
 
 
-def _axis_map_alternatives(spec: RopeSpec, positions, query, key, cache):
+def axis_map_alternatives(spec: RopeSpec, positions, query, key, cache):
     """Every other named layout's map of the same sections (chunked for interleaved, interleaved
     or GLM round-robin for chunked, chunked for two-row interleaved, ...), then the spec's own map
     read one frequency off either way (every map but chunked and interleaved)."""
@@ -243,7 +243,7 @@ def _systematic_shift_alternatives(spec: RopeSpec, positions, query, key, cache)
                 alt, positions, query, key, cache)
 
 
-def _section_boundary_alternatives(spec: RopeSpec, positions, query, key, cache):
+def section_boundary_alternatives(spec: RopeSpec, positions, query, key, cache):
     """Every section boundary moved by the same offset (:func:`_systematic_shift_alternatives`),
     then each section boundary (each interleaved bound 3*s) moved by one frequency either way."""
     secs = spec.sections
@@ -259,7 +259,7 @@ def _section_boundary_alternatives(spec: RopeSpec, positions, query, key, cache)
             if min(shifted) < 0:
                 continue
             if spec.layout not in ("chunked", "interleaved"):
-                continue                          # the other maps: _axis_map_alternatives
+                continue                          # the other maps: axis_map_alternatives
             if min(shifted) == 0:
                 if spec.layout == "chunked":     # a row loses its only frequency: no RopeSpec has that
                     yield _empty_section_alt(spec, secs, tuple(shifted), j, positions, query, key, cache)
@@ -282,7 +282,7 @@ def _section_boundary_alternatives(spec: RopeSpec, positions, query, key, cache)
                 alt, positions, query, key, cache)
 
 
-def _row_order_alternatives(spec: RopeSpec, positions, query, key, cache):
+def row_order_alternatives(spec: RopeSpec, positions, query, key, cache):
     """Every other order of the position rows."""
     secs = spec.sections
     if secs is None or len(secs) < 2:
@@ -297,7 +297,7 @@ def _row_order_alternatives(spec: RopeSpec, positions, query, key, cache):
                 f"wrong row offset)", spec, positions[list(perm)], query, key, cache)
 
 
-def _row_misread_alternatives(spec: RopeSpec, positions, query, key, cache):
+def row_misread_alternatives(spec: RopeSpec, positions, query, key, cache):
     """Row d read at a wrong row stride s: positions.flatten()[d * s + t], s = 1 or 0."""
     secs = spec.sections
     if secs is None or len(secs) < 2:
@@ -316,7 +316,7 @@ def _row_misread_alternatives(spec: RopeSpec, positions, query, key, cache):
                 f"indexes positions[d, t] wrongly", spec, misread.clone(), query, key, cache)
 
 
-def _row_stride_alternatives(spec: RopeSpec, positions, query, key, cache):
+def row_stride_alternatives(spec: RopeSpec, positions, query, key, cache):
     """q/k read as if their rows were packed back to back (when either has a row stride)."""
     packed_q, packed_k = _as_packed(query), _as_packed(key)
     if packed_q is not query or packed_k is not key:
@@ -340,7 +340,7 @@ def _rotate_members(spec: RopeSpec, x, cos_a, sin_a, cos_b, sin_b):
     return out
 
 
-def _pair_rows_split_alternatives(spec: RopeSpec, rows, query, key, cache):
+def pair_rows_split_alternatives(spec: RopeSpec, rows, query, key, cache):
     """Chunked sections laid over the whole rotary head in blocks of 2*s_i (channel c takes the
     row of its block) instead of over each half: the members (i, i + rotary_dim/2) of a NeoX pair
     take different rows (transformers' HunYuanVL from 5.13; docs/spec.md §2)."""
@@ -363,7 +363,7 @@ def _pair_rows_split_alternatives(spec: RopeSpec, rows, query, key, cache):
     yield _Alt("pair_rows_split", sentence, spec, cos_a, sin_a, query, key, cos_b, sin_b)
 
 
-def _partial_rotary_alternatives(spec: RopeSpec, rows, query, key, cache):
+def partial_rotary_alternatives(spec: RopeSpec, rows, query, key, cache):
     """head_size/2 used where rotary_dim/2 belongs (partial rotary, docs/spec.md §7.3): the sin offset into
     a cache row and/or the NeoX partner channel.  ``rows``: [num_dims, T] positions into ``cache``
     (the full cache: a sin read past its row's end lands in the next row)."""
@@ -501,7 +501,7 @@ def recover_positions(spec: RopeSpec, rows, query, key, out_q, out_k, cache):
     return found
 
 
-def _wrong_positions_alternative(spec, rows, query, key, out_q, out_k, cache):
+def wrong_positions_alternative(spec, rows, query, key, out_q, out_k, cache):
     """The reference for the positions the output was actually rotated by, when they differ."""
     found = recover_positions(spec, rows, query, key, out_q, out_k, cache)
     if found is None or torch.equal(found, rows.long()):
@@ -514,7 +514,7 @@ def _wrong_positions_alternative(spec, rows, query, key, out_q, out_k, cache):
     yield _positions_alt("wrong_positions", sentence, spec, found, query, key, cache)
 
 
-def _alternative_result(alt: _Alt, out_q, out_k, ref_q, ref_k, precision) -> _AltResult | None:
+def alternative_result(alt: _Alt, out_q, out_k, ref_q, ref_k, precision) -> _AltResult | None:
     """The alternative's outputs and how the implementation's outputs compare with them (the
     bound of rope.harness.tolerance for the alternative's pairs and cos/sin; NaN in the alternative:
     unknown, not counted), or None when it equals the reference on this input."""
@@ -545,7 +545,7 @@ def _alternative_result(alt: _Alt, out_q, out_k, ref_q, ref_k, precision) -> _Al
     return _AltResult(alt, tuple(outs), errors, mismatched, unknown, total)
 
 
-def _explains(result: _AltResult, comparison: Comparison) -> bool:
+def explains(result: _AltResult, comparison: Comparison) -> bool:
     """At most ALTERNATIVE_RESIDUE of the original mismatches left, and at least
     ALTERNATIVE_KNOWN of them (one at least) where the alternative is known: an alternative
     unknowable wherever the output is wrong (a read past the cache) explains nothing."""

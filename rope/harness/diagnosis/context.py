@@ -8,13 +8,13 @@ from functools import cached_property
 
 import torch
 
-from rope.harness.diagnosis.alternatives import (_alternative_result, _axis_map_alternatives, _cos_sin_alternatives,
-                                                 _pair_rows_split_alternatives, _pairing_alternatives,
-                                                 _partial_rotary_alternatives, _row_misread_alternatives,
-                                                 _row_order_alternatives, _row_stride_alternatives,
-                                                 _section_boundary_alternatives)
-from rope.harness.diagnosis.locations import _where
-from rope.harness.diagnosis.precision import _dtype_name, _is_read_problem, loose_bound
+from rope.harness.diagnosis.alternatives import (alternative_result, axis_map_alternatives, cos_sin_alternatives,
+                                                 pair_rows_split_alternatives, pairing_alternatives,
+                                                 partial_rotary_alternatives, row_misread_alternatives,
+                                                 row_order_alternatives, row_stride_alternatives,
+                                                 section_boundary_alternatives)
+from rope.harness.diagnosis.locations import mismatch_locations
+from rope.harness.diagnosis.precision import dtype_name, is_read_problem, loose_bound
 from rope.harness.diagnosis.verdict import Diagnosis, LOWER_PRECISIONS
 from rope.harness.tolerance import Comparison, compare_rotation, working_dtype
 from rope.spec import RopeSpec
@@ -45,17 +45,17 @@ class _Lazy:
 # The positions-level ones use only the cache rows the positions use (Context.used_positions);
 # the partial rotary and pair-split ones the full cache (a sin read past its row lands in the next).
 NEIGHBOURS = {
-    "pairing_swapped": lambda c: _pairing_alternatives(c.spec, c.used_positions, c.query, c.key, c.used_cache),
-    "cos_sin_misused": lambda c: _cos_sin_alternatives(c.spec, c.used_positions, c.query, c.key, c.used_cache),
-    "axis_map_wrong": lambda c: _axis_map_alternatives(c.spec, c.used_positions, c.query, c.key, c.used_cache),
-    "section_boundary_shifted": lambda c: _section_boundary_alternatives(
+    "pairing_swapped": lambda c: pairing_alternatives(c.spec, c.used_positions, c.query, c.key, c.used_cache),
+    "cos_sin_misused": lambda c: cos_sin_alternatives(c.spec, c.used_positions, c.query, c.key, c.used_cache),
+    "axis_map_wrong": lambda c: axis_map_alternatives(c.spec, c.used_positions, c.query, c.key, c.used_cache),
+    "section_boundary_shifted": lambda c: section_boundary_alternatives(
         c.spec, c.used_positions, c.query, c.key, c.used_cache),
-    "position_rows_swapped": lambda c: _row_order_alternatives(c.spec, c.used_positions, c.query, c.key, c.used_cache),
-    "position_rows_misread": lambda c: _row_misread_alternatives(
+    "position_rows_swapped": lambda c: row_order_alternatives(c.spec, c.used_positions, c.query, c.key, c.used_cache),
+    "position_rows_misread": lambda c: row_misread_alternatives(
         c.spec, c.used_positions, c.query, c.key, c.used_cache),
-    "row_stride_ignored": lambda c: _row_stride_alternatives(c.spec, c.used_positions, c.query, c.key, c.used_cache),
-    "partial_rotary_stride": lambda c: _partial_rotary_alternatives(c.spec, c.rows, c.query, c.key, c.cache),
-    "pair_rows_split": lambda c: _pair_rows_split_alternatives(c.spec, c.rows, c.query, c.key, c.cache),
+    "row_stride_ignored": lambda c: row_stride_alternatives(c.spec, c.used_positions, c.query, c.key, c.used_cache),
+    "partial_rotary_stride": lambda c: partial_rotary_alternatives(c.spec, c.rows, c.query, c.key, c.cache),
+    "pair_rows_split": lambda c: pair_rows_split_alternatives(c.spec, c.rows, c.query, c.key, c.cache),
 }
 
 
@@ -108,7 +108,7 @@ class Context:
     def where(self) -> dict:
         """name -> _Where of its mismatched elements (error > bound), per compared tensor."""
         c = self.comparison
-        return {name: _where(self.spec, c.errors[name] > c.bounds[name]) for name in c.errors}
+        return {name: mismatch_locations(self.spec, c.errors[name] > c.bounds[name]) for name in c.errors}
 
     @cached_property
     def location(self) -> dict:
@@ -141,7 +141,7 @@ class Context:
     @cached_property
     def reads(self) -> list[str]:
         """Traced reads outside an input (properties/guards.py)."""
-        return [p for p in self.comparison.problems if _is_read_problem(p)]
+        return [p for p in self.comparison.problems if is_read_problem(p)]
 
     @cached_property
     def planted_nonfinite(self) -> bool:
@@ -219,7 +219,7 @@ class Context:
         """The :class:`_AltResult` of each neighbouring configuration of ``label`` (NEIGHBOURS), in
         order, those equal to the reference on this input left out; computed once, as far as walked."""
         if label not in self._neighbours:
-            results = (_alternative_result(alt, self.out_q, self.out_k, self.ref_q, self.ref_k, self.precision)
+            results = (alternative_result(alt, self.out_q, self.out_k, self.ref_q, self.ref_k, self.precision)
                        for alt in NEIGHBOURS[label](self))
             self._neighbours[label] = _Lazy(r for r in results if r is not None)
         return self._neighbours[label]
@@ -232,7 +232,7 @@ class Context:
     @cached_property
     def declared(self) -> str:
         """The declared working precision's name."""
-        return _dtype_name(working_dtype(self.precision, self.out_dtype))
+        return dtype_name(working_dtype(self.precision, self.out_dtype))
 
     @cached_property
     def cos_sin(self) -> tuple:
@@ -258,7 +258,7 @@ class Context:
         coarse = LOWER_PRECISIONS[-1]
         cos, sin = self.cos_sin
         c, where = self.comparison, self.where
-        gross = {name: _where(self.spec, c.errors[name] > torch.maximum(
+        gross = {name: mismatch_locations(self.spec, c.errors[name] > torch.maximum(
                      c.bounds[name], loose_bound(self.spec, cos, sin, x, exp, coarse, self.out_dtype)))
                  for name, x, exp in self.tensors}
         grossly = [name for name in self.wrong if gross[name].count] or self.wrong
@@ -266,10 +266,10 @@ class Context:
         for name in grossly:
             if gross[name].count and gross[name].count < where[name].count:   # report where the gross errors are
                 location[name] = {**gross[name].summary(self.spec), "elements": (
-                    f"{gross[name].count}/{gross[name].total} beyond {_dtype_name(coarse)} rounding "
+                    f"{gross[name].count}/{gross[name].total} beyond {dtype_name(coarse)} rounding "
                     f"({where[name].count} mismatched)")}
         rounding_only = [name for name in self.wrong if name not in grossly]
-        note = (f" ({', '.join(rounding_only)} differs only by rounding, within {_dtype_name(coarse)} "
+        note = (f" ({', '.join(rounding_only)} differs only by rounding, within {dtype_name(coarse)} "
                 f"working precision)") if rounding_only else ""
         return _Gross({**where, **{name: gross[name] for name in grossly if gross[name].count}},
                       location, grossly, note)

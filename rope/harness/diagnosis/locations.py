@@ -113,7 +113,7 @@ class _Where:
         }
 
 
-def _where(spec: RopeSpec, bad: torch.Tensor) -> _Where:
+def mismatch_locations(spec: RopeSpec, bad: torch.Tensor) -> _Where:
     """bad: bool [T, H * head_size] -> index sets of the mismatched elements."""
     num_tokens = bad.shape[0]
     heads = bad.reshape(num_tokens, bad.shape[1] // spec.head_size, spec.head_size)   # (0 tokens too)
@@ -129,5 +129,5 @@ def _where(spec: RopeSpec, bad: torch.Tensor) -> _Where:
         pass_through=[c for c in chans if c >= spec.rotary_dim])
 
 
-def _prev_power_of_2(n: int) -> int:
+def prev_power_of_2(n: int) -> int:
     return 1 << (n.bit_length() - 1)

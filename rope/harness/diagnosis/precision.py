@@ -21,7 +21,7 @@ def loose_bound(spec: RopeSpec, cos, sin, x, exp, precision: torch.dtype, out_dt
     return bound
 
 
-def _fitting_precision(spec, cos, sin, tensors, errors, precision, out_dtype):
+def fitting_precision(spec, cos, sin, tensors, errors, precision, out_dtype):
     """The first precision lower than the declared one whose loose bound covers every error.
     ``tensors``: [(name, input x, float64 expected)]; ``errors``: name -> |got - expected|;
     ``cos``/``sin``: float64 [T, spec.num_freqs], what the expected values were rotated by."""
@@ -36,15 +36,15 @@ def _fitting_precision(spec, cos, sin, tensors, errors, precision, out_dtype):
     return None
 
 
-def _is_write_problem(problem: str) -> bool:
+def is_write_problem(problem: str) -> bool:
     """A write outside q/k: inputs or guards modified, traced out-of-bounds / wild / read-only writes."""
     return "modified" in problem or "write(s)" in problem
 
 
-def _is_read_problem(problem: str) -> bool:
+def is_read_problem(problem: str) -> bool:
     """A traced read outside an input: guard elements, wild or misaligned reads."""
     return "read(s)" in problem or "misaligned-read" in problem
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")

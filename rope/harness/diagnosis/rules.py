@@ -7,10 +7,10 @@ import functools
 
 import torch
 
-from rope.harness.diagnosis.alternatives import _alternative_result, _explains, _wrong_positions_alternative
+from rope.harness.diagnosis.alternatives import alternative_result, explains, wrong_positions_alternative
 from rope.harness.diagnosis.context import Context, NEIGHBOURS
-from rope.harness.diagnosis.locations import _prev_power_of_2, _where, ranges
-from rope.harness.diagnosis.precision import _dtype_name, _fitting_precision, _is_write_problem
+from rope.harness.diagnosis.locations import prev_power_of_2, mismatch_locations, ranges
+from rope.harness.diagnosis.precision import dtype_name, fitting_precision, is_write_problem
 from rope.harness.diagnosis.verdict import Diagnosis, LOWER_PRECISION_SLACK, MODEST_RATIO
 
 
@@ -30,7 +30,7 @@ def writes_outside(ctx: Context) -> Diagnosis | None:
     tensor modified, or traced out-of-bounds / wild / read-only writes (properties/guards.py).
 
     First: not a numeric question, and a write outside may corrupt what every later rule reads."""
-    outside = [p for p in ctx.comparison.problems if _is_write_problem(p)]
+    outside = [p for p in ctx.comparison.problems if is_write_problem(p)]
     if outside:
         return ctx.found("writes_outside", "; ".join(outside) + ": the implementation writes memory it may only read")
     return None
@@ -72,7 +72,7 @@ def nonfinite_output(ctx: Context) -> Diagnosis | None:
     token, col = divmod(int(mask.flatten().nonzero()[0]), mask.shape[1])
     head, channel = divmod(col, spec.head_size)
     counts = ", ".join(f"{int(nonfinite[n].sum())} {n}" for n in hit)
-    w = _where(spec, mask)
+    w = mismatch_locations(spec, mask)
     spread = (f"tokens {ranges(w.tokens)} of {w.num_tokens}, frequencies {ranges(w.freqs)} of {spec.num_freqs} "
               f"(position rows {ranges(w.rows)})" + (f", pass-through channels {ranges(w.pass_through)}"
                                                      if w.pass_through else ""))
@@ -90,7 +90,7 @@ def _neighbour_explains(ctx: Context) -> bool:
         return all(exp is None or out is None or torch.equal(torch.isfinite(exp),
                                                              torch.isfinite(out.detach().to("cpu", torch.float64)))
                    for exp, out in zip(result.outputs, (ctx.out_q, ctx.out_k)))
-    return any(_explains(result, ctx.comparison) and same_nonfinite(result)
+    return any(explains(result, ctx.comparison) and same_nonfinite(result)
                for label in NEIGHBOURS for result in ctx.neighbours(label))
 
 
@@ -133,12 +133,12 @@ def _explained_by(ctx: Context, label: str) -> Diagnosis | None:
     explanation (two maps can nearly coincide on an input: Ernie's H W alternation read one
     frequency off is nearly its rows swapped)."""
     for result in ctx.neighbours(label):
-        if _explains(result, ctx.comparison):
+        if explains(result, ctx.comparison):
             best = result
             if best.num_mismatched:
                 for other in NEIGHBOURS:
                     for candidate in ctx.neighbours(other):
-                        if candidate.num_mismatched < best.num_mismatched and _explains(candidate, ctx.comparison):
+                        if candidate.num_mismatched < best.num_mismatched and explains(candidate, ctx.comparison):
                             best = candidate
             return ctx.found(best.alt.label, best.alt.sentence)
     return None
@@ -256,7 +256,7 @@ def _reads_past_cache_everywhere(ctx: Context) -> bool:
     if not bool(past.all()) or ctx.comparison.worst_ratio <= MODEST_RATIO:
         return False
     cos, sin = ctx.cos_sin
-    return _fitting_precision(spec, cos, sin, ctx.tensors, ctx.finite_errors, ctx.precision, ctx.out_dtype) is None
+    return fitting_precision(spec, cos, sin, ctx.tensors, ctx.finite_errors, ctx.precision, ctx.out_dtype) is None
 
 
 def _partial_rotary_channels(ctx: Context) -> Diagnosis | None:
@@ -339,12 +339,12 @@ def lower_working_precision(ctx: Context) -> Diagnosis | None:
     modest_rounding; before imprecise_neighbour (one cause before two) and the gross-error rules,
     which only look beyond what this precision explains."""
     cos, sin = ctx.cos_sin
-    lower = _fitting_precision(ctx.spec, cos, sin, ctx.tensors, ctx.finite_errors, ctx.precision, ctx.out_dtype)
+    lower = fitting_precision(ctx.spec, cos, sin, ctx.tensors, ctx.finite_errors, ctx.precision, ctx.out_dtype)
     if lower is not None:
         return ctx.found("precision_loss",
                          f"small errors spread over {ctx.spread} (worst error/bound {ctx.comparison.worst_ratio:.3g}), "
-                         f"all within {LOWER_PRECISION_SLACK:g}x the bound of {_dtype_name(lower)} working precision: "
-                         f"the implementation computes in {_dtype_name(lower)} although it declares {ctx.declared}")
+                         f"all within {LOWER_PRECISION_SLACK:g}x the bound of {dtype_name(lower)} working precision: "
+                         f"the implementation computes in {dtype_name(lower)} although it declares {ctx.declared}")
     return None
 
 
@@ -360,14 +360,14 @@ def imprecise_neighbour(ctx: Context) -> Diagnosis | None:
     for label in NEIGHBOURS:
         for result in ctx.neighbours(label):
             alt = result.alt
-            if result.num_unknown or _explains(result, ctx.comparison):
+            if result.num_unknown or explains(result, ctx.comparison):
                 continue
             alt_tensors = [("query", alt.query, result.outputs[0])] + (
                 [("key", alt.key, result.outputs[1])] if "key" in result.errors else [])
-            lower = _fitting_precision(alt.spec, alt.cos, alt.sin, alt_tensors, result.errors, ctx.precision,
+            lower = fitting_precision(alt.spec, alt.cos, alt.sin, alt_tensors, result.errors, ctx.precision,
                                        ctx.out_dtype)
             if lower is not None:
-                return ctx.found(alt.label, f"{alt.sentence}; besides, the arithmetic fits {_dtype_name(lower)} "
+                return ctx.found(alt.label, f"{alt.sentence}; besides, the arithmetic fits {dtype_name(lower)} "
                                             f"working precision, not the declared {ctx.declared}")
     return None
 
@@ -419,7 +419,7 @@ def head_subset(ctx: Context) -> Diagnosis | None:
     if not grossly or not all(len(where[n].heads) < where[n].num_heads for n in grossly):
         return None
     parts = ", ".join(f"{n} heads {ranges(where[n].heads)} of {where[n].num_heads}" for n in grossly)
-    if all(where[n].heads == list(range(_prev_power_of_2(where[n].num_heads), where[n].num_heads))
+    if all(where[n].heads == list(range(prev_power_of_2(where[n].num_heads), where[n].num_heads))
            for n in grossly):
         return ctx.found_gross("head_subset",
                                f"only heads beyond the first power of two are wrong ({parts}){g.rounding_note}: a "
@@ -505,9 +505,9 @@ def wrong_positions(ctx: Context) -> Diagnosis | None:
 
     Late: the recovery searches the cache and only an exact rotation counts, so it comes after
     every cheaper, more specific explanation."""
-    for alt in _wrong_positions_alternative(ctx.spec, ctx.rows, ctx.query, ctx.key, ctx.out_q, ctx.out_k, ctx.cache):
-        result = _alternative_result(alt, ctx.out_q, ctx.out_k, ctx.ref_q, ctx.ref_k, ctx.precision)
-        if result is not None and _explains(result, ctx.comparison):
+    for alt in wrong_positions_alternative(ctx.spec, ctx.rows, ctx.query, ctx.key, ctx.out_q, ctx.out_k, ctx.cache):
+        result = alternative_result(alt, ctx.out_q, ctx.out_k, ctx.ref_q, ctx.ref_k, ctx.precision)
+        if result is not None and explains(result, ctx.comparison):
             return ctx.found_gross(alt.label, alt.sentence)
     return None
 
