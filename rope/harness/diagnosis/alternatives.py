@@ -19,6 +19,7 @@ from reference.rotation import pair_indices, rotate_heads, select_cos_sin
 
 
 # --------------------------------------------------------------------------- alternatives
+
 def _as_packed(x):
     """x read as if its rows were packed back to back from its first element (ignoring the
     row stride); x itself when it is contiguous or the reinterpretation leaves its storage."""
@@ -63,12 +64,17 @@ class _AltResult:
     num_elements: int
 
 
+def moved_frequencies(old, new, *, shown: int = 3, count_the_rest: bool = False) -> str:
+    """'frequency 61 takes row 1 instead of row 0': the first ``shown`` frequencies whose position
+    row differs between two axis maps, and how many more (``count_the_rest``)."""
+    moved = [i for i in range(len(old)) if old[i] != new[i]]
+    text = ", ".join(f"frequency {i} takes row {new[i]} instead of row {old[i]}" for i in moved[:shown])
+    return text + (f" (and {len(moved) - shown} more)" if count_the_rest and len(moved) > shown else "")
+
+
 def _moved(spec: RopeSpec, alt: RopeSpec) -> str:
-    """'frequency 61 takes row 1 instead of row 0': the frequencies whose row differs."""
-    old, new = spec.axis_map(), alt.axis_map()
-    moved = [i for i in range(spec.num_freqs) if old[i] != new[i]]
-    shown = ", ".join(f"frequency {i} takes row {new[i]} instead of row {old[i]}" for i in moved[:3])
-    return shown + (f" (and {len(moved) - 3} more)" if len(moved) > 3 else "")
+    """The frequencies whose row differs between the spec's map and ``alt``'s."""
+    return moved_frequencies(spec.axis_map(), alt.axis_map(), count_the_rest=True)
 
 
 def _positions_alt(label, sentence, spec, positions, query, key, cache):
@@ -81,8 +87,7 @@ def _empty_section_alt(spec: RopeSpec, secs, shifted, j, positions, query, key, 
     first boundary tested with > instead of >=: frequency 1 takes row 0, row 1 takes none)."""
     axis = spec.axis_map()
     new = [d for d, n in enumerate(shifted) for _ in range(n)]
-    moved = [i for i in range(spec.num_freqs) if axis[i] != new[i]]
-    how = ", ".join(f"frequency {i} takes row {new[i]} instead of row {axis[i]}" for i in moved[:3])
+    how = moved_frequencies(axis, new, shown=3)
     cos, sin = select_cos_sin(spec, positions, cache, new)
     return _Alt("section_boundary_shifted",
                 f"the output matches the reference with sections={shifted} instead of {secs}: the boundary between "
@@ -220,8 +225,7 @@ def _systematic_shift_alternatives(spec: RopeSpec, positions, query, key, cache)
             slip = ("e.g. torch.bucketize(i, cumsum(sections)) with its default right=False, or i <= bound "
                     "where i < bound belongs" if step > 0 else "e.g. i < bound - 1, or i + 1 >= bound, where "
                                                                "i < bound belongs")
-            moved = [i for i in range(spec.num_freqs) if axis[i] != new[i]]
-            how = ", ".join(f"frequency {i} takes row {new[i]} instead of row {axis[i]}" for i in moved[:4])
+            how = moved_frequencies(axis, new, shown=4)
             cos, sin = select_cos_sin(spec, positions, cache, new)
             yield _Alt("section_boundary_shifted",
                        f"the output matches the reference with every section boundary moved by {step:+d} frequency "
