@@ -4,7 +4,6 @@ compared nothing never says green, and a log shows progress while the check runs
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -13,7 +12,8 @@ from types import SimpleNamespace
 
 from rope.harness.cli import build_parser
 from rope.harness.plugin import compared
-from rope.harness.suite import plugin_args, subprocess_env
+from rope.harness.suite import plugin_args
+from tests.fresh_runs import fresh_env
 
 # A user's kernel module, beside which the command is run: ``rotate`` is the project's torch
 # implementation; ``rotate_nothing`` supports no case at all.
@@ -37,12 +37,7 @@ _FEW = "known_bug_triggers_match_reference and glm41v"
 
 
 def _env() -> dict:
-    clean = {k: v for k, v in os.environ.items()
-             if k not in ("TRITON_INTERPRET", "ROPE_REPORT_RUN", "ROPE_NO_REPORT", "ROPE_REPORTS_DIR",
-                          "ROPE_CASES_DIR", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT",
-                          "PYTEST_CURRENT_TEST", "PYTEST_ADDOPTS", "PYTHONPATH")}
-    env = subprocess_env(clean)      # the harness importable from a bare checkout; the user's dir is not on it
-    return env
+    return fresh_env(keep_pythonpath=False)      # the user's directory is not on the path
 
 
 def _check(args: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:

@@ -15,6 +15,7 @@ import pytest
 
 from rope.harness.suite import is_suite_module, plugin_args, runs_suite, subprocess_env, suite_dir, suite_path
 from properties.strategies import KINDS
+from tests.fresh_runs import fresh_env
 
 _FOREIGN_TEST = '''
 import os, sys
@@ -37,12 +38,7 @@ def device():
 def _pytest_command(args: list[str], **env) -> tuple[list[str], dict]:
     """A fresh pytest run's command line and environment: this run's own settings left out, the
     plugin loaded as an installed environment loads it (in a bare checkout: named with -p)."""
-    clean = {k: v for k, v in os.environ.items()
-             if k not in ("TRITON_INTERPRET", "ROPE_REPORT_RUN", "ROPE_NO_REPORT", "ROPE_REPORTS_DIR",
-                          "ROPE_CASES_DIR", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT",
-                          "PYTEST_CURRENT_TEST", "PYTEST_ADDOPTS")}
-    return ([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *plugin_args(), *args],
-            subprocess_env({**clean, **env}))
+    return ([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *plugin_args(), *args], fresh_env(**env))
 
 
 def _pytest(args: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:

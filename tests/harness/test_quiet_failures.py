@@ -4,7 +4,6 @@ Hypothesis explanation pointing into the harness's lines, no tens-of-lines repr 
 
 from __future__ import annotations
 
-import os
 import shlex
 import subprocess
 import sys
@@ -12,7 +11,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from rope.harness.plugin.failures import quiet_notes, rerun_command
-from rope.harness.suite import plugin_args, subprocess_env
+from rope.harness.suite import plugin_args
+from tests.fresh_runs import fresh_env
 
 _CASE_REPR = "Draw 1 (case): RotationCase(spec=RopeSpec(head_size=64,\n  rotary_dim=64,\n  base=10000.0),\n seed=0)"
 _EXPLANATION = ("Explanation:\n    These lines were always and only run by failing test cases:\n"
@@ -68,10 +68,7 @@ def test_a_failure_block_is_quiet_and_its_rerun_command_fails_the_same_test_from
     user = tmp_path / "user"
     user.mkdir()
     (user / "neoxkernel.py").write_text(_BROKEN)
-    env = subprocess_env({k: v for k, v in os.environ.items()
-                          if k not in ("ROPE_REPORT_RUN", "ROPE_NO_REPORT", "ROPE_REPORTS_DIR", "ROPE_CASES_DIR",
-                                       "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_CURRENT_TEST",
-                                       "PYTEST_ADDOPTS", "PYTHONPATH")})
+    env = fresh_env(keep_pythonpath=False)
     run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *plugin_args(), "-q",
                           "--pyargs", "properties.rotation.test_rotation", "-k",
                           "test_rotation_matches_reference and fp32-chunked3-gptj",

@@ -5,14 +5,14 @@ Ernie-4.5 map on the CPU, and such a kernel skipped it, green)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 from properties.rotation.prefill_cases import (BOUNDARY_KINDS, POWER_OF_TWO_LOG2, boundary_case, power_of_two_counts,
                                               supported_boundary_case, supported_token_head_case)
 from properties.strategies import POWER_OF_TWO_BOUNDARIES
-from rope.harness.suite import plugin_args, subprocess_env
+from rope.harness.suite import plugin_args
+from tests.fresh_runs import fresh_env
 
 # A user's kernel of chunked and interleaved sections only: the project's torch implementation
 # behind a declaration; ``wrong_from_16384`` reads the wrong position row for its first frequency
@@ -82,10 +82,7 @@ def test_the_mapped_product_case_takes_a_map_the_kernel_runs():
 
 def test_a_slip_only_the_16384_boundary_shows_is_caught_in_a_kernel_without_the_map_of_its_turn(tmp_path):
     _kernel(tmp_path)
-    env = subprocess_env({k: v for k, v in os.environ.items()
-                          if k not in ("ROPE_REPORT_RUN", "ROPE_NO_REPORT", "ROPE_REPORTS_DIR", "ROPE_CASES_DIR",
-                                       "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_CURRENT_TEST",
-                                       "PYTEST_ADDOPTS", "PYTHONPATH")})
+    env = fresh_env(keep_pythonpath=False)
     run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *plugin_args(), "-q",
                           "--pyargs", "properties.rotation.test_prefill", "-k", "power_of_two and 16384",
                           "--rope-impl", "threerows:wrong_from_16384", "--rope-device", "cpu"],
