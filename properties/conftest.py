@@ -16,20 +16,16 @@ def pytest_configure(config):
 
 
 # Fixed cases run before the Hypothesis searches (a stable sort, the same in every xdist worker):
-# the triggers of every known bug always; in a run that stops at its first failure (-x, --maxfail:
-# rope-harness mutants, a kernel engineer's quick check) the prefill boundaries next, where a path
-# switched at a prefill-size token count fails in under a minute under the interpreter instead of
-# after minutes of test_rotation.py's searches.  A full run keeps them in file order: started first,
-# the long interpreter cases measured 55 s slower on 2 cores (xdist's load balancing).
-KNOWN_FIRST = ("test_known_bug_triggers",)
-PREFILL_FIRST = ("test_power_of_two_boundaries", "test_declared_switches")
-
-
+# the triggers of every known bug (marked known_bug) always; in a run that stops at its first failure
+# (-x, --maxfail: rope-harness mutants, a kernel engineer's quick check) the prefill boundaries
+# (marked boundary) next, where a path switched at a prefill-size token count fails in under a minute
+# under the interpreter instead of after minutes of the rotation searches.  A full run keeps them in
+# file order: started first, the long interpreter cases measured 55 s slower on 2 cores (xdist's load
+# balancing).
 def _fixed_rank(item, fail_fast: bool) -> int:
-    name = getattr(item, "originalname", item.name)
-    if name.startswith(KNOWN_FIRST):
+    if item.get_closest_marker("known_bug") is not None:
         return 0
-    return 1 if fail_fast and name.startswith(PREFILL_FIRST) else 2
+    return 1 if fail_fast and item.get_closest_marker("boundary") is not None else 2
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,10 +1,13 @@
 """Inputs that triggered real bugs (docs/spec.md §7), as rotation cases every implementation must pass.
 
 Each entry names the bug it reproduces; the spec is the model's, the positions are chosen to
-expose the bug (distinct rows, the last cache row, the last token).
+expose the bug (distinct rows, the last cache row, the last token).  The regression corpus
+(properties/regressions/*.json: rotation case files that once exposed a real bug) is listed here too.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from properties.strategies import RotationCase
 from rope.spec import RopeSpec
@@ -64,3 +67,7 @@ KNOWN_BUG_CASES = {
     # adapters declare it, rope/backends/known_faults.py).
     "empty-batch-glm41v": RotationCase(GLM_41V, 0, 32, 2, "bfloat16", "uniform", False, 11),
 }
+
+# The regression corpus: promoting a mismatch is copying its case file from reports/cases/ here.
+CORPUS = Path(__file__).parent / "regressions"
+REGRESSION_FILES = sorted(CORPUS.glob("*.json"))

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from rope.prompts import AUDIO_FAMILIES, FAMILIES, VIDEO_FAMILIES, Audio, Image, Prompt, Text, Video
-from rope.harness.position_ids import PromptBatch
+from rope.prompts import AUDIO_FAMILIES, FAMILIES, VIDEO_FAMILIES, Audio, Image, Prompt, PromptBatch, Text, Video
 
 # Seconds per temporal grid = temporal_patch_size / fps: fps 2, 4, 1, 8, 24, 3, 1.33.  transformers
 # forms ti * (tokens_per_second * spg) in float32, the reference int(ti * spg * 2) in float64; the

@@ -1,6 +1,6 @@
 """Hypothesis strategies for rotary cases.
 
-Strategies draw *descriptions* (rope.harness.inputs: spec, head counts, token count, dtype,
+Strategies draw *descriptions* (rope.harness.rotation.cases: spec, head counts, token count, dtype,
 position pattern, memory layout, seed); ``build_rotation_inputs`` turns a description into
 tensors, so a case regenerates bit-identically on any device and from a case file.  Everything
 shrinks towards the simplest case: 64-wide heads, full rotary, one head, one token, uniform
@@ -14,13 +14,12 @@ import functools
 from hypothesis import strategies as st
 import torch
 
-from rope.harness.inputs import (  # noqa: F401  (the case model the strategies draw, re-exported for the tests)
+from rope.harness.position_step.cases import OUT_SENTINEL, RaggedBatch  # noqa: F401  (re-exported for the tests)
+from rope.harness.rotation.cases import (  # noqa: F401  (the case model the strategies draw, re-exported for the tests)
     DTYPE_SHORT,
     DTYPES,
     HEAD_SIZES,
-    OUT_SENTINEL,
     POSITION_KINDS,
-    RaggedBatch,
     RotationCase,
     RotationInputs,
     build_rotation_inputs,
@@ -418,3 +417,11 @@ def ragged_batches(draw, *, num_dims: int | None = None, max_reqs: int = 6, max_
             query_lens.append(draw(st.integers(0, 3)))
     return RaggedBatch(dims, table, tuple(deltas), tuple(prefill_lens),
                        tuple(computed), tuple(mapping), tuple(query_lens), draw(st.integers(0, 5)))
+
+
+def as_1d(spec: RopeSpec) -> RopeSpec:
+    """The 1-D spec of ``spec``'s frequencies: XD-RoPE's NTK-alpha folded into the base (1-D RoPE takes
+    no ntk_alpha); with all position rows equal, every layout rotates as this spec does."""
+    return RopeSpec(spec.head_size, spec.rotary_dim, spec.is_neox_style, None, "chunked", spec.effective_base,
+                    spec.max_position)
+

@@ -31,8 +31,8 @@ def specialization(kernel, args, kwargs) -> tuple:
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend
 
-    from tests.kernels.compile_offline import _signature
-    signature, constexprs, options = _signature(kernel, args, kwargs)
+    from tests.kernels.compile_offline import launch_signature
+    signature, constexprs, options = launch_signature(kernel, args, kwargs)
     skip = {kernel.arg_names[i] if isinstance(i, int) else i for i in (kernel.do_not_specialize or ())}
     attributes = tuple((name, signature[name], "" if name in skip else
                         str(native_specialize_impl(BaseBackend, value, False, True, True)[1]))
@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     from hypothesis import HealthCheck, Phase, given, seed, settings, strategies as st
 
     import rope.triton.rotary as rotary
-    from tests.kernels.compile_offline import _record
+    from tests.kernels.compile_offline import record_launches
     from properties.strategies import DTYPES, KINDS, build_rotation_inputs, rotation_cases
 
     variants = [("default", {})] + [(json.dumps(o, sort_keys=True), o) for o in args.options]
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
             q, k = rotary._unit_last_stride(x.query), rotary._unit_last_stride(x.key)
             drawn[0] += 1
             for name, options in variants:
-                for kernel, _grid, a, kw in _record(rotary, "_rotary_kernel", lambda: rotary.launch_rotary(
+                for kernel, _grid, a, kw in record_launches(rotary, "_rotary_kernel", lambda: rotary.launch_rotary(
                         case.spec, x.positions, q, k, x.cache, **options)):
                     keys[name][specialization(kernel, a, kw)] += 1
         draw()

@@ -115,7 +115,7 @@ def fault_samples(head):
 
 
 def map_shapes(out_path: str):
-    from rope.harness.inputs import HEAD_SIZES
+    from rope.harness.rotation.cases import HEAD_SIZES
     groups, singles = {}, []
     for head in sorted(HEAD_SIZES):
         for rd in range(2, head + 1, 2):

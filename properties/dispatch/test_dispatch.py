@@ -8,26 +8,22 @@ ran: native is "activation", Triton and the generic 1-D kernel "float32".
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import re
-from unittest import mock
 
 import pytest
 import torch
 from hypothesis import Phase, given, settings, strategies as st
 
-import reference
 from properties.mutants.dispatch import BROKEN_OPS
-from properties.strategies import DTYPES, RotationCase, build_rotation_inputs, rotation_cases
+from properties.strategies import DTYPES, rotation_cases
 from rope import dispatch
 from rope.cache import cos_sin_cache
-from rope.devices import available_devices, synchronize, triton_runs_on
-from rope.dispatch import (MODES, PLATFORM_METHODS, PLATFORMS, MRotaryEmbeddingOp, RotaryEmbeddingOp,
-                           XDRotaryEmbeddingOp, rotary_embedding_1d)
-from rope.native import rotate_native
+from rope.devices import available_devices, triton_runs_on
+from rope.dispatch import (MODES, PLATFORMS, MRotaryEmbeddingOp, RotaryEmbeddingOp, XDRotaryEmbeddingOp,
+                           rotary_embedding_1d)
+from rope.harness.rotation.dispatch import dispatch_property, kernels_launched
 from rope.spec import RopeSpec
-from rope.harness.tolerance import compare_rotation
 
 pytestmark = pytest.mark.dispatch      # a checked thing: rope-harness check runs these (-m dispatch)
 
@@ -39,10 +35,6 @@ OPS = {
     "xdrope3": (XDRotaryEmbeddingOp, "chunked3"),
     "xdrope4": (XDRotaryEmbeddingOp, "chunked4"),
 }
-# The CustomOp rule: graph mode runs forward_native; eager mode the platform's method.
-EXPECTED_METHOD = {(p, m): PLATFORM_METHODS[p] if on else "forward_native"
-                   for p in PLATFORMS for m, on in MODES.items()}
-
 # One small spec per op kind for the deterministic tests (real models' shapes, scaled down).
 EXAMPLE_SPECS = {
     "1d": RopeSpec(16, 8, is_neox_style=False, max_position=64),
@@ -89,84 +81,6 @@ def dispatch_cases(op_kind: str):
         dtype=dtype, kind=kind, max_tokens=6, head_sizes=SMALL_HEAD_SIZES, max_positions=SMALL_MAX_POSITIONS)).map(
         lambda case: dataclasses.replace(case, num_q_heads=min(case.num_q_heads, 4),
                                          num_kv_heads=min(case.num_kv_heads, 2)))
-
-
-@contextlib.contextmanager
-def kernels_launched():
-    """Records the kernels rope.dispatch launches (rotate_native, rotate_triton, rotary_embedding_1d)."""
-    launched = []
-
-    def spy(fn):
-        def wrapper(*args, **kwargs):
-            launched.append(fn)
-            return fn(*args, **kwargs)
-        return wrapper
-    with contextlib.ExitStack() as stack:
-        for name in ("rotate_native", "rotate_triton", "rotary_embedding_1d"):
-            stack.enter_context(mock.patch.object(dispatch, name, spy(getattr(dispatch, name))))
-        yield launched
-
-
-# --------------------------------------------------------------------------- the property
-def dispatch_property(op_cls, case: RotationCase, platform: str, mode: str, device: str) -> None:
-    """Build the op for (platform, mode) with tensors on ``device``; then
-    (1) it dispatched by the CustomOp rule;
-    (2) positions with an extra batch dim are a ValueError naming positions, raised before any launch;
-    (3) two calls with different positions each match the reference (no stale cos/sin)."""
-    label = f"{op_cls.__name__} platform={platform} mode={mode} on {device}"
-    op = op_cls(case.spec, DTYPES[case.dtype], platform=platform, custom_ops=MODES[mode], device=device)
-    expected = EXPECTED_METHOD[platform, mode]
-    assert op.method == expected, f"{label}: dispatched to {op.method}, expected {expected}"
-    _check_rejects_batch_dim(op, case, device, label)
-    first = dataclasses.replace(case, seed=(case.seed + 1) % 2 ** 32)
-    for call in (first, case):
-        _check_call(op, call, device, label)
-
-
-def _check_rejects_batch_dim(op, case: RotationCase, device: str, label: str) -> None:
-    x = build_rotation_inputs(case, device)
-    bad = x.positions.unsqueeze(-2)          # [D, 1, T] ([1, T] for 1-D RoPE): sglang#15983
-    snapshot = [t.clone() for t in (x.query, x.key) if t is not None]
-    shape = tuple(bad.shape)
-    try:
-        op(bad, x.query, x.key)
-    except ValueError as exc:
-        if not str(exc).startswith("positions.shape="):
-            raise AssertionError(f"{label}: positions of shape {shape} rejected without naming positions: {exc}")
-    except Exception as exc:
-        raise AssertionError(f"{label}: positions of shape {shape} must raise ValueError naming positions, "
-                             f"got {type(exc).__name__}: {exc}") from exc
-    else:
-        raise AssertionError(f"{label}: {op.method} accepted positions of shape {shape} "
-                             f"(must raise ValueError naming positions)")
-    after = [t for t in (x.query, x.key) if t is not None]
-    assert all(torch.equal(a, b) for a, b in zip(after, snapshot)), \
-        f"{label}: query/key modified before positions of shape {shape} were rejected"
-
-
-def _check_call(op, case: RotationCase, device: str, label: str) -> None:
-    x = build_rotation_inputs(case, device)
-    with kernels_launched() as launched:
-        try:
-            q_out, k_out = op(x.positions, x.query, x.key)
-        except Exception as exc:
-            raise AssertionError(f"{label}: {op.method} failed on positions of shape {tuple(x.positions.shape)}: "
-                                 f"{type(exc).__name__}: {exc}") from exc
-    synchronize(device)
-    # Precision of the kernel that ran; an op that computes by itself is judged like native.
-    precision = launched[-1].working_precision if launched else rotate_native.working_precision
-    ran = launched[-1].__name__ if launched else "no rope.dispatch kernel"
-    # Untouched inputs and the canonical cache, regenerated bit-identically: an op that built its
-    # cache by another recipe fails here too.
-    ref_in = build_rotation_inputs(case, "cpu")
-    ref_q, ref_k = reference.rotate(case.spec, ref_in.positions, ref_in.query, ref_in.key, ref_in.cache)
-    result = compare_rotation(case.spec, ref_in.positions, ref_in.query, ref_in.key, ref_in.cache, q_out, k_out,
-                              ref_q, ref_k, precision, device=x.query.device)
-    if not torch.equal(x.positions.cpu(), ref_in.positions):
-        result.problems.append("positions were modified by the op")
-    if not result.ok:
-        raise AssertionError(result.message(
-            f"{label}: {op.method} ({ran}) does not match the reference\ncase: {case}"))
 
 
 @pytest.mark.parametrize("op_kind,platform,mode,tensor_device", _combos())
@@ -268,7 +182,8 @@ MUTANT_FAILURES = {
 }
 
 
-@pytest.mark.parametrize("broken", list(BROKEN_OPS))
+@pytest.mark.parametrize("broken", [pytest.param(name, marks=pytest.mark.mutant_search(f"dispatch:{name}"))
+                                    for name in BROKEN_OPS])
 def test_dispatch_property_rejects_broken_op(broken):
     replaced, broken_cls = BROKEN_OPS[broken]
     combos = [(op, p, m) for op, (cls, _) in OPS.items() if cls is replaced for m in MODES for p in PLATFORMS]

@@ -185,7 +185,7 @@ partial_neox_partner_lost_past_token_heads.working_precision = "activation"
 
 
 # Bugs on a path chosen by the token x head product: (mutant, the product its wrong path starts at).
-# test_mutants.py holds the product cases of test_prefill.py to catching them; `rope-harness mutants`
-# does not list them yet (its rotation stage runs test_rotation.py, whose cases stay under 10,240).
+# tests/suite/test_kernel_mutants.py holds the product cases of test_prefill.py to catching them;
+# `rope-harness mutants` does not list them yet.
 TOKEN_HEAD_SWITCHES = {"partial_neox_partner_lost_past_token_heads": (partial_neox_partner_lost_past_token_heads,
                                                                       FUSED_TOKEN_HEADS)}

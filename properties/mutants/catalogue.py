@@ -9,7 +9,7 @@ subprocess); :func:`catalogue` returns the same list of dicts, in catalogue orde
     target         the import path the registry resolves (``--rope-impl`` / ``--rope-position-step-impl``)
     parent         the unmutated implementation a failure is confirmed against (None: dispatch)
     doc            the first paragraph of the mutant's docstring, on one line
-    memory_safety  whether only the guards / tracer of properties/guards.py see the bug
+    memory_safety  whether only the guards / tracer of rope/harness/guards.py see the bug
     needs          null, or "gpu-deep": only a GPU in the deep profile shows the bug (q past 2^31
                    elements); the mutation runner lists it as not run where no GPU is found
 """
@@ -23,8 +23,8 @@ import sys
 SCHEMA = "rope-harness/mutant-catalogue/1"
 
 # Kernel mutants whose bug is a memory-safety one: the output is right (or right on plain,
-# contiguous inputs), and only the guarded inputs / interpreter tracer of properties/guards.py see
-# it.  The same split as test_mutants.py's ROTARY_CELLS (detectors without "plain";
+# contiguous inputs), and only the guarded inputs / interpreter tracer of rope/harness/guards.py see
+# it.  The same split as kernel.py's ROTARY_CELLS (detectors without "plain";
 # test_mutation_runner.py holds the two together) plus the positions kernel's unmasked store.
 MEMORY_SAFETY = frozenset({"cos_sin_unmasked", "cos_sin_unmasked_head_padded", "positions_rows_packed",
                            "positions_store_unmasked"})
@@ -49,7 +49,8 @@ def catalogue() -> list[dict]:
     from properties.mutants.broken_positions import BROKEN_POSITIONS
     from properties.mutants.broken_rotations import BROKEN_ROTATIONS
     from properties.mutants.dispatch import BROKEN_OPS
-    from properties.mutants.kernel import GPU_DEEP_MUTANTS, POSITIONS_MUTANTS, ROTARY_MUTANTS, SubstitutionError
+    from properties.mutants.kernel import GPU_DEEP_MUTANTS, POSITIONS_MUTANTS, ROTARY_MUTANTS
+    from rope.harness.mutation.kernel_mutant import SubstitutionError
 
     correct_loop = f"{PACKAGE}.broken_positions:correct_loop"
     out = [_entry("broken_rotations", name, "rotation", name, "native", fn.__doc__)

@@ -1,145 +1,20 @@
-"""The known Triton-kernel bugs (docs/spec.md §7 and §8.1) as mutants of OUR kernels.
+"""The known Triton-kernel bugs (docs/spec.md §7 and §8.1) as mutants of OUR kernels, each a small
+textual substitution of the kernel's source (the machinery: rope.harness.mutation.kernel_mutant).
+Every substitution must match the current sources exactly once, or building the mutant raises
+(tests/suite/test_kernel_mutants.py builds them all).
 
-Each mutant is the source of the rotation kernel's modules (``rope/triton/rotary_kernel.py``, its
-launch plan ``rotary_plan.py`` and its entry points ``rotary.py``) or of ``rope/triton/positions.py``
-with one small textual substitution, executed as fresh modules under unique names: the mutant's
-entry points launch the mutant's kernel with the mutant's plan.  Every substitution must match the
-current sources exactly once (in one of the files), or building the mutant raises: a mutant never
-silently stops applying when the kernel changes (test_mutants.py builds them all).
-
-Each patched source is registered with ``linecache`` under a ``<mutant ...>`` file name, because
-Triton (interpreter and compiler alike) reads a kernel's source with ``inspect.getsourcelines``.
-
-A mutant is callable with the implementation's signature (the mutant module's ``rotate_triton`` or
-``prepare_positions_triton``), carries its bug's docstring, ``working_precision`` and ``supports``,
-so it also resolves through the registry: ``--rope-impl properties.mutants.kernel:neox_for_gptj``.
+A mutant is callable with the implementation's signature and resolves through the registry:
+``--rope-impl properties.mutants.kernel:neox_for_gptj``.  Below the mutants: where each one's bug is
+searched for (ROTARY_CELLS), for the dedicated searches of properties/rotation/test_mutant_searches.py
+and the project's tests.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-import linecache
-import pathlib
-import sys
-import types
-
-import rope.triton.positions as _positions_module
-import rope.triton.rotary as _rotary_module
-import rope.triton.rotary_kernel as _rotary_kernel_module
-import rope.triton.rotary_plan as _rotary_plan_module
-
-# The modules an entry module is built from, in import order, that a mutant of it rebuilds with it:
-# a substitution may fall in any of them (the kernel, its plan), and the mutant's entry points must
-# launch the mutant's kernel with the mutant's plan.
-PARTS = {_rotary_module.__name__: (_rotary_kernel_module, _rotary_plan_module)}
-
-
-# Values a module's re-execution makes equal, not the same (never rebound: equal is enough).
-_CONSTANTS = (int, float, complex, str, bytes, tuple, frozenset, type(None))
-
-
-class SubstitutionError(RuntimeError):
-    """A mutant's substitution no longer matches its kernel source exactly once."""
-
-
-class KernelMutant:
-    """A kernel module with substitutions applied; calling it calls the mutant's ``entry``.
-
-    ``module`` is the entry's module; the files patched are those of ``parts`` (default: the
-    modules it is built from, ``PARTS``) and its own, each substitution in whichever one it matches."""
-
-    def __init__(self, name: str, module, entry: str, substitutions, doc: str, parts=None):
-        self.name = name
-        self.module_name = module.__name__
-        self.parts = (*(PARTS.get(module.__name__, ()) if parts is None else parts), module)
-        self.paths = tuple(pathlib.Path(part.__file__) for part in self.parts)
-        self.entry = entry
-        self.substitutions = tuple(substitutions)
-        self.__doc__ = doc
-        self.__name__ = name
-        self.__qualname__ = name
-        original = getattr(module, entry)
-        self.working_precision = getattr(original, "working_precision", "float32")
-        self.supports = getattr(original, "supports", None)
-
-    @property
-    def path(self) -> pathlib.Path:
-        """The file the first substitution applies to (the entry's module's where none applies)."""
-        old = self.substitutions[0][0] if self.substitutions else None
-        return next((path for path in self.paths if old is not None and old in path.read_text()), self.paths[-1])
-
-    def sources(self) -> tuple[str, ...]:
-        """The patched source of each file of ``paths``; raises SubstitutionError unless every
-        substitution matches exactly once in them all."""
-        texts = [path.read_text() for path in self.paths]
-        for old, new in self.substitutions:
-            counts = [text.count(old) for text in texts]
-            if sum(counts) != 1:
-                names = " + ".join(path.name for path in self.paths)
-                raise SubstitutionError(f"mutant {self.name}: substitution must match {names} exactly "
-                                        f"once (matched {sum(counts)} times): {old!r}")
-            i = counts.index(1)
-            texts[i] = texts[i].replace(old, new)
-        return tuple(texts)
-
-    def source(self) -> str:
-        """The patched sources of the files the substitutions change, in the order of ``paths`` (one
-        file, ``path``, for every mutant but cos_sin_unmasked_head_padded).  Raises SubstitutionError
-        as ``sources`` does."""
-        return "".join(text for text, path in zip(self.sources(), self.paths) if text != path.read_text())
-
-    @functools.cached_property
-    def module(self) -> types.ModuleType:
-        """The entry's module, patched; the parts before it are patched and loaded first, and every
-        name a later one bound to an object of an earlier part is bound to the patched part's."""
-        replaced: dict[int, object] = {}
-        for part, path, text in zip(self.parts, self.paths, self.sources()):
-            unique = f"{part.__name__}__mutant_{self.name}"
-            filename = f"<mutant {self.name} of {path.name}>"
-            linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
-            spec = importlib.util.spec_from_loader(unique, loader=None, origin=filename)
-            module = importlib.util.module_from_spec(spec)
-            module.__file__ = filename
-            sys.modules[unique] = module
-            exec(compile(text, filename, "exec"), module.__dict__)
-            for key, value in list(module.__dict__.items()):
-                if id(value) in replaced and not key.startswith("__"):
-                    module.__dict__[key] = replaced[id(value)]
-            # What a later part may have imported from this one: the module, and each object that
-            # executing it made anew (functions, kernels, caches; not what it imported, nor constants).
-            replaced[id(part)] = module
-            for key, value in vars(part).items():
-                patched = module.__dict__.get(key, value)
-                if patched is not value and not isinstance(value, _CONSTANTS):
-                    replaced[id(value)] = patched
-        return module
-
-    @property
-    def implementation(self):
-        return getattr(self.module, self.entry)
-
-    def __call__(self, *args, **kwargs):
-        return self.implementation(*args, **kwargs)
-
-    def __repr__(self) -> str:
-        return f"<kernel mutant {self.name} of {self.path.name}>"
-
-
-def _rotary(*substitutions):
-    def make(fn) -> KernelMutant:
-        return KernelMutant(fn.__name__, _rotary_module, "rotate_triton", substitutions, fn.__doc__)
-    return make
-
-
-def _positions(*substitutions):
-    def make(fn) -> KernelMutant:
-        return KernelMutant(fn.__name__, _positions_module, "prepare_positions_triton", substitutions, fn.__doc__)
-    return make
-
+from rope.harness.mutation.kernel_mutant import positions_mutant, rotary_mutant
 
 # --------------------------------------------------------------------------- rotary kernel
-@_rotary(("IS_NEOX=spec.is_neox_style,", "IS_NEOX=True,"))
+@rotary_mutant(("IS_NEOX=spec.is_neox_style,", "IS_NEOX=True,"))
 def neox_for_gptj():
     """(a) GPT-J pairing ignored: always pairs (i, i + rotary_dim/2) (docs/spec.md §7.1).
 
@@ -148,7 +23,7 @@ def neox_for_gptj():
     """
 
 
-@_rotary((
+@rotary_mutant((
     "    cos = tl.load(cache_ptr + offs, mask=lane_ok, other=0.0)\n"
     "    sin = tl.load(cache_ptr + half + offs, mask=lane_ok, other=0.0)\n",
     "    cos = tl.load(cache_ptr + offs)\n"
@@ -161,11 +36,11 @@ def cos_sin_unmasked():
     exist when rotary_dim/2 is not a power of two (head 80, rotary 80: lanes 40..63) or is below 32.  Lane i >= rd/2
     reads cos at row element i (inside the row: the sin half) and sin at rd/2 + i, past the row's
     end.  The values never reach the output (q/k loads and stores stay masked): only the tracer in
-    properties/guards.py sees the sin reads, as reads of the cache's NaN row padding.
+    rope/harness/guards.py sees the sin reads, as reads of the cache's NaN row padding.
     """
 
 
-@_rotary(
+@rotary_mutant(
     ("    cos = tl.load(cache_ptr + offs, mask=lane_ok, other=0.0)\n"
      "    sin = tl.load(cache_ptr + half + offs, mask=lane_ok, other=0.0)\n",
      "    cos = tl.load(cache_ptr + offs)\n"
@@ -182,7 +57,7 @@ def cos_sin_unmasked_head_padded():
     """
 
 
-@_rotary(("spec.head_size, spec.num_freqs,\n            *_sections_constexprs(spec)",
+@rotary_mutant(("spec.head_size, spec.num_freqs,\n            *_sections_constexprs(spec)",
           "spec.head_size, spec.head_size // 2,\n            *_sections_constexprs(spec)"))
 def partial_rotary_head_half():
     """(c) Partial rotary with head_size/2 where rotary_dim/2 belongs (docs/spec.md §7.3).
@@ -194,7 +69,7 @@ def partial_rotary_head_half():
     """
 
 
-@_rotary(("axis = tl.where((freq % 3 == 1) & (freq < 3 * sec1), 1, axis)",
+@rotary_mutant(("axis = tl.where((freq % 3 == 1) & (freq < 3 * sec1), 1, axis)",
           "axis = tl.where((freq % 3 == 1) & (freq // 3 <= sec1), 1, axis)"))
 def interleaved_h_bound_off_by_one():
     """(d) Interleaved axis map off by one (docs/spec.md §7.9): H lanes bounded by ``i // 3 <= s_h``.
@@ -205,7 +80,7 @@ def interleaved_h_bound_off_by_one():
     """
 
 
-@_rotary(("        axis = tl.where((freq % 3 == 1) & (freq < 3 * sec1), 1, axis)\n"
+@rotary_mutant(("        axis = tl.where((freq % 3 == 1) & (freq < 3 * sec1), 1, axis)\n"
           "        axis = tl.where((freq % 3 == 2) & (freq < 3 * sec2), 2, axis)\n",
           "        axis = tl.where((freq % 3 == 1) & (freq < 3 * sec1), 2, axis)\n"
           "        axis = tl.where((freq % 3 == 2) & (freq < 3 * sec2), 1, axis)\n"))
@@ -217,7 +92,7 @@ def interleaved_thw_order_swapped():
     """
 
 
-@_rotary(("pos_ptr + d * pos_row_stride + token", "pos_ptr + d * num_tokens + token"))
+@rotary_mutant(("pos_ptr + d * pos_row_stride + token", "pos_ptr + d * num_tokens + token"))
 def positions_rows_packed():
     """(e) Position rows assumed packed: row d read at d * num_tokens (docs/spec.md §7.6).
 
@@ -228,7 +103,7 @@ def positions_rows_packed():
     """
 
 
-@_rotary(("pos_ptr + d * pos_row_stride + token", "pos_ptr + d + token"))
+@rotary_mutant(("pos_ptr + d * pos_row_stride + token", "pos_ptr + d + token"))
 def positions_rows_at_token_offsets():
     """(e') h/w rows read at token offsets: positions[0, token + d] instead of positions[d, token]
     (docs/spec.md §7.6, the vllm#22375 row-offset review; sglang#15983 read [3, 1, T] with the wrong
@@ -236,7 +111,7 @@ def positions_rows_at_token_offsets():
     """
 
 
-@_rotary(("axis = tl.load(map_ptr + freq, mask=freq < half, other=0)",
+@rotary_mutant(("axis = tl.load(map_ptr + freq, mask=freq < half, other=0)",
           "axis = tl.load(map_ptr + (freq + 1) % half, mask=freq < half, other=0)"))
 def row_map_table_shifted():
     """(d'') A map read from a table one frequency off: lane i takes the row of frequency i + 1
@@ -249,7 +124,7 @@ def row_map_table_shifted():
 
 
 # --------------------------------------------------------------------------- positions kernel
-@_positions(("tl.store(out_ptr + d * out_row_stride + qs + i, pos, mask=valid)",
+@positions_mutant(("tl.store(out_ptr + d * out_row_stride + qs + i, pos, mask=valid)",
              "tl.store(out_ptr + d * out_row_stride + qs + i, pos, mask=dims_ok)"))
 def positions_store_unmasked():
     """(f) The position step writes past the step's tokens: the query_len mask dropped from
@@ -263,7 +138,7 @@ def positions_store_unmasked():
     """
 
 
-@_rotary(("IS_NEOX=spec.is_neox_style,", "IS_NEOX=spec.is_neox_style or num_tokens >= 4096,"))
+@rotary_mutant(("IS_NEOX=spec.is_neox_style,", "IS_NEOX=spec.is_neox_style or num_tokens >= 4096,"))
 def neox_pairs_from_4096_tokens():
     """(g) A path chosen by token count is wrong on one side: from 4,096 tokens GPT-J specs are
     paired NeoX-style (docs/spec.md §7.10; the shape of flashinfer#609 -> #619).
@@ -277,7 +152,7 @@ ROTARY_MUTANTS = {m.name: m for m in (
     neox_for_gptj, cos_sin_unmasked, cos_sin_unmasked_head_padded, partial_rotary_head_half,
     interleaved_h_bound_off_by_one, interleaved_thw_order_swapped, row_map_table_shifted, positions_rows_packed,
     positions_rows_at_token_offsets, neox_pairs_from_4096_tokens)}
-@_rotary(("        token = token_block.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)\n",
+@rotary_mutant(("        token = token_block.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)\n",
            "        token = token_block * BLOCK_T + tl.arange(0, BLOCK_T)\n"),
           ("            x_stride = tl.where(is_k, k_row_stride, q_row_stride).to(tl.int64)\n",
            "            x_stride = tl.where(is_k, k_row_stride, q_row_stride)\n"),
@@ -293,7 +168,7 @@ def offsets_32bit():
     """
 
 
-@_rotary(("    if asked is None:\n        return needs_64\n", "    if asked is None:\n        return False\n"))
+@rotary_mutant(("    if asked is None:\n        return needs_64\n", "    if asked is None:\n        return False\n"))
 def cache_offsets_32bit():
     """(h') Cache offsets always in 32 bits: position * row_stride wraps once the cos/sin cache passes
     2^31 elements (docs/spec.md §7.10, the cache side of Liger#804's 32-bit offsets).
@@ -305,9 +180,48 @@ def cache_offsets_32bit():
 
 
 # Mutants whose bug only a prefill-size batch shows, with the token count their wrong path starts
-# at: test_mutants.py searches them with the prefill boundaries instead of its small-case search.
+# at: they are searched with the prefill boundaries (tests/suite/test_kernel_mutants.py) instead of the
+# small-case search (searches.py).
 PREFILL_ONLY = {"neox_pairs_from_4096_tokens": 4096}
 # Mutants only a GPU shows, in the deep profile (q past 2^31 elements): outside ROTARY_MUTANTS, so the
 # CPU mutation run does not count them; `rope-harness mutants` runs them where a GPU is (needs: gpu-deep).
 GPU_DEEP_MUTANTS = {m.name: m for m in (offsets_32bit, cache_offsets_32bit)}
 POSITIONS_MUTANTS = {m.name: m for m in (positions_store_unmasked,)}
+
+
+# --------------------------------------------------------------------------- where each bug is searched for
+# Small shapes: the interpreter costs ~0.4 ms per program instance.
+HEAD_SIZES = (64, 80, 96, 128, 32, 16)
+MAX_POSITIONS = (64, 1, 7, 300)
+MAX_TOKENS = 6
+
+# Mutant -> (dtype, kind, is_neox_style): the test_rotation.py cell that holds its bug; the
+# known-bug trigger cases that apply; detectors of which one must fire; detectors that must not.
+#   plain:        test_rotation.py's comparison on plain tensors (wild-read/-write: the tracer saw
+#                 an access past an argument's storage, suppressed it and reported it)
+#   guarded:      the comparison on guarded inputs;   nan: NaN in the output under guards
+#   traced-read:  the tracer saw a read of a guard element (the value need not reach the output)
+# A value bug may first show on a case where the plain run is blind (one token, position 0, a
+# one-row cache): those accept either comparison.
+VALUE_BUG = ("plain", "guarded")
+ROTARY_CELLS = {
+    "neox_for_gptj": (("bfloat16", "chunked3", False), ["gptj-paired-neox-glm41v"], VALUE_BUG, ()),
+    # No known case applies: every known spec has a power-of-two rotary_dim/2, so our kernel has no
+    # padding lanes there.  The values never reach the output: only the tracer sees the reads.
+    "cos_sin_unmasked": (("bfloat16", "interleaved", True), [], ("traced-read",), ("plain", "guarded", "nan")),
+    "cos_sin_unmasked_head_padded": (("bfloat16", "interleaved", True), ["interleaved-padding-lanes-qwen35"],
+                                     ("traced-read",), ("plain", "guarded", "nan")),
+    "partial_rotary_head_half": (("float32", "chunked3", True), ["partial-rotary-strides-glm41v"], VALUE_BUG, ()),
+    "interleaved_h_bound_off_by_one": (("float32", "interleaved", True), ["interleaved-map-qwen3vl"], VALUE_BUG,
+                                       ()),
+    "interleaved_thw_order_swapped": (("float32", "interleaved", True), ["interleaved-map-short-sections"],
+                                      VALUE_BUG, ()),
+    "row_map_table_shifted": (("float32", "mapped", True), ["two-row-map-hunyuan-image"], VALUE_BUG, ()),
+    # Identical to the right kernel on contiguous positions: only the row-strided guarded positions see it
+    # (the sentinel it reads as a position is clamped to a cache row: a wrong value, and a traced read).
+    "positions_rows_packed": (("float16", "chunked3", True), ["row-strides-many-tokens"], ("guarded", "traced-read"),
+                              ("plain",)),
+    # With one token, positions[0, 0 + d] IS positions[d, 0] in a packed [3, 1] tensor.
+    "positions_rows_at_token_offsets": (("float16", "chunked3", True), ["row-strides-many-tokens"], VALUE_BUG, ()),
+}
+KNOWN_PAIRS = [(m, k) for m, (_, known, _, _) in ROTARY_CELLS.items() for k in known]

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from rope.harness.comparison import assert_matches_reference, skip_if_unsupported
+from rope.harness.rotation.check import assert_matches_reference, skip_if_unsupported
 from properties.strategies import RotationCase
 from rope.models import load_models
 from rope.registry import get_implementation

@@ -38,11 +38,11 @@ from hypothesis import given, settings
 from rope.cache import cos_sin_cache
 from rope.devices import torch_device
 from rope.harness import report
-from rope.harness.comparison import (angle_source, assert_matches_reference, call_rotation, reference_rotation,
-                                     skip_if_unsupported)
-from rope.harness.inputs import build_rotation_inputs
+from rope.harness.rotation.check import (angle_source, assert_matches_reference, call_rotation, reference_rotation,
+                                         skip_if_unsupported)
+from rope.harness.rotation.cases import build_rotation_inputs
 from rope.harness.plugin import default_profile
-from rope.harness.tolerance import compare_rotation
+from rope.harness.rotation.bound import compare_rotation
 from rope.registry import get_implementation, switch_token_heads, switch_tokens, unsupported_reason, working_precision
 from rope.spec import RopeSpec
 import reference
@@ -92,6 +92,7 @@ def _check(impl_name, impl, case, device) -> bool:
 POWER_OF_TWO_PARAMS = [pytest.param(k, id=f"{1 << k}") for k in POWER_OF_TWO_LOG2]
 
 
+@pytest.mark.boundary
 @pytest.mark.parametrize("log2", POWER_OF_TWO_PARAMS)
 def test_power_of_two_boundaries_match_reference(impl_name, device, log2):
     # 2^k, 2^k + 1, 2^k - 1 tokens, three different configurations.  Rejects a path switched at a
@@ -107,6 +108,7 @@ def test_power_of_two_boundaries_match_reference(impl_name, device, log2):
         pytest.skip(f"{impl_name} supports none of the boundary cases at {1 << log2} tokens on {device}")
 
 
+@pytest.mark.boundary
 def test_declared_switches_match_reference(impl_name, device):
     # Each count an implementation declares it switches at, +-1 (the Triton kernel: 2-head programs
     # for interleaved sections up to 16 tokens, PDL off above 64 and on again from 128 to 256, large

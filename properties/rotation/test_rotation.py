@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import given, strategies as st
 
-from rope.implementation import Implementation
-from rope.harness.comparison import (assert_matches_reference, call_rotation, checked_run, skip_if_none_supported,
-                                     skip_if_unsupported)
+from rope.harness.rotation.check import assert_matches_reference, skip_if_none_supported, skip_if_unsupported
 from rope.registry import get_implementation
-from rope.spec import RopeSpec
 from properties.known_cases import KNOWN_BUG_CASES
-from properties.strategies import (DTYPE_SHORT, DTYPES, KINDS, RotationCase, batches_of, build_rotation_inputs,
-                                   probe_specs, rotation_cases, supported_shapes)
+from properties.rotation.checks import (check_text_tokens_reduce_to_1d, one_shape_many_batches_match_reference,
+                                        supported_variants)
+from properties.strategies import (DTYPE_SHORT, DTYPES, KINDS, RotationCase, as_1d, probe_specs, rotation_cases,
+                                   supported_shapes)
 
 DTYPE_PARAMS = [pytest.param(d, id=DTYPE_SHORT[d]) for d in DTYPES]
 KIND_PARAMS = [pytest.param(k, id=k) for k in KINDS]
@@ -44,16 +42,6 @@ def _supported_or_skip(impl_name, impl, kind, is_neox_style, dtype, device) -> d
     return narrowed
 
 
-def _supported_variants(impl_name, impl, device, dtypes) -> list[tuple]:
-    """(dtype, kind, is_neox_style, narrowed rotation_cases arguments) for every variant the
-    implementation runs some shape of; the test is skipped when there is none."""
-    variants = [(dtype, kind, neox, narrowed) for dtype in dtypes for kind in KINDS for neox in (True, False)
-                if (narrowed := supported_shapes(impl_name, impl, kind, neox, dtype, device)) is not None]
-    if not variants:
-        pytest.skip(f"{impl_name} runs none of the probed shapes of any kind in {', '.join(dtypes)} on {device}")
-    return variants
-
-
 @pytest.mark.parametrize("dtype", DTYPE_PARAMS)
 @given(data=st.data())
 def test_one_shape_many_batches_match_reference(impl_name, device, dtype, data):
@@ -64,17 +52,7 @@ def test_one_shape_many_batches_match_reference(impl_name, device, dtype, data):
     # compiled shape, and an engine kernel's compile (about 100 ms on an H200, against a few ms per
     # check) is paid once for many checks.  Rejects what test_rotation_matches_reference rejects,
     # and state carried from one call to the next (a cached table or launch setting keyed on the shape).
-    impl = get_implementation(impl_name)
-    variants = _supported_variants(impl_name, impl, device, [dtype])
-    _, kind, neox, narrowed = data.draw(st.sampled_from(variants), label="variant")
-    shape = data.draw(rotation_cases(dtype=dtype, kind=kind, is_neox_style=neox, nonfinite=True, **narrowed),
-                      label="shape")
-    skip_if_unsupported(impl_name, impl, shape.spec, dtype, device)
-    # On the CPU, where the Triton interpreter runs one program at a time, two batches per shape.
-    batches = data.draw(st.lists(batches_of(shape), min_size=1, max_size=2 if device == "cpu" else 12),
-                        label="batches")
-    for batch in batches:
-        assert_matches_reference(impl_name, impl, batch, device)
+    one_shape_many_batches_match_reference(impl_name, device, dtype, data)
 
 
 @given(data=st.data())
@@ -86,7 +64,7 @@ def test_large_batches_match_reference(impl_name, device, data):
     # default wired wrong (a grid computed before its default: half the rows never rotated), a
     # token tile running past the batch, a program count that overflows a grid dimension.
     impl = get_implementation(impl_name)
-    dtype, kind, neox, narrowed = data.draw(st.sampled_from(_supported_variants(impl_name, impl, device, list(DTYPES))),
+    dtype, kind, neox, narrowed = data.draw(st.sampled_from(supported_variants(impl_name, impl, device, list(DTYPES))),
                                             label="variant")
     small = tuple(h for h in narrowed.get("head_sizes", (16, 32, 64)) if h <= 64) or narrowed["head_sizes"][:1]
     case = data.draw(rotation_cases(dtype=dtype, kind=kind, is_neox_style=neox, min_tokens=128, max_tokens=128,
@@ -97,18 +75,13 @@ def test_large_batches_match_reference(impl_name, device, data):
     assert_matches_reference(impl_name, impl, case, device)
 
 
+@pytest.mark.known_bug
 @pytest.mark.parametrize("bug", list(KNOWN_BUG_CASES), ids=list(KNOWN_BUG_CASES))
 def test_known_bug_triggers_match_reference(impl_name, device, bug):
     impl = get_implementation(impl_name)
     case = KNOWN_BUG_CASES[bug]
     skip_if_unsupported(impl_name, impl, case.spec, case.dtype, device)
     assert_matches_reference(impl_name, impl, case, device)
-
-
-def _as_1d(spec: RopeSpec) -> RopeSpec:
-    # The same frequencies: XD-RoPE's NTK-alpha folded into the base (1-D RoPE takes no ntk_alpha).
-    return RopeSpec(spec.head_size, spec.rotary_dim, spec.is_neox_style, None, "chunked", spec.effective_base,
-                    spec.max_position)
 
 
 @pytest.mark.parametrize("kind", ["chunked3", "chunked4", "interleaved", "mapped"])
@@ -122,34 +95,18 @@ def test_text_tokens_reduce_to_1d(impl_name, device, kind, data):
     case = data.draw(rotation_cases(dtype="float32", kind=kind, min_tokens=1))
     case = RotationCase(**{**case.__dict__, "positions_kind": "text"})
     skip_if_unsupported(impl_name, impl, case.spec, case.dtype, device)
-    skip_if_unsupported(impl_name, impl, _as_1d(case.spec), case.dtype, device)
+    skip_if_unsupported(impl_name, impl, as_1d(case.spec), case.dtype, device)
     check_text_tokens_reduce_to_1d(impl_name, impl, case, device)
 
 
-def check_text_tokens_reduce_to_1d(impl_name, impl, case: RotationCase, device: str) -> None:
-    spec_1d = _as_1d(case.spec)
-    if Implementation.of(impl_name, impl).separate_1d_kernel:
-        # Two kernels by design (vLLM: triton_mrope for rows, another kernel for [T]): bit-for-bit
-        # agreement is not promised, so each is held to the reference on the same text tokens.
-        assert_matches_reference(impl_name, impl, case, device)
-        assert_matches_reference(impl_name, impl, RotationCase(**{**case.__dict__, "spec": spec_1d}), device)
-        return
-    # The rows' call is held to the reference first (and counted as a check), then to the 1-D call.
-    run = checked_run(impl_name, impl, case, device)
-    q_multi, k_multi = run.q_out, run.k_out
-    fresh = build_rotation_inputs(case, device)
-    q_1d, k_1d = call_rotation(impl, spec_1d, fresh.positions[0].contiguous(), fresh.query, fresh.key, fresh.cache)
-    assert torch.equal(q_multi.cpu(), q_1d.cpu())
-    if case.num_kv_heads:
-        assert torch.equal(k_multi.cpu(), k_1d.cpu())
-
-
+@pytest.mark.known_bug
+@pytest.mark.guarded
 @pytest.mark.parametrize("bug", list(KNOWN_BUG_CASES), ids=list(KNOWN_BUG_CASES))
 def test_known_bug_triggers_under_guards(impl_name, device, bug):
-    # Inputs inside NaN/sentinel guard regions (properties/guards.py): a stray read that reaches
-    # the output is NaN, a stray write changes a guard; under the interpreter every load and
+    # Inputs inside NaN/sentinel guard regions (rope.harness.rotation.guards): a stray read that
+    # reaches the output is NaN, a stray write changes a guard; under the interpreter every load and
     # store is also traced against the guards.
-    from properties.guards import assert_matches_reference_guarded
+    from rope.harness.rotation.guards import assert_matches_reference_guarded
     impl = get_implementation(impl_name)
     case = KNOWN_BUG_CASES[bug]
     skip_if_unsupported(impl_name, impl, case.spec, case.dtype, device)

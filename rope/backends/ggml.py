@@ -13,7 +13,7 @@ ggml does not take a cos/sin cache: it computes the angles itself, ``theta = p``
 ``theta *= theta_scale`` once per pair with ``theta_scale = powf(base, -2 / n_dims)``, all float32,
 then ``cosf`` / ``sinf``.  The adapter declares ``angles = "own-float32"``: the harness compares it
 with the exact float64 angles and widens the bound by the error of that recurrence
-(rope/harness/tolerance.py, ``own_angle_error``).
+(rope/harness/rotation/bound.py, ``own_angle_error``).
 
 What ggml cannot express is declared unsupported: M-RoPE with GPT-J pairs (its multi-row modes are
 NeoX only), maps other than chunked and interleaved, bfloat16 (ggml 0.20.2's CPU rope aborts the

@@ -41,7 +41,7 @@ from rope.devices import synchronize, torch_device
 from rope.models import load_models
 from rope.harness.bench_contenders import CONTENDERS, contenders, runs_here, timed_here
 from rope.spec import RopeSpec
-from rope.harness.tolerance import compare_rotation
+from rope.harness.rotation.bound import compare_rotation
 from rope.triton.pdl import HAS_PDL
 from rope.triton.targets import pdl_available
 from rope.triton.rotary import ONE_WAVE_TOKENS, PDL_MAX_TOKENS

@@ -166,7 +166,7 @@ def one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
-# The name the position step's check calls (rope.harness.comparison): one line, never cut.
+# The name the position step's check calls (rope.harness.rotation.check): one line, never cut.
 clip = one_line
 
 

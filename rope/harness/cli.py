@@ -188,7 +188,7 @@ def _clock(seconds: float) -> str:
 def _import_named(args) -> str | None:
     """Import every implementation the command names before any test runs: the first that cannot
     be imported is the one line returned (the module, the directories searched, the fix)."""
-    from rope.harness.position_ids import get_position_ids_implementation
+    from rope.harness.position_ids.implementations import get_position_ids_implementation
     from rope.registry import get_implementation, get_positions_implementation
     for option, names, get in (("--impl", args.impl, get_implementation),
                                ("--position-step-impl", args.positions_impl, get_positions_implementation),

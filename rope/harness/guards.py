@@ -34,19 +34,8 @@ between rows turns an overrun into a guard access, so the pad widths below bound
 NaN).  On a GPU the tracer does not exist (compiled kernels); guards still catch stray writes
 and stray reads whose value reaches the output, and compute-sanitizer is needed for the rest.
 
-The padding-lane bug (docs/spec.md §7.2; mutants ``cos_sin_unmasked*``): lane i >= rotary_dim/2 loads cos
-at row element i and sin at element rotary_dim/2 + i.  The q/k loads and stores of those lanes
-stay masked, so the values (NaN under guards) never reach the output: the reference comparison
-and the NaN check are blind to it, on every device.  The tracer sees the *sin* reads: they run
-past the row's end into the NaN padding, for every row (the guarded cache is row-strided), not
-only the last.  It cannot see the *cos* reads, which land on the same row's valid sin half.  On
-plain contiguous tensors the same sin reads land in the next cache row (valid memory) except at
-the last cache row, where they leave the allocation (a wild read: reported and suppressed).  What
-matters is the last cache *row* (positions == max_position - 1, any token), not the last token:
-our cache is indexed by position.  compute-sanitizer on a GPU, likewise, flags only reads past an
-allocation: it needs positions at the last cache row, a plain cache (a guard allocation would
-keep the stray read inside it), and PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that the cache is its own
-cudaMalloc rather than a slice of the caching allocator's segment.
+The guarded inputs of each checked thing are its slice's (rope.harness.rotation.guards,
+rope.harness.position_step.guards); this module holds the primitives they share.
 """
 
 from __future__ import annotations
@@ -58,14 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from properties.strategies import OUT_SENTINEL, RaggedBatch, RotationCase, build_rotation_inputs
-from rope.devices import is_interpreter, synchronize, torch_device
-from rope.harness import case_files, causes
-from rope.harness.comparison import (angle_source, call_positions, call_rotation, check_positions, positions_failure,
-                                     reference_rotation, skip_if_known_defect)
-from rope.harness.diagnosis import Diagnosis, diagnose
-from rope.harness.tolerance import Comparison, compare_rotation
-from rope.registry import working_precision
+from rope.devices import is_interpreter, torch_device
 
 FLOAT_FILL = float("nan")
 INT_SENTINEL = -999_983       # int guard of position-step inputs: garbage if it reaches `out`
@@ -73,6 +55,8 @@ ROW_GUARDS = 1                # guard rows before the first and after the last v
 CACHE_ROWS_AFTER = 2          # NaN rows after the last cache row (positions == rows index the first)
 OUT_ROW_PAD = 320             # > the positions kernel's BLOCK (256): a whole unmasked tile stays inside
 _MAX_EXAMPLES = 3             # locations quoted per violation
+# How a failure message marks the detector that saw it: the plain comparison, or the one on guarded inputs.
+PLAIN, GUARDED = "[plain inputs]", "[guarded inputs]"
 
 
 # --------------------------------------------------------------------------- guarded allocations
@@ -353,217 +337,3 @@ def trace_memory(guards=()):
     finally:
         builder_cls.create_masked_load, builder_cls.create_masked_store = orig_load, orig_store
         executor_cls.__call__ = orig_call
-
-
-# --------------------------------------------------------------------------- rotation
-@dataclass
-class GuardedRotationInputs:
-    positions: torch.Tensor
-    query: torch.Tensor
-    key: torch.Tensor | None
-    cache: torch.Tensor
-    guards: list[Guarded]
-
-
-def guard_rotation_inputs(case: RotationCase, device: str = "cpu") -> GuardedRotationInputs:
-    """The case's tensors (bit-identical to build_rotation_inputs) as views into guarded allocations.
-
-    * cos_sin_cache: rows ``rotary_dim + max(8, rotary_dim/2)`` apart, NaN padding after every row,
-      one NaN row before and two after the last valid row.
-    * positions: ``[num_dims, T]`` rows ``T + 8`` apart (one guard row before and after) or ``[T]``
-      with 8 guard elements either side; the sentinel is the number of cache rows.
-    * query, key: rows ``width + head_size`` apart, one NaN row before and after; with packed qkv
-      the whole ``[T, (Hq + 2 Hkv) * head_size]`` storage is one guarded allocation whose value slice
-      is NaN guard too (a rotation has no business reading or writing it).
-    """
-    spec, hs = case.spec, case.spec.head_size
-    x = build_rotation_inputs(case, "cpu")
-    guards = []
-    cache, g = guard_tensor("cos_sin_cache", x.cache, fill=FLOAT_FILL, writable=False, device=device,
-                            row_pad=max(8, spec.rotary_dim // 2), rows_after=CACHE_ROWS_AFTER)
-    guards.append(g)
-    sentinel = x.cache.shape[0]
-    if x.positions.dim() == 1:
-        positions, g = guard_tensor("positions", x.positions, fill=sentinel, writable=False, device=device,
-                                    lead=8, row_pad=8, rows_before=0, rows_after=0)
-    else:
-        positions, g = guard_tensor("positions", x.positions, fill=sentinel, writable=False, device=device)
-    guards.append(g)
-    q_width, k_width = case.num_q_heads * hs, case.num_kv_heads * hs
-    if case.packed_qkv:
-        invalid = ((q_width + k_width, q_width + 2 * k_width),) if k_width else ()
-        storage, g = guard_tensor("qkv", x.storage, fill=FLOAT_FILL, writable=True, device=device,
-                                  row_pad=hs, invalid_columns=invalid)
-        guards.append(g)
-        query = storage[:, :q_width]
-        key = storage[:, q_width:q_width + k_width] if k_width else None
-    else:
-        query, g = guard_tensor("query", x.query, fill=FLOAT_FILL, writable=True, device=device, row_pad=hs)
-        guards.append(g)
-        key = None
-        if x.key is not None:
-            key, g = guard_tensor("key", x.key, fill=FLOAT_FILL, writable=True, device=device, row_pad=hs)
-            guards.append(g)
-    return GuardedRotationInputs(positions, query, key, cache, guards)
-
-
-@dataclass
-class GuardedRun:
-    """``outputs, violations = run_guarded(...)`` unpacks; ``inputs`` are the guarded inputs, and
-    ``traced`` says whether the tracer saw a launch (False on a GPU or for torch implementations)."""
-    outputs: tuple
-    violations: list[str]
-    inputs: GuardedRotationInputs
-    traced: bool
-
-    def __iter__(self):
-        return iter((self.outputs, self.violations))
-
-
-def _nan_in_output(name: str, out: torch.Tensor | None, head_size: int) -> list[str]:
-    if out is None or not out.dtype.is_floating_point:
-        return []
-    nan = torch.isnan(out.detach().cpu())
-    count = int(nan.sum())
-    if not count:
-        return []
-    token, col = nan.nonzero()[0].tolist()
-    head, channel = divmod(col, head_size)
-    return [f"{name}: NaN in output at {count} element(s), first at token {token}, head {head}, "
-            f"channel {channel} (out-of-bounds read?)"]
-
-
-def run_guarded(fn, case: RotationCase, device: str = "cpu") -> GuardedRun:
-    """Run ``fn`` on the case inside guards (and the tracer, under the interpreter on the CPU);
-    returns the outputs and every guard violation: NaN in the outputs, guards modified, and the
-    traced out-of-bounds or wild accesses."""
-    inputs = guard_rotation_inputs(case, device)
-    with trace_memory(inputs.guards if device == "cpu" else ()) as tracer:
-        q_out, k_out = call_rotation(fn, case.spec, inputs.positions, inputs.query, inputs.key, inputs.cache)
-    violations = _nan_in_output("query", q_out, case.spec.head_size) + \
-        _nan_in_output("key", k_out, case.spec.head_size)
-    for g in inputs.guards:
-        violations += g.modified()
-    violations += tracer.messages()
-    return GuardedRun((q_out, k_out), violations, inputs, tracer.active and tracer.launches > 0)
-
-
-def compare_case_guarded(impl_name: str, fn, case: RotationCase, device: str = "cpu") -> Comparison:
-    """Like rope.harness.comparison.compare_case, on guarded inputs: the reference comparison plus every
-    guard violation as a problem."""
-    return _compare_guarded(fn, case, device)[0]
-
-
-def diagnose_guarded(fn, case: RotationCase, device: str = "cpu") -> Diagnosis:
-    """rope.harness.diagnosis of ``fn`` on guarded inputs, guard violations included (NaN from a guard
-    region, out-of-bounds reads and writes); "match" when it passes under guards."""
-    result, run, ref_in = _compare_guarded(fn, case, device)
-    q_out, k_out = run.outputs
-    return diagnose(case.spec, ref_in.positions, ref_in.query, ref_in.key, ref_in.cache, q_out, k_out,
-                    precision=working_precision(fn), comparison=result)
-
-
-def _compare_guarded(fn, case: RotationCase, device: str):
-    run = run_guarded(fn, case, device)
-    ref_in = build_rotation_inputs(case, "cpu")
-    # The reference reads only the rows the positions index: give it those (same values, and no
-    # float64 copy of a 4 x 262144-row cache).
-    cache = ref_in.cache[:int(ref_in.positions.max()) + 1] if case.num_tokens else ref_in.cache
-    ref_q, ref_k = reference_rotation(fn, case.spec, ref_in.positions, ref_in.query, ref_in.key, cache)
-    q_out, k_out = run.outputs
-    result = compare_rotation(case.spec, ref_in.positions, ref_in.query, ref_in.key, cache,
-                              q_out, k_out, ref_q, ref_k, working_precision(fn), device=run.inputs.query.device,
-                              angles=angle_source(fn))
-    result.problems += [f"guard violation: {v}" for v in run.violations]
-    return result, run, ref_in
-
-
-def assert_matches_reference_guarded(impl_name: str, fn, case: RotationCase, device: str = "cpu") -> Comparison:
-    """Raise AssertionError when ``fn`` mismatches the reference on guarded inputs or violates a guard:
-    the message and the failure's cause (rope.harness.causes) carry the diagnosis.  A run that avoids
-    known defects skips a case the adapter declares it answers wrongly, as the unguarded check does."""
-    skip_if_known_defect(impl_name, fn, case, device)
-    result, run, ref_in = _compare_guarded(fn, case, device)
-    if not result.ok:
-        q_out, k_out = run.outputs
-        try:
-            diagnosis = diagnose(case.spec, ref_in.positions, ref_in.query, ref_in.key, ref_in.cache, q_out, k_out,
-                                 precision=working_precision(fn), comparison=result)
-        except Exception as exc:   # noqa: BLE001 - the mismatch is reported all the same
-            diagnosis = Diagnosis("unknown", f"(diagnosis failed: {type(exc).__name__}: {exc})")
-        _fail(f"{impl_name} on {device} fails under guards", case, result, diagnosis)
-    return result
-
-
-def _fail(header: str, case: RotationCase, result: Comparison, diagnosis: Diagnosis | None = None):
-    """The AssertionError of a guarded or traced check: short lines, the diagnosis first, tagged
-    with its cause for the run's grouping."""
-    lines = [*(diagnosis.lines() if diagnosis else []), *result.message().splitlines(), *case_files.describe_case(case)]
-    message = "\n".join([header, *(piece for line in lines for piece in case_files.wrap(line))])
-    cause = diagnosis.label if diagnosis else None
-    headline = diagnosis.sentence if diagnosis else None
-    raise causes.tag(AssertionError(message), cause=cause, headline=headline, size=case.size, case=case.brief())
-
-
-def assert_matches_reference_traced(impl_name: str, fn, case: RotationCase, device: str = "cpu") -> Comparison:
-    """rope.harness.comparison.compare_case on plain (unguarded) inputs, inside the tracer: wild accesses
-    past an argument's storage are reported (and suppressed, so a broken kernel stays harmless)."""
-    from rope.harness.comparison import compare_case
-    with trace_memory() as tracer:
-        result = compare_case(impl_name, fn, case, device)
-    result.problems += [f"memory violation: {m}" for m in tracer.messages()]
-    if not result.ok:
-        _fail(f"{impl_name} on {device} does not match the reference (traced)", case, result)
-    return result
-
-
-# --------------------------------------------------------------------------- the position step
-_POSITION_INPUTS = ("prefill_positions", "prefill_delta", "idx_mapping", "query_start_loc", "prefill_lens",
-                    "num_computed_tokens")
-
-
-def guard_position_inputs(batch: RaggedBatch, device: str = "cpu"):
-    """(kwargs, out, guards): every int input of a position-step call as a view into a
-    guarded allocation (sentinel INT_SENTINEL: rows 8 elements apart for the table, 8 elements
-    either side of the vectors), and ``out`` as the ``[num_dims, num_tokens + padding]`` view of an
-    OUT_SENTINEL-filled allocation whose writable elements are the first ``num_tokens`` columns;
-    the padding columns and OUT_ROW_PAD columns after every row are guard."""
-    args = batch.tensors("cpu")
-    guards, kwargs = [], {"num_dims": args["num_dims"]}
-    for name in _POSITION_INPUTS:
-        t = args[name]
-        if t.dim() == 1:
-            view, g = guard_tensor(name, t, fill=INT_SENTINEL, writable=False, device=device, lead=8, row_pad=8,
-                                   rows_before=0, rows_after=0)
-        else:
-            view, g = guard_tensor(name, t, fill=INT_SENTINEL, writable=False, device=device)
-        kwargs[name] = view
-        guards.append(g)
-    n = batch.num_tokens
-    blank = torch.full((batch.num_dims, n + batch.padding), OUT_SENTINEL, dtype=torch.int64)
-    out, g = guard_tensor("out", blank, fill=OUT_SENTINEL, writable=True, device=device, row_pad=OUT_ROW_PAD,
-                          invalid_columns=((n, n + batch.padding),) if batch.padding else ())
-    guards.append(g)
-    return kwargs, out, guards
-
-
-def run_positions_guarded(fn, batch: RaggedBatch, device: str = "cpu"):
-    """Run a position-step implementation inside guards; returns (out [num_dims, num_tokens]
-    on the CPU, violations)."""
-    kwargs, out, guards = guard_position_inputs(batch, device)
-    with trace_memory(guards if device == "cpu" else ()) as tracer:
-        call_positions(fn, kwargs, out)
-        synchronize(device)
-    violations = []
-    for g in guards:
-        violations += g.modified()
-    violations += tracer.messages()
-    return out[:, :batch.num_tokens].cpu(), violations
-
-
-def assert_positions_match_guarded(name: str, fn, batch: RaggedBatch, device: str = "cpu") -> None:
-    out, violations = run_positions_guarded(fn, batch, device)
-    problems = check_positions(name, device, batch.tensors("cpu"), out, [f"guard violation: {v}" for v in violations])
-    if problems:
-        raise positions_failure(f"{name} on {device} fails under guards", problems + case_files.wrap(f"batch: {batch}"),
-                                tokens=batch.num_tokens, requests=len(batch.query_lens))

@@ -1,6 +1,6 @@
 """Where a check's time goes: seconds per phase, summed in each test process.
 
-Every rotation check passes through the same phases (rope.harness.comparison): building the
+Every rotation check passes through the same phases (rope.harness.rotation.check): building the
 inputs, the implementation's call (``jit`` instead of ``call`` when a Triton kernel compiled
 during it), the float64 reference, the comparison, the read-only checks and the record write.
 The plugin adds each test's wall time and the process's session time, and writes one

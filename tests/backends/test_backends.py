@@ -18,14 +18,16 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 import reference
-from rope.harness.comparison import assert_matches_reference
+from rope.harness.rotation.check import assert_matches_reference
 from properties.known_cases import KNOWN_BUG_CASES
 from properties.strategies import DTYPE_SHORT, DTYPES, KINDS, MAPPED_LAYOUTS, RotationCase, probe_specs, rotation_cases
 from rope.backends import BACKENDS
 from rope.backends.known_faults import FLASHINFER_WRONG_SHAPES, flashinfer_wrong
 from rope.registry import get_implementation, known_defect, unsupported_reason
-from rope.harness.case_files import load_case
+from rope.harness.rotation.case_file import load_case
 from rope.spec import RopeSpec
+
+pytestmark = pytest.mark.stack      # meets the installed torch and Triton: CI runs it on every stack (.ci/run)
 
 KNOWN_MISMATCH = (
     "known mismatch: transformers HunYuanVL (5.13+) splits the head into blocks of 2*s_i, so the two "
@@ -166,7 +168,7 @@ def test_backend_regression_still_mismatches(device, path, monkeypatch, tmp_path
     if loaded.diagnosis.label == "out_of_bounds_read":
         # Right values, reads outside the inputs (e.g. SGLang's padding-lane cos/sin loads, docs/spec.md §7.2):
         # only the interpreter's memory tracer sees them (on a GPU: compute-sanitizer).
-        from properties.guards import assert_matches_reference_traced
+        from rope.harness.rotation.guards import assert_matches_reference_traced
         from rope.devices import is_interpreter
         if device != "cpu" or not is_interpreter():
             pytest.skip(f"{path.name} pins an out-of-bounds read: needs the Triton interpreter's memory tracer")
@@ -336,7 +338,8 @@ def test_known_fault_is_drawn_around_and_reported():
     # fault" (asked only of what the code claims to support), so a property rejects the draw, counts
     # it for the run report, and never runs it; ``supports`` says no as well (the benchmark's filter).
     from hypothesis import given, settings
-    from rope.harness import comparison
+    from rope.harness import draws
+    from rope.harness.rotation import check as rotation_check
     calls: list = []
     fake = _fake_backend(calls)
     why = unsupported_reason("fake", fake, RopeSpec(128, 40, True, None), torch.bfloat16, "cuda")
@@ -351,14 +354,14 @@ def test_known_fault_is_drawn_around_and_reported():
     @given(rotary_dim=st.sampled_from([40, 64]))
     def prop(rotary_dim):
         spec = RopeSpec(128, rotary_dim, True, None)
-        comparison.skip_if_unsupported("fake", fake, spec, "bfloat16", "cuda")
+        rotation_check.skip_if_unsupported("fake", fake, spec, "bfloat16", "cuda")
         fake(spec, None, None, None, None)
 
-    comparison.REJECTED_DRAWS.clear()
+    draws.REJECTED_DRAWS.clear()
     prop()
     assert calls and set(calls) == {64}, calls                         # 40 never ran, 64 did
-    assert any(reason.startswith("known fault: fake") for reason in comparison.REJECTED_DRAWS)
-    comparison.REJECTED_DRAWS.clear()
+    assert any(reason.startswith("known fault: fake") for reason in draws.REJECTED_DRAWS)
+    draws.REJECTED_DRAWS.clear()
 
 
 def _stubbed_adapters(monkeypatch) -> dict:
@@ -509,9 +512,10 @@ def test_known_defects_are_checked_unless_avoided(mode, monkeypatch, tmp_path):
     # report, and searches on.
     from hypothesis import given, settings
     from rope.backends import declare
-    from rope.harness import comparison, report
+    from rope.harness import draws, report
+    from rope.harness.rotation import check as rotation_check
     from rope.native import rotate_native
-    monkeypatch.setenv(comparison.KNOWN_DEFECTS_ENV, mode)
+    monkeypatch.setenv(rotation_check.KNOWN_DEFECTS_ENV, mode)
     monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))
     monkeypatch.setenv(report.DISABLE_ENV, "1")
     calls: list = []
@@ -529,7 +533,7 @@ def test_known_defects_are_checked_unless_avoided(mode, monkeypatch, tmp_path):
         case = RotationCase(RopeSpec(64, 64, True, None), tokens, 1, 0, "float32", "uniform", False, 1)
         assert_matches_reference("broken", broken, case, "cpu")
 
-    comparison.REJECTED_DRAWS.clear()
+    draws.REJECTED_DRAWS.clear()
     try:
         if mode == "check":
             with pytest.raises(AssertionError, match="does not match the reference"):
@@ -539,17 +543,18 @@ def test_known_defects_are_checked_unless_avoided(mode, monkeypatch, tmp_path):
             prop()
             assert calls and set(calls) == {5}, calls
             assert any(r.startswith("known defect: broken on ") and r.endswith("wrong on 3 tokens")
-                       for r in comparison.REJECTED_DRAWS)
+                       for r in draws.REJECTED_DRAWS)
     finally:
-        comparison.REJECTED_DRAWS.clear()
+        draws.REJECTED_DRAWS.clear()
 
 
 def test_known_defects_mode_is_validated(monkeypatch, tmp_path):
-    from tests.harness.test_plugin import _pytest
-    from rope.harness import comparison
-    monkeypatch.setenv(comparison.KNOWN_DEFECTS_ENV, "skip")
+    from tests.fresh_runs import run_pytest
+    from rope.harness import draws
+    from rope.harness.rotation import check as rotation_check
+    monkeypatch.setenv(rotation_check.KNOWN_DEFECTS_ENV, "skip")
     with pytest.raises(ValueError, match="ROPE_KNOWN_DEFECTS='skip'"):
-        comparison.known_defects_mode()
+        rotation_check.known_defects_mode()
     # A run with the bad value ends before any test, with a usage error naming it.
-    run = _pytest(["-q", "--pyargs", "properties.rotation.test_rotation", "-k", "known_bug_triggers_match_reference and native-cpu-gptj-paired-neox-glm41v", "--rope-device", "cpu"], tmp_path)
+    run = run_pytest(["-q", "--pyargs", "properties.rotation.test_rotation", "-k", "known_bug_triggers_match_reference and native-cpu-gptj-paired-neox-glm41v", "--rope-device", "cpu"], tmp_path)
     assert run.returncode == 4 and "ROPE_KNOWN_DEFECTS='skip'" in run.stderr + run.stdout, run.stdout[-2000:]

@@ -1,5 +1,5 @@
 """llama.cpp's ggml rope (rope/backends/ggml.py) and the bound for implementations that compute their
-own angles (rope/harness/tolerance.py, ``own_angle_error``).  The drawn suite runs it as
+own angles (rope/harness/rotation/bound.py, ``own_angle_error``).  The drawn suite runs it as
 ``pytest --rope-impl ggml``; tests/backends/test_backends.py runs its bounded property and the
 known-bug triggers.  Here: the bound is neither loose enough to pass a wrong map nor tight enough to
 fail ggml's own float32 recurrence, and the IMROPE fourth-row divergence is pinned."""
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rope.harness.comparison import exact_rotation
-from rope.harness.tolerance import compare_rotation, own_angle_error
+from rope.harness.rotation.check import exact_rotation
+from rope.harness.rotation.bound import compare_rotation, own_angle_error
 from rope.spec import RopeSpec
 
 try:

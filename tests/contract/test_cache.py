@@ -61,7 +61,7 @@ def test_cache_rejects_bad_dtype(bad):
 def test_the_harness_tables_are_the_cache_bit_for_bit(requests):
     # The harness memoizes tables and serves shorter ones as prefixes of longer ones, in any
     # order of requests: each must still be exactly what rope.cache builds for its spec.
-    from rope.harness.inputs import shared_table
+    from rope.harness.rotation.cases import shared_table
     for width, base, rows, dtype in requests:
         spec = RopeSpec(head_size=128, rotary_dim=width, base=base, max_position=rows)
         table = shared_table(spec, dtype)

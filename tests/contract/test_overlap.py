@@ -10,7 +10,7 @@ from hypothesis import example, given, strategies as st
 from rope.cache import cos_sin_cache
 from rope.overlap import check_no_overlap, overlaps_itself, share_memory
 from rope.registry import get_implementation
-from properties.rotation.test_aliasing import SPECS
+from properties.rotation.aliasing import SPECS
 
 
 def test_packed_qkv_and_separate_tensors_are_accepted():

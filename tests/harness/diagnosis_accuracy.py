@@ -10,7 +10,7 @@ pairing it runs, ``rotation_cases`` with NaN/inf planted or not), a few examples
 round, each round from another Hypothesis seed, no shrinking, until it has ``--failures`` failing
 cases or ``--rounds`` rounds are done; after FOCUS_AFTER rounds over every variant, only over the
 variants the subject failed in.  A failing case is diagnosed as the suite diagnoses it
-(rope.harness.comparison.diagnose_mismatch; on guarded inputs, properties.guards.diagnose_guarded,
+(rope.harness.rotation.check.diagnose_mismatch; on guarded inputs, rope.harness.rotation.guards.diagnose_guarded,
 for the memory-safety mutants only the guards see).  Prints the table; ``--write`` puts it into the
 file between the markers ``<!-- diagnosis-accuracy -->`` and ``<!-- /diagnosis-accuracy -->``.
 Exit status 1 when a subject's share is below TARGET, or a subject has no failure at all.
@@ -38,14 +38,14 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, given, seed, settings, strategies as st
 
-from properties.guards import diagnose_guarded
+from rope.harness.rotation.guards import diagnose_guarded
 from properties.mutants.broken_rotations import BROKEN_ROTATIONS
 from properties.mutants.kernel import ROTARY_MUTANTS
 from properties.mutants.dispatch import BROKEN_OPS
 from properties.strategies import (DTYPES, KINDS, build_rotation_inputs, prefill_cases, rotation_cases,
                                    supported_shapes)
-from rope.harness.comparison import diagnose_mismatch, evaluate_case
-from rope.harness.diagnosis import diagnose
+from rope.harness.rotation.check import diagnose_mismatch, evaluate_case
+from rope.harness.rotation.diagnosis import diagnose
 from rope.native import rotate_native
 from rope.harness.mutation import discover_mutants
 from tests.harness.handwritten_bugs import BUGS
@@ -57,7 +57,7 @@ BEGIN, END = "<!-- diagnosis-accuracy -->", "<!-- /diagnosis-accuracy -->"
 COMMAND = "python -m tests.harness.diagnosis_accuracy --write docs/mutation.md"
 
 # Every catalogue mutant with a rotation output -> (how its failures are seen, the label they must carry).
-# "plain": the rotation properties' check; "guarded": on guarded inputs (properties/guards.py), the
+# "plain": the rotation properties' check; "guarded": on guarded inputs (rope/harness/guards.py), the
 # memory-safety bugs whose values are right on plain inputs; "prefill": prefill-size cases (the
 # prefill property's draws), for a bug on a path chosen by token count; "op": a dispatch op class
 # called twice (test_dispatch.py's check).

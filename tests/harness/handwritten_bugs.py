@@ -1,5 +1,5 @@
 """Hand-written buggy rotations, each one slip a kernel author makes, with the diagnosis label each
-must get (rope.harness.diagnosis) and a fixed case on which it fails.
+must get (rope.harness.rotation.diagnosis) and a fixed case on which it fails.
 
 A case module, not a test module: tests/harness/test_handwritten_bugs.py checks each bug on its
 fixed case, and ``python -m tests.harness.diagnosis_accuracy`` measures, over the rotation

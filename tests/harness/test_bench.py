@@ -10,6 +10,8 @@ import torch
 from rope.harness import bench
 from rope.models import get_model
 
+pytestmark = pytest.mark.stack      # meets the installed torch and Triton: CI runs it on every stack (.ci/run)
+
 
 def test_rotation_bytes_floor_qwen25_vl_72b():
     spec = get_model("qwen2.5-vl-72b").spec

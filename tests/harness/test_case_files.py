@@ -1,5 +1,6 @@
-"""Case files (rope.harness.case_files), the mismatch report built around them (rope.harness.comparison) and their
-replay (rope.harness.repro, ``rope-harness repro``, ``pytest --rope-repro``)."""
+"""Case files (the envelope rope.harness.case_files, the rotation's kind rope.harness.rotation.case_file), the
+mismatch report built around them (rope.harness.rotation.check) and their replay (rope.harness.rotation.replay,
+``rope-harness repro``, ``pytest --rope-repro``)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,12 @@ import pytest
 import torch
 from hypothesis import given, reproduce_failure, settings
 
-from rope.harness import comparison
-from rope.harness.comparison import assert_matches_reference
+from rope.harness.rotation import case_file, check as rotation_check
+from rope.harness.rotation.check import assert_matches_reference
 import properties
 from properties.mutants.broken_rotations import BROKEN_ROTATIONS, neox_for_gptj
 from properties.strategies import RotationCase, build_rotation_inputs, rotation_cases
-from rope.harness import case_files
+from rope.harness import case_files, repro  # noqa: F401  (repro: every kind of case file registered)
 from rope.harness.cli import main as cli_main
 from rope.devices import available_devices
 from rope.native import rotate_native
@@ -59,13 +60,13 @@ def test_mismatch_writes_a_case_file_that_loads_back(case_dir):
     path = _written(case_dir)
     text = path.read_text()
     json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
-    loaded = case_files.load_case(path)
+    loaded = case_file.load_case(path)
     record = loaded.record
-    assert record["kind"] == "rotation" and [k for k in record if k != "kind"] == list(case_files.FIELDS)
+    assert record["kind"] == "rotation" and [k for k in record if k != "kind"] == list(case_file.FIELDS)
     assert loaded.case == CASE
-    assert (loaded.id, path.name) == (case_files.case_id(MUTANT, "cpu", CASE.to_dict()), f"{loaded.id}.json")
+    assert (loaded.id, path.name) == (case_file.case_id(MUTANT, "cpu", CASE.to_dict()), f"{loaded.id}.json")
     assert (loaded.implementation, loaded.device, loaded.working_precision) == (MUTANT, "cpu", "activation")
-    assert record["schema_version"] == case_files.SCHEMA_VERSION
+    assert record["schema_version"] == case_file.SCHEMA_VERSION
     # Strides as the implementation saw them: rows of the packed [T, (3 + 2*2) * 128] tensor.
     assert record["strides"]["query"] == {"shape": [5, 384], "stride": [896, 1], "storage_offset": 0}
     assert record["strides"]["key"] == {"shape": [5, 256], "stride": [896, 1], "storage_offset": 384}
@@ -104,21 +105,21 @@ def test_message_anatomy(case_dir):
 def test_mismatch_report_steps(case_dir, monkeypatch):
     # assert_matches_reference's steps one by one: diagnose, write the case file, format.  The
     # formatter only formats: with case files turned off it still gives the same text, and no file.
-    run = comparison.evaluate_case("neox_for_gptj", neox_for_gptj, CASE, "cpu")
-    diagnosis = comparison.diagnose_mismatch(neox_for_gptj, CASE, run)
+    run = rotation_check.evaluate_case("neox_for_gptj", neox_for_gptj, CASE, "cpu")
+    diagnosis = rotation_check.diagnose_mismatch(neox_for_gptj, CASE, run)
     assert diagnosis.label == "pairing_swapped"
-    path, note = comparison.write_case_file(MUTANT, neox_for_gptj, CASE, "cpu", run, diagnosis, None)
+    path, note = case_file.write_case_file(MUTANT, neox_for_gptj, CASE, "cpu", run, diagnosis, None)
     assert (note, path, run.case_file) == (None, _written(case_dir), str(path))
     path.unlink()
     monkeypatch.setenv(case_files.CASES_DIR_ENV, "off")
-    message = comparison.mismatch_message("neox_for_gptj", MUTANT, CASE, "cpu", run.comparison, diagnosis,
+    message = rotation_check.mismatch_message("neox_for_gptj", MUTANT, CASE, "cpu", run.comparison, diagnosis,
                                           case_path=path)
     assert not case_dir.exists() or not list(case_dir.iterdir())
     monkeypatch.setenv(case_files.CASES_DIR_ENV, str(case_dir))
     assert _fail() == message                        # what the assertion says, word for word
-    assert comparison.write_case_file(MUTANT, neox_for_gptj, CASE, "cpu", run, diagnosis, None)[0] == path
+    assert case_file.write_case_file(MUTANT, neox_for_gptj, CASE, "cpu", run, diagnosis, None)[0] == path
     monkeypatch.setenv(case_files.CASES_DIR_ENV, "off")
-    assert comparison.write_case_file(MUTANT, neox_for_gptj, CASE, "cpu", run, diagnosis, None) == \
+    assert case_file.write_case_file(MUTANT, neox_for_gptj, CASE, "cpu", run, diagnosis, None) == \
         (None, "not written (ROPE_CASES_DIR='off')")
 
 
@@ -158,11 +159,11 @@ def test_same_mismatch_same_file(case_dir):
     _fail()
     assert _written(case_dir) == first
     other = RotationCase(**{**CASE.__dict__, "seed": 2})
-    ids = {case_files.case_id(MUTANT, "cpu", CASE.to_dict()), case_files.case_id(MUTANT, "cuda", CASE.to_dict()),
-           case_files.case_id("native", "cpu", CASE.to_dict()), case_files.case_id(MUTANT, "cpu", other.to_dict())}
+    ids = {case_file.case_id(MUTANT, "cpu", CASE.to_dict()), case_file.case_id(MUTANT, "cuda", CASE.to_dict()),
+           case_file.case_id("native", "cpu", CASE.to_dict()), case_file.case_id(MUTANT, "cpu", other.to_dict())}
     assert len(ids) == 4
     reordered = dict(reversed(list(CASE.to_dict().items())))
-    assert case_files.case_id(MUTANT, "cpu", reordered) == first.stem
+    assert case_file.case_id(MUTANT, "cpu", reordered) == first.stem
 
 
 def test_case_files_can_be_turned_off(tmp_path, monkeypatch):
@@ -183,9 +184,9 @@ def test_report_problems_never_mask_the_mismatch(tmp_path, monkeypatch):
 
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
-    monkeypatch.setattr(comparison, "diagnose", broken)
+    monkeypatch.setattr(rotation_check, "diagnose", broken)
     assert "diagnosis: unknown: diagnosis failed (RuntimeError: boom)" in _fail()
-    monkeypatch.setattr(case_files, "case_record", broken)
+    monkeypatch.setattr(case_file, "case_record", broken)
     message = _fail()
     assert "does not match the reference" in message and "(mismatch report failed: RuntimeError: boom)" in message
     assert "Worst error/bound" in message
@@ -236,12 +237,12 @@ def test_concurrent_writers_never_expose_a_partial_file(tmp_path):
 
 
 def test_implementation_path():
-    assert case_files.implementation_path("native", rotate_native) == "native"
-    assert case_files.implementation_path("rope.native:rotate_native", rotate_native) == "rope.native:rotate_native"
-    assert case_files.implementation_path("broken", BROKEN_ROTATIONS["key_unrotated"]) == \
+    assert case_file.implementation_path("native", rotate_native) == "native"
+    assert case_file.implementation_path("rope.native:rotate_native", rotate_native) == "rope.native:rotate_native"
+    assert case_file.implementation_path("broken", BROKEN_ROTATIONS["key_unrotated"]) == \
         "properties.mutants.broken_rotations:key_unrotated"
     local = lambda *a: None                            # noqa: E731  (not importable)
-    assert case_files.implementation_path("mine", local) == "mine"
+    assert case_file.implementation_path("mine", local) == "mine"
 
 
 # --------------------------------------------------------------------------- Hypothesis
@@ -257,7 +258,7 @@ def test_hypothesis_writes_only_the_final_example_with_a_working_blob(case_dir):
     with pytest.raises(AssertionError, match="does not match the reference"):
         neox_for_gptj_matches_reference()
     assert len(seen) > 2                             # found, shrunk, replayed: one file all the same
-    loaded = case_files.load_case(_written(case_dir))
+    loaded = case_file.load_case(_written(case_dir))
     assert loaded.case == seen[-1]
     blob = loaded.record["hypothesis"]["reproduce_blob"]
     assert blob and loaded.record["hypothesis"]["version"] in loaded.record["hypothesis"]["decorator"]
@@ -288,11 +289,11 @@ def good_case(tmp_path_factory) -> Path:
     return _written(directory)
 
 
-@pytest.mark.parametrize("field", case_files.FIELDS)
+@pytest.mark.parametrize("field", case_file.FIELDS)
 def test_load_names_a_missing_field(good_case, field):
     path = _mutated(good_case, lambda r: r.pop(field))
     with pytest.raises(ValueError, match=f"case file {path}: missing field '{field}'"):
-        case_files.load_case(path)
+        case_file.load_case(path)
 
 
 @pytest.mark.parametrize("change, problem", [
@@ -318,32 +319,32 @@ def test_load_names_a_missing_field(good_case, field):
 def test_load_names_a_bad_value(good_case, change, problem):
     path = _mutated(good_case, change)
     with pytest.raises(ValueError, match=re.escape(f"case file {path}: ") + problem):
-        case_files.load_case(path)
+        case_file.load_case(path)
 
 
 def test_load_rejects_corrupt_files(good_case, tmp_path):
     truncated = tmp_path / "truncated.json"
     truncated.write_text(good_case.read_text()[:200])
     with pytest.raises(ValueError, match=f"case file {truncated}: not valid JSON .* corrupt or truncated"):
-        case_files.load_case(truncated)
+        case_file.load_case(truncated)
     listed = tmp_path / "list.json"
     listed.write_text("[]")
     with pytest.raises(ValueError, match=f"case file {listed}: must hold a JSON object"):
-        case_files.load_case(listed)
+        case_file.load_case(listed)
     with pytest.raises(ValueError, match="cannot read it"):
-        case_files.load_case(tmp_path / "absent.json")
+        case_file.load_case(tmp_path / "absent.json")
 
 
 def test_load_names_the_file_for_an_unconvertible_number(good_case, tmp_path):
     huge = tmp_path / "huge-seed.json"
     huge.write_text(re.sub(r'"seed": \d+', '"seed": 1' + "0" * 5000, good_case.read_text()))
     with pytest.raises(ValueError, match=f"case file {huge}: not readable as JSON .*digits"):
-        case_files.load_case(huge)
+        case_file.load_case(huge)
 
 
 def test_loaded_hypothesis_and_test_may_be_null(good_case):
     path = _mutated(good_case, lambda r: r.update(hypothesis=None, test=None))
-    assert case_files.load_case(path).case == CASE
+    assert case_file.load_case(path).case == CASE
 
 
 # --------------------------------------------------------------------------- replay
@@ -409,17 +410,17 @@ def test_nonfinite_round_trips_and_old_files_without_it_load(good_case, tmp_path
     assert not torch.isfinite(planted.query).all() and torch.isfinite(plain.query).all()
     finite = torch.isfinite(planted.query)
     assert torch.equal(planted.query[finite], plain.query[finite])     # only the planted elements differ
-    assert case_files.case_id(MUTANT, "cpu", CASE.to_dict()) != case_files.case_id(MUTANT, "cpu", case.to_dict())
+    assert case_file.case_id(MUTANT, "cpu", CASE.to_dict()) != case_file.case_id(MUTANT, "cpu", case.to_dict())
     record = json.loads(good_case.read_text())
     del record["case"]["nonfinite"]
     old = tmp_path / "old.json"
     old.write_text(json.dumps(record))
-    loaded = case_files.load_case(old)
-    assert loaded.case.nonfinite is False and loaded.id == case_files.case_id(MUTANT, "cpu", loaded.case.to_dict())
+    loaded = case_file.load_case(old)
+    assert loaded.case.nonfinite is False and loaded.id == case_file.case_id(MUTANT, "cpu", loaded.case.to_dict())
     record["case"]["nonfinite"] = "yes"
     old.write_text(json.dumps(record))
     with pytest.raises(ValueError, match=r"case.nonfinite='yes': must be true or false"):
-        case_files.load_case(old)
+        case_file.load_case(old)
 
 
 def test_cli_repro_exits_2_when_the_implementation_hangs(good_case, tmp_path, monkeypatch, capsys):
@@ -438,21 +439,21 @@ def _pytest(*args, env=None) -> subprocess.CompletedProcess:
 
 def test_pytest_rope_repro(good_case, tmp_path):
     env = {case_files.CASES_DIR_ENV: str(tmp_path / "replayed")}
-    stored = _pytest("properties/test_repro.py", "--rope-repro", str(good_case), env=env)
+    stored = _pytest("properties/rotation/test_replay.py", "--rope-repro", str(good_case), env=env)
     assert stored.returncode == 1 and "a replay never imports a module path stored in a case file" in stored.stdout
-    failing = _pytest("properties/test_repro.py", "properties/rotation/test_regressions.py", "--rope-repro", str(good_case),
+    failing = _pytest("properties/rotation/test_replay.py", "properties/rotation/test_regressions.py", "--rope-repro", str(good_case),
                       "--rope-impl", MUTANT, env=env)
     assert failing.returncode == 1, failing.stdout + failing.stderr
     assert "diagnosis: pairing_swapped" in failing.stdout and "deselected" in failing.stdout
     assert "1 failed" in failing.stdout
-    fixed = _pytest("properties/test_repro.py", "--rope-repro", str(good_case.parent), "--rope-impl", "native", env=env)
+    fixed = _pytest("properties/rotation/test_replay.py", "--rope-repro", str(good_case.parent), "--rope-impl", "native", env=env)
     assert fixed.returncode == 0 and "1 passed" in fixed.stdout, fixed.stdout + fixed.stderr
     tampered = _mutated(good_case, lambda r: r["case"].__setitem__("seed", 12345))
-    regenerated = _pytest("properties/test_repro.py", "--rope-repro", str(tampered), "--rope-impl", "native", env=env)
+    regenerated = _pytest("properties/rotation/test_replay.py", "--rope-repro", str(tampered), "--rope-impl", "native", env=env)
     assert regenerated.returncode == 1 and "regenerated inputs differ" in regenerated.stdout
     bad = tmp_path / "bad.json"
     bad.write_text("{")
-    usage = _pytest("properties/test_repro.py", "--rope-repro", str(bad), env=env)
+    usage = _pytest("properties/rotation/test_replay.py", "--rope-repro", str(bad), env=env)
     assert usage.returncode == 2 and f"case file {bad}: not valid JSON" in usage.stdout, usage.stdout + usage.stderr
 
 
@@ -463,13 +464,13 @@ def test_one_header_reader_for_every_kind_of_case_file(tmp_path):
     corpus = sorted((Path(properties.__file__).parent / "regressions").glob("*.json"))
     assert corpus and "kind" not in json.loads(corpus[0].read_text())
     assert case_files.case_kind(corpus[0]) == "rotation"
-    case_files.load_case(corpus[0])
+    case_file.load_case(corpus[0])
     record = json.loads(corpus[0].read_text())
     for kind, message in (("position_ids", "kind='position_ids': must be 'rotation' here"),
                           ("scheduler", "kind='scheduler': must be one of")):
         (tmp_path / "k.json").write_text(json.dumps({**record, "kind": kind}))
         with pytest.raises(ValueError, match=re.escape(message)):
-            case_files.load_case(tmp_path / "k.json")
+            case_file.load_case(tmp_path / "k.json")
     (tmp_path / "new.json").write_text(json.dumps({**record, "schema_version": 99}))
     with pytest.raises(ValueError, match="schema_version=99: newer than this rope-harness understands"):
         case_files.read_header(tmp_path / "new.json")

@@ -13,12 +13,14 @@ import time
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rope.harness import case_files, comparison
+from rope.harness import case_files
+from rope.harness.position_step import check as position_check
+from rope.harness.rotation import check as rotation_check
 from rope.harness.deadline import CALL_TIMEOUT_ENV, ImplementationHung, call_timeout, deadline
-from rope.harness.inputs import RotationCase
+from rope.harness.rotation.cases import RotationCase
 from rope.spec import RopeSpec
 
-from tests.harness.test_plugin import _pytest
+from tests.fresh_runs import run_pytest
 
 SPEC = RopeSpec(64, 64, True, (8, 12, 12), max_position=64)
 CASE = RotationCase(SPEC, 3, 2, 1, "float32", "uniform", False, 5)
@@ -106,7 +108,7 @@ def test_a_hang_fails_with_a_case_file_and_is_not_shrunk(case_dir):
     @settings(max_examples=20, database=None, deadline=None)
     @given(st.integers(0, 1000))
     def prop(seed):
-        comparison.assert_matches_reference("hangs", hangs, RotationCase(**{**CASE.__dict__, "seed": seed}), "cpu")
+        rotation_check.assert_matches_reference("hangs", hangs, RotationCase(**{**CASE.__dict__, "seed": seed}), "cpu")
 
     with pytest.raises(ImplementationHung) as raised:
         prop()
@@ -127,7 +129,7 @@ def test_positions_call_has_a_deadline(monkeypatch):
     with pytest.raises(ImplementationHung, match="position-step implementation 'hang' did not return"):
         def hang(*args):
             time.sleep(600)
-        comparison.call_positions(hang, {name: None for name in comparison.POSITION_ARGUMENTS}, None)
+        position_check.call_positions(hang, {name: None for name in position_check.POSITION_ARGUMENTS}, None)
 
 
 # ------------------------------------------------------------------ end to end, through the plugin
@@ -151,7 +153,7 @@ def stuck(spec, positions, query, key, cache):
 ], ids=["interrupted", "uninterruptible"])
 def test_a_hanging_implementation_fails_one_test_and_the_run_goes_on(tmp_path, impl, timeout_args, says):
     (tmp_path / "hanging_impl.py").write_text(textwrap.dedent(_HANGING))
-    run = _pytest(["-q", "-n", "1", "--pyargs", "properties.rotation.test_rotation", "-k", "known_bug_triggers_match_reference and gptj-paired-neox-glm41v",
+    run = run_pytest(["-q", "-n", "1", "--pyargs", "properties.rotation.test_rotation", "-k", "known_bug_triggers_match_reference and gptj-paired-neox-glm41v",
                    "--rope-impl", f"hanging_impl:{impl}", "--rope-impl", "native", "--rope-device", "cpu",
                    "--rope-call-timeout", "5", *timeout_args],
                   tmp_path, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))

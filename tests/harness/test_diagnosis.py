@@ -1,4 +1,4 @@
-"""rope.harness.diagnosis names the cause of a mismatch: every broken implementation in
+"""rope.harness.rotation.diagnosis names the cause of a mismatch: every broken implementation in
 properties/mutants on a fixed case where it fails (MUTANT_LABELS: every mutant rope.harness.mutation finds
 has an entry), synthetic outputs with one known defect, and each rule of diagnosis.RULES on its own
 (RULE_INPUTS: it fires on the input built for it, says nothing on a correct output, and the order
@@ -15,8 +15,8 @@ import torch
 
 import reference
 from properties import known_cases
-from rope.harness.comparison import diagnose_run, evaluate_case
-from properties.guards import diagnose_guarded
+from rope.harness.rotation.check import diagnose_run, evaluate_case
+from rope.harness.rotation.guards import diagnose_guarded
 from properties.mutants.broken_positions import BROKEN_POSITIONS
 from properties.mutants.broken_position_ids import BROKEN_POSITION_IDS
 from properties.mutants.broken_rotations import BROKEN_ROTATIONS
@@ -24,9 +24,9 @@ from properties.mutants.dispatch import BROKEN_OPS
 from properties.mutants.kernel import ROTARY_MUTANTS
 from properties.strategies import DTYPES, RotationCase, build_rotation_inputs
 from rope.devices import is_interpreter
-from rope.harness import diagnosis
-from rope.harness.tolerance import compare_rotation
-from rope.harness.diagnosis import LABELS, RULES, Context, Diagnosis, diagnose, ranges
+from rope.harness.rotation import diagnosis
+from rope.harness.rotation.bound import compare_rotation
+from rope.harness.rotation.diagnosis import LABELS, RULES, Context, Diagnosis, diagnose, ranges
 from rope.harness.mutation import discover_mutants
 from rope.native import rotate_native
 from rope.registry import working_precision
@@ -340,7 +340,7 @@ def test_garbage_everywhere_names_pass_through():
 # Every mutant rope.harness.mutation.discover_mutants finds in properties/mutants -> how the diagnosis of
 # its output is checked, on a case where it fails:
 #   ("plain", case, label, phrase)    the implementation on plain inputs (test_rotation.py's check)
-#   ("guarded", case, label, phrase)  on guarded inputs (properties/guards.py): guard-only bugs
+#   ("guarded", case, label, phrase)  on guarded inputs (rope/harness/guards.py): guard-only bugs
 #   ("op", case, label, phrase)       a broken op class, called twice (test_dispatch.py's check)
 #   ("batch_dim", case, label, phrase) a broken op called with positions [D, 1, T]
 #   ("raises", case, platform, phrase) an op that crashes before any output: nothing to diagnose
@@ -550,8 +550,8 @@ def test_chunked_boundary_that_empties_a_row_is_section_boundary_shifted():
     # frequency 1 takes row 0 and row 1 none (a split no RopeSpec can express).
     if not is_interpreter():
         pytest.skip("needs Triton's interpreter")
-    from properties.mutants.kernel import KernelMutant, _rotary_module
-    broken = KernelMutant("chunked_boundary_gt", _rotary_module, "rotate_triton",
+    from rope.harness.mutation.kernel_mutant import KernelMutant, rotary_module
+    broken = KernelMutant("chunked_boundary_gt", rotary_module, "rotate_triton",
                           [("axis += (freq >= sec0).to(tl.int32)", "axis += (freq > sec0).to(tl.int32)")],
                           "chunked boundary tested with >")
     spec = RopeSpec(64, 64, False, (1, 1, 30), "chunked", max_position=4096)
@@ -601,7 +601,7 @@ def _nan_input(case):
 
 
 def _traced_read_input(case):
-    # Right values, but the guards' tracer saw reads past the cache (properties/guards.py's wording).
+    # Right values, but the guards' tracer saw reads past the cache (rope/harness/guards.py's wording).
     x, q, k = _correct(case)
     comparison = compare_rotation(case.spec, x.positions, x.query, x.key, x.cache, q, k,
                                   *reference.rotate(case.spec, x.positions, x.query, x.key, x.cache))

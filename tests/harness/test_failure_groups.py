@@ -71,7 +71,7 @@ def test_two_bugs_are_two_causes_each_printed_once_in_full(grouped_run):
     case = next(line for line in lines if line.startswith("    case:"))
     assert case.startswith("    case: 7 tokens"), tail
     # No harness source in the tracebacks: the messages alone.
-    assert "def assert_matches_reference" not in out and "rope/harness/comparison.py" not in out, out
+    assert "def assert_matches_reference" not in out and "rope/harness/rotation/check.py" not in out, out
 
 
 def test_summary_lists_the_causes_and_every_failure(grouped_run):
@@ -128,14 +128,14 @@ def test_a_cause_is_the_tag_the_diagnosis_or_the_raising_line():
 
 
 def test_the_harness_frames_leave_a_traceback_the_implementations_stay():
-    from rope.harness.comparison import call_rotation
+    from rope.harness.rotation.check import call_rotation
 
     def implementation(*args):
         raise RuntimeError("kernel exploded")
     with pytest.raises(RuntimeError) as info:
         call_rotation(implementation, None, None, None, None, None)
     paths = [str(e.path) for e in info.traceback]
-    assert any(p.endswith("rope/harness/comparison.py") for p in paths)
+    assert any(p.endswith("rope/harness/rotation/check.py") for p in paths)
     causes.hide_harness_frames(info)
     kept = [str(e.path) for e in info.traceback]
     assert kept and all(p == __file__ for p in kept), kept
@@ -152,7 +152,8 @@ def test_a_long_line_is_wrapped_and_a_short_one_kept():
 
 def test_a_wrong_position_step_is_one_cause_in_short_lines():
     from properties.mutants.broken_positions import BROKEN_POSITIONS
-    from properties.position_step.test_runner_positions import CHUNK_2, assert_positions_match
+    from properties.position_step.known_steps import CHUNK_2
+    from rope.harness.position_step.check import assert_positions_match
     name = next(iter(BROKEN_POSITIONS))
     with pytest.raises(AssertionError) as failure:
         assert_positions_match(name, BROKEN_POSITIONS[name], CHUNK_2, "cpu")

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from rope.harness.comparison import diagnose_run, evaluate_case
-from rope.harness.diagnosis import LABELS
+from rope.harness.rotation.check import diagnose_run, evaluate_case
+from rope.harness.rotation.diagnosis import LABELS
 from tests.harness import diagnosis_accuracy
 from tests.harness.handwritten_bugs import BUGS, CORRECT
 

@@ -11,7 +11,7 @@ import triton.language as tl
 
 from rope.devices import is_interpreter
 from rope.harness import interpreter as speed
-from rope.harness.inputs import RotationCase, build_rotation_inputs
+from rope.harness.rotation.cases import RotationCase, build_rotation_inputs
 from rope.registry import get_implementation
 from rope.spec import RopeSpec
 

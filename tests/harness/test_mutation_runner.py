@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -263,14 +264,19 @@ def test_a_crashed_pytest_is_judged_from_the_records_it_wrote(tmp_path):
 def _defined_mutants() -> set[tuple[str, str]]:
     """(module, name) of every entry of every mutant registry in properties/mutants: the module-level
     dicts named BROKEN_* or *_MUTANTS, found by scanning, so a new registry cannot be missed."""
+    import ast
     import properties.mutants as package
     found = set()
     for info in pkgutil.iter_modules(package.__path__):
         if info.name.startswith("_"):
             continue
         module = importlib.import_module(f"properties.mutants.{info.name}")
+        # The registries a module defines (an assignment of its own), not those it imports.
+        defined = {target.id for node in ast.parse(Path(module.__file__).read_text()).body
+                   if isinstance(node, ast.Assign) for target in node.targets if isinstance(target, ast.Name)}
         for attr, value in vars(module).items():
-            if isinstance(value, dict) and attr.isupper() and (attr.startswith("BROKEN") or attr.endswith("MUTANTS")):
+            if (attr in defined and isinstance(value, dict) and attr.isupper()
+                    and (attr.startswith("BROKEN") or attr.endswith("MUTANTS"))):
                 found |= {(info.name, name) for name in value}
     return found
 
@@ -323,7 +329,7 @@ def test_every_mutant_and_parent_resolves():
         elif m.kind.startswith("positions"):
             assert callable(get_positions_implementation(m.target)) and callable(get_positions_implementation(m.parent))
         elif m.kind == "position-ids":
-            from rope.harness.position_ids import get_position_ids_implementation
+            from rope.harness.position_ids.implementations import get_position_ids_implementation
             assert callable(get_position_ids_implementation(m.target))
             assert callable(get_position_ids_implementation(m.parent))
         else:
@@ -331,9 +337,8 @@ def test_every_mutant_and_parent_resolves():
             assert m.parent is None and getattr(importlib.import_module(module), attr) is BROKEN_OPS[m.attribute][1]
 
 
-def test_memory_safety_split_matches_test_mutants():
-    from properties.mutants.kernel import POSITIONS_MUTANTS
-    from properties.test_mutants import ROTARY_CELLS
+def test_memory_safety_split_matches_the_rotary_cells():
+    from properties.mutants.kernel import POSITIONS_MUTANTS, ROTARY_CELLS
     guards_only = {name for name, (_, _, must, _) in ROTARY_CELLS.items() if "plain" not in must}
     assert {m.attribute for m in mutation.discover_mutants() if m.memory_safety} == guards_only | set(POSITIONS_MUTANTS)
 
@@ -349,63 +354,60 @@ def test_only_selects_by_full_or_bare_name_and_rejects_unknown():
 
 
 # --------------------------------------------------------------------------- the stages
-def _parametrized_ids(path: str, function: str) -> set[str]:
+def _searched(m) -> set[str]:
+    """The mutants a dedicated search exists for, by catalogue name (each test param marked mutant_search)."""
     from properties.mutants.dispatch import BROKEN_OPS
-    from properties.mutants.kernel import POSITIONS_MUTANTS
-    from properties.test_mutants import ROTARY_CELLS
-    return {("test_dispatch.py", "test_dispatch_property_rejects_broken_op"): set(BROKEN_OPS),
-            ("test_mutants.py", "test_rotation_property_catches_kernel_mutant"): set(ROTARY_CELLS),
-            ("test_mutants.py", "test_position_property_catches_kernel_mutant"): set(POSITIONS_MUTANTS),
-            }[path.rsplit("/", 1)[-1], function]
+    from properties.mutants.kernel import POSITIONS_MUTANTS, ROTARY_CELLS
+    return {*(f"kernel:{n}" for n in (*ROTARY_CELLS, *POSITIONS_MUTANTS)), *(f"dispatch:{n}" for n in BROKEN_OPS)}
 
 
-def test_stages_name_tests_that_exist():
+def test_stages_select_by_sub_package_and_marker():
+    # A stage names the sub-package of its checked thing and selects by marker (or asks for a
+    # mutant's dedicated search by name), never by a list of files or tests.
+    from rope.harness.plugin import MARKERS
+    registered = {line.split(":")[0].split("(")[0] for line in MARKERS}
     for m in mutation.discover_mutants():
         all_stages = stages.harness_stages(m) + stages.baseline_stages(m)
         assert all_stages and all_stages[0].caught_when in ("fail", "pass")
         for stage in all_stages:
             for test in stage.tests:
-                path, _, rest = test.partition("::")
-                assert (stages.suite_root() / path).exists(), test
-                if not rest:
-                    continue
-                function, _, param = rest.partition("[")
-                assert function in stages.functions_in(path), test
-                if param:
-                    assert param.rstrip("]") in _parametrized_ids(path, function), test
+                assert "::" not in test and not test.endswith(".py"), test
+                assert (stages.suite_root() / test / "__init__.py").exists(), test
+            options = list(stage.options)
+            if "-m" in options:
+                expression = options[options.index("-m") + 1]
+                assert set(expression.replace("not ", "").split()) <= registered, expression
             if stage.caught_when == "fail":
                 assert stage.impl_option and stage.options[stage.options.index(stage.impl_option) + 1] == m.target
+            else:
+                assert options[options.index(stages.SEARCH_OPTION) + 1] == m.name and m.name in _searched(m)
         assert bool(stages.baseline_stages(m)) == (m.kind in catalogue.ROTATION_KINDS)
 
 
 def test_memory_safety_mutants_run_the_guarded_tests_first():
-    every = stages.functions_in(stages.ROTATION_SUITE)
     for m in mutation.discover_mutants():
         first = stages.harness_stages(m)[0]
         if m.kind == "rotation-kernel" and m.memory_safety:
-            assert first.tests[0] == f"{stages.ROTATION_SUITE}::test_known_bug_triggers_under_guards"
-            assert sorted(t.split("::")[1] for t in first.tests) == sorted(every)
+            assert first.tests == (stages.ROTATION_SUITE,) and first.options[-2:] == ("-m", stages.GUARDED)
+            assert stages.harness_stages(m)[-1].caught_when == "pass"
         elif m.kind == "positions-kernel":
-            assert first.caught_when == "pass" and "test_position_property_catches_kernel_mutant" in first.tests[0]
+            assert first.caught_when == "pass" and first.tests == stages.POSITION_SUITES
         elif m.needs == "gpu-deep":
-            assert first.tests == tuple(f"{stages.PREFILL_SUITE}::{t}" for t in stages.HUGE_TESTS) and first.profile == "deep"
-            assert "--hypothesis-profile=deep" in stages.build_pytest_args(first, first.tests, "ci")
+            assert first.tests == (stages.ROTATION_SUITE,) and ("-m", stages.HUGE) == first.options[2:4]
+            assert first.profile == "deep" and "--hypothesis-profile=deep" in stages.build_pytest_args(first, first.tests, "ci")
         elif m.kind in catalogue.ROTATION_KINDS:
-            assert first.tests == (stages.ROTATION_SUITE, stages.PREFILL_SUITE)
+            assert first.tests == (stages.ROTATION_SUITE,)
 
 
 def test_stages_and_arguments_come_from_the_installed_suite(tmp_path, monkeypatch):
     # A wheel's suite in site-packages: the tests are found (and pytest runs) there, not in a checkout.
     site = tmp_path / "site-packages"
     (site / "properties" / "rotation").mkdir(parents=True)
-    (site / "properties" / "rotation" / "test_rotation.py").write_text(
-        "def test_b():\n    pass\n\ndef helper():\n    pass\n\ndef test_known_bug_triggers_under_guards():\n    pass\n")
     monkeypatch.setattr(stages, "suite_dir", lambda: site / "properties")
     assert stages.suite_root() == site
     m = Mutant("kernel:x", "rotation-kernel", "properties.mutants.kernel:x", "triton", memory_safety=True)
     first = stages.harness_stages(m)[0]
-    assert first.tests == ("properties/rotation/test_rotation.py::test_known_bug_triggers_under_guards",
-                           "properties/rotation/test_rotation.py::test_b")
+    assert first.tests == ("properties/rotation",)
     args = stages.build_pytest_args(first, first.tests, "dev")
     assert args[args.index("--rootdir") + 1] == str(site)
     assert args[args.index("--rope-impl") + 1] == m.target and "--hypothesis-profile=dev" in args
@@ -510,7 +512,8 @@ def test_catch_over_the_limit_is_flagged_slow():
 
 POSITIONS_KERNEL = Mutant("kernel:positions_store_unmasked", "positions-kernel", STORE_UNMASKED, "triton",
                           memory_safety=True)
-DEDICATED = "properties/test_mutants.py::test_position_property_catches_kernel_mutant[positions_store_unmasked]"
+DEDICATED = ("properties/position_step/test_mutant_searches.py::test_position_property_catches_kernel_mutant"
+             "[positions_store_unmasked]")
 PLAIN = f"properties/position_step/test_runner_positions.py::test_prepared_positions_match_reference[{STORE_UNMASKED}-cpu]"
 
 
@@ -526,7 +529,7 @@ def test_position_kernel_mutants_run_guarded_first_with_what_raises_caught():
         return RawRun(0, "", 4.0)
     result = MutationRunner(execute=fake).run_suite(POSITIONS_KERNEL, "harness")
     assert [r.outcome for r in result.runs] == ["caught"] and len(calls) == 1
-    assert result.caught and result.stage.startswith("guarded search") and result.test == DEDICATED
+    assert result.caught and result.stage.startswith("dedicated search") and result.test == DEDICATED
     assert result.suite_s == 1.98 and result.wall_s == 4.0
     assert result.assertion[0].startswith("AssertionError: MRopeCachedCosSin platform=xpu")
     assert result.falsifying_example[1] == "    combo=('mrope-chunked', 'xpu', 'eager'),"
@@ -647,7 +650,7 @@ def test_reports_are_written_atomically_and_well_formed(tmp_path):
     assert "| mutant | kind | harness caught? |" in md
     assert "| `kernel:neox_for_gptj` | rotation-kernel | yes 1 false alarm skipped | 6.0 / 4.0 | n/a | - |" in md
     assert "| `dispatch:x` | dispatch (dedicated test) | NO (survived) |" in md
-    assert "doc \\| pipe" not in md.split("## Details")[0] and "dedicated tests in properties/dispatch/test_dispatch.py" in md
+    assert "doc \\| pipe" not in md.split("## Details")[0] and "dedicated tests in properties/dispatch" in md
     assert "```text\nAssertionError: properties.mutants.broken_rotations:key_unrotated" in md
     assert exit_code(rep) == 1
     rep.results.pop()
@@ -674,7 +677,7 @@ def test_cli_lists_the_mutants_and_their_stages(capsys):
     assert mutation.main(["--list", "--only", "positions_store_unmasked"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("kernel:positions_store_unmasked  [positions-kernel (memory)]")
-    assert out.index("guarded search (test_mutants.py, dedicated)") < out.index("position suites")
+    assert out.index("dedicated search (position_step)") < out.index("position suites")
 
 
 # --------------------------------------------------------------------------- end to end

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from rope.harness.suite import is_suite_module, plugin_args, runs_suite, subprocess_env, suite_dir, suite_path
+from rope.harness.suite import is_suite_module, runs_suite, subprocess_env, suite_dir, suite_path
 from properties.strategies import KINDS
-from tests.fresh_runs import fresh_env
+from tests.fresh_runs import pytest_command, run_pytest
 
 _FOREIGN_TEST = '''
 import os, sys
@@ -35,21 +35,10 @@ def device():
 '''
 
 
-def _pytest_command(args: list[str], **env) -> tuple[list[str], dict]:
-    """A fresh pytest run's command line and environment: this run's own settings left out, the
-    plugin loaded as an installed environment loads it (in a bare checkout: named with -p)."""
-    return ([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *plugin_args(), *args], fresh_env(**env))
-
-
-def _pytest(args: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:
-    command, environment = _pytest_command(args, **env)
-    return subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=600)
-
-
 def test_plugin_is_inert_in_another_projects_run(tmp_path):
     (tmp_path / "test_theirs.py").write_text(_FOREIGN_TEST)
     (tmp_path / "conftest.py").write_text(_FOREIGN_CONFTEST)
-    run = _pytest(["-q", "test_theirs.py"], tmp_path)
+    run = run_pytest(["-q", "test_theirs.py"], tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "1 passed" in run.stdout
     assert not (tmp_path / "reports").exists(), "a foreign run must not write a rope-harness report"
@@ -72,7 +61,7 @@ def test_a_projects_own_test_dir_runs_on_the_harness_only_where_declared(tmp_pat
     (tmp_path / "mytests" / "test_mine.py").write_text(_OWN_TEST)
     ini = "[pytest]\n" + ("rope_harness_test_dirs = mytests\n" if declared else "")
     (tmp_path / "pytest.ini").write_text(ini)
-    run = _pytest(["-q", "mytests/test_mine.py", "--collect-only"], tmp_path)
+    run = run_pytest(["-q", "mytests/test_mine.py", "--collect-only"], tmp_path)
     out = run.stdout + run.stderr
     if declared:
         assert run.returncode == 0 and "test_own[cpu]" in out, out[-2000:]
@@ -81,7 +70,7 @@ def test_a_projects_own_test_dir_runs_on_the_harness_only_where_declared(tmp_pat
 
 
 def test_suite_runs_from_any_directory_and_reports_there(tmp_path):
-    run = _pytest(["-q", "--pyargs", "properties.rotation.test_rotation", "-k", "known_bug_triggers_match_reference and native-cpu-gptj-paired-neox-glm41v"], tmp_path)
+    run = run_pytest(["-q", "--pyargs", "properties.rotation.test_rotation", "-k", "known_bug_triggers_match_reference and native-cpu-gptj-paired-neox-glm41v"], tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
     assert (tmp_path / "reports" / "summary.md").is_file(), run.stdout
     assert not (suite_dir().parent / "reports" / ".records" / "never").exists()
@@ -92,7 +81,7 @@ def test_suite_runs_from_any_directory_and_reports_there(tmp_path):
 
 def test_reports_dir_follows_the_environment(tmp_path):
     target = tmp_path / "elsewhere"
-    run = _pytest(["-q", "--pyargs", "properties.rotation.test_rotation", "-k", "known_bug_triggers_match_reference and native-cpu-gptj-paired-neox-glm41v"], tmp_path,
+    run = run_pytest(["-q", "--pyargs", "properties.rotation.test_rotation", "-k", "known_bug_triggers_match_reference and native-cpu-gptj-paired-neox-glm41v"], tmp_path,
                   ROPE_REPORTS_DIR=str(target))
     assert run.returncode == 0, run.stdout + run.stderr
     assert (target / "summary.md").is_file() and not (tmp_path / "reports").exists()
@@ -185,12 +174,12 @@ def test_a_fail_fast_run_gives_every_search_a_first_pass(tmp_path):
     # round1 (the profile's); a full run keeps one copy per test.
     args = ["--collect-only", "-q", "--pyargs", "properties.rotation.test_rotation", "--rope-impl", "native",
             "--rope-device", "cpu", "-k", "test_rotation_matches_reference and fp32"]
-    quick = _pytest(["-x", *args], tmp_path).stdout.splitlines()
+    quick = run_pytest(["-x", *args], tmp_path).stdout.splitlines()
     ids = [line for line in quick if "::" in line]
     rounds = [int(line.split("[round")[1][0]) for line in ids]
     variants = 2 * len(KINDS)           # kinds x pairings
     assert len(ids) == 2 * variants and rounds == sorted(rounds) == [0] * variants + [1] * variants, ids
-    full = [line for line in _pytest(args, tmp_path).stdout.splitlines() if "::" in line]
+    full = [line for line in run_pytest(args, tmp_path).stdout.splitlines() if "::" in line]
     assert len(full) == variants and not any("round" in line for line in full)
 
 
@@ -207,13 +196,14 @@ def test_a_fail_fast_run_caps_shrinking():
 
 
 def test_a_stopped_run_skips_the_next_check(tmp_path, monkeypatch):
-    from rope.harness import comparison, plugin, stop
-    from rope.harness.inputs import RotationCase
+    from rope.harness import plugin, stop
+    from rope.harness.rotation import check as rotation_check
+    from rope.harness.rotation.cases import RotationCase
     from rope.native import rotate_native
     from rope.spec import RopeSpec
     case = RotationCase(RopeSpec(64, 64, True, None), 2, 1, 1, "float32")
     monkeypatch.setenv(stop.STOP_FILE_ENV, str(tmp_path / "stop"))
-    assert comparison.evaluate_case("native", rotate_native, case, "cpu").comparison.ok     # not stopped
+    assert rotation_check.evaluate_case("native", rotate_native, case, "cpu").comparison.ok     # not stopped
     # The controller stops the workers at --maxfail failures, not before.
     from rope.harness.plugin import run_end
     monkeypatch.setattr(run_end, "_STOP_AFTER", [2, 0])
@@ -223,7 +213,7 @@ def test_a_stopped_run_skips_the_next_check(tmp_path, monkeypatch):
     plugin.note_failure_for_stop(failed)
     assert stop.stop_requested()
     with pytest.raises(pytest.skip.Exception, match="stopped at another worker's failure"):
-        comparison.evaluate_case("native", rotate_native, case, "cpu")
+        rotation_check.evaluate_case("native", rotate_native, case, "cpu")
 
 
 def test_a_fail_fast_run_ends_at_the_first_failure_not_the_other_workers_test(tmp_path):
@@ -236,7 +226,7 @@ def test_a_fail_fast_run_ends_at_the_first_failure_not_the_other_workers_test(tm
     # GPU (a second failure) and the CPU search would not exist without the interpreter.
     # An enclosing run's stop file in the environment (this test inside a `pytest -x` worker) must
     # not stand in for the run's own: it is never created, so the run has to arm its own.
-    run = _pytest(["-x", "-n", "2", "-q", "-rfs", "--hypothesis-profile", "deep", "properties/rotation/test_rotation.py",
+    run = run_pytest(["-x", "-n", "2", "-q", "-rfs", "--hypothesis-profile", "deep", "properties/rotation/test_rotation.py",
                    "--rope-device", "cpu",
                    "--rope-impl", "properties.mutants.broken_rotations:neox_for_gptj", "--rope-impl", "triton", "-k",
                    "(test_known_bug_triggers_match_reference and neox_for_gptj and gptj-paired-neox-glm41v)"
@@ -285,10 +275,10 @@ def test_a_run_that_hangs_at_its_end_leaves_every_threads_stack(tmp_path):
     # A run whose end is slow (a finalizer outlasting the watchdog: its stacks are written) but
     # that exits, as an xdist worker done early and waiting for the controller does, leaves no file.
     (tmp_path / "test_fine.py").write_text(_SLOW_END)
-    fine = _pytest(["-q", "-p", "no:xdist", "--rope-device", "cpu", "test_fine.py"], tmp_path, ROPE_END_STACKS_S="1")
+    fine = run_pytest(["-q", "-p", "no:xdist", "--rope-device", "cpu", "test_fine.py"], tmp_path, ROPE_END_STACKS_S="1")
     assert fine.returncode == 0, fine.stdout + fine.stderr
     assert not list((tmp_path / "reports" / ".records").glob("*/end-stacks-*")), "a run that exits leaves no file"
-    command, env = _pytest_command(["-q", "-p", "no:xdist", "--rope-device", "cpu", "test_stuck.py"],
+    command, env = pytest_command(["-q", "-p", "no:xdist", "--rope-device", "cpu", "test_stuck.py"],
                                    ROPE_END_STACKS_S="2")
     proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -361,7 +351,7 @@ def test_check_runs_every_test_that_takes_the_implementation_and_no_other(tmp_pa
 @pytest.mark.parametrize("flag", ["--rope-position-step-impl", "--rope-positions-impl"])
 def test_the_position_step_flag_and_its_alias_select_the_same_tests(tmp_path, flag):
     # The glossary's name (docs/spec.md) and its alias: the same option, the same selection.
-    run = _pytest(["--collect-only", "-q", "--pyargs", "properties.position_step.test_runner_positions",
+    run = run_pytest(["--collect-only", "-q", "--pyargs", "properties.position_step.test_runner_positions",
                    flag, "native", "--rope-device", "cpu"], tmp_path)
     ids = [line for line in run.stdout.splitlines() if "::" in line]
     assert run.returncode == 0 and ids, run.stdout[-2000:] + run.stderr[-2000:]
@@ -409,8 +399,8 @@ def test_the_interpreters_nan_warnings_stay_out_of_a_normal_run_and_show_with_v(
     (tmp_path / "mytests").mkdir()
     (tmp_path / "mytests" / "test_noise.py").write_text(_INTERPRETER_NOISE)
     (tmp_path / "pytest.ini").write_text("[pytest]\nrope_harness_test_dirs = mytests\n")
-    quiet = _pytest(["-q", "mytests/test_noise.py", "--rope-device", "cpu"], tmp_path)
-    loud = _pytest(["-v", "mytests/test_noise.py", "--rope-device", "cpu"], tmp_path)
+    quiet = run_pytest(["-q", "mytests/test_noise.py", "--rope-device", "cpu"], tmp_path)
+    loud = run_pytest(["-v", "mytests/test_noise.py", "--rope-device", "cpu"], tmp_path)
     assert quiet.returncode == 0 and "warning" not in quiet.stdout.split("passed")[-1], quiet.stdout[-1500:]
     assert loud.returncode == 0 and "1 warning" in loud.stdout, loud.stdout[-1500:]
 
@@ -421,8 +411,8 @@ def test_xdists_start_up_lines_stay_out_of_a_quiet_run_and_show_with_v(tmp_path)
     (tmp_path / "mytests").mkdir()
     (tmp_path / "mytests" / "test_noise.py").write_text(_INTERPRETER_NOISE)
     (tmp_path / "pytest.ini").write_text("[pytest]\nrope_harness_test_dirs = mytests\n")
-    quiet = _pytest(["-q", "-n", "2", "mytests/test_noise.py", "--rope-device", "cpu"], tmp_path)
-    loud = _pytest(["-v", "-n", "2", "mytests/test_noise.py", "--rope-device", "cpu"], tmp_path)
+    quiet = run_pytest(["-q", "-n", "2", "mytests/test_noise.py", "--rope-device", "cpu"], tmp_path)
+    loud = run_pytest(["-v", "-n", "2", "mytests/test_noise.py", "--rope-device", "cpu"], tmp_path)
     assert quiet.returncode == 0 and "bringing up nodes" not in quiet.stdout, quiet.stdout[-1500:]
     assert loud.returncode == 0 and re.search(r"created: 2/2 workers|bringing up nodes", loud.stdout), loud.stdout[-1500:]
 

@@ -1,4 +1,4 @@
-"""How the harness runs a position step (rope/harness/comparison.py and the registry): outside
+"""How the harness runs a position step (rope/harness/rotation/check.py and the registry): outside
 implementations are called positionally, the vLLM adapter is optional, and the checks appear in the
 run report and the profile by phase."""
 
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from rope.harness import profiling, report
 from rope.registry import get_positions_implementation
-from properties.position_step.test_runner_positions import assert_positions_match, CHUNK_2, LONG_1D, LONG_3D
+from properties.position_step.known_steps import CHUNK_2, LONG_1D, LONG_3D
+from rope.harness.position_step.check import assert_positions_match
 
 
 def test_outside_implementations_are_called_positionally(monkeypatch):
@@ -45,7 +46,7 @@ def test_position_checks_are_in_the_run_report(monkeypatch, tmp_path):
     fn = get_positions_implementation("native")
     broken = next(iter(BROKEN_POSITIONS.values()))
     assert_positions_match("native", fn, LONG_3D, "cpu")
-    from properties.guards import assert_positions_match_guarded
+    from rope.harness.position_step.guards import assert_positions_match_guarded
     assert_positions_match_guarded("native-guarded", fn, LONG_1D, "cpu")
     failed = None
     for batch in (LONG_1D, LONG_3D):

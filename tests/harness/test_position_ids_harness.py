@@ -1,4 +1,4 @@
-"""The position-id machinery (rope/harness/position_ids): the registry and what it refuses, the
+"""The position-id machinery (rope/harness/position_ids/): the registry and what it refuses, the
 check of a return value, the diagnosis of each shipped bug, case files and their replay.
 
 The mutants of properties/mutants/broken_position_ids.py are the bugs: each is caught by its
@@ -18,18 +18,15 @@ from hypothesis import strategies as st
 
 from properties.mutants import broken_position_ids as broken
 from properties.prompt_strategies import batches
-from properties.position_ids.test_position_ids import KNOWN_BUG_PROMPTS
+from properties.position_ids.known_prompts import KNOWN_BUG_PROMPTS
 from reference.position_ids import prompt_positions
-from rope.prompts import Audio, Image, Prompt, Text, Video
-from rope.harness.position_ids import (
-    PromptBatch,
-    check_result,
-    get_position_ids_implementation,
-    unsupported_reason,
-)
-from rope.harness import case_files
-from rope.harness.position_ids import cases
+from rope.prompts import Audio, Image, Prompt, PromptBatch, Text, Video
+from rope.harness.position_ids import case_file
+from rope.harness.position_ids import check as position_ids_check
+from rope.harness.position_ids import replay as position_ids_replay
+from rope.harness.position_ids.check import check_result
 from rope.harness.position_ids.diagnosis import LABELS, compare
+from rope.harness.position_ids.implementations import get_position_ids_implementation, unsupported_reason
 from rope.harness.suite import plugin_args, subprocess_env, suite_dir
 
 MUTANTS = "properties.mutants.broken_position_ids"
@@ -66,12 +63,12 @@ def test_fixed_prompt_catches_mutant_with_its_diagnosis(name):
     fn = broken.BROKEN_POSITION_IDS[name]
     if label is None:
         with pytest.raises(ValueError, match="positions: shape must be"):
-            cases.check(fn, family, batch)
+            position_ids_check.check(fn, family, batch)
         return
-    result = cases.check(fn, family, batch)
+    result = position_ids_check.check(fn, family, batch)
     assert not result.ok
     assert result.mismatches[0][1].label == label, result.mismatches[0][1].describe()
-    assert cases.check(broken.reference_ids, family, batch).ok      # the unmutated parent passes
+    assert position_ids_check.check(broken.reference_ids, family, batch).ok      # the unmutated parent passes
 
 
 # The families where each mutant departs from the reference (elsewhere it returns the reference's ids).
@@ -106,7 +103,7 @@ def test_drawn_batches_alone_find_every_mutant(name):
     def caught(case) -> bool:
         family, batch = case
         try:
-            return not cases.check(fn, family, batch).ok
+            return not position_ids_check.check(fn, family, batch).ok
         except ValueError:
             return True
     # Generation only: the first catch is enough (shrinking it cost a minute and proves nothing more).
@@ -120,7 +117,7 @@ def test_mutants_depart_only_where_declared():
     for name, families in DEPARTS_IN.items():
         for family, batch in [PROMPTS[k] for k in PROMPTS]:
             if family not in families:
-                assert cases.check(broken.BROKEN_POSITION_IDS[name], family, batch).ok, (name, family)
+                assert position_ids_check.check(broken.BROKEN_POSITION_IDS[name], family, batch).ok, (name, family)
 
 
 # ------------------------------------------------------------------------------------------ registry
@@ -176,7 +173,7 @@ def test_a_return_value_check_fails_the_property_with_the_reason():
     def returns_none(family, prompt):
         return None
     with pytest.raises(AssertionError, match="wrong return value: result: must be a pair"):
-        cases.assert_matches("none", returns_none, "qwen2_vl", PromptBatch((PROMPT,)))
+        position_ids_check.assert_matches("none", returns_none, "qwen2_vl", PromptBatch((PROMPT,)))
 
 
 def test_numpy_results_are_accepted():
@@ -190,7 +187,7 @@ def test_a_raising_implementation_fails_the_property_with_what_it_raised():
     def raises(family, prompt):
         raise IndexError("list index out of range")
     with pytest.raises(AssertionError, match="raised IndexError: list index out of range"):
-        cases.assert_matches("raises", raises, "qwen2_vl", PromptBatch((PROMPT,)))
+        position_ids_check.assert_matches("raises", raises, "qwen2_vl", PromptBatch((PROMPT,)))
 
 
 def test_a_hanging_implementation_fails_at_the_call_deadline(monkeypatch):
@@ -204,7 +201,7 @@ def test_a_hanging_implementation_fails_at_the_call_deadline(monkeypatch):
     monkeypatch.setenv("ROPE_CALL_TIMEOUT", "1")
     start = time.monotonic()
     with pytest.raises(ImplementationHung):
-        cases.assert_matches("hangs", hangs, "qwen2_vl", PromptBatch((PROMPT,)))
+        position_ids_check.assert_matches("hangs", hangs, "qwen2_vl", PromptBatch((PROMPT,)))
     assert time.monotonic() - start < hang_s / 2, "ended by the deadline, long before the call would have returned"
 
 
@@ -230,7 +227,7 @@ def _write_case(tmp_path, monkeypatch, name="temporal_scale_truncated"):
     key, _ = CAUGHT_BY[name]
     family, batch = PROMPTS[key]
     with pytest.raises(AssertionError) as info:
-        cases.assert_matches(f"{MUTANTS}:{name}", broken.BROKEN_POSITION_IDS[name], family, batch)
+        position_ids_check.assert_matches(f"{MUTANTS}:{name}", broken.BROKEN_POSITION_IDS[name], family, batch)
     (path,) = tmp_path.glob("*.json")
     # The run groups it under its diagnosis, the replay as printed (rope.harness.causes).
     from rope.harness import causes
@@ -249,11 +246,11 @@ def test_mismatch_writes_a_case_file_that_loads_and_replays(tmp_path, monkeypatc
     record = json.loads(path.read_text())
     assert record["kind"] == "position_ids" and record["family"] == "qwen2_5_vl"
     assert record["result"]["rows"] == [0] and record["diagnosis"]["label"] == "temporal_scale_truncated"
-    case = case_files.load_position_ids_case(path)
+    case = case_file.load_case(path)
     assert case.batch == PROMPTS["transformers#48669-fps4"][1]
     # replayed against the mutant it still differs; against the reference it is fixed
-    assert not cases.replay(path, impl=f"{MUTANTS}:temporal_scale_truncated")[2].ok
-    assert cases.replay(path, impl=f"{MUTANTS}:reference_ids")[2].ok
+    assert not position_ids_replay.replay(path, impl=f"{MUTANTS}:temporal_scale_truncated")[2].ok
+    assert position_ids_replay.replay(path, impl=f"{MUTANTS}:reference_ids")[2].ok
 
 
 def test_omni_case_file_round_trips(tmp_path, monkeypatch):
@@ -263,16 +260,16 @@ def test_omni_case_file_round_trips(tmp_path, monkeypatch):
     batch = PromptBatch(batch.prompts + (Prompt((Text(1), Audio(40))),), (0, 2), "right")
     fn = broken.BROKEN_POSITION_IDS["image_end_shifted_with_audio_in_video"]
     with pytest.raises(AssertionError, match="image_end_shifted"):
-        cases.assert_matches(f"{MUTANTS}:image_end_shifted_with_audio_in_video", fn, family, batch)
+        position_ids_check.assert_matches(f"{MUTANTS}:image_end_shifted_with_audio_in_video", fn, family, batch)
     (path,) = tmp_path.glob("*.json")
-    assert case_files.load_position_ids_case(path).batch == batch
-    assert not cases.replay(path, impl=f"{MUTANTS}:image_end_shifted_with_audio_in_video")[2].ok
+    assert case_file.load_case(path).batch == batch
+    assert not position_ids_replay.replay(path, impl=f"{MUTANTS}:image_end_shifted_with_audio_in_video")[2].ok
 
 
 def test_replay_never_imports_a_recorded_module_path(tmp_path, monkeypatch):
     path, _ = _write_case(tmp_path, monkeypatch)
     with pytest.raises(ValueError, match="never imports a module path stored in a case file"):
-        cases.replay(path)
+        position_ids_replay.replay(path)
 
 
 def _cli(*args, cwd=None):
@@ -295,7 +292,7 @@ def test_pytest_repro_replays_a_position_ids_case(tmp_path, monkeypatch):
     # where it is not installed) come from there, not from the case file's directory.
     root = suite_dir().parent
     run = subprocess.run([sys.executable, "-m", "pytest", *plugin_args(), "-q", "-p", "no:cacheprovider",
-                          str(suite_dir() / "test_repro.py"), f"--rope-repro={path}",
+                          str(suite_dir() / "position_ids" / "test_replay.py"), f"--rope-repro={path}",
                           "--rope-position-ids-impl", f"{MUTANTS}:temporal_scale_truncated",
                           "-k", "position_ids"], capture_output=True, text=True, timeout=300, cwd=root,
                          env={**subprocess_env(), "ROPE_CASES_DIR": "off", "ROPE_NO_REPORT": "1"})
@@ -326,7 +323,7 @@ def test_load_names_a_bad_field(tmp_path, monkeypatch, edit, match):
     edit(record)
     path.write_text(json.dumps(record))
     with pytest.raises(ValueError, match=match):
-        case_files.load_position_ids_case(path)
+        case_file.load_case(path)
 
 
 def test_cli_check_runs_the_position_id_suite_only_on_a_named_implementation(tmp_path):

@@ -16,7 +16,7 @@ from tests.fresh_runs import fresh_env
 
 _CASE_REPR = "Draw 1 (case): RotationCase(spec=RopeSpec(head_size=64,\n  rotary_dim=64,\n  base=10000.0),\n seed=0)"
 _EXPLANATION = ("Explanation:\n    These lines were always and only run by failing test cases:\n"
-                "        /site-packages/rope/harness/comparison.py:326")
+                "        /site-packages/rope/harness/rotation/check.py:326")
 
 
 def test_quiet_notes_drop_the_explanation_and_fold_draw_reprs_in_groups_too():

@@ -29,7 +29,7 @@ def run_dir(tmp_path, monkeypatch):
 
 def _comparison(fn, case):
     import reference
-    from rope.harness.tolerance import compare_rotation
+    from rope.harness.rotation.bound import compare_rotation
     x = build_rotation_inputs(case)
     out_q, out_k = fn(case.spec, x.positions, x.query.clone(), None if x.key is None else x.key.clone(), x.cache)
     rq, rk = reference.rotate(case.spec, x.positions, x.query, x.key, x.cache)
@@ -122,8 +122,8 @@ def test_rejected_draws_add_up_per_test_and_reason(run_dir, tmp_path):
 
 _EXPECTED = """
 import pytest
-from rope.harness.comparison import assert_matches_reference
-from rope.harness.inputs import RotationCase
+from rope.harness.rotation.check import assert_matches_reference
+from rope.harness.rotation.cases import RotationCase
 from rope.native import rotate_native
 from rope.spec import RopeSpec
 from properties.mutants.broken_rotations import neox_for_gptj
@@ -148,11 +148,11 @@ def test_right(device):
 def test_an_expected_failure_is_listed_apart_not_counted_and_writes_no_case_file(tmp_path):
     # A green run says green: a strict xfail's mismatch (a pinned upstream bug) is not one of the
     # run's failures and leaves no case file; summary.md lists it under its own heading.
-    from tests.harness.test_plugin import _pytest
+    from tests.fresh_runs import run_pytest
     (tmp_path / "mytests").mkdir()
     (tmp_path / "mytests" / "test_pinned.py").write_text(_EXPECTED)
     (tmp_path / "pytest.ini").write_text("[pytest]\nrope_harness_test_dirs = mytests\n")
-    run = _pytest(["-q", "mytests/test_pinned.py", "--rope-device", "cpu"], tmp_path)
+    run = run_pytest(["-q", "mytests/test_pinned.py", "--rope-device", "cpu"], tmp_path)
     assert run.returncode == 0 and "1 passed, 2 xfailed" in run.stdout, run.stdout[-2000:]
     summary = json.loads((tmp_path / "reports" / "summary.json").read_text())
     assert summary["failures"] == 0 and summary["examples"] == 1 and summary["verdict"] == "passed", summary

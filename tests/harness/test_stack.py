@@ -11,6 +11,8 @@ import pytest
 
 from rope.harness import stack
 
+pytestmark = pytest.mark.stack      # meets the installed torch and Triton: CI runs it on every stack (.ci/run)
+
 
 @pytest.mark.parametrize("version, verdict", [
     ("2.11.0", "supported"), ("2.13.0+cpu", "supported"), ("2.12.1+cu130", "supported"),

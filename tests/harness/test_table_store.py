@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from rope.cache import cos_sin_cache
-from rope.harness import inputs, profiling, table_store
+from rope.harness import profiling, table_store
+from rope.harness.rotation import cases as inputs
 from rope.spec import RopeSpec
 
 

@@ -9,7 +9,7 @@ from hypothesis import given, strategies as st
 import reference
 from properties.strategies import DTYPES, KINDS, build_rotation_inputs, rotation_cases
 from rope.native import rotate_native
-from rope.harness.tolerance import compare_rotation, rotation_bound, unit_roundoff
+from rope.harness.rotation.bound import compare_rotation, rotation_bound, unit_roundoff
 
 
 def _compare(case, q_out, k_out, precision):

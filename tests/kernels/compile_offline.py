@@ -73,7 +73,7 @@ class _Recorder:
         return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
 
 
-def _signature(fn, args, kwargs):
+def launch_signature(fn, args, kwargs):
     """Triton's signature and constexprs for one recorded call, and the compile options."""
     kwargs = dict(kwargs)
     options = {k: kwargs.pop(k) for k in _COMPILE_OPTIONS if k in kwargs}
@@ -93,7 +93,7 @@ def _signature(fn, args, kwargs):
     return signature, constexprs, options
 
 
-def _record(module, kernel_name: str, launch, target="sm_90") -> list:
+def record_launches(module, kernel_name: str, launch, target="sm_90") -> list:
     """The kernel calls ``launch()`` makes for ``target`` (a key of rope.triton.targets.TARGETS, or
     a Target), with the module's kernel intercepted."""
     kernel = getattr(module, kernel_name)
@@ -133,7 +133,7 @@ def rotation_launches(rotary, all_options: bool = False, models=None, target: st
                 with_options = not defaults_only and (all_options or name in OPTION_MODELS)
                 for options in ({},) + (OPTIONS if with_options else ()):
                     label = f"{name} {str(dtype)[6:]} {tokens} tokens {options or 'defaults'}"
-                    calls = _record(rotary, "_rotary_kernel", lambda: rotary.launch_rotary(
+                    calls = record_launches(rotary, "_rotary_kernel", lambda: rotary.launch_rotary(
                         spec, positions, query, key, cache.to(dtype), **options), target)
                     for call in calls:
                         yield (label,) + call
@@ -150,7 +150,7 @@ def position_launches(positions_module, target: str = "sm_90"):
                     num_computed_tokens=torch.zeros(4, dtype=torch.int32), num_dims=3,
                     out=torch.empty(3, int(starts[-1]), dtype=torch.int64))
         for pdl in (True, False):
-            calls = _record(positions_module, "_prepare_positions_kernel",
+            calls = record_launches(positions_module, "_prepare_positions_kernel",
                             lambda: positions_module.launch_prepare_positions(**args, pdl=pdl), target)
             for call in calls:
                 yield (f"positions: {label}, pdl={pdl}",) + call
@@ -162,7 +162,7 @@ def compile_all(launches, target: str = "sm_90"):
     gpu_target = COMPILE_TARGETS[target]()
     seen = set()
     for label, kernel, _grid, args, kwargs in launches:
-        signature, constexprs, options = _signature(kernel, args, kwargs)
+        signature, constexprs, options = launch_signature(kernel, args, kwargs)
         key = (kernel.__name__, tuple(signature.items()), tuple(constexprs.items()), tuple(sorted(options.items())))
         if key in seen:
             continue
@@ -202,7 +202,7 @@ def main(argv=None) -> int:
     import rope.triton.positions as positions_module
     import rope.triton.rotary as rotary
     if args.substitute:
-        from properties.mutants.kernel import KernelMutant
+        from rope.harness.mutation.kernel_mutant import KernelMutant
         with open(args.substitute) as f:
             substitutions = [tuple(pair) for pair in json.load(f)]
         rotary = KernelMutant("substituted", rotary, "rotate_triton", substitutions, "").module

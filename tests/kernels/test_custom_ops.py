@@ -14,6 +14,8 @@ from rope.triton import ops
 from rope.devices import triton_runs_on
 from rope.triton.rotary import rotate_triton
 
+pytestmark = pytest.mark.stack      # meets the installed torch and Triton: CI runs it on every stack (.ci/run)
+
 GLM41V = RopeSpec(head_size=128, rotary_dim=64, is_neox_style=False, sections=(8, 12, 12), layout="chunked",
                   max_position=64)
 QWEN3VL = RopeSpec(head_size=128, rotary_dim=128, is_neox_style=True, sections=(24, 20, 20), layout="interleaved",
@@ -106,10 +108,10 @@ def test_compile_traces_the_preamble_through_the_op_in_one_graph(device):
 
 
 def test_the_position_step_op_keeps_its_declarations_and_compiles(device):
-    from properties.position_step.test_runner_positions import CHUNK_2      # a chunked-prefill step
+    from properties.position_step.known_steps import CHUNK_2      # a chunked-prefill step
     from properties.strategies import OUT_SENTINEL
     from rope.devices import torch_device
-    from rope.harness.comparison import POSITION_ARGUMENTS
+    from rope.harness.position_step.check import POSITION_ARGUMENTS
     from rope.triton.positions import prepare_positions_triton
     tensors = CHUNK_2.tensors(device)
     args = tuple(tensors[name] if name != "num_dims" else CHUNK_2.num_dims for name in POSITION_ARGUMENTS)

@@ -1,4 +1,5 @@
-"""The correct kernels raise no false alarm under the guard checker (properties/guards.py): the edge
+"""The correct kernels raise no false alarm under the guard checker (rope/harness/guards.py and each
+slice's guards): the edge
 cases, the known-bug triggers, generated cases and the position step, with the guarded cache
 reaching the kernel as a strided view."""
 
@@ -11,16 +12,19 @@ from hypothesis import example, given, settings, strategies as st
 from rope.devices import is_interpreter
 from rope.registry import get_implementation, get_positions_implementation
 from rope.spec import RopeSpec
-from properties.guards import assert_matches_reference_guarded, trace_memory
+from rope.harness.guards import trace_memory
+from rope.harness.position_step.guards import check_plain_and_guarded as check_positions
+from rope.harness.rotation.guards import assert_matches_reference_guarded, guard_rotation_inputs
+from rope.harness.rotation.guards import check_plain_and_guarded as check_rotation
 from properties.known_cases import KNOWN_BUG_CASES
+from properties.mutants.kernel import HEAD_SIZES, KNOWN_PAIRS, MAX_POSITIONS, MAX_TOKENS
 from properties.strategies import KINDS, RotationCase, ragged_batches, rotation_cases
-from properties.test_mutants import (KNOWN_PAIRS, MAX_POSITIONS, MAX_TOKENS, HEAD_SIZES, _positions_checks,
-                                     check_rotation)
-from properties.position_step.test_runner_positions import CHUNK_1, CHUNK_2, DECODE
+from properties.position_step.known_steps import CHUNK_1, CHUNK_2, DECODE
 
 
 pytestmark = [
     pytest.mark.interpreter,
+    pytest.mark.stack,              # meets the installed torch and Triton: CI runs it on every stack (.ci/run)
     pytest.mark.skipif(not is_interpreter(), reason="needs Triton's interpreter (TRITON_INTERPRET=1): the "
                                                     "tracer and the mutants' stray accesses are CPU-only"),
 ]
@@ -74,13 +78,12 @@ def test_correct_kernel_passes_under_guards_on_generated_cases(case):
 @example(batch=CHUNK_2)
 @example(batch=DECODE)
 def test_correct_positions_kernel_passes_under_guards(batch):
-    _positions_checks("triton", get_positions_implementation("triton"), batch)
+    check_positions("triton", get_positions_implementation("triton"), batch)
 
 
 def test_guarded_cache_is_strided_and_accepted():
     # rotate_triton passes cache.stride(0) to the kernel and check_rotation_inputs accepts any row
     # stride: the guarded cache reaches the kernel as a view, not a contiguous copy.
-    from properties.guards import guard_rotation_inputs
     case = EDGE_CASES["chunked3-gptj-partial-last-row"]
     x = guard_rotation_inputs(case)
     assert x.cache.stride(0) > case.spec.rotary_dim and x.positions.stride(0) > case.num_tokens

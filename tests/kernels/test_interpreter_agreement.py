@@ -10,27 +10,16 @@ import sys
 import pytest
 import torch
 
-from rope.harness.comparison import run_rotation
-from properties.known_cases import KNOWN_BUG_CASES
-from properties.strategies import RotationCase
+from rope.harness.rotation.check import run_rotation
 from rope.devices import gpu_backend, is_interpreter
 from rope.registry import get_implementation
-from rope.spec import RopeSpec
-
-EXTRA_CASES = {
-    f"{dtype}-{layout}-{'neox' if neox else 'gptj'}": RotationCase(
-        RopeSpec(96, 64, neox, (10, 11, 11), layout, 1e6, 8192), 33, 7, 3, dtype, "uniform", True, 100 + i)
-    for i, (dtype, layout, neox) in enumerate(
-        (d, lay, n) for d in ("float32", "float16", "bfloat16") for lay in ("chunked", "interleaved")
-        for n in (True, False))
-}
-CASES = {**KNOWN_BUG_CASES, **EXTRA_CASES}
+from tests.kernels.agreement_cases import CASES
 
 _INTERPRETER_SCRIPT = """
 import sys, torch
 import rope
-from tests.kernels.test_interpreter_agreement import CASES
-from rope.harness.comparison import run_rotation
+from tests.kernels.agreement_cases import CASES
+from rope.harness.rotation.check import run_rotation
 from rope.registry import get_implementation
 fn = get_implementation("triton")
 out = {}

@@ -98,7 +98,7 @@ def test_a_kernel_only_the_interpreter_runs_is_caught(tmp_path):
     assert "Mismatched type for heads" in failed[0]["error"], failed[0]["error"]
     assert any(r["ok"] for r in records), "the launches without the branch still compile"
     if is_interpreter():     # and the interpreter gives the default bits with it
-        from properties.mutants.kernel import KernelMutant
+        from rope.harness.mutation.kernel_mutant import KernelMutant
         import rope.triton.rotary as rotary
         mutant = KernelMutant("two_shapes_one_name", rotary, "launch_rotary",
                               [tuple(s) for s in TWO_SHAPES_ONE_NAME], "").module

@@ -7,6 +7,7 @@ and the cache offsets of a run start stay multiples of R."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import triton
 import triton.language as tl
@@ -18,6 +19,8 @@ from rope.spec import RopeSpec
 from rope.triton.rotary_kernel import lane_axes
 from rope.triton.rotary_plan import lane_block, map_table, plan, position_run
 from rope.triton.targets import launch_target
+
+pytestmark = pytest.mark.stack      # meets the installed torch and Triton: CI runs it on every stack (.ci/run)
 
 
 @triton.jit

@@ -37,6 +37,8 @@ from rope.triton.rotary import launch_rotary
 from rope.triton.rotary_plan import MIN_BLOCK_F, SPECULATE_MAX_TOKENS, default_plan
 from rope.triton.targets import INTERPRETER, TARGETS, cuda_target
 
+pytestmark = pytest.mark.stack      # meets the installed torch and Triton: CI runs it on every stack (.ci/run)
+
 LAUNCH_OPTIONS = st.fixed_dictionaries({
     "block_t": st.sampled_from([1, 2, 4, 8]),
     "block_h": st.sampled_from([1, 2, 4, 8, 16]),
@@ -301,9 +303,9 @@ def test_grid_arithmetic_is_tritons(n, b):
 
 def _recorded_constexprs(positions, query, key, cache, spec=QWEN72, **options) -> dict:
     """The constexprs of the one launch launch_rotary makes (kernel intercepted, PDL available)."""
-    from tests.kernels.compile_offline import _record
+    from tests.kernels.compile_offline import record_launches
     import rope.triton.rotary as rotary
-    (_, _grid, _args, kwargs), = _record(rotary, "_rotary_kernel", lambda: launch_rotary(
+    (_, _grid, _args, kwargs), = record_launches(rotary, "_rotary_kernel", lambda: launch_rotary(
         spec, positions, query, key, cache, **options))
     return kwargs
 
@@ -344,7 +346,7 @@ _TARGET_OPTIONS = [
 
 @pytest.mark.parametrize("target, pdl, evict, compiled, by_hand", _TARGET_OPTIONS, ids=lambda v: getattr(v, "arch", None) or None)
 def test_each_target_gets_only_the_launch_options_it_has(target, pdl, evict, compiled, by_hand):
-    from tests.kernels.compile_offline import _record
+    from tests.kernels.compile_offline import record_launches
     import rope.triton.positions as positions_module
     import rope.triton.rotary as rotary
     spec = load_models()["qwen2.5-vl-72b"].spec
@@ -353,7 +355,7 @@ def test_each_target_gets_only_the_launch_options_it_has(target, pdl, evict, com
     for tokens in (1, 64, 200, 8192):        # decode, the speculating band's end, one wave, a mid-sized prefill
         positions = torch.zeros(3, tokens, dtype=torch.long, device=meta)
         q, k = (torch.empty(tokens, n * 128, device=meta, dtype=torch.bfloat16) for n in (64, 8))
-        (_, _grid, _args, launch), = _record(rotary, "_rotary_kernel", lambda: launch_rotary(spec, positions, q, k, cache),
+        (_, _grid, _args, launch), = record_launches(rotary, "_rotary_kernel", lambda: launch_rotary(spec, positions, q, k, cache),
                                              target)
         assert launch["PDL"] is (pdl and tokens != 8192) and ("launch_pdl" in launch) is launch["PDL"], (tokens, launch)
         assert launch["SPECULATE"] is (pdl and tokens <= SPECULATE_MAX_TOKENS), (tokens, launch)
@@ -362,12 +364,12 @@ def test_each_target_gets_only_the_launch_options_it_has(target, pdl, evict, com
             not {"num_warps", "enable_fp_fusion"} & set(launch), (tokens, launch)
         assert launch["ROUND_BF16"] is by_hand
         # Asked for explicitly, an option the target lacks is still not used.
-        (_, _grid, _args, forced), = _record(rotary, "_rotary_kernel", lambda: launch_rotary(
+        (_, _grid, _args, forced), = record_launches(rotary, "_rotary_kernel", lambda: launch_rotary(
             spec, positions, q, k, cache, pdl=True, evict_first=True), target)
         assert forced["PDL"] is pdl and forced["QK_EVICT"] == ("evict_first" if evict else ""), (tokens, forced)
     out = torch.empty(3, 40, dtype=torch.int64, device=meta)
     small = [torch.zeros(n, dtype=torch.int32, device=meta) for n in (4, 1, 2, 4, 4)]
-    (_, _grid, _args, step), = _record(positions_module, "_prepare_positions_kernel", lambda: launch_prepare_positions(
+    (_, _grid, _args, step), = record_launches(positions_module, "_prepare_positions_kernel", lambda: launch_prepare_positions(
         torch.zeros(12, 64, dtype=torch.int32, device=meta), *small, 3, out), target)
     assert step["PDL"] is pdl and ("launch_pdl" in step) is pdl, step
 
@@ -448,9 +450,9 @@ def test_a_cached_step_signature_still_copies_strided_vectors(monkeypatch):
     if not triton_runs_on("cpu"):
         pytest.skip("Triton does not run on the CPU here (TRITON_INTERPRET=1 runs it)")
     import rope.triton.positions as positions_module
-    from properties.position_step.test_runner_positions import CHUNK_2
+    from properties.position_step.known_steps import CHUNK_2
     from reference.runner_positions import prepare_positions
-    from rope.harness.comparison import POSITION_ARGUMENTS
+    from rope.harness.position_step.check import POSITION_ARGUMENTS
     tensors = CHUNK_2.tensors("cpu")
     args = [tensors[name] if name != "num_dims" else CHUNK_2.num_dims for name in POSITION_ARGUMENTS]
     width = CHUNK_2.num_tokens + CHUNK_2.padding
@@ -477,8 +479,8 @@ def test_the_position_steps_metadata_checks_are_cached_where_values_are_not_read
     if not triton_runs_on("cpu"):
         pytest.skip("Triton does not run on the CPU here (TRITON_INTERPRET=1 runs it)")
     import rope.triton.positions as positions_module
-    from properties.position_step.test_runner_positions import CHUNK_2
-    from rope.harness.comparison import POSITION_ARGUMENTS
+    from properties.position_step.known_steps import CHUNK_2
+    from rope.harness.position_step.check import POSITION_ARGUMENTS
     tensors = CHUNK_2.tensors("cpu")
     args = [tensors[name] if name != "num_dims" else CHUNK_2.num_dims for name in POSITION_ARGUMENTS]
     out = torch.full((CHUNK_2.num_dims, CHUNK_2.num_tokens + CHUNK_2.padding), OUT_SENTINEL, dtype=torch.int64)

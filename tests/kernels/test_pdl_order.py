@@ -36,7 +36,7 @@ import triton.language as tl
 import reference
 from rope.cache import cos_sin_cache
 from rope.devices import torch_device
-from rope.harness.tolerance import compare_rotation
+from rope.harness.rotation.bound import compare_rotation
 from rope.models import load_models
 from rope.registry import get_implementation
 from rope.triton.pdl import HAS_PDL

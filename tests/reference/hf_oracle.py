@@ -21,7 +21,7 @@ Which rotation function runs depends on the release, and is *detected*, never as
 A module that returns per-row cos/sin in a release without ``apply_multimodal_rotary_pos_emb`` is an
 error, not a skip.
 
-The other half holds what the comparisons need beyond ``rope.harness.tolerance``: per-channel cos/sin maps
+The other half holds what the comparisons need beyond ``rope.harness.rotation.bound``: per-channel cos/sin maps
 (canonical, per row, or any other row assignment), a bound for outputs that are not rotations (the
 HunYuanVL block layout), and bitwise / element-wise assertions with the mismatch anatomy.
 """
@@ -45,7 +45,7 @@ from rope.backends.transformers.rotation import (  # noqa: F401  (re-exported fo
     unavailable_reason,
 )
 from rope.spec import RopeSpec
-from rope.harness.tolerance import SUBNORMAL_SPACING, unit_roundoff, working_dtype
+from rope.harness.rotation.bound import SUBNORMAL_SPACING, unit_roundoff, working_dtype
 
 
 def canonical_channel_map(spec: RopeSpec, *, neox_order: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,7 +93,7 @@ def channel_bound(spec: RopeSpec, x: torch.Tensor, expected: torch.Tensor, cos: 
                   precision: str) -> torch.Tensor:
     """float64 [T, heads*head_size]: largest legitimate |computed - expected| for a float64 output.
 
-    ``rope.harness.tolerance.rotation_bound`` per channel, for outputs that need not be rotations (each channel
+    ``rope.harness.rotation.bound.rotation_bound`` per channel, for outputs that need not be rotations (each channel
     has its own cos/sin, [T, rotary_dim]): with M = |x_c| |cos_c| + |x_partner| |sin_c| and working unit
     roundoff u (float64 output: no store rounding), bound = u (M + |expected|) + 3 u^2 M + eta.
     Pass-through channels get 0: they must be copied exactly.

@@ -339,7 +339,7 @@ def test_positions_decode_continues_after_prompt(family, data):
 # that asks for the table to be updated), and the exact value transformers returns.
 
 try:
-    from rope.harness.position_ids import PromptBatch
+    from rope.prompts import PromptBatch
     from rope.backends.transformers import position_ids as hf
 except ImportError:  # pragma: no cover - CI always has transformers
     hf = None

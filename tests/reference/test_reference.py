@@ -9,7 +9,7 @@ from hypothesis import given, strategies as st
 
 import reference
 from properties.strategies import KINDS, RotationCase, build_rotation_inputs, rotation_cases
-from properties.rotation.test_rotation import _as_1d
+from properties.strategies import as_1d
 
 
 def complex_rotation(spec, positions, x, cache):
@@ -156,5 +156,5 @@ def test_reference_text_tokens_reduce_to_1d(case):
     case = RotationCase(**{**case.__dict__, "positions_kind": "text"})
     x = build_rotation_inputs(case)
     q3, k3 = reference.rotate(case.spec, x.positions, x.query, x.key, x.cache)
-    q1, k1 = reference.rotate(_as_1d(case.spec), x.positions[0].contiguous(), x.query, x.key, x.cache)
+    q1, k1 = reference.rotate(as_1d(case.spec), x.positions[0].contiguous(), x.query, x.key, x.cache)
     assert torch.equal(q3, q1)

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given
 
 import reference
-from properties.rotation.test_aliasing import aliased_inputs, case_strategy
+from properties.rotation.aliasing import aliased_inputs, case_strategy
 
 
 @given(**case_strategy)

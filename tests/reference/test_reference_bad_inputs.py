@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 import reference
-from properties.rotation.test_bad_inputs import _call, ERROR_INPUTS
+from properties.rotation.bad_inputs import ERROR_INPUTS, call
 
 
 @pytest.mark.parametrize("error", list(ERROR_INPUTS), ids=list(ERROR_INPUTS))
 def test_reference_rejects_bad_input(error):
     make, pattern = ERROR_INPUTS[error]
     with pytest.raises(ValueError, match=pattern):
-        _call(reference.rotate, make("cpu"))
+        call(reference.rotate, make("cpu"))

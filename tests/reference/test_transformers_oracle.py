@@ -7,7 +7,7 @@ family's own rotation function rotates float64 q/k (``tests/reference/hf_oracle.
 1. ``attention_scaling == 1.0`` (the "default" / NTK-alpha rope types scale nothing);
 2. transformers' cos/sin are *bit-identical* to ``rope.cache.cos_sin_cache(spec, float32)`` read at the
    positions through the expected axis map (same float32 recipe: inv_freq, p * inv_freq, cos, sin);
-3. the rotated q/k agree with the reference within ``rope.harness.tolerance``'s per-element bound for the
+3. the rotated q/k agree with the reference within ``rope.harness.rotation.bound``'s per-element bound for the
    family's working precision (float64, or float32 where the family upcasts; see TOLERANCE below).
 
 HunYuanVL disagrees with the canonical XD-RoPE layout on image tokens (docs/spec.md §2): text tokens are
@@ -49,7 +49,7 @@ from properties.strategies import sections  # noqa: E402
 from rope.cache import cos_sin_cache  # noqa: E402
 from rope.models import get_model  # noqa: E402
 from rope.spec import RopeSpec  # noqa: E402
-from rope.harness.tolerance import compare_rotation  # noqa: E402
+from rope.harness.rotation.bound import compare_rotation  # noqa: E402
 
 pytestmark = pytest.mark.oracle
 
@@ -256,7 +256,7 @@ def canonical_orders(spec: RopeSpec) -> dict[str, tuple[torch.Tensor, torch.Tens
 # TOLERANCE.  q/k are drawn float32-representable (held in float64) and cos/sin are float32 values, so
 # every product a*c, b*s is exact in float64 (24 + 24 significand bits <= 53).
 # * Families rotating in q's dtype (float64 here) and the reference both round only the final sum:
-#   they agree bit for bit.  rope.harness.tolerance's bound for float64 arithmetic is u64 (M + |r|) + 3 u64^2 M
+#   they agree bit for bit.  rope.harness.rotation.bound's bound for float64 arithmetic is u64 (M + |r|) + 3 u64^2 M
 #   (M = |a c| + |b s|, r the result, u64 = 2^-53), i.e. at most ~2 float64 units of M: room for a
 #   different valid evaluation order, nothing more.  Any wrong row, pairing or frequency moves a
 #   cos/sin by at least one float32 ulp (~2^-24 relative), about 2^28 times this bound.

@@ -2,7 +2,8 @@
 caught on the CPU under the interpreter: each applies exactly once to the kernel's source, the
 prefill boundaries and the token x head products find the mutants that only a prefill-size batch
 shows, and the known-bug triggers and known steps catch theirs as fixed cases. The guarded searches
-that rope-harness mutants runs are properties/test_mutants.py."""
+that rope-harness mutants runs are properties/mutants/searches.py (its dedicated stages:
+properties/rotation/test_mutant_searches.py, properties/position_step/test_mutant_searches.py)."""
 
 from __future__ import annotations
 
@@ -12,18 +13,22 @@ import pytest
 
 import rope.triton.rotary as rotary_module
 from rope.devices import is_interpreter
-from rope.harness.comparison import assert_matches_reference
+from rope.harness.mutation.kernel_mutant import KernelMutant, SubstitutionError
+from rope.harness.mutation.searches import expect_failure
+from rope.harness.position_step.guards import check_plain_and_guarded as check_positions
+from rope.harness.rotation.check import assert_matches_reference
+from rope.harness.rotation.guards import check_plain_and_guarded as check_rotation
 from properties.known_cases import KNOWN_BUG_CASES
 from properties.mutants.broken_rotations import TOKEN_HEAD_SWITCHES
-from properties.mutants.kernel import (GPU_DEEP_MUTANTS, POSITIONS_MUTANTS, PREFILL_ONLY, ROTARY_MUTANTS, KernelMutant,
-                                       SubstitutionError)
+from properties.mutants.kernel import (GPU_DEEP_MUTANTS, KNOWN_PAIRS, POSITIONS_MUTANTS, PREFILL_ONLY, ROTARY_CELLS,
+                                       ROTARY_MUTANTS)
+from properties.mutants.searches import search_position_kernel_mutant, search_rotation_kernel_mutant
 from properties.strategies import KINDS
-from properties import test_mutants as dedicated
-from properties.test_mutants import KNOWN_PAIRS, ROTARY_CELLS, _positions_checks, check_rotation, expect_failure
-from properties.position_step.test_runner_positions import CHUNK_1, CHUNK_2, DECODE
+from properties.position_step.known_steps import CHUNK_1, CHUNK_2, DECODE
 
 pytestmark = [
     pytest.mark.interpreter,
+    pytest.mark.stack,              # meets the installed torch and Triton: CI runs it on every stack (.ci/run)
     pytest.mark.skipif(not is_interpreter(), reason="needs Triton's interpreter (TRITON_INTERPRET=1): the "
                                                     "tracer and the mutants' stray accesses are CPU-only"),
 ]
@@ -45,6 +50,7 @@ def test_substitution_that_no_longer_matches_raises():
         stale.source()
 
 
+@pytest.mark.prefill           # the prefill-size boundary cases: minutes of the interpreter
 @pytest.mark.parametrize("name", sorted(PREFILL_ONLY))
 def test_prefill_boundaries_catch_kernel_mutant(name, record_property, monkeypatch, tmp_path):
     # A bug only a prefill-size batch shows: the boundary cases test_prefill.py runs on the CPU, in
@@ -112,21 +118,21 @@ def test_known_trigger_catches_kernel_mutant(name, known, record_property):
 @pytest.mark.parametrize("batch", [CHUNK_1, CHUNK_2, DECODE], ids=["chunk1", "chunk2", "decode"])
 def test_known_steps_catch_positions_mutant(batch, record_property):
     mutant = POSITIONS_MUTANTS["positions_store_unmasked"]
-    found = expect_failure(lambda: _positions_checks(mutant.name, mutant, batch), record_property)
+    found = expect_failure(lambda: check_positions(mutant.name, mutant, batch), record_property)
     assert "guard-write" in found, found
 
 
 # The guarded searches rope-harness mutants runs as a kernel mutant's dedicated stage live in the
-# shipped suite (properties/test_mutants.py), kept out of a plain run there; the project's own run
+# shipped suite (properties/mutants/searches.py), kept out of a plain run there; the project's own run
 # holds every one of them to its catch here.
-@pytest.mark.parametrize("name", list(dedicated.ROTARY_CELLS))
+@pytest.mark.parametrize("name", list(ROTARY_CELLS))
 def test_the_dedicated_search_catches_rotation_kernel_mutant(name, record_property):
-    dedicated.test_rotation_property_catches_kernel_mutant(name, record_property)
+    search_rotation_kernel_mutant(name, record_property)
 
 
 @pytest.mark.parametrize("name", list(POSITIONS_MUTANTS))
 def test_the_dedicated_search_catches_position_kernel_mutant(name, record_property):
-    dedicated.test_position_property_catches_kernel_mutant(name, record_property)
+    search_position_kernel_mutant(name, record_property)
 
 
 def test_a_kernel_mutant_that_no_longer_applies_is_refused_by_the_catalogue(monkeypatch):

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from rope.harness.case_files import load_case
-from rope.harness.comparison import assert_matches_reference, skip_if_unsupported
+from rope.harness.rotation.case_file import load_case
+from rope.harness.rotation.check import assert_matches_reference, skip_if_unsupported
 from rope.registry import get_recorded_implementation
-from properties.rotation.test_regressions import FILES
+from properties.known_cases import REGRESSION_FILES as FILES
 
 
 def test_corpus_is_not_empty_and_loads():

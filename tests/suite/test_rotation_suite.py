@@ -1,6 +1,6 @@
-"""The rotation properties (properties/rotation/test_rotation.py) as a user meets them: they hold a second
-kernel of an implementation to the reference, draw only the shapes and kinds it runs (skipping the
-others before drawing), and catch state an implementation keeps per shape."""
+"""The rotation properties (properties/rotation/test_rotation.py; their bodies: properties/rotation/checks.py)
+as a user meets them: they hold a second kernel of an implementation to the reference, draw only the shapes
+and kinds it runs (skipping the others before drawing), and catch state an implementation keeps per shape."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from rope.harness import report
-from rope.harness.comparison import skip_if_none_supported
+from rope.harness.rotation.check import skip_if_none_supported
 from rope.registry import get_implementation
-from properties.rotation import test_rotation as rotation_properties
+from properties.rotation.checks import check_text_tokens_reduce_to_1d, one_shape_many_batches_match_reference
 from properties.strategies import KINDS, RotationCase, probe_specs, rotation_cases, supported_shapes
 
 
@@ -34,7 +34,7 @@ def test_a_separate_1d_kernel_is_still_held_to_the_reference(broken_path, monkey
     @given(case=rotation_cases(dtype="float32", kind="chunked3", min_tokens=1))
     def text_tokens(case):
         case = RotationCase(**{**case.__dict__, "positions_kind": "text"})
-        rotation_properties.check_text_tokens_reduce_to_1d("two_kernels", two_kernels, case, "cpu")
+        check_text_tokens_reduce_to_1d("two_kernels", two_kernels, case, "cpu")
 
     with pytest.raises(AssertionError, match="does not match the reference"):
         text_tokens()
@@ -109,6 +109,6 @@ def test_one_shape_many_batches_catches_state_kept_per_shape(monkeypatch, tmp_pa
     # two batches of one shape whose positions differ are not certain among them).
     search = settings(max_examples=200, derandomize=True, database=None, deadline=None,
                       suppress_health_check=list(HealthCheck))(
-        given(data=st.data())(rotation_properties.test_one_shape_many_batches_match_reference.hypothesis.inner_test))
+        given(data=st.data())(one_shape_many_batches_match_reference))
     with pytest.raises(AssertionError, match="does not match the reference"):
         search(impl_name=f"{__name__}:positions_kept_per_shape", device="cpu", dtype="float32")

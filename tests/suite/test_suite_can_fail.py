@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import Phase, given, settings, strategies as st
 
-from rope.harness.comparison import assert_matches_reference
+from rope.harness.rotation.check import assert_matches_reference
 from properties.mutants.broken_rotations import BROKEN_ROTATIONS
 from properties.strategies import DTYPES, KINDS, rotation_cases
 
@@ -53,7 +53,7 @@ def test_rotation_property_rejects_broken_implementation(broken, monkeypatch, tm
 # ------------------------------------------------------------------ the position step
 from properties.mutants.broken_positions import BROKEN_POSITIONS, correct_loop  # noqa: E402
 from properties.strategies import ragged_batches  # noqa: E402
-from properties.position_step.test_runner_positions import assert_positions_match  # noqa: E402
+from rope.harness.position_step.check import assert_positions_match  # noqa: E402
 
 # delta_per_chunk corrupts the stored delta for later steps; one step cannot see it (the
 # scheduler state machine in test_scheduler_positions.py does).
@@ -83,7 +83,7 @@ def test_mutant_loop_without_bug_is_correct(batch):
 def test_scheduler_machine_rejects_broken_positions(broken):
     from hypothesis.stateful import run_state_machine_as_test
 
-    from properties.position_step.test_scheduler_positions import make_machine
+    from properties.position_step.scheduler import make_machine
     machine = make_machine(f"properties.mutants.broken_positions:{broken}", "cpu", "qwen2_5_vl")
     with pytest.raises(AssertionError):
         # Found is enough: shrinking a 25-step run (most of this test's time) proves nothing more.
@@ -109,12 +109,12 @@ def test_rotation_check_rejects_an_implementation_that_writes_the_cache(monkeypa
 
 def test_a_cache_written_once_is_never_lent_again(monkeypatch, tmp_path):
     # The cache an implementation receives is a copy lent for the case and returned for the next
-    # case of the same table only if it is unchanged after the call (rope.harness.inputs,
+    # case of the same table only if it is unchanged after the call (rope.harness.rotation.cases,
     # return_lent_cache).  A writer is caught on the call that writes, and the next implementation
     # then gets an untouched table: were the written copy lent again, the correct implementation
     # below would rotate with a zeroed row and fail.  A copy returned unchanged is lent again.
     from properties.known_cases import KNOWN_BUG_CASES
-    from rope.harness.comparison import evaluate_case
+    from rope.harness.rotation.check import evaluate_case
     from rope.native import rotate_native
     monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))
     case = KNOWN_BUG_CASES["single-token-no-key"]
@@ -162,7 +162,7 @@ def test_spec_without_section_sum_rule_is_caught(monkeypatch):
     # docs/spec.md §7.8 as a mutant of our spec: the section-sum rule dropped (vLLM's XDRotaryEmbedding
     # never checked it; a wrong sum gave a shape error or a silent mismatch).  The bad-spec
     # table must then fail on its XD-RoPE row.
-    from tests.contract.test_spec import BAD_SPECS, test_bad_spec_raises_value_error_naming_field
+    from tests.contract.bad_specs import BAD_SPECS, assert_bad_spec_raises
     from rope.spec import RopeSpec
     original = RopeSpec._validate
 
@@ -175,4 +175,4 @@ def test_spec_without_section_sum_rule_is_caught(monkeypatch):
     monkeypatch.setattr(RopeSpec, "_validate", without_sum_rule)
     kwargs, pattern = next(row for row in BAD_SPECS if row[0].get("sections") == (16, 16, 16, 15))
     with pytest.raises(pytest.fail.Exception, match="DID NOT RAISE"):
-        test_bad_spec_raises_value_error_naming_field(kwargs, pattern)
+        assert_bad_spec_raises(kwargs, pattern)

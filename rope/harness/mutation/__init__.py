@@ -16,6 +16,9 @@ runner         the subprocess / thread runner: budgets, the parent control, fals
                timeouts, crashes
 report         the table, OUT/mutants.md and OUT/mutants.json (written atomically)
 cli            ``add_mutants_parser``, ``cmd_mutants``, ``main`` (``python -m rope.harness.mutation``)
+kernel_mutant  the kernel mutants' machinery: a kernel's modules rebuilt with textual substitutions
+               (the bugs themselves: properties/mutants/kernel.py)
+searches       the dedicated searches' machinery: a property that must fail, what caught it recorded
 =============  ================================================================================
 
 The names below load on first use, so that the records plugin, imported by every pytest run the

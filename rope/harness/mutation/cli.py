@@ -17,24 +17,25 @@ does not change the status.
 
 How each kind of mutant is run (one pytest subprocess per suite run, ``-x``,
 ``--hypothesis-profile``, ``-p rope.harness.mutation.records``; ``ROPE_CASES_DIR=off`` and
-``ROPE_NO_REPORT=1``, so deliberate failures write no case files and no run report):
+``ROPE_NO_REPORT=1``, so deliberate failures write no case files and no run report).  Each stage is
+the sub-package of the mutant's checked thing, selected within by marker (rope/harness/mutation/stages.py):
 
 =================  ============================================================================
-rotation           wrappers of rope.native: properties/rotation/test_rotation.py with
+rotation           wrappers of rope.native: properties/rotation with
                    ``--rope-impl properties.mutants.broken_rotations:NAME``; caught = a test fails
 rotation-kernel    source-patched Triton kernels: the same with
                    ``--rope-impl properties.mutants.kernel:NAME``.  The memory-safety bugs (only
-                   the guards/tracer of properties/guards.py see them) run
-                   test_known_bug_triggers_under_guards first, then the rest of test_rotation.py,
-                   then, should that not catch them, test_mutants.py's guarded search for the
-                   mutant (a dedicated test: caught = it passes)
-positions          broken position loops: test_runner_positions.py and test_scheduler_positions.py
-                   with ``--rope-position-step-impl``; caught = a test fails
-positions-kernel   the position kernel's mutants: test_mutants.py's guarded search first, then
-                   the plain suites (which run an unmasked store unguarded: the process may
+                   the guards/tracer of rope/harness/guards.py see them) run the tests marked
+                   ``guarded`` first, then the others, then, should that not catch them, the
+                   mutant's dedicated guarded search (``-m mutant_search --rope-mutant-search
+                   kernel:NAME``: caught = it passes)
+positions          broken position loops: properties/position_step with
+                   ``--rope-position-step-impl``; caught = a test fails
+positions-kernel   the position kernel's mutants: their dedicated guarded search first, then
+                   the plain suite (which runs an unmasked store unguarded: the process may
                    crash, which is recorded but is no catch)
 dispatch           op classes, not registry implementations: their dedicated tests in
-                   properties/dispatch/test_dispatch.py (``test_dispatch_property_rejects_broken_op[NAME]``;
+                   properties/dispatch (``-m mutant_search --rope-mutant-search dispatch:NAME``;
                    caught = it passes)
 =================  ============================================================================
 
@@ -61,7 +62,7 @@ from rope.harness.mutation.catalogue import CatalogueError, discover_mutants, ki
 from rope.harness.mutation.report import print_table, write_reports
 from rope.harness.mutation.results import exit_code
 from rope.harness.mutation.runner import DEFAULT_BUDGET_S, DEFAULT_LIMIT_S, PROFILES, run
-from rope.harness.mutation.stages import DISPATCH_TESTS, baseline_stages, harness_stages
+from rope.harness.mutation.stages import DISPATCH_SUITE, baseline_stages, harness_stages
 
 
 def _positive(kind):
@@ -116,7 +117,7 @@ def cmd_mutants(args) -> int:
     out = Path(args.out) if args.out else reports_dir()
     err.print(f"rope-harness mutants: {len(mutants)} mutants, profile {args.profile}, {args.jobs} jobs, baseline "
               f"{'off' if args.no_baseline else 'on'}; dispatch mutants run through their dedicated tests in "
-              f"{DISPATCH_TESTS}")
+              f"{DISPATCH_SUITE}")
     report = run([m.name for m in mutants], profile=args.profile, baseline=not args.no_baseline, jobs=args.jobs,
                  budget_s=args.budget, limit_s=args.limit, confirm=not args.no_confirm,
                  log_dir=out / "mutants-logs" if args.logs else None,

@@ -12,7 +12,8 @@ from rope.harness.mutation.results import MutationReport, SuiteResult, describe
 NOTE_SECONDS = ("seconds: wall time of the pytest subprocess(es) until the first genuine failure / pytest's own "
                 "reported duration; the limit applies to pytest's duration")
 NOTE_DISPATCH = ("dispatch mutants are op classes, not registry implementations: they run through their dedicated "
-                 "tests in properties/dispatch/test_dispatch.py (test_dispatch_property_rejects_broken_op[NAME]), which pass "
+                 "tests in properties/dispatch (test_dispatch_property_rejects_broken_op[NAME], marked mutant_search), "
+                 "which pass "
                  "when the dispatch property rejects the broken op")
 NOTE_CONTROL = ("a failure counts only if the same test passes on the mutant's unmutated parent; failures the parent "
                 "shares are false alarms, skipped")

@@ -1,14 +1,15 @@
 """Which pytest invocations a mutant gets: its stages, in order, for the harness suite and for the
 serving-engine-style baseline, and the arguments of each pytest run.
 
-Test paths are relative to :func:`suite_root`, the directory holding the installed ``properties``
-package (a checkout's root, or site-packages), where the runner starts pytest, so node ids read
-``properties/...`` wherever the suite is installed.  Test files are read with ``ast``, never imported.
+A stage names the suite's sub-package of the mutant's checked thing and selects within it by marker
+(``-m``) or by the dedicated searches' option (``--rope-mutant-search NAME``), never by a list of file
+or test names.  Test paths are relative to :func:`suite_root`, the directory holding the installed
+``properties`` package (a checkout's root, or site-packages), where the runner starts pytest, so node
+ids read ``properties/...`` wherever the suite is installed.
 """
 
 from __future__ import annotations
 
-import ast
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,17 +17,16 @@ from rope.harness.mutation.catalogue import KINDS, POSITION_KINDS, ROTATION_KIND
 from rope.harness.mutation.records import PLUGIN as RECORDS_PLUGIN
 from rope.harness.suite import SUITE_PACKAGE, suite_dir
 
-# The suite's sub-packages (one per checked thing); within rotation, its two files in the order the
-# runner wants them (the known-bug triggers and searches before the prefill sizes).
-ROTATION_SUITE = f"{SUITE_PACKAGE}/rotation/test_rotation.py"
-PREFILL_SUITE = f"{SUITE_PACKAGE}/rotation/test_prefill.py"
-HUGE_TESTS = ("test_huge_batches_match_reference_in_chunks", "test_a_cache_past_2_31_elements_is_indexed_in_64_bits")
-GUARDED_FIRST = "test_known_bug_triggers_under_guards"
+# The suite's sub-packages, one per checked thing (and the baseline's).
+ROTATION_SUITE = f"{SUITE_PACKAGE}/rotation"
 POSITION_SUITES = (f"{SUITE_PACKAGE}/position_step",)
 POSITION_IDS_SUITE = f"{SUITE_PACKAGE}/position_ids"
-MUTANTS_TESTS = f"{SUITE_PACKAGE}/test_mutants.py"
-DISPATCH_TESTS = f"{SUITE_PACKAGE}/dispatch/test_dispatch.py"
+DISPATCH_SUITE = f"{SUITE_PACKAGE}/dispatch"
 BASELINE_SUITE = f"{SUITE_PACKAGE}/baseline"
+# Markers a stage selects by: the tests on guarded inputs, the huge cases (q or the cache past 2^31
+# elements: slow), and the dedicated searches (each asked for by its mutant's name).
+GUARDED, HUGE, SEARCH = "guarded", "slow", "mutant_search"
+SEARCH_OPTION = "--rope-mutant-search"
 
 
 def suite_root() -> Path:
@@ -48,10 +48,10 @@ class Stage:
     profile: str | None = None      # a Hypothesis profile this stage needs, whatever the run's
 
 
-def functions_in(path: str) -> list[str]:
-    """Top-level ``test_*`` functions of a test file, in source order (read with ast, not imported)."""
-    tree = ast.parse((suite_root() / path).read_text())
-    return [node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]
+def _search(m: Mutant, suite: str) -> Stage:
+    """The mutant's dedicated search in ``suite``: the test that passes when the property rejects it."""
+    return Stage(f"dedicated search ({suite.rsplit('/', 1)[-1]})", (suite,), ("-m", SEARCH, SEARCH_OPTION, m.name),
+                 "pass")
 
 
 def harness_stages(m: Mutant) -> list[Stage]:
@@ -59,33 +59,28 @@ def harness_stages(m: Mutant) -> list[Stage]:
     if m.kind in ROTATION_KINDS:
         opts = ("--rope-impl", m.target)
         if m.needs == "gpu-deep":
-            return [Stage("huge cases on the GPU (deep profile)", tuple(f"{PREFILL_SUITE}::{t}" for t in HUGE_TESTS),
-                          (*opts, "--rope-device", "cuda"), "fail", "--rope-impl", profile="deep")]
+            return [Stage("huge cases on the GPU (deep profile)", (ROTATION_SUITE,),
+                          (*opts, "-m", HUGE, "--rope-device", "cuda"), "fail", "--rope-impl", profile="deep")]
         if not m.memory_safety:
-            return [Stage("rotation suite", (ROTATION_SUITE, PREFILL_SUITE), opts, "fail", "--rope-impl")]
-        names = functions_in(ROTATION_SUITE)
-        order = [GUARDED_FIRST] + [n for n in names if n != GUARDED_FIRST]
-        return [Stage("rotation suite, guarded known-bug tests first",
-                      tuple(f"{ROTATION_SUITE}::{n}" for n in order), opts, "fail", "--rope-impl"),
-                Stage("guarded search (test_mutants.py, dedicated)",
-                      (f"{MUTANTS_TESTS}::test_rotation_property_catches_kernel_mutant[{m.attribute}]",),
-                      (), "pass")]
+            return [Stage("rotation suite", (ROTATION_SUITE,), opts, "fail", "--rope-impl")]
+        return [Stage("rotation suite, the guarded tests", (ROTATION_SUITE,), (*opts, "-m", GUARDED), "fail",
+                      "--rope-impl"),
+                Stage("rotation suite, the other tests", (ROTATION_SUITE,), (*opts, "-m", f"not {GUARDED}"), "fail",
+                      "--rope-impl"),
+                _search(m, ROTATION_SUITE)]
     if m.kind in POSITION_KINDS:
         stages = [Stage("position suites", POSITION_SUITES, ("--rope-position-step-impl", m.target), "fail",
                         "--rope-position-step-impl")]
         if m.kind == "positions-kernel":
             # Guarded first: unguarded, a kernel writing past its output corrupts the test process's
             # own memory, which may crash it at once or hang it until the budget is spent.
-            stages.insert(0, Stage("guarded search (test_mutants.py, dedicated)",
-                                   (f"{MUTANTS_TESTS}::test_position_property_catches_kernel_mutant[{m.attribute}]",),
-                                   (), "pass"))
+            stages.insert(0, _search(m, POSITION_SUITES[0]))
         return stages
     if m.kind == "position-ids":
         return [Stage("position-id suite", (POSITION_IDS_SUITE,), ("--rope-position-ids-impl", m.target), "fail",
                       "--rope-position-ids-impl")]
     if m.kind == "dispatch":
-        return [Stage("dedicated test (test_dispatch.py)",
-                      (f"{DISPATCH_TESTS}::test_dispatch_property_rejects_broken_op[{m.attribute}]",), (), "pass")]
+        return [_search(m, DISPATCH_SUITE)]
     raise ValueError(f"kind={m.kind!r}: must be one of {KINDS}")
 
 

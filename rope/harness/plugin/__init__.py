@@ -14,6 +14,8 @@ Options:
   --rope-shard I/N                     run only shard I of N (a deterministic partition by test id), for
                                        splitting the suite over CI runners or hosts; merge with rope-harness merge
   --rope-baseline                      also run the serving-engine-style baseline suite
+  --rope-mutant-search NAME            (repeatable; all: every one) run the dedicated searches of these mutants
+                                       (marked mutant_search); those of other mutants are deselected
   --rope-call-timeout SECONDS          the deadline of one implementation call (default 120; 0: none): a call
                                        past it fails its test with a case file (rope.harness.deadline)
   --rope-test-timeout SECONDS          the per-test timeout, through pytest-timeout's thread method (default
@@ -60,7 +62,7 @@ from rope.harness.plugin.run_end import (END_STACKS_FILE, LAST_REPORT_AT, arm_en
                                          note_failure_for_stop,
                                          record_profile)
 from rope.harness.plugin.selection import (device_params, keep_builtins_only_for_builtins, keep_harness_stages_out,
-                                           keep_only_replays,
+                                           keep_only_asked_mutant_searches, keep_only_replays,
                                            skip_oracle_tests_without_transformers, selected_devices,
                                            selected_implementations, selected_position_ids_implementations,
                                            selected_positions_implementations)
@@ -68,12 +70,12 @@ from rope.harness.plugin.timeouts import cap_shrinking, configure_call_timeout, 
 
 # What other modules, the run's fixtures and the tests reach through the plugin module: pytest finds
 # fixtures and hooks among a plugin module's attributes, so the fixtures of the parts are named here.
-__all__ = ["FAIL_FAST_SHRINK_S", "END_STACKS_FILE", "arm_end_stacks", "cap_shrinking", "gpu_copy_key",
+__all__ = ["FAIL_FAST_SHRINK_S", "END_STACKS_FILE", "MARKERS", "arm_end_stacks", "cap_shrinking", "gpu_copy_key",
            "keep_one_gpu_per_test", "note_failure_for_stop", "rope_on_assigned_gpu", "default_profile",
            "is_active", "kept_out_of_the_report", "load_default_profile", "lost_context_reason", "note_device_fault",
            "rope_round", "sticky_device_error", "without_round"]
 
-_MARKERS = (
+MARKERS = (
     "interpreter: runs Triton kernels under TRITON_INTERPRET=1",
     "gpu: needs a GPU",
     "slow: long-running",
@@ -86,6 +88,12 @@ _MARKERS = (
     "dispatch: checks the platform dispatch of the built-in operations",
     "prefill: a prefill-size batch (1,024 to 16,384 tokens and past); a campaign leaves these out",
     "harness_stage: run by a rope-harness command (a replay, the baseline, a mutant's guarded search), not a plain run",
+    "mutant_search(name): a dedicated test that a property rejects the named mutant (rope-harness mutants runs it "
+    "with --rope-mutant-search NAME)",
+    "known_bug: a known bug's trigger case, run before the searches",
+    "guarded: checks on guarded inputs (guard regions, the interpreter's memory tracer: rope.harness.guards)",
+    "boundary: a prefill-size boundary case, run right after the known bugs in a run that stops at its first failure",
+    "stack: meets the installed torch and Triton directly; CI runs it on every stack it supports",
     "replay: replays case files (--rope-repro)",
     "self_test: runs deliberately broken implementations (the suite checking itself): kept out of the run report",
     "builtins_only: holds the built-in implementations to what only they promise (the harness's own validation "
@@ -113,6 +121,10 @@ def pytest_addoption(parser):
                     help="restrict to these devices (cpu, cuda, rocm, xpu; cuda:1 picks a GPU); repeatable")
     group.addoption("--rope-baseline", action="store_true", default=False,
                     help="also run the serving-engine-style baseline suite (properties/baseline)")
+    group.addoption("--rope-mutant-search", action="append", default=[], metavar="NAME",
+                    help="run the dedicated searches of these mutants (catalogue names, kernel:NAME; all: every "
+                         "one): the tests marked mutant_search(NAME); those of other mutants are deselected; "
+                         "repeatable")
     group.addoption("--rope-position-step-impl", "--rope-positions-impl", action="append", default=[], metavar="NAME",
                     dest="rope_positions_impl",
                     help="the runner's position step under test (name or package.module:callable); repeatable "
@@ -178,7 +190,7 @@ def pytest_pyfunc_call(pyfuncitem):
         return (yield)
     from hypothesis.errors import Unsatisfiable
 
-    from rope.harness import comparison, profiling, report
+    from rope.harness import draws, profiling, report
     callspec = getattr(pyfuncitem, "callspec", None)
     device = str(callspec.params.get("device", "")) if callspec is not None else ""
     lost = lost_context_reason(device)
@@ -186,7 +198,7 @@ def pytest_pyfunc_call(pyfuncitem):
         pytest.skip(lost)
     from rope.harness.stop import skip_if_stopped
     skip_if_stopped()
-    comparison.REJECTED_DRAWS.clear()
+    draws.REJECTED_DRAWS.clear()
     from rope.harness import causes
     causes.forget_case()
     pyfuncitem._rope_comparisons_before = report.COMPARISONS[0]
@@ -204,8 +216,8 @@ def pytest_pyfunc_call(pyfuncitem):
     try:
         result = yield
     except Unsatisfiable:
-        if comparison.REJECTED_DRAWS:
-            pytest.skip("; ".join(sorted(comparison.REJECTED_DRAWS)))
+        if draws.REJECTED_DRAWS:
+            pytest.skip("; ".join(sorted(draws.REJECTED_DRAWS)))
         raise
     except pytest.xfail.Exception:
         case_files.remove_created_since(created)
@@ -223,7 +235,7 @@ def pytest_pyfunc_call(pyfuncitem):
                            profiling.calls() - calls_before)
         if restore is not None:
             restore()
-    for reason, count in sorted(comparison.REJECTED_DRAWS.items()):
+    for reason, count in sorted(draws.REJECTED_DRAWS.items()):
         report.record(kind="rejected", test=pyfuncitem.nodeid.split("[")[0], reason=reason, draws=count)
     return result
 
@@ -242,6 +254,7 @@ def pytest_collection_modifyitems(config, items):
         return
     keep_one_gpu_per_test(items)
     keep_harness_stages_out(config, items)
+    keep_only_asked_mutant_searches(config, items)
     keep_only_replays(config, items)
     keep_builtins_only_for_builtins(config, items)
     keep_shard(config, items)
@@ -264,7 +277,7 @@ def pytest_report_header(config):
 
 
 def pytest_configure(config):
-    for line in _MARKERS:
+    for line in MARKERS:
         config.addinivalue_line("markers", line)
     if not is_active(config):
         return
@@ -318,7 +331,7 @@ def _import_named_implementations(config) -> None:
 
 def _configure_known_defects(config) -> None:
     """--rope-known-defects reaches every process (xdist workers, subprocesses) through the environment."""
-    from rope.harness.comparison import KNOWN_DEFECTS_ENV, known_defects_mode
+    from rope.harness.rotation.check import KNOWN_DEFECTS_ENV, known_defects_mode
     value = config.getoption("--rope-known-defects")
     if value is not None:
         os.environ[KNOWN_DEFECTS_ENV] = value

@@ -10,7 +10,7 @@ from rope.harness.suite import is_suite_module, runs_suite
 
 
 _OPTIONS = ("--rope-impl", "--rope-device", "--rope-position-step-impl", "--rope-position-ids-impl", "--rope-repro", "--rope-shard", "--rope-baseline",
-            "--rope-call-timeout", "--rope-test-timeout")
+            "--rope-mutant-search", "--rope-call-timeout", "--rope-test-timeout")
 
 
 def _own_test_dirs(config) -> tuple[Path, ...]:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 
-# filter_too_much: draws an implementation does not support are rejected (rope.harness.comparison).
+# filter_too_much: draws an implementation does not support are rejected (rope.harness.draws).
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 settings.register_profile("dev", max_examples=20, deadline=None, suppress_health_check=_SLOW_OK)
 settings.register_profile("ci", derandomize=True, deadline=None, database=None, print_blob=True,

@@ -14,14 +14,16 @@ from rope.harness.plugin.activation import is_rope_test
 def keep_harness_stages_out(config, items):
     """The tests marked ``harness_stage`` run when a rope-harness command asks for them, not in a plain
     run of the suite (they take no implementation of the user's): the replays with --rope-repro, the
-    serving-engine-style baseline with --rope-baseline, the guarded searches rope-harness mutants runs
-    by node id (any of them runs when the command line names its file)."""
+    serving-engine-style baseline with --rope-baseline, the guarded searches of the kernel mutants with
+    --rope-mutant-search (any of them runs when the command line names its file)."""
     named = {Path(str(a).split("::", 1)[0]).name for a in config.args}
     def asked(item) -> bool:
         if item.get_closest_marker("harness_stage") is None or item.path.name in named:
             return True
         if item.get_closest_marker("baseline") is not None:
             return bool(config.getoption("--rope-baseline"))
+        if item.get_closest_marker("mutant_search") is not None:
+            return bool(config.getoption("--rope-mutant-search"))
         return item.get_closest_marker("replay") is not None and bool(config.getoption("--rope-repro"))
     keep = [item for item in items if asked(item)]
     if len(keep) != len(items):
@@ -29,8 +31,25 @@ def keep_harness_stages_out(config, items):
         items[:] = keep
 
 
+def keep_only_asked_mutant_searches(config, items):
+    """With --rope-mutant-search NAME, the tests marked ``mutant_search`` of other mutants are
+    deselected (``all`` keeps every one); the other tests are left to the rest of the selection."""
+    asked = config.getoption("--rope-mutant-search")
+    if not asked or "all" in asked:
+        return
+
+    def other(item) -> bool:
+        marker = item.get_closest_marker("mutant_search")
+        return marker is not None and marker.args[0] not in asked
+    dropped = [item for item in items if other(item)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if not other(item)]
+
+
 def keep_only_replays(config, items):
-    """With --rope-repro, run the replays only (the tests marked ``replay``: properties/test_repro.py)."""
+    """With --rope-repro, run the replays only (the tests marked ``replay``: each checked thing's
+    test_replay.py)."""
     if not config.getoption("--rope-repro"):
         return
     keep = [item for item in items if item.get_closest_marker("replay") is not None]
@@ -46,7 +65,7 @@ def _builtins_by_parameter() -> dict:
 
 def keep_builtins_only_for_builtins(config, items):
     """The tests marked ``builtins_only`` hold the built-in implementations to what only they promise
-    (the harness's own validation messages: rope.harness.comparison.skip_unless_builtin): for any other
+    (the harness's own validation messages: rope.harness.draws.skip_unless_builtin): for any other
     implementation (``--rope-impl mypkg.rope:fn``) they are deselected, not skipped, so its run counts
     and reports only what it is checked for."""
     builtins = _builtins_by_parameter()
@@ -129,7 +148,7 @@ def selected_positions_implementations(config) -> dict:
 
 
 def selected_position_ids_implementations(config) -> dict:
-    from rope.harness.position_ids import get_position_ids_implementation, position_ids_implementations
+    from rope.harness.position_ids.implementations import get_position_ids_implementation, position_ids_implementations
     return _selected(config, "--rope-position-ids-impl", position_ids_implementations, get_position_ids_implementation)
 
 

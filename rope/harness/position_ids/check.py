@@ -1,50 +1,117 @@
-"""Position-id mismatches: the check the suite runs, and the replay of its case files.
+"""The position ids' check: call a position-id implementation on a batch of prompts, validate what it
+returns, and hold it to the expected ids (the reference's, or a documented upstream departure's).
 
 :func:`assert_matches` holds a position-id implementation to the expected ids of every prompt of a
 :class:`PromptBatch`; on a mismatch it writes ``reports/cases/<id>.json`` (``ROPE_CASES_DIR`` as for
-rotation cases) and fails with the first differing token, row and segment, the diagnosis and the
-replay command.  ``rope-harness repro FILE`` and ``pytest --rope-repro FILE`` replay it.
-
-The case file's schema and its loader are rope/harness/case_files.py's (the ``position_ids``
-kind).
-
-A case file is data from a stranger: every field is validated (bounded sizes, known names), and a
-replay resolves only registered names; a module path stored in it is never imported.
+rotation cases; the kind: rope.harness.position_ids.case_file) and fails with the first differing
+token, row and segment, the diagnosis (rope.harness.position_ids.diagnosis) and the replay command
+(rope.harness.position_ids.replay).  The ids are integers computed on the host: the bound is equality.
 """
 
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
-from rope import registry
-from rope.harness import case_files, causes
-from rope.harness.position_ids import (
-    ADAPTERS,
-    ImplementationFailed,
-    PromptBatch,
-    expected,
-    get_position_ids_implementation,
-    run_batch,
-    unsupported_reason,
-)
-from rope.harness.position_ids.diagnosis import PositionIdsMismatch, compare
+import torch
 
-KIND = case_files.POSITION_IDS_KIND
+from reference.position_ids import prompt_positions
+from rope.harness import case_files, causes
+from rope.harness.draws import current_test, hypothesis_example
+from rope.harness.position_ids.case_file import case_record
+from rope.harness.position_ids.diagnosis import PositionIdsMismatch, compare
+from rope.harness.position_ids.implementations import ADAPTERS, get_position_ids_implementation
+from rope.implementation import Implementation
+from rope.prompts import KnownDeviation, Prompt, PromptBatch, family_num_dims
 
 
 def implementation_path(name: str, fn: Callable) -> str:
-    """A string :func:`get_position_ids_implementation` resolves to ``fn`` (case_files' rule)."""
+    """A string :func:`get_position_ids_implementation` resolves to ``fn`` (rope.harness.case_files' rule)."""
     return case_files.implementation_path(name, fn, resolve=get_position_ids_implementation)
 
 
-def is_position_ids_case(path: Path | str) -> bool:
-    """Whether ``path`` holds a position-id case file (its ``kind``, read by the case files' one
-    header reader); False for anything unreadable (the rotation loader then says what is wrong)."""
-    return case_files.case_kind(path) == KIND
+# ------------------------------------------------------------------------------------------ call
+def check_result(family: str, prompt: Prompt, result) -> tuple[torch.Tensor, int]:
+    """An implementation's return value as (int64 CPU positions [num_dims, L], int delta).
+
+    Raises ValueError naming what is wrong: not a pair, positions not an integer tensor (or numpy
+    array, or nested lists) of the family's shape for the prompt's length, delta not an integer (a
+    numpy integer, a 0-d or 1-element integer tensor is read as its value).
+    """
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        raise ValueError(f"result: must be a pair (positions, delta) (got {type(result).__name__}"
+                         f"{'' if not isinstance(result, (tuple, list)) else f' of {len(result)}'})")
+    positions, delta = result
+    if type(positions).__module__ == "numpy" or isinstance(positions, (list, tuple)):
+        try:                        # an engine's numpy array (vLLM returns one) or nested lists
+            positions = torch.as_tensor(positions)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise ValueError(f"positions: cannot be read as a tensor ({exc})") from None
+    if not isinstance(positions, torch.Tensor):
+        raise ValueError(f"positions: must be a torch.Tensor, numpy array or nested list "
+                         f"(got {type(positions).__name__})")
+    if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
+        raise ValueError(f"positions: must have an integer dtype (got {positions.dtype})")
+    length = prompt_positions(family, prompt).length
+    want = (family_num_dims(family), length)
+    if tuple(positions.shape) != want:
+        raise ValueError(f"positions: shape must be {want} (num_dims of {family}, tokens of the prompt) "
+                         f"(got {tuple(positions.shape)})")
+    if isinstance(delta, torch.Tensor):
+        if delta.numel() != 1 or delta.dtype.is_floating_point or delta.dtype == torch.bool:
+            raise ValueError(f"delta: must be an int (got a tensor of shape {tuple(delta.shape)}, {delta.dtype})")
+        delta = int(delta.reshape(()).item())
+    elif hasattr(delta, "__index__") and not isinstance(delta, bool):
+        delta = int(delta.__index__())
+    else:
+        raise ValueError(f"delta: must be an int (got {type(delta).__name__} {delta!r})")
+    return positions.detach().to("cpu", torch.int64), delta
+
+
+class ImplementationFailed(Exception):
+    """The implementation raised: the test fails with what it raised, as a mismatch would."""
+
+
+def _call(fn: Callable, *args):
+    """Call under the call deadline (rope.harness.deadline: a hang raises ImplementationHung);
+    whatever the implementation raises becomes :class:`ImplementationFailed` naming it."""
+    from rope.harness.deadline import call_timeout, deadline
+    with deadline(call_timeout(), what=f"the position-id implementation {getattr(fn, '__name__', fn)!r}"):
+        try:
+            return fn(*args)
+        except Exception as exc:    # noqa: BLE001 - an implementation may raise anything
+            raise ImplementationFailed(f"{type(exc).__name__}: {exc}") from exc
+
+
+def run_batch(fn: Callable, family: str, batch: PromptBatch) -> list[tuple[torch.Tensor, int]]:
+    """Run every prompt of ``batch``: in one call where ``fn`` has ``batch``, else one by one.
+    Each result goes through :func:`check_result`."""
+    batched = Implementation.of("", fn, "position_ids").batch
+    if batched is not None:
+        results = _call(batched, family, batch)
+        if not isinstance(results, (list, tuple)) or len(results) != len(batch.prompts):
+            raise ValueError(f"batch result: must be one (positions, delta) per prompt ({len(batch.prompts)}) "
+                             f"(got {type(results).__name__})")
+    else:
+        results = [_call(fn, family, prompt) for prompt in batch.prompts]
+    return [check_result(family, prompt, r) for prompt, r in zip(batch.prompts, results)]
+
+
+def expected(fn: Callable, family: str, batch: PromptBatch) -> list[tuple[torch.Tensor, int, KnownDeviation | None]]:
+    """Per prompt: the positions and delta ``fn`` must return, and the known deviation they come
+    from (None: the reference's own)."""
+    refs = [prompt_positions(family, p) for p in batch.prompts]
+    declared = Implementation.of("", fn, "position_ids").known_deviations
+    deviations = list(declared(family, batch)) if declared is not None else [None] * len(refs)
+    if len(deviations) != len(refs):
+        raise ValueError(f"known_deviations: must give one entry per prompt ({len(refs)}) (got {len(deviations)})")
+    out = []
+    for ref, dev in zip(refs, deviations):
+        if dev is None:
+            out.append((ref.positions, ref.delta, None))
+        else:
+            out.append((dev.positions, dev.delta, dev))
+    return out
 
 
 # ------------------------------------------------------------------------------------------ check
@@ -77,8 +144,7 @@ def check(fn: Callable, family: str, batch: PromptBatch) -> BatchCheck:
 def _tokens(family: str, prompt) -> int | None:
     """The prompt's length as the family lays it out (what orders a cause's failures), if known."""
     try:
-        import reference
-        return int(reference.prompt_positions(family, prompt).positions.shape[-1])
+        return int(prompt_positions(family, prompt).positions.shape[-1])
     except Exception:   # noqa: BLE001 - only an ordering hint
         return None
 
@@ -87,7 +153,6 @@ def assert_matches(name: str, fn: Callable, family: str, batch: PromptBatch) -> 
     """Hold ``fn`` to the expected ids of every prompt of ``batch``; return the keys of the known
     deviations that applied.  On a mismatch, write the case file (once Hypothesis has shrunk) and
     raise AssertionError with the first difference, the diagnosis and the replay command."""
-    from rope.harness.comparison import hypothesis_example
     try:
         result = check(fn, family, batch)
     except ImplementationFailed as exc:
@@ -110,7 +175,7 @@ def assert_matches(name: str, fn: Callable, family: str, batch: PromptBatch) -> 
     if final:
         try:
             implementation = implementation_path(name, fn)
-            record = case_files.position_ids_case_record(
+            record = case_record(
                 implementation=implementation, fn=fn, family=family, batch=batch, index=index,
                 mismatch=mismatch, deviation=deviation, hypothesis=hypothesis)
             directory = case_files.cases_dir()
@@ -134,57 +199,8 @@ def _record_check(name: str, family: str, batch: PromptBatch, result: BatchCheck
     from rope.harness import report
     try:
         problem = result.mismatches[0][1].sentence if result.mismatches else None
-        report.record_exact_check(test=os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0], impl=name,
+        report.record_exact_check(test=current_test(), impl=name,
                                   device="cpu", what=f"position-ids-{family}", ok=result.ok,
                                   elements=len(batch.prompts), problem=problem)
     except Exception:   # noqa: BLE001 - the report is best effort, the check is not
         pass
-
-
-# ------------------------------------------------------------------------------------------ replay
-def resolve_recorded(name: str, source: str, trusted: tuple[str, ...] = ()) -> Callable:
-    """A registered adapter only: a module path stored in a case file is never imported
-    (``trusted`` packages excepted: the suite's own mutants, for its corpus)."""
-    return registry.resolve_recorded(name, source=source, registered=ADAPTERS, get=get_position_ids_implementation,
-                                     option="--rope-position-ids-impl", trusted=trusted)
-
-
-def replay(path: Path | str, *, impl: str | None = None) -> tuple[case_files.PositionIdsCase, str, BatchCheck]:
-    """Replay a position-id case file against its implementation (or ``impl``); ValueError when it
-    cannot be replayed (bad file, unknown or unsupported implementation, a crash)."""
-    case = case_files.load_position_ids_case(path)
-    name = impl or case.implementation
-    fn = get_position_ids_implementation(impl) if impl else resolve_recorded(
-        name, f"case file {case_files.display_path(case.path)}")
-    reason = unsupported_reason(name, fn, case.family)
-    if reason:
-        raise ValueError(reason)
-    from rope.harness.deadline import ImplementationHung
-    try:
-        result = check(fn, case.family, case.batch)
-    except ImplementationHung:
-        raise ValueError(f"{name} did not return on case {case.id} within the call deadline "
-                         f"($ROPE_CALL_TIMEOUT, default 120 s)") from None
-    except Exception as exc:    # noqa: BLE001 - a crash of the implementation or a wrong return value
-        raise ValueError(f"{name} failed on case {case.id} ({type(exc).__name__}: {exc})") from exc
-    return case, name, result
-
-
-def run_repro(path: Path | str, impl: str | None) -> int:
-    """The ``repro`` subcommand for a position-id case file: 0 fixed, 1 still differs, 2 cannot replay."""
-    try:
-        case, name, result = replay(path, impl=impl)
-    except ValueError as exc:
-        print(f"rope-harness repro: {exc}", file=sys.stderr)
-        return 2
-    rec = case.record
-    print(f"replaying {case_files.display_path(case.path)}: position ids, case {case.id}, recorded {rec['implementation']} "
-          f"({rec['created']}) on {case.family}: {rec['diagnosis']['label']}")
-    if result.ok:
-        print(f"{name} matches the expected position ids on every prompt of the batch: fixed", flush=True)
-        return 0
-    for index, mismatch, deviation in result.mismatches:
-        print(f"{name} still differs on prompt {index} ({case.batch.prompts[index]!r}):\n{mismatch.describe()}")
-        if deviation is not None:
-            print(f"expected value pinned by: {deviation.reason}")
-    return 1

@@ -32,12 +32,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-import torch
-
-from reference.position_ids import prompt_positions
-# The batch and the declaration are the contract's (rope/prompts.py), named here too.
-from rope.prompts import FAMILIES, KnownDeviation, Prompt, PromptBatch, check_family, family_num_dims  # noqa: F401
 from rope.implementation import Implementation
+from rope.prompts import FAMILIES, Prompt, check_family
 from rope.registry import resolve
 
 ADAPTERS = {
@@ -88,93 +84,3 @@ def unsupported_reason(name: str, fn: Callable, family: str, prompt: Prompt | No
         if why:
             return f"unsupported: {name}: {why}"
     return None
-
-
-def check_result(family: str, prompt: Prompt, result) -> tuple[torch.Tensor, int]:
-    """An implementation's return value as (int64 CPU positions [num_dims, L], int delta).
-
-    Raises ValueError naming what is wrong: not a pair, positions not an integer tensor (or numpy
-    array, or nested lists) of the family's shape for the prompt's length, delta not an integer (a
-    numpy integer, a 0-d or 1-element integer tensor is read as its value).
-    """
-    if not isinstance(result, (tuple, list)) or len(result) != 2:
-        raise ValueError(f"result: must be a pair (positions, delta) (got {type(result).__name__}"
-                         f"{'' if not isinstance(result, (tuple, list)) else f' of {len(result)}'})")
-    positions, delta = result
-    if type(positions).__module__ == "numpy" or isinstance(positions, (list, tuple)):
-        try:                        # an engine's numpy array (vLLM returns one) or nested lists
-            positions = torch.as_tensor(positions)
-        except (TypeError, ValueError, RuntimeError) as exc:
-            raise ValueError(f"positions: cannot be read as a tensor ({exc})") from None
-    if not isinstance(positions, torch.Tensor):
-        raise ValueError(f"positions: must be a torch.Tensor, numpy array or nested list "
-                         f"(got {type(positions).__name__})")
-    if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
-        raise ValueError(f"positions: must have an integer dtype (got {positions.dtype})")
-    length = prompt_positions(family, prompt).length
-    want = (family_num_dims(family), length)
-    if tuple(positions.shape) != want:
-        raise ValueError(f"positions: shape must be {want} (num_dims of {family}, tokens of the prompt) "
-                         f"(got {tuple(positions.shape)})")
-    if isinstance(delta, torch.Tensor):
-        if delta.numel() != 1 or delta.dtype.is_floating_point or delta.dtype == torch.bool:
-            raise ValueError(f"delta: must be an int (got a tensor of shape {tuple(delta.shape)}, {delta.dtype})")
-        delta = int(delta.reshape(()).item())
-    elif hasattr(delta, "__index__") and not isinstance(delta, bool):
-        delta = int(delta.__index__())
-    else:
-        raise ValueError(f"delta: must be an int (got {type(delta).__name__} {delta!r})")
-    return positions.detach().to("cpu", torch.int64), delta
-
-
-class ImplementationFailed(Exception):
-    """The implementation raised: the test fails with what it raised, as a mismatch would."""
-
-
-def _call(fn: Callable, *args):
-    """Call under the call deadline (rope.harness.deadline: a hang raises ImplementationHung);
-    whatever the implementation raises becomes :class:`ImplementationFailed` naming it."""
-    from rope.harness.deadline import call_timeout, deadline
-    with deadline(call_timeout(), what=f"the position-id implementation {getattr(fn, '__name__', fn)!r}"):
-        try:
-            return fn(*args)
-        except Exception as exc:    # noqa: BLE001 - an implementation may raise anything
-            raise ImplementationFailed(f"{type(exc).__name__}: {exc}") from exc
-
-
-def run_batch(fn: Callable, family: str, batch: PromptBatch) -> list[tuple[torch.Tensor, int]]:
-    """Run every prompt of ``batch``: in one call where ``fn`` has ``batch``, else one by one.
-    Each result goes through :func:`check_result`."""
-    batched = Implementation.of("", fn, "position_ids").batch
-    if batched is not None:
-        results = _call(batched, family, batch)
-        if not isinstance(results, (list, tuple)) or len(results) != len(batch.prompts):
-            raise ValueError(f"batch result: must be one (positions, delta) per prompt ({len(batch.prompts)}) "
-                             f"(got {type(results).__name__})")
-    else:
-        results = [_call(fn, family, prompt) for prompt in batch.prompts]
-    return [check_result(family, prompt, r) for prompt, r in zip(batch.prompts, results)]
-
-
-def expected(fn: Callable, family: str, batch: PromptBatch) -> list[tuple[torch.Tensor, int, KnownDeviation | None]]:
-    """Per prompt: the positions and delta ``fn`` must return, and the known deviation they come
-    from (None: the reference's own)."""
-    refs = [prompt_positions(family, p) for p in batch.prompts]
-    declared = Implementation.of("", fn, "position_ids").known_deviations
-    deviations = list(declared(family, batch)) if declared is not None else [None] * len(refs)
-    if len(deviations) != len(refs):
-        raise ValueError(f"known_deviations: must give one entry per prompt ({len(refs)}) (got {len(deviations)})")
-    out = []
-    for ref, dev in zip(refs, deviations):
-        if dev is None:
-            out.append((ref.positions, ref.delta, None))
-        else:
-            out.append((dev.positions, dev.delta, dev))
-    return out
-
-
-__all__ = [
-    "ADAPTERS", "DEFAULT_ADAPTERS", "PromptBatch", "KnownDeviation",
-    "get_position_ids_implementation", "position_ids_implementations", "families", "unsupported_reason",
-    "check_result", "run_batch", "expected", "ImplementationFailed",
-]

@@ -1,11 +1,11 @@
-"""The case model: a rotation case or a runner step described well enough to regenerate its
-tensors anywhere, and the code that regenerates them.
+"""The rotation's case: a rotation input described well enough to regenerate its tensors anywhere,
+and the code that regenerates them.
 
 A :class:`RotationCase` holds a spec, head counts, a token count, a dtype, a position pattern, a
 memory layout and a seed; :func:`build_rotation_inputs` turns it into tensors with a
 ``torch.Generator`` on the CPU and then moves them, so a case regenerates bit-identically on any
-device and from a case file.  A :class:`RaggedBatch` is one model-runner step (docs/spec.md §5)
-as plain lists.  The Hypothesis strategies that draw both live in the test suite.
+device and from a case file.  The Hypothesis strategies that draw it live in the test suite
+(properties.strategies).
 """
 
 from __future__ import annotations
@@ -277,8 +277,8 @@ def _place(case: RotationCase, x: RotationInputs, device: str, lend: bool = Fals
 def return_lent_cache(inputs: RotationInputs) -> None:
     """Keep ``inputs.cache``, a copy lent by :func:`build_rotation_pair`, for the next case of the
     same table: call it only once the copy was found equal to its table after the implementation's
-    call (comparison.read_only_problems).  A copy never returned (the check failed, the call hung or
-    raised past the check) is dropped, and the next case gets a fresh clone."""
+    call (rope.harness.rotation.check.read_only_problems).  A copy never returned (the check failed, the
+    call hung or raised past the check) is dropped, and the next case gets a fresh clone."""
     if inputs.lent_key is not None:
         _LENT.get(inputs.lent_key, lambda: inputs.cache)
         inputs.lent_key = None
@@ -297,43 +297,3 @@ def build_rotation_pair(case: RotationCase, device: str) -> tuple[RotationInputs
     checks it against ``pristine_cache`` after the call and returns it (:func:`return_lent_cache`)."""
     cpu = _generate(case)
     return _place(case, cpu, device, lend=True), cpu
-
-
-# --------------------------------------------------------------------------- ragged batches
-@dataclass(frozen=True)
-class RaggedBatch:
-    """One model-runner step over persistent request slots (docs/spec.md §5), as plain lists."""
-    num_dims: int
-    prefill_positions: tuple          # [max_reqs * num_dims][max_model_len]
-    prefill_delta: tuple              # [max_reqs]
-    prefill_lens: tuple               # [max_reqs]
-    num_computed_tokens: tuple        # [max_reqs]
-    idx_mapping: tuple                # [num_reqs], injective into the slots
-    query_lens: tuple                 # [num_reqs]
-    padding: int = 0                  # extra output columns the implementation must not write
-
-    @property
-    def query_start_loc(self) -> list[int]:
-        out = [0]
-        for n in self.query_lens:
-            out.append(out[-1] + n)
-        return out
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(self.query_lens)
-
-    def tensors(self, device: str = "cpu") -> dict:
-        dev = torch_device(device)
-        i32 = dict(dtype=torch.int32, device=dev)
-        return dict(prefill_positions=torch.tensor(self.prefill_positions, **i32).reshape(
-                        len(self.prefill_lens) * self.num_dims, -1),
-                    prefill_delta=torch.tensor(self.prefill_delta, **i32),
-                    idx_mapping=torch.tensor(self.idx_mapping, **i32),
-                    query_start_loc=torch.tensor(self.query_start_loc, **i32),
-                    prefill_lens=torch.tensor(self.prefill_lens, **i32),
-                    num_computed_tokens=torch.tensor(self.num_computed_tokens, **i32),
-                    num_dims=self.num_dims)
-
-
-OUT_SENTINEL = -7777

@@ -1,5 +1,5 @@
 """The one check every rotation property ends in: run an implementation on a case and hold it
-to the float64 reference with the per-element bound (rope.harness.tolerance)."""
+to the float64 reference with the per-element bound (rope.harness.rotation.bound)."""
 
 from __future__ import annotations
 
@@ -12,23 +12,20 @@ import pytest
 import torch
 
 import reference
-from rope.harness.inputs import (DTYPES, RotationCase, RotationInputs, build_rotation_inputs, build_rotation_pair,
-                                 return_lent_cache)
+from rope.devices import synchronize
 from rope.harness import case_files, causes, profiling, report
 from rope.harness.deadline import ImplementationHung, call_timeout, deadline
-from rope.harness.stop import skip_if_stopped
-from rope.devices import synchronize
+from rope.harness.draws import current_test, hypothesis_example, skip_or_reject
 from rope.harness.placement import device_label
-from rope.harness.diagnosis import Diagnosis, diagnose
+from rope.harness.rotation.bound import Comparison, compare_rotation
+from rope.harness.rotation.case_file import case_id as rotation_case_id
+from rope.harness.rotation.case_file import implementation_path, write_case_file
+from rope.harness.rotation.cases import (DTYPES, RotationCase, RotationInputs, build_rotation_inputs,
+                                         build_rotation_pair, return_lent_cache)
+from rope.harness.rotation.diagnosis import Diagnosis, diagnose
+from rope.harness.stop import skip_if_stopped
 from rope.implementation import Implementation
-from rope.registry import BUILTIN_POSITIONS, BUILTIN_ROTATIONS, known_defect, unsupported_reason, working_precision
-from rope.harness.tolerance import Comparison, compare_rotation
-
-
-# Reasons of the Hypothesis draws rejected in the test running now, with their counts: unsupported,
-# a known fault, or a known defect the run avoids (the plugin turns an all-rejected test into a
-# skip with these reasons, and records partial rejections in the report).
-REJECTED_DRAWS: dict[str, int] = {}
+from rope.registry import known_defect, unsupported_reason, working_precision
 
 
 def skip_if_unsupported(impl_name: str, fn, spec, dtype: str, device: str) -> None:
@@ -38,7 +35,7 @@ def skip_if_unsupported(impl_name: str, fn, spec, dtype: str, device: str) -> No
     an implementation without partial rotary, say, would then hardly be tested at all)."""
     reason = unsupported_reason(impl_name, fn, spec, DTYPES[dtype], device)
     if reason:
-        _skip_or_reject(reason)
+        skip_or_reject(reason)
 
 
 KNOWN_DEFECTS_ENV = "ROPE_KNOWN_DEFECTS"       # "avoid" (--rope-known-defects avoid) or "check", the default
@@ -63,18 +60,7 @@ def skip_if_known_defect(impl_name: str, fn, case: RotationCase, device: str) ->
     reason = known_defect(impl_name, fn, case.spec, case.num_tokens, DTYPES[case.dtype], device,
                           num_heads=case.num_q_heads, num_kv_heads=case.num_kv_heads)
     if reason:
-        _skip_or_reject(reason)
-
-
-def _skip_or_reject(reason: str) -> None:
-    try:
-        from hypothesis.control import current_build_context
-        current_build_context()
-    except Exception:
-        pytest.skip(reason)
-    from hypothesis import reject
-    REJECTED_DRAWS[reason] = REJECTED_DRAWS.get(reason, 0) + 1
-    reject()
+        skip_or_reject(reason)
 
 
 def skip_if_none_supported(impl_name: str, fn, specs, dtype: str, device: str) -> None:
@@ -86,16 +72,6 @@ def skip_if_none_supported(impl_name: str, fn, specs, dtype: str, device: str) -
     if reasons and all(reasons):
         shown = sorted(set(reasons))
         pytest.skip("; ".join(shown[:3]) + (f" (and {len(shown) - 3} more shapes)" if len(shown) > 3 else ""))
-
-
-def skip_unless_builtin(impl_name: str, *, kind: str = "rotation") -> None:
-    """Skip a test that asserts the harness's own validation messages unless ``impl_name`` is a
-    built-in implementation: an outside implementation is checked for what it computes, not for
-    how it words its errors (or whether it validates at all)."""
-    builtins = BUILTIN_ROTATIONS if kind == "rotation" else BUILTIN_POSITIONS
-    if impl_name not in builtins:
-        pytest.skip(f"asserts the harness's own validation messages: built-in {kind} implementations only "
-                    f"({impl_name} is checked for what it computes)")
 
 
 def call_rotation(fn, spec, positions, query, key, cos_sin_cache):
@@ -113,37 +89,6 @@ def run_rotation(fn, case: RotationCase, device: str):
     inputs = build_rotation_inputs(case, device)
     q_out, k_out = call_rotation(fn, case.spec, inputs.positions, inputs.query, inputs.key, inputs.cache)
     return inputs, q_out, k_out
-
-
-# The position step's arguments in their documented order (docs/implementations.md): an
-# implementation is called positionally, so its parameter names are its own business.
-POSITION_ARGUMENTS = ("prefill_positions", "prefill_delta", "idx_mapping", "query_start_loc", "prefill_lens",
-                      "num_computed_tokens", "num_dims")
-
-
-def call_positions(fn, args: dict, out) -> None:
-    """Call a position-step implementation the documented way: positionally, ``out`` last, under
-    the call deadline (rope.harness.deadline: a hang fails the test with ImplementationHung)."""
-    with deadline(call_timeout(), what=f"the position-step implementation {getattr(fn, '__name__', fn)!r}"), \
-            profiling.call_phase():
-        fn(*(args[name] for name in POSITION_ARGUMENTS), out)
-        synchronize(str(out.device.type) if isinstance(out, torch.Tensor) else "cpu")
-
-
-def wrong_positions(out: torch.Tensor, expected: torch.Tensor, *, shown: int = 5) -> str | None:
-    """None when the step's positions ``out`` [num_dims, T] equal ``expected``, else what differs:
-    the count, the first (row, column) pairs with their values, and the whole rows for a short step
-    (a 16,384-token step would print 50,000 numbers)."""
-    with profiling.phase("compare"):
-        bad = (out != expected).nonzero().tolist()
-    if not bad:
-        return None
-    first = bad[:shown]
-    text = (f"{len(bad)} wrong positions, first (row, column) {first}: got {[int(out[r, c]) for r, c in first]}, "
-            f"expected {[int(expected[r, c]) for r, c in first]}")
-    if out.shape[-1] <= 64:
-        text += f"; got {out.tolist()}, expected {expected.tolist()}"
-    return text
 
 
 RAISED = "the implementation raised"
@@ -190,7 +135,7 @@ class _HangReport:
     def write(self) -> None:
         import sys
         try:
-            self.implementation = case_files.implementation_path(self.impl_name, self.fn)
+            self.implementation = implementation_path(self.impl_name, self.fn)
             ref_in = build_rotation_inputs(self.case, "cpu")
             run = CaseRun(ref_in, ref_in, None, None, None, None, self.comparison, failure=self.problem)
             self.path, self.note = write_case_file(self.implementation, self.fn, self.case, self.device, run,
@@ -235,7 +180,7 @@ def compare_case(impl_name: str, fn, case: RotationCase, device: str) -> Compari
 
 def angle_source(fn) -> str:
     """Where ``fn`` gets its angles (its ``angles`` attribute): "cache" (the one it is handed) or
-    "own-float32" (computed itself, ggml's recurrence; rope/harness/tolerance.py)."""
+    "own-float32" (computed itself, ggml's recurrence; rope/harness/rotation/bound.py)."""
     return Implementation.of("", fn).angles
 
 
@@ -330,7 +275,7 @@ def checked_run(impl_name: str, fn, case: RotationCase, device: str) -> CaseRun:
     failure = {"cause": run.raised_cause, "size": case.size, "case": case.brief()}
     try:
         diagnosis = diagnose_mismatch(fn, case, run)                    # failures: an 'unknown' diagnosis
-        implementation = case_files.implementation_path(impl_name, fn)
+        implementation = implementation_path(impl_name, fn)
         case_path, note = write_case_file(implementation, fn, case, device, run, diagnosis, hypothesis)
         message = mismatch_message(impl_name, implementation, case, device, run.comparison, diagnosis,
                                    case_path=case_path, note=note)
@@ -346,49 +291,11 @@ def checked_run(impl_name: str, fn, case: RotationCase, device: str) -> CaseRun:
     raise causes.tag(AssertionError(message), **failure)
 
 
-def _current_test() -> str:
-    return os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
-
-
-def check_positions(impl_name: str, device: str, args: dict, out: torch.Tensor, more_problems=()) -> list[str]:
-    """What is wrong with a position step: ``out`` [num_dims, num_tokens] (on the CPU) against the
-    reference on ``args`` (the step's CPU inputs), then ``more_problems`` the caller found (guard
-    violations, writes past the step).  The check goes into the run report (a campaign counts it)."""
-    with profiling.phase("reference"):
-        expected = reference.prepare_positions(**args)
-    wrong = wrong_positions(out, expected)
-    problems = ([wrong] if wrong else []) + list(more_problems)
-    _record_positions_check(impl_name, device, args["num_dims"], out.shape[-1], "; ".join(problems) or None)
-    return problems
-
-
-def positions_failure(header: str, problems: list[str], *, tokens: int, requests: int) -> AssertionError:
-    """The AssertionError of a position step that failed its check: the header, then each problem
-    on lines of its own (wrapped short), tagged with its cause for the run's grouping
-    (``wrong_positions``; ``writes_outside`` for a write past the step or into a guard)."""
-    outside = any(p.startswith(("wrote ", "guard violation")) for p in problems)
-    lines = [header] + [piece for p in problems for piece in case_files.wrap(p)]
-    return causes.tag(AssertionError("\n".join(lines)), cause="writes_outside" if outside else "wrong_positions",
-                      headline=causes.clip(problems[0]), size=tokens,
-                      case=f"{tokens} tokens, {requests} request{'s' if requests != 1 else ''}")
-
-
-def _record_positions_check(impl_name: str, device: str, num_dims: int, num_tokens: int, wrong: str | None) -> None:
-    """A position step's check in the run report: never lets reporting break it."""
-    try:
-        with profiling.phase("record"):
-            report.record_exact_check(test=_current_test(), impl=impl_name, device=device_label(device),
-                                      what=f"positions-{num_dims}rows", ok=not wrong, elements=num_dims * num_tokens,
-                                      problem=wrong, tokens=num_tokens)
-    except Exception:   # noqa: BLE001 - the report is best effort, the assertion is not
-        pass
-
-
 def _record(impl_name: str, case: RotationCase, device: str, run: CaseRun) -> None:
     """One line of the run report (rope.harness.report): never lets reporting break a check."""
     try:
         with profiling.phase("record"):
-            report.record_comparison(test=_current_test(),
+            report.record_comparison(test=current_test(),
                                      impl=impl_name, device=device_label(device), dtype=case.dtype,
                                      variant=case.spec.variant(), comparison=run.comparison,
                                      case_file=run.case_file, tokens=case.num_tokens)
@@ -397,7 +304,7 @@ def _record(impl_name: str, case: RotationCase, device: str, run: CaseRun) -> No
 
 
 def diagnose_run(fn, case: RotationCase, run: CaseRun) -> Diagnosis:
-    """The diagnosis of a run (rope.harness.diagnosis), from the untouched CPU inputs and the outputs."""
+    """The diagnosis of a run (rope.harness.rotation.diagnosis), from the untouched CPU inputs and the outputs."""
     x = run.ref_in
     return diagnose(case.spec, x.positions, x.query, x.key, x.cache, run.q_out, run.k_out,
                     precision=working_precision(fn), ref=(run.ref_q, run.ref_k), comparison=run.comparison)
@@ -411,71 +318,9 @@ def diagnose_mismatch(fn, case: RotationCase, run: CaseRun) -> Diagnosis:
         return Diagnosis("unknown", f"diagnosis failed ({type(exc).__name__}: {exc})")
 
 
-def input_layout(inputs: RotationInputs) -> dict:
-    """Shape, stride and storage offset of q and k as the implementation received them."""
-    def layout(t):
-        return None if t is None else {"shape": list(t.shape), "stride": list(t.stride()),
-                                       "storage_offset": t.storage_offset()}
-    return {"query": layout(inputs.query), "key": layout(inputs.key)}
-
-
-def input_digests(inputs: RotationInputs) -> dict:
-    """sha256 of the CPU inputs; for the cache, of the rows the positions select (what is read:
-    model caches hold up to a million rows)."""
-    rows = inputs.cache[torch.unique(inputs.positions.long())] if inputs.positions.numel() else inputs.cache[:0]
-    return {"positions": case_files.tensor_digest(inputs.positions), "query": case_files.tensor_digest(inputs.query),
-            "key": case_files.tensor_digest(inputs.key), "cos_sin_cache_rows": case_files.tensor_digest(rows)}
-
-
-def hypothesis_example() -> tuple[bool, dict | None]:
-    """(final, record) for the Hypothesis example running now.  ``final`` is False while
-    Hypothesis searches or shrinks (many failing examples, none reported) and True in its final
-    replay of the shrunk example, or outside Hypothesis.  ``record`` holds the version and the
-    ``@reproduce_failure`` blob of the example (None outside Hypothesis); the blob is encoded
-    from the example's choice sequence, which costs nothing (null if Hypothesis' internals moved)."""
-    try:
-        from hypothesis.control import current_build_context
-        context = current_build_context()
-    except Exception:
-        return True, None
-    import hypothesis
-    record = {"version": hypothesis.__version__, "reproduce_blob": None, "decorator": None}
-    try:
-        from hypothesis.core import encode_failure
-        choices = context.data.choices
-        if choices:
-            blob = encode_failure(choices)
-            record["reproduce_blob"] = blob.decode("ascii")
-            record["decorator"] = f"@reproduce_failure({hypothesis.__version__!r}, {blob!r})"
-    except Exception:
-        pass
-    return bool(context.is_final), record
-
-
-def write_case_file(implementation: str, fn, case: RotationCase, device: str, run: CaseRun,
-                    diagnosis: Diagnosis, hypothesis: dict | None) -> tuple[Path | None, str | None]:
-    """Write the mismatch's case file (rope.harness.case_files) to :func:`case_files.cases_dir`
-    and set ``run.case_file``: returns (path, None), or (None, note) when case files are turned
-    off or the file cannot be written (the note says why).  Building the record may raise."""
-    record = case_files.case_record(
-        implementation=implementation, device=device, working_precision=working_precision(fn),
-        case=case.to_dict(), strides=input_layout(run.inputs), inputs_sha256=input_digests(run.ref_in),
-        comparison=run.comparison, diagnosis=diagnosis, hypothesis=hypothesis,
-        test=os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0] or None)
-    directory = case_files.cases_dir()
-    if directory is None:
-        return None, f"not written ({case_files.CASES_DIR_ENV}={os.environ.get(case_files.CASES_DIR_ENV)!r})"
-    try:
-        path = case_files.write_case(record, directory)
-    except Exception as exc:      # noqa: BLE001 - an unwritable directory is a line of the message
-        return None, f"not written to {directory} ({type(exc).__name__}: {exc})"
-    run.case_file = str(path)
-    return path, None
-
-
 def plain_message(impl_name: str, case: RotationCase, device: str, comparison: Comparison) -> str:
     """The mismatch report without diagnosis or case file (while Hypothesis searches or shrinks)."""
-    lines = [*comparison.message().splitlines(), *case_files.describe_case(case)]
+    lines = [*comparison.message().splitlines(), *describe_case(case)]
     return "\n".join([f"{impl_name} on {device} does not match the reference",
                       *(piece for line in lines for piece in case_files.wrap(line))])
 
@@ -486,8 +331,39 @@ def mismatch_message(impl_name: str, implementation: str, case: RotationCase, de
     (``implementation``: its replayable path), device and case id, the diagnosis, the worst
     elements, the case, and the case file with its replay command (or ``note``: why there is none)."""
     name = impl_name if implementation == impl_name else f"{impl_name} ({implementation})"
-    case_id = case_files.case_id(implementation, device, case.to_dict())
-    return case_files.format_mismatch(
+    case_id = rotation_case_id(implementation, device, case.to_dict())
+    return format_mismatch(
         header=f"{name} on {device} does not match the reference (case {case_id})",
         diagnosis=diagnosis, comparison=comparison, case=case, case_path=case_path, note=note,
         implementation=implementation)
+
+
+def format_mismatch(*, header: str, diagnosis: Diagnosis, comparison, case, case_path=None,
+                    note: str | None = None, implementation: str | None = None) -> str:
+    """The mismatch report: header (implementation, device, case id), diagnosis, counts and
+    worst elements, the case, then the case file and the command that replays it."""
+    # A problem the diagnosis already states (what the implementation raised) is said once.
+    said = diagnosis.sentence.split("; ")
+    shown_problems = [p for p in comparison.problems if p not in said]
+    lines = [header] + [piece for line in [*diagnosis.lines(), *comparison.message(problems=shown_problems).splitlines(),
+                                           *describe_case(case)] for piece in case_files.wrap(line)]
+    if case_path is not None:          # never wrapped: copied as they are
+        shown = case_files.display_path(case_path)
+        lines += [f"case file: {shown}", f"replay: {case_files.replay_command(shown, implementation)}"]
+    elif note:
+        lines.append(f"case file: {note}")
+    return "\n".join(lines)
+
+
+def describe_case(case) -> list[str]:
+    """A rotation case in two short lines (the case file holds it whole)."""
+    spec = case.spec
+    fields = [f"head_size={spec.head_size}", f"rotary_dim={spec.rotary_dim}",
+              f"is_neox_style={spec.is_neox_style}", f"sections={spec.sections}", f"layout={spec.layout}",
+              f"base={spec.base:g}", f"max_position={spec.max_position}"]
+    if spec.ntk_alpha is not None:
+        fields.append(f"ntk_alpha={spec.ntk_alpha:g}")
+    if spec.freq_rows is not None:
+        fields.append(f"freq_rows={''.join(map(str, spec.freq_rows))}")
+    extra = [f"positions {case.positions_kind}", f"seed {case.seed}"] + (["NaN/inf planted"] if case.nonfinite else [])
+    return [f"case: {case.brief()}; {', '.join(extra)}", f"spec: {', '.join(fields)}"]

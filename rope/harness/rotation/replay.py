@@ -1,12 +1,11 @@
-"""``rope-harness repro CASE [--device D] [--impl NAME]``: replay a mismatch case file.
-
-A position-id case file (``"kind": "position_ids"``) replays through
-``rope.harness.position_ids.cases`` with the same exit statuses; the rest of this page is about
-rotation case files.
+"""The rotation's replay: a rotation case file (rope.harness.rotation.case_file) run again, for
+``rope-harness repro CASE [--device D] [--impl NAME]`` (rope.harness.repro dispatches a file to its
+kind's replay) and ``pytest --rope-repro CASE`` (properties/rotation/test_replay.py, whose pytest
+params :func:`replay_params` builds).
 
 The case's tensors are regenerated bit-identically from its seed (checked against the recorded
 sha256 of the inputs), the implementation runs on the device, and the result goes through the
-suite's own check (``rope.harness.comparison``).
+suite's own check (rope.harness.rotation.check).
 
 Exit status: 0 once it matches (fixed); 1 while it still mismatches (the worst elements with their
 error/bound and the diagnosis are printed); 2 when the case cannot be replayed: a bad or unreadable
@@ -17,8 +16,8 @@ unknown implementation or unavailable device, inputs that do not regenerate to t
 ``--impl`` replays against another implementation (a fixed kernel, or the recorded import path on
 the user's word), ``--device`` on another device.
 
-A replay writes no case file; ``pytest --rope-repro CASE`` (properties/test_repro.py) is the
-same replay inside pytest, where a remaining mismatch is reported like any other.
+A replay writes no case file; ``pytest --rope-repro CASE`` is the same replay inside pytest, where
+a remaining mismatch is reported like any other.
 
 """
 
@@ -28,9 +27,15 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rope.harness.case_files import CaseFile, display_path, format_mismatch, load_case
-from rope.devices import DEVICE_NAMES, available_devices
-from rope.harness.diagnosis import Diagnosis
+import pytest
+
+from rope.devices import available_devices
+from rope.harness.case_files import display_path
+from rope.harness.deadline import ImplementationHung
+from rope.harness.rotation.case_file import CaseFile, input_digests, input_layout, load_case
+from rope.harness.rotation.cases import DTYPES
+from rope.harness.rotation.check import diagnose_run, evaluate_case, format_mismatch
+from rope.harness.rotation.diagnosis import Diagnosis
 from rope.registry import get_implementation, get_recorded_implementation, unsupported_reason
 
 EXIT_FIXED, EXIT_MISMATCH, EXIT_BAD_INPUT = 0, 1, 2
@@ -43,7 +48,7 @@ class Replay:
     case_file: CaseFile
     implementation: str
     device: str
-    comparison: object                      # rope.harness.tolerance.Comparison
+    comparison: object                      # rope.harness.rotation.bound.Comparison
     diagnosis: Diagnosis | None             # None when it matches
     notes: list[str] = field(default_factory=list)   # regeneration / layout warnings
 
@@ -71,7 +76,6 @@ class Replay:
 def regeneration_notes(case_file: CaseFile, ref_in, inputs=None) -> list[str]:
     """Differences between the regenerated inputs and what the case file recorded: the sha256
     of the CPU inputs ``ref_in`` and, when ``inputs`` (on the device) are given, the q/k layout."""
-    from rope.harness.comparison import input_digests, input_layout
     notes = []
     recorded, now = case_file.record["inputs_sha256"], input_digests(ref_in)
     changed = [name for name in now if recorded.get(name) != now[name]]
@@ -89,8 +93,6 @@ def regeneration_notes(case_file: CaseFile, ref_in, inputs=None) -> list[str]:
 def replay(path: Path | str, *, device: str | None = None, impl: str | None = None) -> Replay:
     """Replay a case file; ``device``/``impl`` override the recorded ones.  Bad input raises
     ValueError with the reason."""
-    from rope.harness.comparison import diagnose_run, evaluate_case
-
     case_file = load_case(path)
     name = impl or case_file.implementation
     if impl:
@@ -102,10 +104,9 @@ def replay(path: Path | str, *, device: str | None = None, impl: str | None = No
     if device not in found:
         raise ValueError(f"device={device!r}: not available here (found {', '.join(found)}); pass --device")
     case = case_file.case
-    reason = unsupported_reason(name, fn, case.spec, _dtype(case.dtype), device)
+    reason = unsupported_reason(name, fn, case.spec, DTYPES[case.dtype], device)
     if reason:
         raise ValueError(reason)
-    from rope.harness.deadline import ImplementationHung
     try:
         run = evaluate_case(name, fn, case, device)
     except ImplementationHung:
@@ -127,21 +128,11 @@ def regenerated(notes: list[str]) -> bool:
     return not any(note.startswith(REGENERATION_MISMATCH) for note in notes)
 
 
-def _dtype(name: str):
-    from rope.harness.inputs import DTYPES
-    return DTYPES[name]
-
-
-def run_repro(args) -> int:
-    """The ``repro`` subcommand (a position-id case file goes to rope.harness.position_ids.cases)."""
-    from rope.harness.position_ids.cases import is_position_ids_case
-    if is_position_ids_case(args.case):
-        from rope.harness.position_ids.cases import run_repro as run_position_ids_repro
-        if args.device:
-            print("rope-harness repro: --device: position ids are computed on the host; ignored", file=sys.stderr)
-        return run_position_ids_repro(args.case, args.impl)
+def run_repro(path, *, device: str | None, impl: str | None) -> int:
+    """The ``repro`` subcommand for a rotation case file: prints the replay; exit 0 fixed, 1 still
+    mismatching, 2 when it cannot be replayed."""
     try:
-        result = replay(args.case, device=args.device, impl=args.impl)
+        result = replay(path, device=device, impl=impl)
     except ValueError as exc:
         print(f"rope-harness repro: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -149,20 +140,17 @@ def run_repro(args) -> int:
     return EXIT_FIXED if result.ok else EXIT_MISMATCH
 
 
-def add_repro_parser(sub) -> None:
-    """Register ``repro`` on the CLI's subparsers."""
-    p = sub.add_parser("repro", help="replay a mismatch case file (reports/cases/<id>.json)",
-                       description="Regenerate the case's inputs bit-identically, rerun the implementation and "
-                                   "compare with the reference; print the worst elements and the diagnosis. "
-                                   "Exit 0 once it matches (fixed), 1 while it still mismatches, 2 when the case "
-                                   "cannot be replayed: a bad case file, an implementation the file names by "
-                                   "import path (never imported from a file: pass --impl), an unavailable device, "
-                                   "inputs that do not regenerate to the recorded sha256, a crash, or a call that does not "
-                                   "return within $ROPE_CALL_TIMEOUT seconds (default 120).")
-    p.add_argument("case", metavar="CASE", help="case file: reports/cases/<id>.json or properties/regressions/*.json")
-    p.add_argument("--device", choices=DEVICE_NAMES, help="replay on this device instead of the recorded one")
-    p.add_argument("--impl", metavar="NAME",
-                   help="replay against this implementation (registered name or package.module:callable) "
-                        "instead of the recorded one, e.g. a fixed kernel, or the import path the case file "
-                        "records, which is never imported unless named here")
-    p.set_defaults(func=run_repro)
+def replay_params(path: Path, config) -> list:
+    """The pytest params replaying the rotation case file at ``path``: one per implementation (the
+    recorded one, a registered name only, or each ``--rope-impl``: the user's word) and device (the
+    recorded one, or each ``--rope-device``).  A ValueError names a device not available here."""
+    case_file = load_case(path)
+    found = available_devices()
+    devices = config.getoption("--rope-device") or [case_file.device]
+    for device in devices:
+        if device not in found:
+            raise ValueError(f"--rope-repro={path}: device {device!r} is not available here "
+                             f"(found {found}); pass --rope-device")
+    named = config.getoption("--rope-impl")
+    return [pytest.param((case_file, impl, device, bool(named)), id=f"{case_file.id}-{impl}-{device}")
+            for impl in named or [case_file.implementation] for device in devices]

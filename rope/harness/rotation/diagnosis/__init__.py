@@ -6,7 +6,7 @@ positions), precision (errors against a lower working precision), context (what 
 rules (the rules in order); :func:`diagnose` here walks them.
 
 :func:`diagnose` takes what the comparison saw (the spec, the untouched inputs, the
-implementation's outputs, the float64 reference and the :class:`~rope.harness.tolerance.Comparison`)
+implementation's outputs, the float64 reference and the :class:`~rope.harness.rotation.bound.Comparison`)
 and returns a :class:`Diagnosis`: a label, one sentence, and the location of the mismatched
 elements per tensor over tokens, heads, frequencies, position rows, pair members and
 pass-through channels.
@@ -24,7 +24,7 @@ does; the label it gives follows the rule's name where the two differ):
  3. ``nonfinite_output`` (label ``nan``): NaN/inf where the reference is finite (an out-of-bounds
     read from a guard region), or finite where it is NaN/inf (non-finite inputs swallowed).
  4. ``out_of_bounds_read``: the values are right but the guards' tracer saw reads outside the
-    inputs (properties/guards.py reports them as problems).
+    inputs (rope/harness/guards.py reports them as problems).
  5. ``pairing_swapped``: the output is the reference with the other of NeoX / GPT-J pairs.
  6. ``cos_sin_misused``: ... with sin's sign flipped (a rotation by -theta), or cos and sin swapped.
  7. ``axis_map_wrong``: ... with another layout's axis map, or the map one frequency off.
@@ -66,14 +66,14 @@ Else ``unknown``: the location is all there is.
 from __future__ import annotations
 
 from rope.spec import RopeSpec
-from rope.harness.tolerance import Comparison
-from rope.harness.diagnosis.alternatives import recover_positions
-from rope.harness.diagnosis.context import NEIGHBOURS, Context
-from rope.harness.diagnosis.locations import channel_location, ranges
-from rope.harness.diagnosis.precision import loose_bound
-from rope.harness.diagnosis.rules import RULES, unknown
-from rope.harness.diagnosis.verdict import (ALTERNATIVE_RESIDUE, LABELS, LOWER_PRECISION_SLACK, LOWER_PRECISIONS,
-                                            MODEST_RATIO, Diagnosis)
+from rope.harness.rotation.bound import Comparison
+from rope.harness.rotation.diagnosis.alternatives import recover_positions
+from rope.harness.rotation.diagnosis.context import NEIGHBOURS, Context
+from rope.harness.rotation.diagnosis.locations import channel_location, ranges
+from rope.harness.rotation.diagnosis.precision import loose_bound
+from rope.harness.rotation.diagnosis.rules import RULES, unknown
+from rope.harness.rotation.diagnosis.verdict import (ALTERNATIVE_RESIDUE, LABELS, LOWER_PRECISION_SLACK,
+                                                     LOWER_PRECISIONS, MODEST_RATIO, Diagnosis)
 
 __all__ = ["ALTERNATIVE_RESIDUE", "LABELS", "LOWER_PRECISIONS", "LOWER_PRECISION_SLACK", "MODEST_RATIO", "NEIGHBOURS",
            "RULES", "Context", "Diagnosis", "channel_location", "diagnose", "loose_bound", "ranges",

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rope.harness.diagnosis.verdict import ALTERNATIVE_KNOWN, ALTERNATIVE_RESIDUE
-from rope.harness.tolerance import Comparison, rotation_bound
+from rope.harness.rotation.diagnosis.verdict import ALTERNATIVE_KNOWN, ALTERNATIVE_RESIDUE
+from rope.harness.rotation.bound import Comparison, rotation_bound
 from rope.row_maps import CUSTOM, LAYOUT_ROWS, row_counts
 from rope.spec import RopeSpec
 from reference.rotation import pair_indices, rotate_heads, select_cos_sin
@@ -520,7 +520,7 @@ def wrong_positions_alternative(spec, rows, query, key, out_q, out_k, cache):
 
 def alternative_result(alt: _Alt, out_q, out_k, ref_q, ref_k, precision) -> _AltResult | None:
     """The alternative's outputs and how the implementation's outputs compare with them (the
-    bound of rope.harness.tolerance for the alternative's pairs and cos/sin; NaN in the alternative:
+    bound of rope.harness.rotation.bound for the alternative's pairs and cos/sin; NaN in the alternative:
     unknown, not counted), or None when it equals the reference on this input."""
     outs, errors = [], {}
     mismatched = unknown = total = 0

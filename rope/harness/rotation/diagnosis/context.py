@@ -8,15 +8,15 @@ from functools import cached_property
 
 import torch
 
-from rope.harness.diagnosis.alternatives import (alternative_result, axis_map_alternatives, cos_sin_alternatives,
-                                                 pair_rows_split_alternatives, pairing_alternatives,
-                                                 partial_rotary_alternatives, row_misread_alternatives,
-                                                 row_order_alternatives, row_stride_alternatives,
-                                                 section_boundary_alternatives)
-from rope.harness.diagnosis.locations import mismatch_locations
-from rope.harness.diagnosis.precision import dtype_name, is_read_problem, loose_bound
-from rope.harness.diagnosis.verdict import Diagnosis, LOWER_PRECISIONS
-from rope.harness.tolerance import Comparison, compare_rotation, working_dtype
+from rope.harness.rotation.diagnosis.alternatives import (alternative_result, axis_map_alternatives,
+                                                          cos_sin_alternatives, pair_rows_split_alternatives,
+                                                          pairing_alternatives, partial_rotary_alternatives,
+                                                          row_misread_alternatives, row_order_alternatives,
+                                                          row_stride_alternatives, section_boundary_alternatives)
+from rope.harness.rotation.diagnosis.locations import mismatch_locations
+from rope.harness.rotation.diagnosis.precision import dtype_name, is_read_problem, loose_bound
+from rope.harness.rotation.diagnosis.verdict import Diagnosis, LOWER_PRECISIONS
+from rope.harness.rotation.bound import Comparison, compare_rotation, working_dtype
 from rope.spec import RopeSpec
 from reference.rotation import rotate, select_cos_sin
 
@@ -140,7 +140,7 @@ class Context:
     # ----- problems the comparison and the guards report
     @cached_property
     def reads(self) -> list[str]:
-        """Traced reads outside an input (properties/guards.py)."""
+        """Traced reads outside an input (rope/harness/guards.py)."""
         return [p for p in self.comparison.problems if is_read_problem(p)]
 
     @cached_property

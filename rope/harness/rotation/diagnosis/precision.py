@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import torch
 
-from rope.harness.diagnosis.verdict import LOWER_PRECISIONS, LOWER_PRECISION_SLACK
-from rope.harness.tolerance import rotation_bound, unit_roundoff, working_dtype
+from rope.harness.rotation.diagnosis.verdict import LOWER_PRECISIONS, LOWER_PRECISION_SLACK
+from rope.harness.rotation.bound import rotation_bound, unit_roundoff, working_dtype
 from rope.spec import RopeSpec
 
 
 # --------------------------------------------------------------------------- precision
 def loose_bound(spec: RopeSpec, cos, sin, x, exp, precision: torch.dtype, out_dtype: torch.dtype) -> torch.Tensor:
     """The bound of computing everything (pass-through channels included) in ``precision``,
-    from inputs rounded to it: SLACK x rope.harness.tolerance's bound, plus the store in out_dtype."""
+    from inputs rounded to it: SLACK x rope.harness.rotation.bound's bound, plus the store in out_dtype."""
     bound = rotation_bound(spec, x, exp, cos, sin, precision, "activation")
     bound = LOWER_PRECISION_SLACK * bound + unit_roundoff(out_dtype) * exp.abs()
     heads = bound.view(bound.shape[0], -1, spec.head_size)

@@ -7,11 +7,11 @@ import functools
 
 import torch
 
-from rope.harness.diagnosis.alternatives import alternative_result, explains, wrong_positions_alternative
-from rope.harness.diagnosis.context import Context, NEIGHBOURS
-from rope.harness.diagnosis.locations import prev_power_of_2, mismatch_locations, ranges
-from rope.harness.diagnosis.precision import dtype_name, fitting_precision, is_write_problem
-from rope.harness.diagnosis.verdict import Diagnosis, LOWER_PRECISION_SLACK, MODEST_RATIO
+from rope.harness.rotation.diagnosis.alternatives import alternative_result, explains, wrong_positions_alternative
+from rope.harness.rotation.diagnosis.context import Context, NEIGHBOURS
+from rope.harness.rotation.diagnosis.locations import prev_power_of_2, mismatch_locations, ranges
+from rope.harness.rotation.diagnosis.precision import dtype_name, fitting_precision, is_write_problem
+from rope.harness.rotation.diagnosis.verdict import Diagnosis, LOWER_PRECISION_SLACK, MODEST_RATIO
 
 
 # --------------------------------------------------------------------------- rules
@@ -27,7 +27,7 @@ def _on_mismatch(rule):
 @_on_mismatch
 def writes_outside(ctx: Context) -> Diagnosis | None:
     """Writes outside q/k: positions, the cos/sin cache, a guard or the value slice of a packed qkv
-    tensor modified, or traced out-of-bounds / wild / read-only writes (properties/guards.py).
+    tensor modified, or traced out-of-bounds / wild / read-only writes (rope/harness/guards.py).
 
     First: not a numeric question, and a write outside may corrupt what every later rule reads."""
     outside = [p for p in ctx.comparison.problems if is_write_problem(p)]
@@ -54,7 +54,7 @@ def wrong_output(ctx: Context) -> Diagnosis | None:
 def nonfinite_output(ctx: Context) -> Diagnosis | None:
     """Label ``nan``: NaN/inf where the reference is finite, most likely an out-of-bounds read:
     cos/sin loaded for padding lanes (docs/spec.md §7.2), position rows read packed (§7.6), from a
-    guard region of properties/guards.py.
+    guard region of rope/harness/guards.py.
 
     Before the value rules: a NaN makes every error comparison meaningless (it would read as
     query_only, head_subset or token_subset).  On inputs with NaN/inf planted, a neighbouring

@@ -21,7 +21,7 @@ ALTERNATIVE_RESIDUE = 0.01
 # least: a read past the cache is unknowable, the rest of the output still tells the configuration.
 ALTERNATIVE_KNOWN = 0.1
 # Inputs rounded to the lower precision add about two unit roundoffs per product to the bound
-# of computing in it (rope.harness.tolerance); 4x covers that.
+# of computing in it (rope.harness.rotation.bound); 4x covers that.
 LOWER_PRECISION_SLACK = 4.0
 # A worst error/bound ratio up to this is "modest": one extra rounding or a truncating store.
 MODEST_RATIO = 4.0

@@ -1,0 +1,58 @@
+"""The bodies of the rotation properties that run more than one call of an implementation (a case module:
+properties/rotation/test_rotation.py runs them as properties, the project's tests run them on deliberately
+broken implementations): one shape through many batches, and text tokens reducing to 1-D RoPE bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import strategies as st
+
+from properties.strategies import KINDS, RotationCase, as_1d, batches_of, build_rotation_inputs, rotation_cases, supported_shapes
+from rope.harness.rotation.check import assert_matches_reference, call_rotation, checked_run, skip_if_unsupported
+from rope.implementation import Implementation
+from rope.registry import get_implementation
+
+
+def supported_variants(impl_name, impl, device, dtypes) -> list[tuple]:
+    """(dtype, kind, is_neox_style, narrowed rotation_cases arguments) for every variant the
+    implementation runs some shape of; the test is skipped when there is none."""
+    variants = [(dtype, kind, neox, narrowed) for dtype in dtypes for kind in KINDS for neox in (True, False)
+                if (narrowed := supported_shapes(impl_name, impl, kind, neox, dtype, device)) is not None]
+    if not variants:
+        pytest.skip(f"{impl_name} runs none of the probed shapes of any kind in {', '.join(dtypes)} on {device}")
+    return variants
+
+
+def one_shape_many_batches_match_reference(impl_name, device, dtype, data) -> None:
+    """One shape the implementation runs (drawn from ``data``), then 1-12 batches through it (2 on the
+    CPU), each held to the reference (test_rotation.py's test_one_shape_many_batches_match_reference)."""
+    impl = get_implementation(impl_name)
+    variants = supported_variants(impl_name, impl, device, [dtype])
+    _, kind, neox, narrowed = data.draw(st.sampled_from(variants), label="variant")
+    shape = data.draw(rotation_cases(dtype=dtype, kind=kind, is_neox_style=neox, nonfinite=True, **narrowed),
+                      label="shape")
+    skip_if_unsupported(impl_name, impl, shape.spec, dtype, device)
+    # On the CPU, where the Triton interpreter runs one program at a time, two batches per shape.
+    batches = data.draw(st.lists(batches_of(shape), min_size=1, max_size=2 if device == "cpu" else 12),
+                        label="batches")
+    for batch in batches:
+        assert_matches_reference(impl_name, impl, batch, device)
+
+
+def check_text_tokens_reduce_to_1d(impl_name, impl, case: RotationCase, device: str) -> None:
+    spec_1d = as_1d(case.spec)
+    if Implementation.of(impl_name, impl).separate_1d_kernel:
+        # Two kernels by design (vLLM: triton_mrope for rows, another kernel for [T]): bit-for-bit
+        # agreement is not promised, so each is held to the reference on the same text tokens.
+        assert_matches_reference(impl_name, impl, case, device)
+        assert_matches_reference(impl_name, impl, RotationCase(**{**case.__dict__, "spec": spec_1d}), device)
+        return
+    # The rows' call is held to the reference first (and counted as a check), then to the 1-D call.
+    run = checked_run(impl_name, impl, case, device)
+    q_multi, k_multi = run.q_out, run.k_out
+    fresh = build_rotation_inputs(case, device)
+    q_1d, k_1d = call_rotation(impl, spec_1d, fresh.positions[0].contiguous(), fresh.query, fresh.key, fresh.cache)
+    assert torch.equal(q_multi.cpu(), q_1d.cpu())
+    if case.num_kv_heads:
+        assert torch.equal(k_multi.cpu(), k_1d.cpu())

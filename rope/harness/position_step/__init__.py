@@ -1,0 +1,18 @@
+"""The position step's slice: the checking machinery of the model runner's position step (the kernel
+that turns the scheduler's step into M-RoPE / XD-RoPE positions), one module per part, as every
+checked thing's slice has them:
+
+* cases: the case, one runner step over persistent request slots, and its tensors;
+* check: the call (positionally, ``out`` last), the comparison with ``reference.prepare_positions``
+  (the bound is equality), the failure;
+* diagnosis: what differs, and the cause a failure is grouped under;
+* guards: the step inside guard regions and the interpreter's memory tracer.
+
+The contract and the implementation records are rope.registry's (``get_positions_implementation``);
+the properties an implementation must pass are properties/position_step/.  The position step writes no
+case files yet (a failure prints the whole step).  A slice imports the shared machinery of
+rope.harness, never another slice (pyproject's import-linter contracts).
+"""
+
+# Its modules: each is imported by its own name.
+__all__ = ["cases", "check", "diagnosis", "guards"]

@@ -1,0 +1,74 @@
+"""``rope-harness repro CASE [--device D] [--impl NAME]``: replay a mismatch case file, whatever its
+kind.  The kind's replay does the work: a rotation case file (rope.harness.rotation.replay) or a
+position-id one (rope.harness.position_ids.replay); this module reads a file's kind with the
+envelope's one header reader (rope.harness.case_files.read_header) and hands the file on, for the
+command line and for ``pytest --rope-repro`` (:func:`replay_params`).
+
+Exit status: 0 once it matches (fixed); 1 while it still mismatches; 2 when the case cannot be
+replayed (a bad or unreadable case file, an implementation the file names by import path: never
+imported, pass ``--impl``; an unknown implementation or unavailable device; inputs that do not
+regenerate to the recorded sha256; an implementation that crashes).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from rope.devices import DEVICE_NAMES
+from rope.harness.case_files import case_paths, read_header
+from rope.harness.position_ids import case_file as position_ids_case_file
+from rope.harness.position_ids import replay as position_ids_replay
+from rope.harness.rotation import case_file as rotation_case_file
+from rope.harness.rotation import replay as rotation_replay
+
+EXIT_BAD_INPUT = 2
+# Each kind of case file and its replay (every replay module has run_repro and replay_params).
+REPLAYS = {rotation_case_file.KIND: rotation_replay, position_ids_case_file.KIND: position_ids_replay}
+# The kinds computed on the host, where --device means nothing.
+HOST_KINDS = (position_ids_case_file.KIND,)
+
+
+def run_repro(args) -> int:
+    """The ``repro`` subcommand: the file's kind, then that kind's replay."""
+    try:
+        _, kind = read_header(args.case)
+    except ValueError as exc:
+        print(f"rope-harness repro: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if kind in HOST_KINDS:
+        if args.device:
+            print("rope-harness repro: --device: position ids are computed on the host; ignored", file=sys.stderr)
+        return REPLAYS[kind].run_repro(args.case, args.impl)
+    return REPLAYS[kind].run_repro(args.case, device=args.device, impl=args.impl)
+
+
+def replay_params(config, kind: str) -> list:
+    """The pytest params of every case file of ``kind`` that ``--rope-repro`` names (files, or the
+    ``*.json`` of a directory); the files of other kinds are left to their own replay test.  A file
+    that cannot be read, or a directory without case files, is a ValueError naming it."""
+    params = []
+    for path in case_paths(config.getoption("--rope-repro")):
+        _, found = read_header(path)
+        if found == kind:
+            params += REPLAYS[kind].replay_params(Path(path), config)
+    return params
+
+
+def add_repro_parser(sub) -> None:
+    """Register ``repro`` on the CLI's subparsers."""
+    p = sub.add_parser("repro", help="replay a mismatch case file (reports/cases/<id>.json)",
+                       description="Regenerate the case's inputs bit-identically, rerun the implementation and "
+                                   "compare with the reference; print the worst elements and the diagnosis. "
+                                   "Exit 0 once it matches (fixed), 1 while it still mismatches, 2 when the case "
+                                   "cannot be replayed: a bad case file, an implementation the file names by "
+                                   "import path (never imported from a file: pass --impl), an unavailable device, "
+                                   "inputs that do not regenerate to the recorded sha256, a crash, or a call that does not "
+                                   "return within $ROPE_CALL_TIMEOUT seconds (default 120).")
+    p.add_argument("case", metavar="CASE", help="case file: reports/cases/<id>.json or properties/regressions/*.json")
+    p.add_argument("--device", choices=DEVICE_NAMES, help="replay on this device instead of the recorded one")
+    p.add_argument("--impl", metavar="NAME",
+                   help="replay against this implementation (registered name or package.module:callable) "
+                        "instead of the recorded one, e.g. a fixed kernel, or the import path the case file "
+                        "records, which is never imported unless named here")
+    p.set_defaults(func=run_repro)
