@@ -107,6 +107,7 @@ def _runnable(name: str, fn, family: str, batch: PromptBatch) -> PromptBatch | N
     return PromptBatch(tuple(batch.prompts[i] for i in keep), tuple(batch.pads[i] for i in keep), batch.side)
 
 
+@pytest.mark.fixed_cases
 @pytest.mark.parametrize("family, batch", [pytest.param(f, b, id=i) for i, f, b in KNOWN_BUG_PROMPTS])
 def test_known_bug_prompts_match(position_ids_impl_name, family, batch):
     fn = _implementation(position_ids_impl_name, family)

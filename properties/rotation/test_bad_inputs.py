@@ -61,6 +61,7 @@ def _call(fn, args):
     return fn(args["spec"], args["positions"], args["query"], args["key"], args["cos_sin_cache"])
 
 
+@pytest.mark.fixed_cases
 @pytest.mark.builtins_only
 @pytest.mark.parametrize("error", list(ERROR_INPUTS), ids=list(ERROR_INPUTS))
 def test_implementation_rejects_bad_input(impl_name, device, error, monkeypatch):
@@ -77,6 +78,7 @@ def test_implementation_rejects_bad_input(impl_name, device, error, monkeypatch)
         assert torch.equal(args["query"], snapshot), "query was modified before the error was raised"
 
 
+@pytest.mark.fixed_cases
 @pytest.mark.builtins_only
 def test_mismatched_devices_rejected(impl_name, device):
     skip_unless_builtin(impl_name)
@@ -88,6 +90,7 @@ def test_mismatched_devices_rejected(impl_name, device):
         _call(get_implementation(impl_name), args)
 
 
+@pytest.mark.fixed_cases
 def test_strided_1d_positions_are_read_by_value(impl_name, device):
     # A 1-D positions view with stride 2 must be read element by element, not as if contiguous.
     from rope.harness.comparison import angle_source, reference_rotation, skip_if_unsupported

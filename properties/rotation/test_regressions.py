@@ -20,6 +20,7 @@ CORPUS = Path(__file__).parents[1] / "regressions"
 FILES = sorted(CORPUS.glob("*.json"))
 
 
+@pytest.mark.fixed_cases
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
 def test_regression_case_matches_reference(impl_name, device, path, monkeypatch, tmp_path):
     case = load_case(path).case

@@ -97,6 +97,7 @@ def test_large_batches_match_reference(impl_name, device, data):
     assert_matches_reference(impl_name, impl, case, device)
 
 
+@pytest.mark.fixed_cases
 @pytest.mark.parametrize("bug", list(KNOWN_BUG_CASES), ids=list(KNOWN_BUG_CASES))
 def test_known_bug_triggers_match_reference(impl_name, device, bug):
     impl = get_implementation(impl_name)
@@ -144,6 +145,7 @@ def check_text_tokens_reduce_to_1d(impl_name, impl, case: RotationCase, device: 
         assert torch.equal(k_multi.cpu(), k_1d.cpu())
 
 
+@pytest.mark.fixed_cases
 @pytest.mark.parametrize("bug", list(KNOWN_BUG_CASES), ids=list(KNOWN_BUG_CASES))
 def test_known_bug_triggers_under_guards(impl_name, device, bug):
     # Inputs inside NaN/sentinel guard regions (properties/guards.py): a stray read that reaches

@@ -9,11 +9,12 @@ package (a checkout's root, or site-packages), where the runner starts pytest, s
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rope.harness.mutation.catalogue import KINDS, POSITION_KINDS, ROTATION_KINDS, Mutant
 from rope.harness.mutation.records import PLUGIN as RECORDS_PLUGIN
+from rope.harness.plugin.profiles import DRAWN_SUFFIX
 from rope.harness.suite import SUITE_PACKAGE, suite_dir
 
 # The suite's sub-packages (one per checked thing); within rotation, its two files in the order the
@@ -46,12 +47,23 @@ class Stage:
     caught_when: str = "fail"
     impl_option: str | None = None
     profile: str | None = None      # a Hypothesis profile this stage needs, whatever the run's
+    drawn: bool = False             # the drawn cases alone: no @example, no test marked fixed_cases
 
 
 def functions_in(path: str) -> list[str]:
     """Top-level ``test_*`` functions of a test file, in source order (read with ast, not imported)."""
     tree = ast.parse((suite_root() / path).read_text())
     return [node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]
+
+
+def drawn_stages(m: Mutant) -> list[Stage]:
+    """The harness suite with its fixed cases off: the same stages, each run without Hypothesis'
+    @example cases and without the tests marked ``fixed_cases`` (known-bug triggers, the regression
+    corpus, real models' rows, boundaries at fixed sizes), so a catch is the drawn cases' own.  A
+    mutant that only the fixed huge cases can show (``needs: gpu-deep``) has no drawn suite."""
+    if m.needs == "gpu-deep":
+        return []
+    return [replace(stage, drawn=True) for stage in harness_stages(m)]
 
 
 def harness_stages(m: Mutant) -> list[Stage]:
@@ -101,9 +113,11 @@ def build_pytest_args(stage: Stage, tests, profile: str, options=None) -> list[s
     """pytest's arguments for a run of ``tests`` (the stage's, or what is left of them): stop at the
     first failure, the records plugin on (the runner judges from its records, the terminal
     output is only kept for ``--logs``)."""
-    return [*tests, *(stage.options if options is None else options), "-x", "-v", "--tb=short",
-            "-p", "no:cacheprovider", f"--hypothesis-profile={stage.profile or profile}", "--rootdir", str(suite_root()),
-            "-p", RECORDS_PLUGIN]
+    profile = stage.profile or profile
+    drawn = ("-m", "not fixed_cases") if stage.drawn else ()
+    return [*tests, *(stage.options if options is None else options), *drawn, "-x", "-v", "--tb=short",
+            "-p", "no:cacheprovider", f"--hypothesis-profile={profile}{DRAWN_SUFFIX if stage.drawn else ''}",
+            "--rootdir", str(suite_root()), "-p", RECORDS_PLUGIN]
 
 
 def command_line(args: list[str], num_tests: int) -> str:

@@ -90,6 +90,9 @@ _MARKERS = (
     "self_test: runs deliberately broken implementations (the suite checking itself): kept out of the run report",
     "needs_no_gpu: work a GPU does not speed up (the CPU bench, the offline compile sweeps, the documents' "
     "commands): on a run that checks a GPU it runs only with --rope-cpu-work",
+    "fixed_cases: runs hand-written cases only (known-bug triggers, the regression corpus, real models' rows, "
+    "boundaries at fixed sizes, bad inputs): left out when the drawn cases alone are measured "
+    "(rope-harness mutants' drawn-only column)",
     "builtins_only: holds the built-in implementations to what only they promise (the harness's own validation "
     "messages); deselected for any other implementation",
 )
