@@ -2,10 +2,11 @@
 
 from reference.position_ids import Audio, Image, Prompt, Text, Video, decode_positions, prompt_positions
 from reference.rotation import rotate
+from reference.rotation_grad import cos_sin_cache_grad, rotate_grad
 from reference.runner_positions import prepare_positions
 from reference.table import attention_factor, cos_sin_table, inv_freq
 
 __rope_harness__ = True   # the harness checks this marker: another package named `reference` lacks it
 
-__all__ = ["Audio", "Image", "Prompt", "Text", "Video", "attention_factor", "cos_sin_table", "decode_positions", "inv_freq",
-           "prepare_positions", "prompt_positions", "rotate"]
+__all__ = ["Audio", "Image", "Prompt", "Text", "Video", "attention_factor", "cos_sin_cache_grad", "cos_sin_table",
+           "decode_positions", "inv_freq", "prepare_positions", "prompt_positions", "rotate", "rotate_grad"]
