@@ -25,13 +25,22 @@ KNOWN_FIRST = ("test_known_bug_triggers",)
 PREFILL_FIRST = ("test_power_of_two_boundaries", "test_declared_switches")
 
 
-def _fixed_rank(item, fail_fast: bool) -> int:
+# Without the fixed cases (rope-harness mutants' drawn-only run deselects the tests marked
+# fixed_cases), the drawn prefill sizes are the boundaries' stand-in: a run that stops at its first
+# failure takes them after every search's first pass and before the searches' full rounds.
+DRAWN_PREFILL = ("test_prefill_batches",)
+
+
+def _fixed_rank(item, fail_fast: bool, boundaries: bool) -> int:
     name = getattr(item, "originalname", item.name)
     if name.startswith(KNOWN_FIRST):
         return 0
-    return 1 if fail_fast and name.startswith(PREFILL_FIRST) else 2
+    if fail_fast and name.startswith(PREFILL_FIRST):
+        return 1
+    return 3 if fail_fast and not boundaries and name.startswith(DRAWN_PREFILL) else 2
 
 
 def pytest_collection_modifyitems(config, items):
     fail_fast = bool(config.getoption("maxfail", 0))
-    items.sort(key=lambda item: _fixed_rank(item, fail_fast))
+    boundaries = any(getattr(item, "originalname", item.name).startswith(PREFILL_FIRST) for item in items)
+    items.sort(key=lambda item: _fixed_rank(item, fail_fast, boundaries))

@@ -670,6 +670,10 @@ def test_the_drawn_cases_alone_run_each_stage_without_the_fixed_cases_and_have_t
     assert "-m" not in plain and "--hypothesis-profile=ci" in plain
     gpu_deep = next(m for m in mutation.discover_mutants() if m.needs == "gpu-deep")
     assert stages_module.drawn_stages(gpu_deep) == []
+    # A memory-safety mutant's guarded search is drawn: without the guarded fixed triggers it goes first.
+    unmasked = next(m for m in mutation.discover_mutants() if m.name == "kernel:cos_sin_unmasked")
+    assert stages_module.harness_stages(unmasked)[0].caught_when == "fail"
+    assert [s.caught_when for s in stages_module.drawn_stages(unmasked)] == ["pass", "fail"]
     rep = _two_results()
     rep.drawn = True
     rep.results[0].drawn = SuiteResult("drawn", status="survived", wall_s=300.0)

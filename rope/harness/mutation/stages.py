@@ -63,7 +63,10 @@ def drawn_stages(m: Mutant) -> list[Stage]:
     mutant that only the fixed huge cases can show (``needs: gpu-deep``) has no drawn suite."""
     if m.needs == "gpu-deep":
         return []
-    return [replace(stage, drawn=True) for stage in harness_stages(m)]
+    stages = [replace(stage, drawn=True) for stage in harness_stages(m)]
+    # A memory-safety mutant's guarded search (a drawn search) first: the rotation suite's guarded
+    # known-bug triggers, which put that suite first, are fixed cases.
+    return sorted(stages, key=lambda stage: stage.caught_when != "pass") if m.memory_safety else stages
 
 
 def harness_stages(m: Mutant) -> list[Stage]:
