@@ -43,6 +43,7 @@ class Implementation:
     switch_tokens: tuple[int, ...] = ()          # token counts where a new code path starts
     switch_token_heads: tuple[int, ...] = ()     # tokens x (query + key heads) where a new code path starts
     separate_1d_kernel: bool = False             # one kernel for [rows, T] positions, another for [T]
+    autograd: bool = False                       # torch.autograd differentiates its outputs w.r.t. query and key
     # Position ids.
     families: tuple[str, ...] | None = None      # the model families it implements (None: every one)
     batch: Callable | None = None                # (family, PromptBatch) -> one result per prompt
@@ -77,8 +78,9 @@ class Implementation:
             if isinstance(value, str) or not all(isinstance(f, str) for f in _iterable(where + "families", value)):
                 raise ValueError(f"{where}families={value!r}: must be a sequence of family names")
             declared["families"] = tuple(value)
-        if "separate_1d_kernel" in declared and not isinstance(declared["separate_1d_kernel"], bool):
-            raise ValueError(f"{where}separate_1d_kernel={declared['separate_1d_kernel']!r}: must be True or False")
+        for key in ("separate_1d_kernel", "autograd"):
+            if key in declared and not isinstance(declared[key], bool):
+                raise ValueError(f"{where}{key}={declared[key]!r}: must be True or False")
         if "version" in declared and not isinstance(declared["version"], str):
             raise ValueError(f"{where}version={declared['version']!r}: must be a string")
         for key in _CALLABLES:
