@@ -50,9 +50,9 @@ def rms_norm_heads(x: torch.Tensor, weight: torch.Tensor, eps: float, head_size:
     """float64 [T, H * head_size]: each head divided by its root mean square over all head_size
     channels (pass-through channels included), ``eps`` inside the root, times the weight."""
     num_tokens = x.shape[0]
-    heads = x.to(torch.float64).reshape(num_tokens, -1, head_size)
+    heads = x.to(torch.float64).reshape(num_tokens, x.shape[1] // head_size, head_size)
     mean_square = heads.square().mean(dim=-1, keepdim=True)
-    return (heads / torch.sqrt(mean_square + eps) * weight.to(torch.float64)).reshape(num_tokens, -1)
+    return (heads / torch.sqrt(mean_square + eps) * weight.to(torch.float64)).reshape(x.shape)
 
 
 def qk_norm_rope(spec: RopeSpec, positions: torch.Tensor, qkv: torch.Tensor, num_heads_q: int, num_heads_k: int,
