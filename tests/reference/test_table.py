@@ -27,10 +27,11 @@ def _catalogued(rope_type: str):
     return [m.spec for m in SCALED_MODELS.values() if m.spec.scaling.rope_type == rope_type]
 
 
-def _with_examples(rope_type: str):
+def _with_examples(rope_type: str, **extra):
+    """@example rows: every catalogued spec of the rope type (with ``extra`` arguments, if the test draws more)."""
     def decorate(test):
         for spec in _catalogued(rope_type):
-            test = example(spec=spec)(test)
+            test = example(spec=spec, **extra)(test)
         return test
     return decorate
 
@@ -91,7 +92,8 @@ def test_dynamic_ntk_grows_the_base_only_past_the_original_length(spec, seq_len)
     assert got[0] == 1.0 and (s.factor < 1 or bool((got <= plain * (1 + 1e-15)).all()))
 
 
-@_with_examples("longrope")
+@_with_examples("longrope", past=True)
+@_with_examples("longrope", past=False)
 @given(spec=scaled_specs(rope_types=("longrope",)), past=st.booleans())
 def test_longrope_switches_factor_lists_past_the_original_length(spec, past):
     s = spec.scaling
