@@ -38,8 +38,8 @@ from rope.implementation import Implementation
 from rope.models import load_models
 from rope.spec import RopeSpec
 
-__all__ = ["BackwardVerdict", "MODEL_SPECS", "cache_grad_bound", "check_rotation_backward", "model_cases",
-           "with_model_examples"]
+__all__ = ["BackwardVerdict", "MODEL_SPECS", "assert_backward_matches_reference", "cache_grad_bound",
+           "check_rotation_backward", "model_cases", "same_bits", "with_model_examples"]
 
 
 def _model_specs() -> dict[str, RopeSpec]:
@@ -98,7 +98,8 @@ class BackwardVerdict:
         return "\n".join(lines)
 
 
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors hold the same bits (NaN payloads and signed zeros included)."""
     ints = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
     return torch.equal(a.contiguous().view(ints), b.contiguous().view(ints))
 
@@ -143,7 +144,7 @@ def check_rotation_backward(impl_name: str, impl, case: RotationCase, device: st
     grads = list(torch.autograd.grad(outputs, wrt, upstream, allow_unused=True) if outputs else [None] * len(wrt))
     problems += [f"grad_{name}: the backward wrote the upstream gradient it was handed (autograd may hand one "
                  f"gradient tensor to several consumers: the others then get it rotated)"
-                 for name, g, p in zip(("query", "key"), handed, pristine) if not _same_bits(g, p)]
+                 for name, g, p in zip(("query", "key"), handed, pristine) if not same_bits(g, p)]
     ref_dq, ref_dk = reference.rotate_grad(spec, x.positions, x.cache, *(pristine + [None])[:2])
     dq, dk = grads[0], grads[1] if x.key is not None else None
     backward = compare_rotation(spec, x.positions, pristine[0], pristine[1] if x.key is not None else None, x.cache,
@@ -152,6 +153,17 @@ def check_rotation_backward(impl_name: str, impl, case: RotationCase, device: st
     if wrt_cache:
         problems += _cache_problems(spec, x, pristine, grads[-1], precision)
     return BackwardVerdict(forward, backward, problems)
+
+
+def assert_backward_matches_reference(impl_name: str, impl, case: RotationCase, device: str = "cpu", *,
+                                      wrt_cache: bool = False) -> None:
+    """The property: :func:`check_rotation_backward`'s verdict passes, else an AssertionError with its
+    message (what failed first, the case after)."""
+    __tracebackhide__ = True
+    verdict = check_rotation_backward(impl_name, impl, case, device, wrt_cache=wrt_cache)
+    if not verdict.ok:
+        raise AssertionError(verdict.message(f"{impl_name} on {device}: the backward does not match the reference "
+                                             f"VJP\n{case.brief()}, seed {case.seed}"))
 
 
 def _cache_problems(spec: RopeSpec, x, pristine: list, got: torch.Tensor | None, precision: str) -> list[str]:
