@@ -86,12 +86,14 @@ def weights(head_size: int, dtype: torch.dtype, gen: torch.Generator) -> torch.T
 
 # ------------------------------------------------------------------------------------------ bounds
 def qk_norm_bound(spec: RopeSpec, positions, normed: torch.Tensor, ref: torch.Tensor, cos_sin: torch.Tensor,
-                  dtype: torch.dtype) -> torch.Tensor:
+                  dtype: torch.dtype, *, rounded_norm: bool = False) -> torch.Tensor:
     """float64 [T, H * D]: the bound of an fp32 implementation's q (or k) against the reference
-    ``ref``, given the exact normalized, unrotated heads ``normed`` (reference.fused.rms_norm_heads)."""
+    ``ref``, given the exact normalized, unrotated heads ``normed`` (reference.fused.rms_norm_heads).
+    ``rounded_norm``: the implementation rounds the normalized value to ``dtype`` before rotating it
+    (one rounding more: u_o |y| on top of eps_y)."""
     d = spec.head_size
-    eps_y = ((d + 1) / 2 + 6) * U32
     u_o = UNIT_ROUNDOFF[dtype] if dtype != torch.float32 else 0.0
+    eps_y = ((d + 1) / 2 + 6) * U32 + (u_o * (1 + U32) if rounded_norm else 0.0)
     eta = SUBNORMAL_SPACING[dtype]
     cos, sin = select_cos_sin(spec, positions.cpu(), cos_sin.cpu())
     y = normed.cpu()
