@@ -157,3 +157,22 @@ def test_broken_variants_fail(device, kind):
     case = BROKEN_CASE
     assert not qk_norm_problems(case, build_qk_norm_case(case, device), _kernel(case))
     assert qk_norm_problems(case, build_qk_norm_case(case, device), _broken(kind, case)), kind
+
+
+def test_entry_refuses_bad_input_before_launching(device):
+    """The kernel's entry raises the contract's ValueErrors (rope/fused.py, tested with the reference in
+    tests/reference/test_fused_reference.py) and its own: a dtype it lacks, strided channels it would
+    have to write through a copy."""
+    if not triton_runs_on(device):
+        pytest.skip(f"Triton does not run on {device} here")
+    case = _case(GLM41V, num_heads_q=2, num_heads_k=1, num_heads_v=1)
+    inputs = build_qk_norm_case(case, device)
+    args = (inputs.positions, inputs.qkv, 2, 1, 1, inputs.q_weight, inputs.k_weight, 1e-6, inputs.cos_sin_cache)
+    with pytest.raises(ValueError, match=r"qkv\.stride\(\)=\(1, 7\): channels must have stride 1"):
+        strided = torch.empty(inputs.qkv.shape[1], inputs.qkv.shape[0], dtype=inputs.qkv.dtype, device=device).T
+        qk_norm_rope_triton(case.spec, args[0], strided, *args[2:])
+    with pytest.raises(ValueError, match=r"qkv\.shape=\(7, 512\): must be \[num_tokens, \(num_heads_q"):
+        qk_norm_rope_triton(case.spec, args[0], args[1], 2, 1, 2, *args[5:])
+    with pytest.raises(ValueError, match=r"sections=\(40, 20, -28\)"):
+        fused_qk_norm_mrope(inputs.qkv, 2, 1, 1, 128, 1e-6, inputs.q_weight, inputs.k_weight, inputs.cos_sin_cache,
+                            False, inputs.positions, 40, 20)

@@ -225,3 +225,26 @@ def test_broken_variants_fail(device, kind):
     assert not cache_write_problems(case, _padding_case(case, device), _kernel(case))
     problems = cache_write_problems(case, _padding_case(case, device), _broken(kind, case))
     assert problems, kind
+
+
+def test_entry_refuses_bad_input_before_launching(device):
+    """The kernel's entry raises the contract's ValueErrors before launching (a slot past the cache,
+    a scale on a bf16 cache) and its own (strided channels of q or k, which it writes in place);
+    the caches are left as they were."""
+    if not triton_runs_on(device):
+        pytest.skip(f"Triton does not run on {device} here")
+    case = _case(QWEN2, num_tokens=4, num_q_heads=2, num_kv_heads=1)
+    inputs = build_cache_case(case, device)
+    before = inputs.key_cache.clone()
+    calls = {
+        r"slot_mapping\[1\]=32": dict(slot_mapping=torch.tensor([0, 32, -1, 3], device=device)),
+        r"k_scale=0\.5: the cache is torch\.bfloat16": dict(k_scale=0.5),
+        r"key\.stride\(\)": dict(key=torch.empty(inputs.key.shape[1], 4, dtype=inputs.key.dtype, device=device).T),
+    }
+    for pattern, change in calls.items():
+        args = dict(positions=inputs.positions, query=inputs.query, key=inputs.key, value=inputs.value,
+                    key_cache=inputs.key_cache, value_cache=inputs.value_cache, slot_mapping=inputs.slot_mapping,
+                    cos_sin_cache=inputs.cos_sin_cache, kv_layout=case.layout) | change
+        with pytest.raises(ValueError, match=pattern):
+            rope_kv_cache_triton(case.spec, **args)
+    assert torch.equal(bits(inputs.key_cache.cpu()), bits(before.cpu()))
