@@ -226,7 +226,7 @@ def build_cache_case(case: CacheCase, device: str = "cpu") -> CacheInputs:
     dtype = DTYPES[case.dtype]
     cache_dtype = dtype if case.cache == "activation" else getattr(torch, case.cache)
     widths = (case.num_q_heads * d, case.num_kv_heads * d, case.num_kv_heads * d)
-    x = (torch.randn(t, sum(widths), generator=gen) * 4).to(dtype)
+    x = (torch.randn(t, sum(widths), generator=gen) * 4).to(dtype).to(device)
     if case.packed:
         q, k, v = x.split(widths, dim=1)
     else:
@@ -235,10 +235,10 @@ def build_cache_case(case: CacheCase, device: str = "cpu") -> CacheInputs:
     shape = ((case.num_blocks, case.block_size) + heads if case.layout == "NHD"
              else (case.num_blocks, case.num_kv_heads, case.block_size, d))
     if case.joint_cache:        # vLLM's flash layout: key_cache = kv[:, 0], value_cache = kv[:, 1]
-        joint = _stale_cache((shape[0], 2) + shape[1:], cache_dtype, gen)
+        joint = _stale_cache((shape[0], 2) + shape[1:], cache_dtype, gen).to(device)
         key_cache, value_cache = joint[:, 0], joint[:, 1]
     else:
-        key_cache, value_cache = _stale_cache(shape, cache_dtype, gen), _stale_cache(shape, cache_dtype, gen)
+        key_cache, value_cache = (_stale_cache(shape, cache_dtype, gen).to(device) for _ in range(2))
     num_slots = case.num_blocks * case.block_size
     n = max(0, t - case.short_slots)
     if n > num_slots:
@@ -250,15 +250,11 @@ def build_cache_case(case: CacheCase, device: str = "cpu") -> CacheInputs:
     def scale(value):
         if not fp8:
             return None
-        return torch.tensor([value], dtype=torch.float32) if case.scale_as_tensor else value
+        return torch.tensor([value], dtype=torch.float32, device=device) if case.scale_as_tensor else value
     positions = make_positions(spec, t, case.positions_kind, gen)
-    inputs = CacheInputs(positions, q, k, v, key_cache, value_cache, slots, table(spec, dtype, positions),
-                         scale(case.k_scale), scale(case.v_scale))
-    if device != "cpu":
-        for name, value in vars(inputs).items():
-            if isinstance(value, torch.Tensor):
-                setattr(inputs, name, value.to(device))
-    return inputs
+    # Moved before any view is taken, so the views keep their strides on the device.
+    return CacheInputs(positions.to(device), q, k, v, key_cache, value_cache, slots.to(device),
+                       table(spec, dtype, positions).to(device), scale(case.k_scale), scale(case.v_scale))
 
 
 def token_counts(max_small: int = 40, big: int = 2080):
