@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
-from rope.cache import cos_sin_cache, inv_freq
+from rope.cache import attention_factor, cos_sin_cache, inv_freq
 from rope.fused import is_fp8
 from rope.harness.inputs import make_positions
 from rope.models import load_models
@@ -60,7 +60,10 @@ def table(spec: RopeSpec, dtype: torch.dtype, positions: torch.Tensor) -> torch.
     rows = torch.unique(torch.cat((positions.flatten().cpu().long(), torch.zeros(1, dtype=torch.long))))
     out = torch.full((spec.max_position, spec.rotary_dim), float("nan"), dtype=dtype)
     freqs = torch.outer(rows.to(torch.float32), inv_freq(spec))
-    out[rows] = torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
+    cos, sin, scale = freqs.cos(), freqs.sin(), attention_factor(spec)
+    if scale != 1.0:
+        cos, sin = cos * scale, sin * scale
+    out[rows] = torch.cat((cos, sin), dim=-1).to(dtype)
     return out
 
 
