@@ -21,6 +21,7 @@ from rope.harness.suite import SUITE_PACKAGE, suite_dir
 # runner wants them (the known-bug triggers and searches before the prefill sizes).
 ROTATION_SUITE = f"{SUITE_PACKAGE}/rotation/test_rotation.py"
 PREFILL_SUITE = f"{SUITE_PACKAGE}/rotation/test_prefill.py"
+MODES_SUITE = f"{SUITE_PACKAGE}/rotation/test_modes.py"
 HUGE_TESTS = ("test_huge_batches_match_reference_in_chunks", "test_a_cache_past_2_31_elements_is_indexed_in_64_bits")
 GUARDED_FIRST = "test_known_bug_triggers_under_guards"
 POSITION_SUITES = (f"{SUITE_PACKAGE}/position_step",)
@@ -77,7 +78,7 @@ def harness_stages(m: Mutant) -> list[Stage]:
             return [Stage("huge cases on the GPU (deep profile)", tuple(f"{PREFILL_SUITE}::{t}" for t in HUGE_TESTS),
                           (*opts, "--rope-device", "cuda"), "fail", "--rope-impl", profile="deep")]
         if not m.memory_safety:
-            return [Stage("rotation suite", (ROTATION_SUITE, PREFILL_SUITE), opts, "fail", "--rope-impl")]
+            return [Stage("rotation suite", (ROTATION_SUITE, PREFILL_SUITE, MODES_SUITE), opts, "fail", "--rope-impl")]
         names = functions_in(ROTATION_SUITE)
         order = [GUARDED_FIRST] + [n for n in names if n != GUARDED_FIRST]
         return [Stage("rotation suite, guarded known-bug tests first",
