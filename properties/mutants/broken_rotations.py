@@ -163,12 +163,14 @@ def wrong_in_half_of_large_calls(spec, positions, query, key, cache):
 def positions_baked_into_graph(spec, positions, query, key, cache):
     """Inside a CUDA-graph capture, reads the positions the warm-up call saw (a copy taken on the
     host's side before capture) instead of the captured input: every replay rotates with the
-    capture's positions (candle#3728; vllm#33800's buffer left behind by a warm-up)."""
+    capture's positions (candle#3728; vllm#33800's buffer left behind by a warm-up).  The Triton
+    entry underneath: a capturable kernel."""
+    from rope.triton.rotary import rotate_triton
     if query.is_cuda and torch.cuda.is_current_stream_capturing():
         positions = _WARMUP_POSITIONS.get(positions.shape, positions)
     else:
         _WARMUP_POSITIONS[positions.shape] = positions.clone()
-    return rotate_native(spec, positions, query, key, cache)
+    return rotate_triton(spec, positions, query, key, cache)
 
 
 _WARMUP_POSITIONS: dict = {}
@@ -178,9 +180,14 @@ _WARMUP_POSITIONS: dict = {}
 # them for their structural bug, not for precision (bf16_claiming_fp32's bug is the claim).
 for _fn in (neox_for_gptj, chunked_for_interleaved, chunked_for_two_row, glm_round_robin_without_skip,
             ernie45_h_w_swapped, row_map_shifted_by_one, key_unrotated, touches_pass_through, first_pow2_heads,
-            assumes_contiguous, hides_nonfinite, skipped_under_compile, wrong_in_half_of_large_calls,
-            positions_baked_into_graph):
+            assumes_contiguous, hides_nonfinite, skipped_under_compile, wrong_in_half_of_large_calls):
     _fn.working_precision = "activation"
+# Like the native path they wrap, they are not captured in a CUDA graph (its checks read values).
+for _fn in (neox_for_gptj, chunked_for_interleaved, chunked_for_two_row, glm_round_robin_without_skip,
+            ernie45_h_w_swapped, row_map_shifted_by_one, key_unrotated, touches_pass_through, first_pow2_heads,
+            assumes_contiguous, bf16_claiming_fp32, hides_nonfinite, skipped_under_compile,
+            wrong_in_half_of_large_calls):
+    _fn.modes = rotate_native.modes
 
 BROKEN_ROTATIONS = {
     "neox_for_gptj": neox_for_gptj,

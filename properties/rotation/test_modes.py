@@ -14,7 +14,7 @@ from rope.harness import causes
 from rope.harness.comparison import (angle_source, checked_run, reference_rotation, run_rotation,
                                      skip_if_unsupported)
 from rope.harness.inputs import build_rotation_inputs
-from rope.harness.modes import (ReplayStep, bit_differences, compiled_implementation, mode_unsupported_reason,
+from rope.harness.modes import (GraphCaptureFailed, ReplayStep, bit_differences, compiled_implementation, mode_unsupported_reason,
                                 replay_in_graph)
 from rope.harness.tolerance import compare_rotation
 from rope.registry import get_implementation, implementation_record
@@ -104,7 +104,14 @@ def test_graph_replays_match_reference_of_their_own_inputs(impl_name, device, da
         positions[..., real:] = 0
         steps.append(ReplayStep(positions, x.query.contiguous(), None if x.key is None else x.key.contiguous(), real))
     cache = build_rotation_inputs(case, "cpu").cache
-    for i, replay in enumerate(replay_in_graph(impl, case.spec, cache, steps, device)):
+    try:
+        replays = replay_in_graph(impl, case.spec, cache, steps, device)
+    except GraphCaptureFailed as exc:
+        raise causes.tag(AssertionError(
+            f"{impl_name} on {device} declares the graph mode ({case.brief()}), but {exc} (declare modes "
+            f"without 'graph' if it is not meant to be captured)"), cause="graph_capture_failed", size=case.size,
+            case=case.brief()) from None
+    for i, replay in enumerate(replays):
         step = replay.step
         ref_q, ref_k = reference_rotation(impl, case.spec, step.positions, step.query, step.key, cache)
         result = compare_rotation(case.spec, step.positions, step.query, step.key, cache, replay.q_out, replay.k_out,

@@ -19,7 +19,7 @@ import torch
 from rope.implementation import Implementation
 from rope.spec import RopeSpec
 
-__all__ = ["GraphReplay", "ReplayStep", "bit_differences", "compile_backend", "compile_unavailable_reason",
+__all__ = ["GraphCaptureFailed", "GraphReplay", "ReplayStep", "bit_differences", "compile_backend", "compile_unavailable_reason",
            "compiled_implementation", "mode_unsupported_reason", "replay_in_graph"]
 
 
@@ -116,6 +116,10 @@ def bit_differences(first: torch.Tensor | None, second: torch.Tensor | None, wha
             f"(first at index {tuple(where)}: {a[tuple(where)].item()!r} then {b[tuple(where)].item()!r})"]
 
 
+class GraphCaptureFailed(Exception):
+    """The call raised while being captured (a host sync, an allocation the capture forbids)."""
+
+
 @dataclass
 class ReplayStep:
     """One replay's inputs, on the CPU: the first ``num_tokens`` rows are real tokens, the rest
@@ -162,8 +166,12 @@ def replay_in_graph(fn, spec: RopeSpec, cache: torch.Tensor, steps: list[ReplayS
     torch.cuda.current_stream(dev).wait_stream(side)
     fill(first)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        q_out, k_out = fn(spec, positions, query, key, cache)
+    try:
+        with torch.cuda.graph(graph):
+            q_out, k_out = fn(spec, positions, query, key, cache)
+    except Exception as exc:  # noqa: BLE001 - an implementation that declares the mode and cannot be captured
+        raise GraphCaptureFailed(f"its call cannot be captured in a CUDA graph: {type(exc).__name__}: "
+                                 f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
     replays = []
     for step in steps:
         fill(step)
