@@ -32,7 +32,9 @@ def test_modes_are_declared_checked_and_skipped_with_their_reason():
     assert record.modes == ("eager",) and record.deterministic and not record.fullgraph
     assert "not called under torch.compile" in mode_unsupported_reason(record, "compile", "cpu")
     assert mode_unsupported_reason(record, "eager", "cpu") is None
-    assert "needs a GPU" in mode_unsupported_reason(Implementation.of("native", rotate_native), "graph", "cpu")
+    from rope.triton.rotary import rotate_triton
+    assert "needs a GPU" in mode_unsupported_reason(Implementation.of("triton", rotate_triton), "graph", "cpu")
+    assert "not called in a CUDA graph" in mode_unsupported_reason(Implementation.of("native", rotate_native), "graph", "cuda")
     fn.modes = ("eager", "jit")
     with pytest.raises(ValueError, match="mine.modes="):
         Implementation.of("mine", fn)
