@@ -27,6 +27,11 @@ OMNI_SECONDS_PER_GRID = {"qwen2_5_omni": (*SECONDS_PER_GRID, 3.0, 4.0), "qwen3_o
 # Audio feature frames (100 per second): Qwen2.5-Omni needs 3 for one token.
 AUDIO_FRAMES = (3, 400)
 MERGE_SIZES = (2, 1, 4)
+LONG_TEXT = 1 << 15         # a leading text run at least this long (prompts' max_leading_text)
+# The suite's prompts may open with up to 2^17 text tokens: positions past any 16-bit slot and far
+# past where fp16 or bf16 hold integers exactly.  The position step draws positions to 2^20 (its
+# cost does not grow with them); here every token costs the reference and the implementation alike.
+LONG_PROMPT = 1 << 17
 
 
 def _check_bound(name: str, value, low: int) -> None:
@@ -35,25 +40,29 @@ def _check_bound(name: str, value, low: int) -> None:
 
 
 def prompts(*, family: str, max_segments: int = 5, max_text: int = 4, max_side: int = 3, max_frames: int = 5,
-            spatial_merge_sizes: tuple[int, ...] = MERGE_SIZES):
+            spatial_merge_sizes: tuple[int, ...] = MERGE_SIZES, max_leading_text: int = 0):
     """Prompts valid for ``family``: 1..max_segments segments in any order, text runs of
     1..max_text tokens, images / videos of h', w' in 1..max_side merged tokens and 1..max_frames
     frames (a video of 5 frames of 1 x 1 outruns its spatial extent), the merge size from
-    ``spatial_merge_sizes`` (the first is the real models' 2)."""
+    ``spatial_merge_sizes`` (the first is the real models' 2).  With ``max_leading_text``, a prompt
+    may open with a text run of 2^15 to that many tokens, so the positions after it reach the
+    magnitudes long-context models do (2^20: an implementation holding a position in 16 bits, or in
+    a float that rounds, shows there)."""
     if family not in FAMILIES:
         raise ValueError(f"family={family!r}: must be one of {FAMILIES} (got {family!r})")
     if not spatial_merge_sizes or not all(isinstance(m, int) and m >= 1 for m in spatial_merge_sizes):
         raise ValueError(f"spatial_merge_sizes={spatial_merge_sizes!r}: must be a non-empty tuple of ints >= 1")
     for name, value, low in (("max_segments", max_segments, 1), ("max_text", max_text, 1),
-                             ("max_side", max_side, 1), ("max_frames", max_frames, 1)):
+                             ("max_side", max_side, 1), ("max_frames", max_frames, 1),
+                             ("max_leading_text", max_leading_text, 0)):
         _check_bound(name, value, low)
 
-    return _draw_prompt(family, spatial_merge_sizes, max_segments, max_text, max_side, max_frames)
+    return _draw_prompt(family, spatial_merge_sizes, max_segments, max_text, max_side, max_frames, max_leading_text)
 
 
 # The composites are defined once, at import: @st.composite reads its function's source when applied.
 @st.composite
-def _draw_prompt(draw, family, spatial_merge_sizes, max_segments, max_text, max_side, max_frames):
+def _draw_prompt(draw, family, spatial_merge_sizes, max_segments, max_text, max_side, max_frames, max_leading_text):
     merge = draw(st.sampled_from(spatial_merge_sizes))
     side = st.integers(1, max_side).map(lambda n: n * merge)
     texts = st.builds(Text, st.integers(1, max_text))
@@ -70,6 +79,9 @@ def _draw_prompt(draw, family, spatial_merge_sizes, max_segments, max_text, max_
     if family in AUDIO_FAMILIES:
         kinds.append(st.builds(Audio, audio))
     segments = draw(st.lists(st.one_of(*kinds), min_size=1, max_size=max_segments))
+    # One prompt in four (each long token costs the reference and the implementation alike).
+    if max_leading_text >= LONG_TEXT and draw(st.sampled_from((False, False, False, True)), label="long"):
+        segments = [Text(draw(st.integers(LONG_TEXT, max_leading_text), label="leading text")), *segments]
     return Prompt(tuple(segments), spatial_merge_size=merge)
 
 

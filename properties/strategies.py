@@ -340,12 +340,39 @@ def prefill_cases(draw, *, tokens, small_heads: bool, nonfinite: bool = False):
                         seed=draw(_SEEDS), nonfinite=nonfinite and draw(_BOOLEANS))
 
 
-def affine_table(num_dims: int, slots: int, model_len: int, scale: int = 1) -> tuple:
+def affine_table(num_dims: int, slots: int, model_len: int, scale: int = 1, offset: int = 0) -> tuple:
     """A runner's prefill_positions, flattened [slots * num_dims][model_len]: an affine pattern,
-    distinct per row and column (long prompts: no draw per entry)."""
+    distinct per row and column (long prompts: no draw per entry), from ``offset`` on."""
     rows = torch.arange(slots * num_dims)
-    base = 3 * (rows % num_dims) + 1000 * (rows // num_dims)
+    base = offset + 3 * (rows % num_dims) + 1000 * (rows // num_dims)
     return tuple((scale * torch.arange(model_len) + base[:, None]).flatten().tolist())
+
+
+# The magnitudes models reach: positions to 2^20 (Qwen3.5 to about 1M tokens) and deltas to -2^20
+# (an hour of video at Qwen2.5-VL's rates compresses about a million tokens' positions), beside the
+# small values that shrink well.  A 16-bit slot for either shows past 2^15.
+MAX_MODEL_POSITION = 1 << 20
+_SMALL_DELTAS = st.integers(-40, 40)
+_DELTAS = _SMALL_DELTAS | st.integers(-MAX_MODEL_POSITION, MAX_MODEL_POSITION)
+
+
+@st.composite
+def _table_offset(draw, highest_entry: int):
+    """Where a prompt's positions start: 0, or anywhere that keeps its largest below 2^20."""
+    room = MAX_MODEL_POSITION - 1 - highest_entry
+    return draw(st.just(0) | st.integers(0, room)) if room > 0 else 0
+
+
+@st.composite
+def _slot_progress(draw, prefill_len: int, small_steps: int):
+    """(num_computed_tokens, prefill_delta) of one slot: mid-prompt (chunked prefill), at its end,
+    or decoding past it; a decoding slot's position (computed + delta) is never negative, as in a
+    runner, so a large negative delta comes with the long prompt behind it."""
+    computed = draw(st.integers(0, prefill_len + small_steps))
+    delta = draw(_DELTAS)
+    if computed >= prefill_len and computed + delta < 0:
+        computed += -delta - computed + draw(st.integers(0, small_steps))      # that many tokens generated
+    return computed, delta
 
 
 @st.composite
@@ -373,13 +400,16 @@ def prefill_steps(draw, *, max_tokens: int = PREFILL_MAX_TOKENS):
     prefill_lens += [0] * (slots - len(prefill_lens))
     computed += [0] * (slots - len(computed))
     model_len = max(prefill_lens)
-    table = affine_table(dims, slots, model_len, draw(st.integers(1, 5)))
+    scale = draw(st.integers(1, 5))
+    offset = draw(_table_offset(scale * model_len + 1000 * slots + 3 * dims))
+    table = affine_table(dims, slots, model_len, scale, offset)
     mapping = draw(st.permutations(range(slots)))[:len(query_lens)]
     # Request b of the step is the slot mapping[b]: its lengths move to that slot.
     lens, comp = [0] * slots, [0] * slots
     for b, r in enumerate(mapping):
         lens[r], comp[r] = prefill_lens[b], computed[b]
-    deltas = tuple(draw(st.integers(-40, 40)) for _ in range(slots))
+    # A decoding slot's delta keeps its position (computed + delta) non-negative.
+    deltas = tuple(max(draw(_DELTAS), -comp[r]) if comp[r] >= lens[r] else draw(_DELTAS) for r in range(slots))
     return RaggedBatch(dims, table, deltas, tuple(lens), tuple(comp), tuple(mapping), tuple(query_lens),
                        draw(st.integers(0, 5)))
 
@@ -398,15 +428,19 @@ def ragged_batches(draw, *, num_dims: int | None = None, max_reqs: int = 6, max_
     slots = draw(st.integers(1, max_reqs))
     model_len = draw(st.integers(1, max_model_len))
     if model_len <= 64 and draw(st.booleans()):
-        table = tuple(draw(st.integers(0, 10 * model_len)) for _ in range(slots * dims * model_len))
+        offset = draw(_table_offset(10 * model_len))
+        table = tuple(offset + draw(st.integers(0, 10 * model_len)) for _ in range(slots * dims * model_len))
     else:
-        table = affine_table(dims, slots, model_len, draw(st.integers(1, 5)))
+        scale = draw(st.integers(1, 5))
+        offset = draw(_table_offset(scale * model_len + 1000 * slots + 3 * dims))
+        table = affine_table(dims, slots, model_len, scale, offset)
     prefill_lens = [draw(st.integers(0, model_len)) for _ in range(slots)]
     computed, deltas = [], []
     for r in range(slots):
         # Any progress: mid-prompt (chunked prefill), at the end, or decoding past it.
-        computed.append(draw(st.integers(0, prefill_lens[r] + 8)))
-        deltas.append(draw(st.integers(-40, 40)))
+        nc, delta = draw(_slot_progress(prefill_lens[r], 8))
+        computed.append(nc)
+        deltas.append(delta)
     num_reqs = draw(st.integers(0, slots))
     mapping = draw(st.permutations(range(slots)))[:num_reqs]
     query_lens = []

@@ -14,12 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Callable
 
-__all__ = ["ANGLE_SOURCES", "CHECKED_THINGS", "DECLARATIONS", "Implementation", "MAX_SWITCH", "WORKING_PRECISIONS"]
+__all__ = ["ANGLE_SOURCES", "CHECKED_THINGS", "DECLARATIONS", "Implementation", "MAX_SWITCH", "MODES",
+           "WORKING_PRECISIONS"]
 
 CHECKED_THINGS = ("rotation", "position_step", "position_ids")
 WORKING_PRECISIONS = ("float32", "activation")
 ANGLE_SOURCES = ("cache", "own-float32")     # the table it is handed, or angles it computes itself
 MAX_SWITCH = 1 << 31
+# How an engine calls it: eagerly, inside torch.compile, captured in a CUDA (HIP) graph and replayed.
+MODES = ("eager", "compile", "graph")
 
 
 @dataclass(frozen=True)
@@ -40,9 +43,13 @@ class Implementation:
     known_defect: Callable | None = None         # (spec, num_tokens, dtype, device, *, num_heads, num_kv_heads)
     unchecked: Callable | None = None            # the hot path without validation (the bench times it)
     angles: str = "cache"                        # ANGLE_SOURCES
+    modes: tuple[str, ...] = MODES               # how it may be called: eager, under torch.compile, in a CUDA graph
+    fullgraph: bool = False                      # compiles in one graph (torch.compile(fullgraph=True))
+    deterministic: bool = True                   # the same bits from the same inputs, call after call
     switch_tokens: tuple[int, ...] = ()          # token counts where a new code path starts
     switch_token_heads: tuple[int, ...] = ()     # tokens x (query + key heads) where a new code path starts
     separate_1d_kernel: bool = False             # one kernel for [rows, T] positions, another for [T]
+    autograd: bool = False                       # torch.autograd differentiates its outputs w.r.t. query and key
     # Position ids.
     families: tuple[str, ...] | None = None      # the model families it implements (None: every one)
     batch: Callable | None = None                # (family, PromptBatch) -> one result per prompt
@@ -77,8 +84,18 @@ class Implementation:
             if isinstance(value, str) or not all(isinstance(f, str) for f in _iterable(where + "families", value)):
                 raise ValueError(f"{where}families={value!r}: must be a sequence of family names")
             declared["families"] = tuple(value)
-        if "separate_1d_kernel" in declared and not isinstance(declared["separate_1d_kernel"], bool):
-            raise ValueError(f"{where}separate_1d_kernel={declared['separate_1d_kernel']!r}: must be True or False")
+        for key in ("separate_1d_kernel", "autograd"):
+            if key in declared and not isinstance(declared[key], bool):
+                raise ValueError(f"{where}{key}={declared[key]!r}: must be True or False")
+        for key in ("fullgraph", "deterministic"):
+            if key in declared and not isinstance(declared[key], bool):
+                raise ValueError(f"{where}{key}={declared[key]!r}: must be True or False")
+        if "modes" in declared:
+            value = declared["modes"]
+            modes = (value,) if isinstance(value, str) else tuple(_iterable(where + "modes", value))
+            if not modes or not set(modes) <= set(MODES):
+                raise ValueError(f"{where}modes={value!r}: must be a non-empty sequence of {MODES}")
+            declared["modes"] = modes
         if "version" in declared and not isinstance(declared["version"], str):
             raise ValueError(f"{where}version={declared['version']!r}: must be a string")
         for key in _CALLABLES:

@@ -8,7 +8,12 @@ to rotary_dim/2 = 64 (got 63)``.
 
 The spec's ``max_position`` is the cos/sin cache length, not ``max_position_embeddings``: vLLM sizes
 the M-RoPE cache at 4x (Qwen2.5-VL video temporal positions can exceed the sequence length, docs/spec.md §1);
-XD-RoPE and 1-D RoPE use 1x.
+XD-RoPE and 1-D RoPE use 1x; and never fewer rows than the positions the engine admits under the
+entry's scaling (``rope.spec_scaling.admitted_length``: YaRN's original length x factor, ...).
+
+An entry may give its rope config's ``scaling`` (a ``RopeScaling`` mapping: rope_type and its
+parameters, docs/spec.md §1.1) and, for a model whose layer types rotate differently (Gemma 3 and 4),
+the ``layer_type`` it describes: one entry per layer type, sharing the hf_id.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from pathlib import Path
 import yaml
 
 from rope.spec import RopeSpec
+from rope.spec_hf import ALREADY_SCALED_FAMILIES
+from rope.spec_scaling import admitted_length
 
 DEFAULT_PATH = Path(__file__).resolve().parent / "models.yaml"
 ROPE_KINDS = ("mrope", "xdrope", "2d", "1d")   # 2d: two rows (y, x) over an image, HunyuanImage-3.0
@@ -29,8 +36,8 @@ MROPE_CACHE_FACTOR = 4
 
 _SPEC_FIELDS = ("head_size", "rotary_dim", "is_neox_style", "sections", "layout", "base", "ntk_alpha")
 _FIELDS = ("hf_id", "family", "rope_kind", "num_q_heads", "num_kv_heads", "max_position_embeddings") + _SPEC_FIELDS
-_OPTIONAL = ("notes",)
-_UNSOURCED = ("hf_id", "family", "rope_kind")  # names, not numbers
+_OPTIONAL = ("notes", "scaling", "layer_type")
+_UNSOURCED = ("hf_id", "family", "rope_kind", "layer_type")  # names, not numbers
 _KEY_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]*$")
 
 
@@ -48,6 +55,7 @@ class ModelConfig:
     sources: types.MappingProxyType  # field -> where its value comes from
     spec: RopeSpec
     notes: str = ""
+    layer_type: str | None = None    # the layer type of a per-layer rope config this entry describes
 
     def sharded(self, tp: int) -> tuple[int, int]:
         """Per-rank (q heads, kv heads) under tensor parallelism ``tp``, as vLLM splits them.
@@ -149,12 +157,18 @@ def _parse(key, entry) -> ModelConfig:
         raise bad("ntk_alpha", alpha, "must be null unless rope_kind is 'xdrope'", f"rope_kind={kind!r}")
 
     sources = _parse_sources(key, entry)
-    cache_len = entry["max_position_embeddings"] * (MROPE_CACHE_FACTOR if kind == "mrope" else 1)
+    scaling, layer_type = entry.get("scaling"), entry.get("layer_type")
+    if scaling is not None and not isinstance(scaling, dict):
+        raise bad("scaling", scaling, "must be a mapping (rope_type and its parameters) or absent",
+                  f"got {type(scaling).__name__}")
+    if layer_type is not None and (not isinstance(layer_type, str) or not layer_type):
+        raise bad("layer_type", layer_type, "must be a layer type's name or absent", f"got {type(layer_type).__name__}")
     try:
         spec = RopeSpec(head_size=entry["head_size"], rotary_dim=entry["rotary_dim"],
                         is_neox_style=entry["is_neox_style"],
                         sections=None if sections is None else tuple(sections),
-                        layout=entry["layout"], base=float(base), max_position=cache_len, ntk_alpha=alpha)
+                        layout=entry["layout"], base=float(base), max_position=1, ntk_alpha=alpha, scaling=scaling)
+        spec = RopeSpec.from_dict(spec.to_dict() | {"max_position": cache_length(entry, kind, spec)})
     except ValueError as e:
         raise ValueError(f"{key}: {e}") from None
     notes = entry.get("notes", "")
@@ -162,7 +176,15 @@ def _parse(key, entry) -> ModelConfig:
         raise bad("notes", notes, "must be a string", f"got {type(notes).__name__}")
     return ModelConfig(key=key, hf_id=entry["hf_id"], family=entry["family"], num_q_heads=q, num_kv_heads=kv,
                        max_position_embeddings=entry["max_position_embeddings"], rope_kind=kind,
-                       sources=sources, spec=spec, notes=notes)
+                       sources=sources, spec=spec, notes=notes, layer_type=layer_type)
+
+
+def cache_length(entry: dict, kind: str, spec: RopeSpec) -> int:
+    """An entry's cache rows: max_position_embeddings (x4 for M-RoPE), and at least the positions the
+    engine admits under its scaling (docs/spec.md §1.1; Gemma 3's length is scaled already)."""
+    mpe = entry["max_position_embeddings"]
+    admitted = admitted_length(spec.scaling, mpe, already_scaled=entry["family"] in ALREADY_SCALED_FAMILIES)
+    return max(mpe * (MROPE_CACHE_FACTOR if kind == "mrope" else 1), admitted)
 
 
 def _parse_sources(key: str, entry: dict) -> types.MappingProxyType:
@@ -174,6 +196,8 @@ def _parse_sources(key: str, entry: dict) -> types.MappingProxyType:
     needed = [f for f in _FIELDS if f not in _UNSOURCED and entry[f] is not None]
     if entry["sections"] is None:
         needed.remove("layout")  # 1-D RoPE: the layout is a placeholder, not a claim
+    if entry.get("scaling") is not None:
+        needed.append("scaling")
     for field in sources:
         if field not in needed:
             raise ValueError(f"{key}: sources.{field}={sources[field]!r}: names no sourced field "

@@ -63,5 +63,8 @@ def rotate_native_unchecked(spec: RopeSpec, positions, query, key, cos_sin_cache
 
 
 rotate_native.working_precision = "activation"
+# Its input checks read positions' values on the host (a range check per call), which a CUDA-graph
+# capture forbids: it is called eagerly and under torch.compile, never captured.
+rotate_native.modes = ("eager", "compile")
 rotate_native.supports = lambda spec, dtype, device: True
 rotate_native.unchecked = rotate_native_unchecked

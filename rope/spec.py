@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from rope import row_maps
 from rope.overlap import check_no_overlap
 from rope.row_maps import CUSTOM, LAYOUT_ROWS, LAYOUTS
+from rope.spec_scaling import RopeScaling
 
 MAX_NUM_DIMS = 4
 # Limits of a spec (documented in docs/spec.md §1): the widest heads of real models are 256 wide,
@@ -60,6 +61,12 @@ class RopeSpec:
             base * ntk_alpha ** (rotary_dim / (rotary_dim - 2)).
         freq_rows: layout "custom" only: the position row of each of the rotary_dim/2 frequencies
             (every row 0 .. len(sections) - 1 drives sections[row] of them).
+        scaling: None for the plain table (docs/spec.md §1), else the rope config's scaling
+            (``RopeScaling``: linear, dynamic, ntk, yarn, deepseek_yarn, llama3, longrope,
+            proportional), with sections too (YaRN on M-RoPE).  A mapping is read as
+            ``RopeScaling.from_dict``; rope_type "default" is stored as None.  Proportional RoPE
+            (Gemma 4) rotates the whole head: rotary_dim == head_size, the frequencies past its
+            partial_rotary_factor zero.
     """
 
     head_size: int
@@ -71,6 +78,7 @@ class RopeSpec:
     max_position: int = 4096
     ntk_alpha: float | None = None
     freq_rows: tuple[int, ...] | None = None
+    scaling: RopeScaling | None = None
 
     def __post_init__(self) -> None:
         for name in ("sections", "freq_rows"):
@@ -82,11 +90,14 @@ class RopeSpec:
                     object.__setattr__(self, name, tuple(value))
                 except TypeError:
                     raise ValueError(f"{name}={value!r}: must be a sequence of ints or None") from None
+        if self.scaling is not None:
+            scaling = RopeScaling.from_dict(self.scaling)
+            object.__setattr__(self, "scaling", None if scaling.rope_type == "default" else scaling)
         self._validate()
 
     def __repr__(self) -> str:
         shown = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
-                 if not (f.name == "freq_rows" and self.freq_rows is None)]
+                 if not (f.name in ("freq_rows", "scaling") and getattr(self, f.name) is None)]
         return f"RopeSpec({', '.join(shown)})"
 
     # ------------------------------------------------------------ constructors
@@ -208,6 +219,39 @@ class RopeSpec:
                 raise ValueError(f"ntk_alpha={a}: makes the effective base {base:.3g} (base * ntk_alpha ** "
                                  f"(rotary_dim / (rotary_dim - 2))), which must be a finite number > 1, or the "
                                  f"cos/sin cache is not finite")
+        if self.scaling is not None:
+            self._validate_scaling()
+
+    def _validate_scaling(self) -> None:
+        """What a scaling's parameters mean for this spec's width (RopeScaling checks the values)."""
+        s, rd, kind = self.scaling, self.rotary_dim, self.scaling.rope_type
+        if self.ntk_alpha is not None:
+            raise ValueError(f"scaling: rope_type={kind!r} given with ntk_alpha={self.ntk_alpha}, XD-RoPE's own "
+                             f"base scaling: give one of them")
+        for name in ("short_factor", "long_factor"):
+            values = getattr(s, name)
+            if values is not None and len(values) != self.num_freqs:
+                raise ValueError(f"scaling.{name}: has {len(values)} entries, must have rotary_dim/2 = "
+                                 f"{self.num_freqs} (one per frequency)")
+        if kind == "proportional":
+            if rd != self.head_size:
+                raise ValueError(f"rotary_dim={rd}: proportional RoPE rotates the whole head, pairs (i, i + "
+                                 f"head_size/2) (must equal head_size={self.head_size}; the rotating share is "
+                                 f"scaling.partial_rotary_factor)")
+            if int(s.partial_rotary_factor * self.head_size // 2) < 1:
+                raise ValueError(f"scaling.partial_rotary_factor={s.partial_rotary_factor:g}: leaves no frequency "
+                                 f"of head_size={self.head_size} rotating")
+        if kind == "dynamic":
+            if rd <= 2:
+                raise ValueError(f"scaling: rope_type='dynamic' needs rotary_dim > 2 (got rotary_dim={rd})")
+            length = max(self.max_position, s.original_max_position)
+            try:
+                grown = self.base * (s.factor * length / s.original_max_position - (s.factor - 1)) ** (rd / (rd - 2))
+            except OverflowError:
+                grown = math.inf
+            if not grown <= torch.finfo(torch.float32).max:        # the cache raises it to a power in float32
+                raise ValueError(f"scaling.factor={s.factor:g}: makes dynamic NTK's base at max_position="
+                                 f"{self.max_position} overflow float32 (the cos/sin cache would not be finite)")
 
     def _validate_freq_rows(self) -> None:
         rows, secs = self.freq_rows, self.sections
@@ -277,16 +321,33 @@ class RopeSpec:
         }
         if self.freq_rows is not None:      # layout "custom" only: older readers see no new key otherwise
             out["freq_rows"] = list(self.freq_rows)
+        if self.scaling is not None:        # likewise: a plain spec's dictionary is what it always was
+            out["scaling"] = self.scaling.to_dict()
         return out
 
     @classmethod
     def from_dict(cls, d: dict) -> "RopeSpec":
         known = {"head_size", "rotary_dim", "is_neox_style", "sections", "layout", "base", "max_position", "ntk_alpha",
-                 "freq_rows"}
+                 "freq_rows", "scaling"}
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"spec: unknown fields {sorted(unknown)}")
         return cls(**d)
+
+    @classmethod
+    def from_hf_config(cls, config, layer_type: str | None = None, *, is_neox_style: bool | None = None,
+                       layout: str | None = None, max_position: int | None = None) -> "RopeSpec":
+        """The spec of a transformers config object or a config.json dict (rope/spec_hf.py says what
+        is read): rope_parameters or rope_scaling, rope_theta, partial_rotary_factor, the head,
+        mrope_section / mrope_interleaved, a multimodal model's text config.  ``layer_type``
+        selects the layer type of a config that gives each its own rope parameters (Gemma 3's
+        sliding_attention vs full_attention; a ValueError naming layer_type if it is needed and
+        absent).  max_position: the positions the engine admits (max_position_embeddings, scaled
+        where the rope type extends it) unless given; is_neox_style and layout override what the
+        config implies (most configs do not state the pairing)."""
+        from rope.spec_hf import spec_fields   # noqa: PLC0415 - rope.spec_hf reads configs; the spec does not need it
+        return cls(**spec_fields(config, layer_type, is_neox_style=is_neox_style, layout=layout,
+                                 max_position=max_position))
 
 
 _VARIANT_KINDS = {"interleaved": "interleaved", "glm_round_robin": "glmrr", "ernie45": "ernie45",

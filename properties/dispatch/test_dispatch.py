@@ -93,6 +93,7 @@ def test_dispatch_matches_reference(op_kind, platform, mode, tensor_device, data
 
 
 # --------------------------------------------------------------------------- the generic kernel
+@pytest.mark.fixed_cases
 @pytest.mark.parametrize("num_tokens", [1, 3, 4, 7])
 @pytest.mark.parametrize("rows", [3, 4])
 def test_generic_kernel_rejects_multirow_positions(rows, num_tokens):
@@ -107,6 +108,7 @@ def test_generic_kernel_rejects_multirow_positions(rows, num_tokens):
     assert torch.equal(query, snapshot[0]) and torch.equal(key, snapshot[1])
 
 
+@pytest.mark.fixed_cases
 def test_generic_kernel_batch_seq_positions_agree_with_tokens():
     # [batch, seq_len] positions are the kernel's other accepted layout: same bits as [num_tokens].
     spec = RopeSpec(16, 8, is_neox_style=False, max_position=32)
@@ -120,6 +122,7 @@ def test_generic_kernel_batch_seq_positions_agree_with_tokens():
     assert torch.equal(q2.flatten(0, 1), q1) and torch.equal(k2.flatten(0, 1), k1)
 
 
+@pytest.mark.fixed_cases
 @pytest.mark.parametrize("method", ["forward_cuda", "forward_hip", "forward_xpu", "forward_cpu"])
 @pytest.mark.parametrize("op_kind", ["mrope-chunked", "xdrope4"])
 def test_inherited_1d_platform_method_crashes_on_multirow_positions(op_kind, method):
@@ -132,6 +135,7 @@ def test_inherited_1d_platform_method_crashes_on_multirow_positions(op_kind, met
 
 
 # --------------------------------------------------------------------------- stale cache, dispatch once
+@pytest.mark.fixed_cases
 @pytest.mark.parametrize("platform,mode", PLATFORM_MODES)
 @pytest.mark.parametrize("op_kind", list(OPS))
 def test_later_call_uses_its_own_positions(op_kind, platform, mode):
@@ -149,6 +153,7 @@ def test_later_call_uses_its_own_positions(op_kind, platform, mode):
     assert torch.equal(got_q, fresh_q) and torch.equal(got_k, fresh_k)
 
 
+@pytest.mark.fixed_cases
 @pytest.mark.parametrize("op_kind", list(OPS))
 def test_method_chosen_once_at_construction(op_kind):
     op_cls, spec = OPS[op_kind][0], EXAMPLE_SPECS[op_kind]

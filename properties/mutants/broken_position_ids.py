@@ -167,6 +167,13 @@ def negative_delta_clamped(family: str, prompt: Prompt):
     return positions, max(delta, 0)
 
 
+def positions_in_fp16(family: str, prompt: Prompt):
+    """Positions carried through a half-precision tensor (built with the activations' dtype): exact
+    to 2048, rounded to a multiple of 2, 4, ... past it, so the ids of a long prompt collide."""
+    positions, delta = _ref(family, prompt)
+    return positions.to(torch.float16).to(torch.int64), delta
+
+
 def zero_taken_as_missing(family: str, prompt: Prompt):
     """0 taken for 'no position': zeros after the first token are filled with the token index
     (rtp-llm#1213); an XD-RoPE image's first row and column, an image at the very start."""
@@ -284,6 +291,6 @@ def audio_in_video_flag_from_first_video(family: str, prompt: Prompt):
 
 BROKEN_POSITION_IDS = {fn.__name__: fn for fn in (
     temporal_scale_truncated, merge_size_from_temporal_patch, frames_not_split, video_as_text,
-    text_after_video_restart, delta_from_first_chunk, negative_delta_clamped, zero_taken_as_missing,
+    text_after_video_restart, delta_from_first_chunk, negative_delta_clamped, positions_in_fp16, zero_taken_as_missing,
     ordinal_across_batch, audio_bos_eos_counted_twice, image_end_shifted_with_audio_in_video,
     audio_advances_only_t, second_per_grid_default, audio_in_video_flag_from_first_video)}

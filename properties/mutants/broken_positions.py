@@ -24,6 +24,10 @@ def _prepare(prefill_positions, prefill_delta, idx_mapping, query_start_loc, pre
             qs += 1
         is_prefill = nc < lens[r]
         delta = int(prefill_delta[r])
+        if bug == "delta_in_16_bits":
+            # The delta kept in a 16-bit slot: exact to +-32767, wrapped past it (an hour of video
+            # at Qwen2.5-VL's rates gives deltas near -2^20).
+            delta = (delta + (1 << 15)) % (1 << 16) - (1 << 15)
         for i in range(ql):
             col = qs + i
             if col >= out.shape[1]:
@@ -53,10 +57,10 @@ def _mutant(bug):
 
 
 BUGS = ("prefill_reads_at_i", "delta_per_chunk", "delta_in_prefill", "delta_missing_in_decode",
-        "slot_mapping_ignored", "query_start_off_by_one")
+        "slot_mapping_ignored", "query_start_off_by_one", "delta_in_16_bits")
 BROKEN_POSITIONS = {bug: _mutant(bug) for bug in BUGS}
 prefill_reads_at_i, delta_per_chunk, delta_in_prefill, delta_missing_in_decode, slot_mapping_ignored, \
-    query_start_off_by_one = (BROKEN_POSITIONS[b] for b in BUGS)
+    query_start_off_by_one, delta_in_16_bits = (BROKEN_POSITIONS[b] for b in BUGS)
 
 
 def correct_loop(*args, **kwargs):

@@ -133,12 +133,61 @@ def hides_nonfinite(spec, positions, query, key, cache):
     return q.nan_to_num(0.0), None if k is None else k.nan_to_num(0.0)
 
 
+def skipped_under_compile(spec, positions, query, key, cache):
+    """Returns q and k unrotated when torch.compile traces it: RoPE silently skipped only in the
+    compiled model (olmoearth_pretrain#600); every eager call is right."""
+    if torch.compiler.is_compiling():
+        return query, key
+    return rotate_native(spec, positions, query, key, cache)
+
+
+_LARGE_CALLS = [0]
+
+
+def wrong_in_half_of_large_calls(spec, positions, query, key, cache):
+    """Every other call of 8 tokens or more returns one element wrong, a different one each time: a
+    kernel reading positions from a tile still being filled answers differently on each call above
+    a size (vllm-ascend#16674: 6 of 6 calls wrong, each differently)."""
+    q, k = rotate_native(spec, positions, query, key, cache)
+    if query.shape[0] < 8:
+        return q, k
+    _LARGE_CALLS[0] += 1
+    if _LARGE_CALLS[0] % 2 == 0 and q.numel():
+        q = q.clone()
+        flat = q.view(-1)
+        index = (_LARGE_CALLS[0] * 7919) % flat.numel()
+        flat[index] = -flat[index] - 1.0
+    return q, k
+
+
+def positions_baked_into_graph(spec, positions, query, key, cache):
+    """Inside a CUDA-graph capture, reads the positions the warm-up call saw (a copy taken on the
+    host's side before capture) instead of the captured input: every replay rotates with the
+    capture's positions (candle#3728; vllm#33800's buffer left behind by a warm-up).  The Triton
+    entry underneath: a capturable kernel."""
+    from rope.triton.rotary import rotate_triton
+    if query.is_cuda and torch.cuda.is_current_stream_capturing():
+        positions = _WARMUP_POSITIONS.get(positions.shape, positions)
+    else:
+        _WARMUP_POSITIONS[positions.shape] = positions.clone()
+    return rotate_triton(spec, positions, query, key, cache)
+
+
+_WARMUP_POSITIONS: dict = {}
+
+
 # Wrappers of the native path compute in the activation dtype and say so, so the suite rejects
 # them for their structural bug, not for precision (bf16_claiming_fp32's bug is the claim).
 for _fn in (neox_for_gptj, chunked_for_interleaved, chunked_for_two_row, glm_round_robin_without_skip,
             ernie45_h_w_swapped, row_map_shifted_by_one, key_unrotated, touches_pass_through, first_pow2_heads,
-            assumes_contiguous, hides_nonfinite):
+            assumes_contiguous, hides_nonfinite, skipped_under_compile, wrong_in_half_of_large_calls):
     _fn.working_precision = "activation"
+# Like the native path they wrap, they are not captured in a CUDA graph (its checks read values).
+for _fn in (neox_for_gptj, chunked_for_interleaved, chunked_for_two_row, glm_round_robin_without_skip,
+            ernie45_h_w_swapped, row_map_shifted_by_one, key_unrotated, touches_pass_through, first_pow2_heads,
+            assumes_contiguous, bf16_claiming_fp32, hides_nonfinite, skipped_under_compile,
+            wrong_in_half_of_large_calls):
+    _fn.modes = rotate_native.modes
 
 BROKEN_ROTATIONS = {
     "neox_for_gptj": neox_for_gptj,
@@ -153,7 +202,11 @@ BROKEN_ROTATIONS = {
     "assumes_contiguous": assumes_contiguous,
     "bf16_claiming_fp32": bf16_claiming_fp32,
     "hides_nonfinite": hides_nonfinite,
+    "skipped_under_compile": skipped_under_compile,
+    "wrong_in_half_of_large_calls": wrong_in_half_of_large_calls,
 }
+# Rotations wrong only where a GPU runs them (a CUDA graph): the catalogue says what they need.
+GPU_ROTATIONS = {"positions_baked_into_graph": positions_baked_into_graph}
 
 
 # vllm#51049 (fixed by vllm#57681): vLLM's fused QK-norm + RoPE kernel takes several token-heads per

@@ -41,6 +41,8 @@ KNOWN_BUG_PROMPTS = [
     ("video-first-qwen3", "qwen3_vl", one_prompt(Video((2, 2, 2), timestamp_tokens=0))),
     # Negative deltas by construction (LightLLM#1147): a wide image.
     ("LightLLM#1147-negative-delta", "qwen2_vl", one_prompt(Image((1, 8, 16)))),
+    # Past 2048 positions: half precision holds integers exactly only that far.
+    ("positions-past-2048", "qwen2_vl", one_prompt(Text(4093), Image((1, 4, 4)), Text(2))),
     # Several images and videos in any order, left-padded batch.
     ("mixed-batch-left-padded", "qwen2_5_vl", PromptBatch(
         (Prompt((Image((1, 4, 2)), Text(1), Video((3, 2, 4), second_per_grid=0.5), Image((1, 2, 2)))),

@@ -19,7 +19,7 @@ from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
 from properties.position_ids.known_prompts import KNOWN_BUG_PROMPTS
-from properties.prompt_strategies import batches
+from properties.prompt_strategies import LONG_PROMPT, batches
 from rope.prompts import FAMILIES, PromptBatch
 from rope.harness.position_ids.implementations import get_position_ids_implementation, unsupported_reason
 from rope.harness.position_ids.check import assert_matches
@@ -42,6 +42,7 @@ def _runnable(name: str, fn, family: str, batch: PromptBatch) -> PromptBatch | N
     return PromptBatch(tuple(batch.prompts[i] for i in keep), tuple(batch.pads[i] for i in keep), batch.side)
 
 
+@pytest.mark.fixed_cases
 @pytest.mark.parametrize("family, batch", [pytest.param(f, b, id=i) for i, f, b in KNOWN_BUG_PROMPTS])
 def test_known_bug_prompts_match(position_ids_impl_name, family, batch):
     fn = _implementation(position_ids_impl_name, family)
@@ -56,7 +57,8 @@ def test_known_bug_prompts_match(position_ids_impl_name, family, batch):
 @given(data=st.data())
 def test_position_ids_match_reference(position_ids_impl_name, family, data):
     fn = _implementation(position_ids_impl_name, family)
-    batch = _runnable(position_ids_impl_name, fn, family, data.draw(batches(family=family), label="batch"))
+    batch = _runnable(position_ids_impl_name, fn, family,
+                      data.draw(batches(family=family, max_leading_text=LONG_PROMPT), label="batch"))
     assume(batch is not None)
     for key in assert_matches(position_ids_impl_name, fn, family, batch):
         event(f"known deviation: {key}")

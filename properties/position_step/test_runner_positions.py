@@ -69,6 +69,7 @@ def test_unchecked_launches_match_reference(positions_impl_name, device, batch):
     assert_positions_match(f"{positions_impl_name}.unchecked", fn.unchecked, batch, device)
 
 
+@pytest.mark.fixed_cases
 @pytest.mark.builtins_only
 @pytest.mark.parametrize("error", list(ERRORS) + ["out-too-short"], ids=list(ERRORS) + ["out-too-short"])
 def test_implementation_rejects_bad_position_input(positions_impl_name, device, error, monkeypatch):
@@ -86,6 +87,7 @@ def test_implementation_rejects_bad_position_input(positions_impl_name, device, 
         call_positions(fn, args, out)
 
 
+@pytest.mark.fixed_cases
 def test_strided_vector_inputs_are_read_by_value(positions_impl_name, device):
     # query_start_loc as a stride-2 view once made the kernel read ql = 99 and write past out.
     fn = positions_impl_or_skip(positions_impl_name, device)

@@ -25,6 +25,7 @@ def test_scheduler_positions_match_whole_sequence(positions_impl_name, device, f
     run_state_machine_as_test(machine, settings=settings(stateful_step_count=25))
 
 
+@pytest.mark.fixed_cases
 @pytest.mark.known_bug
 def test_known_bug_triggers_chunked_prefill_keeps_the_prompt_delta(positions_impl_name, device):
     # A prompt prefilled in two chunks whose last chunk is text only, then one decode step: the

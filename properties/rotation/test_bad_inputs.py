@@ -14,6 +14,7 @@ from rope.harness.rotation.check import call_rotation
 from rope.registry import get_implementation
 
 
+@pytest.mark.fixed_cases
 @pytest.mark.builtins_only
 @pytest.mark.parametrize("error", list(ERROR_INPUTS), ids=list(ERROR_INPUTS))
 def test_implementation_rejects_bad_input(impl_name, device, error, monkeypatch):
@@ -30,6 +31,7 @@ def test_implementation_rejects_bad_input(impl_name, device, error, monkeypatch)
         assert torch.equal(args["query"], snapshot), "query was modified before the error was raised"
 
 
+@pytest.mark.fixed_cases
 @pytest.mark.builtins_only
 def test_mismatched_devices_rejected(impl_name, device):
     skip_unless_builtin(impl_name)
@@ -41,6 +43,7 @@ def test_mismatched_devices_rejected(impl_name, device):
         call(get_implementation(impl_name), args)
 
 
+@pytest.mark.fixed_cases
 def test_strided_1d_positions_are_read_by_value(impl_name, device):
     # A 1-D positions view with stride 2 must be read element by element, not as if contiguous.
     from rope.harness.rotation.check import angle_source, reference_rotation, skip_if_unsupported

@@ -92,6 +92,7 @@ def _check(impl_name, impl, case, device) -> bool:
 POWER_OF_TWO_PARAMS = [pytest.param(k, id=f"{1 << k}") for k in POWER_OF_TWO_LOG2]
 
 
+@pytest.mark.fixed_cases
 @pytest.mark.boundary
 @pytest.mark.parametrize("log2", POWER_OF_TWO_PARAMS)
 def test_power_of_two_boundaries_match_reference(impl_name, device, log2):
@@ -108,6 +109,7 @@ def test_power_of_two_boundaries_match_reference(impl_name, device, log2):
         pytest.skip(f"{impl_name} supports none of the boundary cases at {1 << log2} tokens on {device}")
 
 
+@pytest.mark.fixed_cases
 @pytest.mark.boundary
 def test_declared_switches_match_reference(impl_name, device):
     # Each count an implementation declares it switches at, +-1 (the Triton kernel: 2-head programs
@@ -126,6 +128,7 @@ def test_declared_switches_match_reference(impl_name, device):
         pytest.skip(f"{impl_name} supports none of the cases at its declared switches on {device}")
 
 
+@pytest.mark.fixed_cases
 @pytest.mark.parametrize("kind", KINDS)
 def test_token_head_products_match_reference(impl_name, device, kind):
     # NeoX and GPT-J, full and partial rotary, each at tokens x heads >= 2^15 (1,024 tokens x 32
@@ -138,6 +141,7 @@ def test_token_head_products_match_reference(impl_name, device, kind):
         pytest.skip(f"{impl_name} supports none of the {kind} cases past {TOKEN_HEAD_PRODUCT} token-heads on {device}")
 
 
+@pytest.mark.fixed_cases
 def test_declared_token_head_switches_match_reference(impl_name, device):
     # Each product an implementation declares it switches at (``switch_token_heads``): the last
     # token count under it and the first at it, every pairing and rotary width.
@@ -215,6 +219,7 @@ def assert_matches_reference_in_chunks(impl_name: str, impl, case: RotationCase,
                                          f"{rows.start}..{rows.stop - 1} of {case.num_tokens}\ncase: {case}")
 
 
+@pytest.mark.fixed_cases
 @pytest.mark.slow
 @pytest.mark.parametrize("num_tokens, q_heads, kv_heads", HUGE_CASES)
 def test_huge_batches_match_reference_in_chunks(impl_name, device, num_tokens, q_heads, kv_heads, request):
@@ -240,6 +245,7 @@ HUGE_CACHE_ROWS = (2**31 + 2**20) // 256          # rotary_dim 256 (RopeSpec all
 HUGE_CACHE_ROWS_USED = 4096
 
 
+@pytest.mark.fixed_cases
 @pytest.mark.slow
 def test_a_cache_past_2_31_elements_is_indexed_in_64_bits(impl_name, device, request):
     if device == "cpu":

@@ -16,6 +16,7 @@ from rope.harness.rotation.check import assert_matches_reference, skip_if_unsupp
 from rope.registry import get_implementation
 
 
+@pytest.mark.fixed_cases
 @pytest.mark.parametrize("path", REGRESSION_FILES, ids=[p.stem for p in REGRESSION_FILES])
 def test_regression_case_matches_reference(impl_name, device, path, monkeypatch, tmp_path):
     case = load_case(path).case

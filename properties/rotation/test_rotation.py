@@ -75,6 +75,7 @@ def test_large_batches_match_reference(impl_name, device, data):
     assert_matches_reference(impl_name, impl, case, device)
 
 
+@pytest.mark.fixed_cases
 @pytest.mark.known_bug
 @pytest.mark.parametrize("bug", list(KNOWN_BUG_CASES), ids=list(KNOWN_BUG_CASES))
 def test_known_bug_triggers_match_reference(impl_name, device, bug):
@@ -99,6 +100,7 @@ def test_text_tokens_reduce_to_1d(impl_name, device, kind, data):
     check_text_tokens_reduce_to_1d(impl_name, impl, case, device)
 
 
+@pytest.mark.fixed_cases
 @pytest.mark.known_bug
 @pytest.mark.guarded
 @pytest.mark.parametrize("bug", list(KNOWN_BUG_CASES), ids=list(KNOWN_BUG_CASES))

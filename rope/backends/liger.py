@@ -1,4 +1,6 @@
-"""Liger-Kernel's M-RoPE: ``liger_kernel.transformers.qwen2vl_mrope.liger_multimodal_rotary_pos_emb``.
+"""Liger-Kernel's rotations: M-RoPE (``liger_kernel.transformers.qwen2vl_mrope.liger_multimodal_rotary_pos_emb``,
+the ``LigerQwen2VLMRopeFunction`` autograd function: :func:`rotate_liger`, registered as ``"liger"``) and
+1-D RoPE (``liger_kernel.ops.rope.LigerRopeFunction``: :func:`rotate_liger_1d`, by import path).
 
 Liger's API is transformers-shaped (checked on liger-kernel 0.8.5):
 
@@ -13,6 +15,16 @@ One Triton program per token computes in the cos dtype (the activation dtype: wo
 "activation").  Not covered by the kernel, so reported unsupported: 1-D RoPE (Liger's separate
 ``liger_rotary_pos_emb``), interleaved sections (Liger patches Qwen3-VL with the 1-D kernel), 4 rows,
 GPT-J pairs, partial rotary.  The harness's 1-D B = 1 batch is one sequence of T tokens.
+
+``LigerRopeFunction`` takes the same q/k layout and cos, sin ``[1, T, rotary_dim]`` (``cat(f, f)`` per
+token, already gathered: position t of the sequence reads row t), rotates the first rotary_dim channels
+of each head with NeoX pairs (partial rotary), NeoX only, in the cos dtype.
+
+Both are ``torch.autograd.Function``s (Liger is a training library): their backward is the same
+kernel with the sine negated (``BACKWARD_PASS``), which gives query and key their gradients and
+cos/sin none; both adapters declare ``autograd``.  Their backward rotates the upstream gradient in
+its own storage whenever ``dq.transpose(1, 2).contiguous()`` is a view (the gradient of the harness's
+``[T, heads * head_size]`` outputs always is): the gradient tensor autograd handed in is overwritten.
 """
 
 from __future__ import annotations
@@ -25,6 +37,8 @@ from rope.spec import RopeSpec, check_rotation_inputs
 
 _mrope = require("liger_kernel.transformers.qwen2vl_mrope", distribution="liger-kernel",
                  install="pip install '.[backends]'  (liger-kernel>=0.6)")
+_rope = require("liger_kernel.ops.rope", distribution="liger-kernel",
+                install="pip install '.[backends]'  (liger-kernel>=0.6)")
 
 
 def to_liger(x: torch.Tensor, head_size: int) -> torch.Tensor:
@@ -81,3 +95,28 @@ def _reason(spec: RopeSpec, dtype, device: str) -> str | None:
 
 
 rotate_liger = declare(rotate_liger, working_precision="activation", reason=_reason, defect=liger_mrope_defect)
+rotate_liger.autograd = True
+
+
+def rotate_liger_1d(spec: RopeSpec, positions, query, key, cos_sin_cache):
+    """1-D RoPE through ``LigerRopeFunction`` (autograd: Liger's backward)."""
+    check_rotation_inputs(spec, positions, query, key, cos_sin_cache, check_values=True)
+    hs = spec.head_size
+    # Liger always rotates a key; without one it gets a one-head scratch key that is thrown away.
+    k_in = key if key is not None else query.new_zeros(query.shape[0], hs)
+    cos, sin = cos_sin_cache[positions.long()].chunk(2, dim=-1)            # [T, rd/2] each
+    cos, sin = torch.cat((cos, cos), -1).unsqueeze(0), torch.cat((sin, sin), -1).unsqueeze(0)
+    q_out, k_out = _rope.LigerRopeFunction.apply(to_liger(query, hs), to_liger(k_in, hs), cos, sin)
+    return from_liger(q_out), (from_liger(k_out) if key is not None else None)
+
+
+def _reason_1d(spec: RopeSpec, dtype, device: str) -> str | None:
+    if spec.sections is not None:
+        return "LigerRopeFunction is 1-D RoPE only (M-RoPE is liger_multimodal_rotary_pos_emb: rotate_liger)"
+    if not spec.is_neox_style:
+        return "LigerRopeFunction pairs NeoX-style only (no GPT-J)"
+    return triton_reason(device, dtype, bf16_arithmetic=True)
+
+
+rotate_liger_1d = declare(rotate_liger_1d, working_precision="activation", reason=_reason_1d)
+rotate_liger_1d.autograd = True

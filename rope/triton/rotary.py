@@ -38,9 +38,10 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
                   heads_fastest: bool | None = None, bf16_rounding: str | None = None,
                   block_hk: int | None = None, cache_offsets_64: bool | None = None,
                   positions_before_wait: bool = False, speculate_positions: bool | None = None,
-                  position_guesses=None):
+                  position_guesses=None, inverse: bool = False):
     """Launch the kernel without validation (the caller has checked); returns (query, key), rotated
-    in place (query/key must have unit stride in the last dim).
+    in place (query/key must have unit stride in the last dim).  ``inverse``: rotated by -θ instead
+    (the backward: the kernel's INVERSE switch; every other option and default as for the forward).
 
     Every option defaults to the launch measured fastest on an H200; docs/launch-defaults.md states
     each default with its measurement, and no option changes a value (tests/kernels/
@@ -68,12 +69,16 @@ def launch_rotary(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
     asked = (block_h, num_warps, block_t, split_qk, gather_3d, pdl, evict_first, heads_fastest, bf16_rounding,
              block_hk, cache_offsets_64, speculate_positions)
     if asked == _DEFAULTS and not positions_before_wait and position_guesses is None:
-        grid, constexprs = default_plan(*signature)               # once per signature
-        plan_key = signature
+        if inverse:
+            grid, constexprs = default_plan(*signature, True)
+            plan_key = (signature, True)
+        else:
+            grid, constexprs = default_plan(*signature)           # once per signature
+            plan_key = signature
     else:
         speculate_positions = check_guesses(positions, position_guesses, speculate_positions, positions_before_wait)
-        grid, constexprs = plan(*signature, *asked[:-1], speculate_positions, positions_before_wait)
-        plan_key = (signature, asked, positions_before_wait, speculate_positions)
+        grid, constexprs = plan(*signature, *asked[:-1], speculate_positions, positions_before_wait, bool(inverse))
+        plan_key = (signature, asked, positions_before_wait, speculate_positions, bool(inverse))
     # Through the compiled kernel's launcher once Triton's path has launched this plan with
     # arguments specialized alike (rope/triton/launcher.py).
     launch(_rotary_kernel, grid, kernel_arguments(signature, positions, query, key, cos_sin_cache, position_guesses,
@@ -113,16 +118,24 @@ def _unit_last_stride(t: torch.Tensor | None) -> torch.Tensor | None:
     return t.contiguous()
 
 
-def rotate_triton(spec: RopeSpec, positions, query, key, cos_sin_cache):
+def rotate_triton(spec: RopeSpec, positions, query, key, cos_sin_cache, *, inverse: bool = False):
     """Rotate query/key in place with the Triton kernel; returns the rotated tensors.
 
     Args:
         positions: int64/int32 [T] (1-D RoPE) or [spec.num_dims, T].
         query: [T, num_q_heads * head_size], any row stride; key: [T, num_kv_heads * head_size] or None.
         cos_sin_cache: [>= max position + 1, rotary_dim], cos | sin.
+        inverse: rotate by -θ (the rotation's backward, applied to the upstream gradients dq_out and
+            dk_out in place of query and key: reference/rotation_grad.py).
     Returns:
         (query, key): the same tensors, rotated (copies only if the last dim was strided).
     """
+    if torch.compiler.is_compiling() and not inverse:
+        # Under torch.compile the call is the registered op (rope/triton/ops.py), one opaque node
+        # whose fake gives the shapes: Dynamo cannot trace the launcher's host code with symbolic
+        # sizes (an InternalTorchDynamoError at the launch, torch 2.11, dynamic=True).
+        from rope.triton.ops import rotary
+        return rotary(spec, positions, query, key, cos_sin_cache)
     signature = CheckedCalls.signature((spec,), (positions, query, key, cos_sin_cache))
     copies = _CHECKED.get(signature)
     if copies is None:                  # a signature not seen (or none): every check
@@ -138,7 +151,7 @@ def rotate_triton(spec: RopeSpec, positions, query, key, cos_sin_cache):
         if positions.stride(-1) != 1:       # 1-D or row-strided positions: columns must be contiguous
             positions = positions.contiguous()
         query, key = _unit_last_stride(query), _unit_last_stride(key)
-    return launch_rotary(spec, positions, query, key, cos_sin_cache)
+    return launch_rotary(spec, positions, query, key, cos_sin_cache, inverse=inverse)
 
 
 # Calls whose metadata passed the checks, each with whether it copies a strided input

@@ -1,6 +1,8 @@
 """The rotation kernel: one Triton kernel for every rotary variant: 1-D RoPE, M-RoPE (chunked or
 interleaved sections, or any other map from frequencies to position rows), XD-RoPE (3 or 4 rows),
-NeoX or GPT-J pairing, partial rotary, key present or absent.  Its launch plan (grid, tiles,
+NeoX or GPT-J pairing, partial rotary, key present or absent; and, with INVERSE, the rotation by
+-θ (the sine negated): the backward of the rotation, whose gradient with respect to q and k is the
+upstream gradient rotated back (reference/rotation_grad.py).  Its launch plan (grid, tiles,
 constexprs) is rope/triton/rotary_plan.py; the entry points that launch it, rope/triton/rotary.py.
 
 Precision contract (docs/spec.md §3): load in the storage dtype, convert to fp32, compute in fp32 with
@@ -26,7 +28,7 @@ from rope.triton.pdl import HAS_PDL
 if HAS_PDL:     # programmatic dependent launch: rope/triton/pdl.py
     from rope.triton.pdl import gdc_launch_dependents, gdc_wait
 
-__all__ = ["lane_axes", "rotary_kernel"]
+__all__ = ["gather_cos_sin", "lane_axes", "load_positions", "load_tile", "rotary_kernel", "round_for_store"]
 
 
 @triton.jit
@@ -73,11 +75,14 @@ def _load_tile(row_ptrs, token_ok, heads, num_heads, head_size, freq, half,
 @triton.jit
 def _rotate_store_tile(row_ptrs, token_ok, heads, num_heads, head_size, freq, half, x1, x2, cos, sin,
                        IS_NEOX: tl.constexpr, ROUND_BF16: tl.constexpr,
-                       BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr, EVICT: tl.constexpr):
+                       BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr, EVICT: tl.constexpr,
+                       INVERSE: tl.constexpr):
     """Rotate the loaded pairs in fp32 (cos/sin: [BLOCK_T, 1 or BLOCK_H, BLOCK_F]) and store them in place,
-    under the same masks as :func:`_load_tile`."""
+    under the same masks as :func:`_load_tile`.  INVERSE: by -θ (the sine negated)."""
     c = cos     # [BLOCK_T, 1 or BLOCK_H, BLOCK_F]
     s = sin
+    if INVERSE:
+        s = -sin
     x1 = x1.to(tl.float32)
     x2 = x2.to(tl.float32)
     o1 = x1 * c - x2 * s
@@ -277,7 +282,7 @@ def _rotate_tile(x_ptr, x_stride, token, heads, x_heads, cache_ptr, cache_row_st
                  ROUND_BF16: tl.constexpr,
                  BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr, POS_RUN: tl.constexpr,
                  GATHER_3D: tl.constexpr, QK_EVICT: tl.constexpr, CACHE_I64: tl.constexpr, PDL: tl.constexpr,
-                 EARLY_POSITIONS: tl.constexpr, SPECULATE: tl.constexpr):
+                 EARLY_POSITIONS: tl.constexpr, SPECULATE: tl.constexpr, INVERSE: tl.constexpr):
     """Rotate the given tokens [BLOCK_T] (int64) x heads [BLOCK_H] of one tensor in place (the key-head
     branch of _rotary_kernel, whose two arms differ in tile shape; its default path writes this body out)."""
     freq = tl.arange(0, BLOCK_F)
@@ -291,7 +296,7 @@ def _rotate_tile(x_ptr, x_stride, token, heads, x_heads, cache_ptr, cache_row_st
                                BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN, GATHER_3D, CACHE_I64, SPECULATE)
     # Rotate and store: NeoX pairs (i, i + half), GPT-J pairs (2i, 2i + 1).
     _rotate_store_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half, x1, x2, cos, sin,
-                       IS_NEOX, ROUND_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
+                       IS_NEOX, ROUND_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT, INVERSE)
 
 
 # Head counts, sections, the token count and the positions row stride vary per call but do not
@@ -307,7 +312,7 @@ def _rotary_kernel(
     SPLIT_QK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr,
     POS_RUN: tl.constexpr, GATHER_3D: tl.constexpr, PDL: tl.constexpr, QK_EVICT: tl.constexpr,
     HEADS_FASTEST: tl.constexpr, BLOCK_HK: tl.constexpr, CACHE_I64: tl.constexpr, EARLY_POSITIONS: tl.constexpr,
-    SPECULATE: tl.constexpr,
+    SPECULATE: tl.constexpr, INVERSE: tl.constexpr,
 ):
     # PDL (launched with programmatic dependent launch): wait for the previous kernel in the stream
     # to finish and flush before reading anything (positions, the cache and q/k may all be its
@@ -333,6 +338,8 @@ def _rotary_kernel(
     # only the variant switches and the power-of-two tile sizes are constexpr.
     # half = rotary_dim / 2; sec0..sec2 are the first three sections (row 3 takes the rest);
     # MAP_TABLE: the lanes' rows are read from map_ptr (every map but chunked and interleaved).
+    # INVERSE: every pair is rotated by -θ (the sine negated at the rotation, nothing else changes):
+    # the backward of the rotation, run on the upstream gradient in place of q and k.
     # HEADS_FASTEST: a 1-D grid whose consecutive programs take the head blocks of one token block
     # (programs in flight then cover a contiguous band of rows, walked once), else a 2-D grid
     # (token blocks fastest: each head block sweeps the whole tensor).
@@ -358,7 +365,7 @@ def _rotary_kernel(
                          cache_ptr, cache_row_stride, cache_rows, pos_ptr, guess_ptr, map_ptr, pos_row_stride, num_tokens,
                          head_size, half, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, MAP_TABLE, IS_NEOX, ROUND_BF16,
                          BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN, GATHER_3D, QK_EVICT, CACHE_I64, PDL, EARLY_POSITIONS,
-                         SPECULATE)
+                         SPECULATE, INVERSE)
         else:
             _rotate_tile(k_ptr, k_row_stride,
                          group.to(tl.int64) * (R * BLOCK_T) + tl.arange(0, R * BLOCK_T),
@@ -366,7 +373,7 @@ def _rotary_kernel(
                          cache_ptr, cache_row_stride, cache_rows, pos_ptr, guess_ptr, map_ptr, pos_row_stride, num_tokens,
                          head_size, half, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, MAP_TABLE, IS_NEOX, ROUND_BF16,
                          R * BLOCK_T, BLOCK_HK, BLOCK_F, POS_RUN, GATHER_3D, QK_EVICT, CACHE_I64, PDL,
-                         EARLY_POSITIONS, SPECULATE)
+                         EARLY_POSITIONS, SPECULATE, INVERSE)
     else:
         if HEADS_FASTEST:
             if SPLIT_QK:
@@ -407,17 +414,23 @@ def _rotary_kernel(
                                    MAP_TABLE, BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN, GATHER_3D, CACHE_I64, SPECULATE)
         # Rotate and store: NeoX pairs (i, i + half), GPT-J pairs (2i, 2i + 1).
         _rotate_store_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half, x1, x2, cos, sin,
-                           IS_NEOX, ROUND_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
+                           IS_NEOX, ROUND_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT, INVERSE)
         if not SPLIT_QK and HAS_KEY:
             # The same tokens' heads of k, with the same cos/sin.
             k_rows = k_ptr + token * k_row_stride
             y1, y2 = _load_tile(k_rows, token_ok, heads, num_kv_heads, head_size, freq, half,
                                 IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
             _rotate_store_tile(k_rows, token_ok, heads, num_kv_heads, head_size, freq, half, y1, y2, cos, sin,
-                               IS_NEOX, ROUND_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
+                               IS_NEOX, ROUND_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT, INVERSE)
 
 
 # The public names: the kernel the entry points launch (rope/triton/rotary.py), and the lanes' position
 # rows as the kernel computes them (tests/kernels/test_kernel_hints.py launches it on its own).
 rotary_kernel = _rotary_kernel
 lane_axes = _lane_axes
+# The helpers the fused-op kernels reuse (rope/triton/fused_qk_norm_rope.py, rope/triton/rope_kv_cache.py):
+# the pair loads, the positions, the cos/sin gather and the bf16 rounding at the store.
+load_tile = _load_tile
+load_positions = _load_positions
+gather_cos_sin = _gather_cos_sin
+round_for_store = _round_for_store

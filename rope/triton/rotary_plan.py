@@ -140,9 +140,11 @@ def _sections_constexprs(spec: RopeSpec) -> tuple[int, int, int]:
 def plan(spec: RopeSpec, num_tokens: int, num_q: int, num_k: int, has_key: bool, dtype: torch.dtype,
           cache_rows: int, cache_row_stride: int, target, block_h=None, num_warps=None, block_t=None, split_qk=None,
           gather_3d=None, pdl=None, evict_first=None, heads_fastest=None, bf16_rounding=None, block_hk=None,
-          cache_offsets_64=None, speculate_positions=None, positions_before_wait: bool = False):
+          cache_offsets_64=None, speculate_positions=None, positions_before_wait: bool = False,
+          inverse: bool = False):
     """(grid, constexprs and compile options) of a launch: every option the caller left None takes
-    its default (docs/launch-defaults.md), computed from the shapes alone."""
+    its default (docs/launch-defaults.md), computed from the shapes alone.  ``inverse``: the rotation
+    by -θ (the backward), the same plan with the kernel's INVERSE switch on."""
     if bf16_rounding is None:
         bf16_rounding = "convert" if target.compiled else "by_hand"
     block_f = lane_block(spec)
@@ -184,17 +186,18 @@ def plan(spec: RopeSpec, num_tokens: int, num_q: int, num_k: int, has_key: bool,
         SPLIT_QK=split_qk, BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_F=block_f,
         POS_RUN=pos_run, GATHER_3D=gather_3d, PDL=pdl, QK_EVICT="evict_first" if evict_first else "",
         HEADS_FASTEST=bool(heads_fastest), BLOCK_HK=block_hk, CACHE_I64=bool(cache_offsets_64),
-        EARLY_POSITIONS=bool(positions_before_wait), SPECULATE=speculate, **extra,
+        EARLY_POSITIONS=bool(positions_before_wait), SPECULATE=speculate, INVERSE=bool(inverse), **extra,
     )
     return grid, constexprs
 
 
 @functools.lru_cache(maxsize=4096)
 def default_plan(spec: RopeSpec, num_tokens: int, num_q: int, num_k: int, has_key: bool, dtype: torch.dtype,
-                  cache_rows: int, cache_row_stride: int, target):
+                  cache_rows: int, cache_row_stride: int, target, inverse: bool = False):
     """The default launch's plan, once per signature (the shapes, the dtype, the cache's rows and
-    row stride, the compile target): a decode step's host path is a dictionary lookup and the launch."""
-    return plan(spec, num_tokens, num_q, num_k, has_key, dtype, cache_rows, cache_row_stride, target)
+    row stride, the compile target) and direction (``inverse``: the backward): a decode step's host
+    path is a dictionary lookup and the launch."""
+    return plan(spec, num_tokens, num_q, num_k, has_key, dtype, cache_rows, cache_row_stride, target, inverse=inverse)
 
 
 def check_guesses(positions, position_guesses, speculate_positions, positions_before_wait: bool):

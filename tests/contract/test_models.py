@@ -5,7 +5,10 @@
     modules, offline) wherever its defaults describe the model, and the rotary module transformers
     builds rotates with the catalogue's rotary_dim, pairing, axis map and inv_freq;
 (c) tensor-parallel sharding of heads, as vLLM splits them;
-(d) the loader rejects bad YAML with a message naming the model and the field.
+(d) the loader rejects bad YAML with a message naming the model and the field;
+(e) the entries with a scaled rope config (docs/spec.md §1.1): the family's transformers config built
+    from the entry reads back into the entry's spec through RopeSpec.from_hf_config, and the rotary
+    module transformers builds from it has rope.cache's frequencies bit for bit and its magnitude.
 """
 
 from __future__ import annotations
@@ -18,8 +21,13 @@ import pytest
 import torch
 import yaml
 
-from rope.cache import inv_freq
+import reference
+from rope.cache import attention_factor, inv_freq
 from rope.models import DEFAULT_PATH, MROPE_CACHE_FACTOR, get_model, load_models
+from rope.spec import RopeSpec
+from rope.spec_hf import ALREADY_SCALED_FAMILIES
+from rope.spec_scaling import admitted_length
+from tests.reference.scaling_cases import hf_rope_parameters
 
 MODELS = load_models()
 
@@ -49,8 +57,11 @@ def test_catalogue_entry_is_valid_and_sourced(key):
     spec = m.spec
     assert m.key == key and get_model(key) == m
     factor = MROPE_CACHE_FACTOR if m.rope_kind == "mrope" else 1
-    assert spec.max_position == factor * m.max_position_embeddings, \
-        f"{key}: max_position={spec.max_position}: must be {factor} x max_position_embeddings"
+    admitted = admitted_length(spec.scaling, m.max_position_embeddings,
+                               already_scaled=m.family in ALREADY_SCALED_FAMILIES)
+    assert spec.max_position == max(factor * m.max_position_embeddings, admitted), \
+        f"{key}: max_position={spec.max_position}: must be {factor} x max_position_embeddings, or the {admitted} " \
+        f"positions the engine admits"
     assert spec.num_dims in {"mrope": (3,), "xdrope": (3, 4), "2d": (2,), "1d": (1,)}[m.rope_kind]
     assert (spec.ntk_alpha is not None) == (m.rope_kind == "xdrope")
     assert m.num_q_heads % m.num_kv_heads == 0
@@ -58,7 +69,7 @@ def test_catalogue_entry_is_valid_and_sourced(key):
               "num_kv_heads": m.num_kv_heads, "base": spec.base,
               "max_position_embeddings": m.max_position_embeddings, "is_neox_style": spec.is_neox_style,
               "sections": spec.sections, "layout": spec.layout if spec.sections else None,
-              "ntk_alpha": spec.ntk_alpha}
+              "ntk_alpha": spec.ntk_alpha, "scaling": spec.scaling}
     for field, value in values.items():
         if value is not None:
             src = m.sources.get(field, "")
@@ -141,7 +152,8 @@ FAMILIES = {
 HUNYUAN_MISMATCH = ("known mismatch: transformers HunYuanVL (5.13+) splits the whole head into blocks of "
                     "2*s_i, so the two members of a NeoX pair take different rows; Tencent's code, vLLM and "
                     "mlx-vlm share the row (docs/spec.md §2)")
-TABLED = sorted(k for k, m in MODELS.items() if m.family in FAMILIES)
+# Entries with a scaled rope config are held to transformers in (e), from their own values.
+TABLED = sorted(k for k, m in MODELS.items() if m.family in FAMILIES and m.spec.scaling is None)
 
 
 def _installed_transformers():
@@ -280,7 +292,8 @@ def test_transformers_families_are_tabled():
     """Every catalogue family that transformers knows has a row in FAMILIES (so (b) covers it)."""
     _transformers()
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-    untabled = sorted({m.family for m in MODELS.values() if m.family in CONFIG_MAPPING} - set(FAMILIES))
+    untabled = sorted({m.family for m in MODELS.values() if m.family in CONFIG_MAPPING}
+                      - set(FAMILIES) - set(SCALED_FAMILIES))
     assert not untabled, f"families with a transformers config class but no FAMILIES row: {untabled}"
     for family, row in FAMILIES.items():
         if row.heads_key is not None:
@@ -467,6 +480,15 @@ BAD = [  # (edit of the entry, expected message start after "glm-4.1v-9b: ", a r
     ("alpha-on-mrope", _both(_set("ntk_alpha", 1000.0), _source("ntk_alpha", "x")), "ntk_alpha=1000.0",
      "must be null unless rope_kind is 'xdrope'"),
     ("hf-id", _set("hf_id", "GLM-4.1V"), "hf_id='GLM-4.1V'", "must be 'owner/name'"),
+    ("scaling-not-mapping", _both(_set("scaling", "yarn"), _source("scaling", "x")), "scaling='yarn'",
+     "must be a mapping"),
+    ("scaling-bad-factor", _both(_set("scaling", {"rope_type": "linear", "factor": 0.0}), _source("scaling", "x")),
+     "scaling.factor=0.0", "must be a finite number > 0"),
+    ("scaling-unsourced", _set("scaling", {"rope_type": "linear", "factor": 2.0}), "sources.scaling=None",
+     "every value needs a source"),
+    ("layer-type-not-a-name", _set("layer_type", 3), "layer_type=3", "must be a layer type's name"),
+    ("source-for-layer-type", _both(_set("layer_type", "full_attention"), _source("layer_type", "x")),
+     "sources.layer_type='x'", "names no sourced field"),
 ]
 
 
@@ -496,3 +518,129 @@ def test_loader_rejects_repeated_key(tmp_path):
     entry = yaml.safe_dump({KEY: _raw_entry()})
     with pytest.raises(ValueError, match=rf"^{KEY}=<repeated>: keys must be unique"):
         load_models(_write(tmp_path, entry + entry))
+
+
+# --------------------------------------------------------------------------------------------------
+# (e) scaled rope configs against transformers
+
+@dataclass(frozen=True)
+class ScaledFamily:
+    rotary: str                  # the rotary class in transformers.models.<family>.modeling_<family>
+    multimodal: bool = False     # the config class takes the language model as text_config
+    defaults: bool = False       # the class's default rope config is the catalogued model's
+
+
+SCALED_FAMILIES = {
+    "llama": ScaledFamily("LlamaRotaryEmbedding"),
+    "phi3": ScaledFamily("Phi3RotaryEmbedding"),
+    "gpt_oss": ScaledFamily("GptOssRotaryEmbedding", defaults=True),     # GptOssConfig documents GPT-OSS-120B
+    "deepseek_v3": ScaledFamily("DeepseekV3RotaryEmbedding"),
+    "gemma3": ScaledFamily("Gemma3RotaryEmbedding", multimodal=True),
+    "gemma4": ScaledFamily("Gemma4TextRotaryEmbedding", multimodal=True, defaults=True),
+    "qwen3_5": ScaledFamily("Qwen3_5TextRotaryEmbedding", multimodal=True),
+}
+SCALED = sorted(k for k, m in MODELS.items() if m.family in SCALED_FAMILIES
+                and (m.spec.scaling is not None or m.layer_type is not None))
+RECOMPUTED_PER_FORWARD = ("longrope", "dynamic")   # the module's init table is the short / unscaled one
+
+
+def test_catalogue_covers_the_scaled_rope_types():
+    types = {m.spec.scaling.rope_type for m in MODELS.values() if m.spec.scaling is not None}
+    assert {"linear", "yarn", "deepseek_yarn", "llama3", "longrope", "proportional"} <= types
+    assert any(m.spec.scaling is not None and m.spec.sections is not None for m in MODELS.values()), "YaRN M-RoPE"
+    per_layer = {m.hf_id for m in MODELS.values() if m.layer_type == "full_attention"}
+    assert per_layer == {m.hf_id for m in MODELS.values() if m.layer_type == "sliding_attention"} and per_layer
+
+
+def _text_kwargs(key: str) -> dict:
+    """The language model's config keywords the entry documents (its checkpoint's own siblings for a
+    per-layer rope config: one rope dict per layer type)."""
+    m = MODELS[key]
+    spec = m.spec
+    text = {"num_attention_heads": m.num_q_heads, "num_key_value_heads": m.num_kv_heads,
+            "hidden_size": m.num_q_heads * spec.head_size, "max_position_embeddings": m.max_position_embeddings,
+            "head_dim": spec.head_size}
+    if m.layer_type is not None:
+        siblings = {s.layer_type: s for s in MODELS.values() if s.hf_id == m.hf_id and s.layer_type}
+        text["rope_parameters"] = {lt: hf_rope_parameters(s.spec) for lt, s in siblings.items()}
+        text["layer_types"] = ["sliding_attention"] * 5 + ["full_attention"]
+        text["num_hidden_layers"] = 6
+        text["head_dim"] = siblings["sliding_attention"].spec.head_size
+        text["num_key_value_heads"] = siblings["sliding_attention"].num_kv_heads
+        if siblings["full_attention"].spec.head_size != text["head_dim"]:
+            text["global_head_dim"] = siblings["full_attention"].spec.head_size
+        return text
+    params = hf_rope_parameters(spec)
+    if spec.sections is not None:
+        params.update(mrope_section=list(spec.sections), mrope_interleaved=spec.layout == "interleaved")
+    text["rope_parameters"] = params
+    if m.family == "deepseek_v3":       # MLA: the rotary part of the head
+        text.update(qk_rope_head_dim=text.pop("head_dim"), rope_interleave=not spec.is_neox_style)
+    if m.family == "phi3":              # Phi-3 keeps the pretraining length beside the rope parameters
+        text["original_max_position_embeddings"] = spec.scaling.original_max_position
+    return text
+
+
+def _scaled_config(key: str):
+    """The family's transformers config built from the entry (weight-free, offline)."""
+    _transformers()
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    family = MODELS[key].family
+    if family not in CONFIG_MAPPING:
+        pytest.skip(f"transformers {_transformers().__version__} has no config class for {family}")
+    text = _text_kwargs(key)
+    if SCALED_FAMILIES[family].multimodal:
+        return CONFIG_MAPPING[family](text_config=text)
+    return CONFIG_MAPPING[family](**text)
+
+
+def _module_table(key: str, config) -> tuple[torch.Tensor, float]:
+    """transformers' (inv_freq, attention scaling) for the entry's layers at the cache's length."""
+    m = MODELS[key]
+    text = config.get_text_config()
+    rope_type = m.spec.scaling.rope_type if m.spec.scaling is not None else "default"
+    if rope_type in RECOMPUTED_PER_FORWARD:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+        return ROPE_INIT_FUNCTIONS[rope_type](text, "cpu", seq_len=m.spec.max_position)
+    module = importlib.import_module(f"transformers.models.{m.family}.modeling_{m.family}")
+    rot = getattr(module, SCALED_FAMILIES[m.family].rotary)(config=text)
+    if m.layer_type is not None:
+        return getattr(rot, f"{m.layer_type}_inv_freq"), getattr(rot, f"{m.layer_type}_attention_scaling")
+    return rot.inv_freq, rot.attention_scaling
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("key", SCALED)
+def test_scaled_entry_reads_back_from_its_transformers_config(key):
+    """transformers normalizes the config (Phi-3's original length, Gemma 3's rope_scaling on the full
+    layers, DeepSeek's head_dim = qk_rope_head_dim, Gemma 4's per-layer head); from_hf_config reads
+    the entry's spec back from it, cache length included."""
+    m = MODELS[key]
+    got = RopeSpec.from_hf_config(_scaled_config(key), m.layer_type,
+                                  max_position=m.spec.max_position if m.rope_kind == "mrope" else None)
+    assert got == m.spec, f"{key}: from_hf_config gives {got!r}"
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("key", SCALED)
+def test_scaled_entry_table_is_the_transformers_rotary(key):
+    """The rotary module transformers builds for the entry: the frequencies rope.cache computes, bit for
+    bit, and the magnitude the reference and the cache fold into cos and sin, exactly."""
+    spec = MODELS[key].spec
+    theirs, their_factor = _module_table(key, _scaled_config(key))
+    assert torch.equal(theirs.float(), inv_freq(spec)), \
+        f"{key}: inv_freq: max difference {float((theirs.float() - inv_freq(spec)).abs().max()):.3g}"
+    assert their_factor == attention_factor(spec) == reference.attention_factor(spec), \
+        f"{key}: attention factor transformers {their_factor!r}, cache {attention_factor(spec)!r}"
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("key", [k for k in SCALED if SCALED_FAMILIES[MODELS[k].family].defaults])
+def test_transformers_default_rope_config_is_the_entrys(key):
+    """Where the class documents the catalogued model (gpt-oss-120b) or its family's rope config
+    (Gemma 4), its default config reads into the entry's rope fields."""
+    _transformers()
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    m = MODELS[key]
+    got = RopeSpec.from_hf_config(CONFIG_MAPPING[m.family](), m.layer_type, max_position=m.spec.max_position)
+    assert got == m.spec, f"{key}: the transformers default gives {got!r}"

@@ -20,6 +20,7 @@ def test_rotation_bytes_floor_qwen25_vl_72b():
     assert bench.rotation_bytes(spec, 4096, 64, 8, 2) == 2 * 4096 * 72 * 128 * 2 + 4096 * 128 * 2 + 4096 * 3 * 8
 
 
+@pytest.mark.needs_no_gpu
 def test_bench_on_the_cpu_as_a_user_types_it(tmp_path):
     # `rope-harness bench --device cpu` with its default sizes (two of the default models: the
     # NeoX and the GPT-J-partial layouts, half the time of all four): small sizes, Triton rows (the

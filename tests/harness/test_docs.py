@@ -111,6 +111,7 @@ def _mypkg(tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.needs_no_gpu
 def test_the_documents_commands_run_as_written(tmp_path):
     import os
     import shutil

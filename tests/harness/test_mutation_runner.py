@@ -641,7 +641,7 @@ def test_reports_are_written_atomically_and_well_formed(tmp_path):
     assert [m["name"] for m in data["mutants"]] == ["kernel:neox_for_gptj", "dispatch:x"]
     first = data["mutants"][0]
     assert set(first) == {"name", "kind", "target", "parent", "doc", "memory_safety", "needs", "dedicated",
-                          "harness", "baseline"}
+                          "harness", "baseline", "drawn"}
     assert first["harness"]["caught"] is True and first["harness"]["false_alarms"] == [NODES[1].format(TARGET)]
     assert first["harness"]["runs"][0]["outcome"] == "false-alarm" and first["baseline"] is None
     assert data["mutants"][1]["dedicated"] is True and data["mutants"][1]["harness"]["caught"] is False
@@ -655,6 +655,62 @@ def test_reports_are_written_atomically_and_well_formed(tmp_path):
     assert exit_code(rep) == 1
     rep.results.pop()
     assert exit_code(rep) == 0
+
+
+def test_the_drawn_cases_alone_run_each_stage_without_the_fixed_cases_and_have_their_own_column(tmp_path):
+    # The drawn-only suite: every stage of the harness's, its pytest run deselecting the tests marked
+    # fixed_cases and loading the profile without @example cases; its result has its own column and
+    # summary line, and a mutant only the fixed cases catch makes the exit status 1.
+    from hypothesis import Phase, settings
+    from rope.harness.mutation import stages as stages_module
+    stages = stages_module.drawn_stages(MUTANT)
+    assert [s.tests for s in stages] == [s.tests for s in stages_module.harness_stages(MUTANT)] and all(s.drawn for s in stages)
+    args = stages_module.build_pytest_args(stages[0], stages[0].tests, "ci")
+    assert args[args.index("-m") + 1] == "not fixed_cases" and "--hypothesis-profile=ci-drawn" in args
+    assert Phase.explicit not in settings.get_profile("ci-drawn").phases
+    assert settings.get_profile("ci-drawn").derandomize and Phase.explicit in settings.get_profile("ci").phases
+    plain = stages_module.build_pytest_args(stages_module.harness_stages(MUTANT)[0], (), "ci")
+    assert "-m" not in plain and "--hypothesis-profile=ci" in plain
+    gpu_deep = next(m for m in mutation.discover_mutants() if m.needs == "gpu-deep")
+    assert stages_module.drawn_stages(gpu_deep) == []
+    # A memory-safety mutant's guarded search is drawn: without the guarded fixed triggers it goes first.
+    unmasked = next(m for m in mutation.discover_mutants() if m.name == "kernel:cos_sin_unmasked")
+    assert stages_module.harness_stages(unmasked)[0].caught_when == "fail"
+    assert stages_module.drawn_stages(unmasked)[0].caught_when == "pass"
+    rep = _two_results()
+    rep.drawn = True
+    rep.results[0].drawn = SuiteResult("drawn", status="survived", wall_s=300.0)
+    md = report.markdown(rep)
+    assert "| harness caught? | s (wall / pytest) | drawn only? | s (wall / pytest) | baseline caught? |" in md
+    assert any(line.startswith("drawn cases alone: caught 0/1 mutants") and "not caught: kernel:neox_for_gptj" in line
+               for line in report.summary_lines(rep))
+    rep.results.pop()
+    assert exit_code(rep) == 1         # the harness caught it; the drawn cases alone did not
+    rep.results[0].drawn.status = "caught"
+    assert exit_code(rep) == 0
+
+
+def test_every_fixed_case_test_is_marked_and_every_drawn_test_is_not():
+    # The drawn-only column is honest only if the tests made of hand-written cases carry fixed_cases
+    # and the searches do not: a test is a search when Hypothesis drives it (@given or a state
+    # machine), and a search must not carry the marker.
+    import ast
+    from rope.harness.suite import suite_dir
+    searches, fixed = set(), set()
+    for path in suite_dir().rglob("test_*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test_")):
+                continue
+            decorators = [ast.unparse(d) for d in node.decorator_list]
+            source = ast.unparse(node)
+            if any(d.startswith("given") for d in decorators) or "run_state_machine_as_test" in source:
+                searches.add(node.name)
+            if "pytest.mark.fixed_cases" in decorators:
+                fixed.add(node.name)
+    assert not searches & fixed, searches & fixed
+    assert {"test_known_bug_triggers_match_reference", "test_regression_case_matches_reference",
+            "test_model_rotation_matches_reference", "test_power_of_two_boundaries_match_reference",
+            "test_known_bug_prompts_match"} <= fixed
 
 
 def test_table_shows_each_mutant_and_the_summary():

@@ -443,3 +443,53 @@ def test_the_harness_names_a_distribution_sharing_our_package(tmp_path, monkeypa
     with pytest.raises(ImportError, match=r"the distribution rope 1\.15\.2 is installed too and owns the import "
                                           r"package 'rope' as rope-harness does"):
         check_own_packages()
+
+
+class _Item:
+    def __init__(self, name, marked):
+        self.name, self._marked = name, marked
+
+    def get_closest_marker(self, name):
+        return object() if name == "needs_no_gpu" and self._marked else None
+
+
+class _Config:
+    def __init__(self, cpu_work):
+        self.cpu_work, self.deselected = cpu_work, []
+        self.hook = type("Hook", (), {"pytest_deselected": lambda _, items: self.deselected.extend(items)})()
+
+    def getoption(self, name):
+        assert name == "--rope-cpu-work", name
+        return self.cpu_work
+
+
+@pytest.mark.parametrize("devices, cpu_work, left_out", [
+    (["cpu", "cuda"], False, True), (["cpu", "rocm"], False, True), (["xpu"], False, True),
+    (["cpu", "cuda"], True, False), (["cpu"], False, False),
+])
+def test_a_gpu_run_leaves_the_cpu_work_out_unless_asked(monkeypatch, devices, cpu_work, left_out):
+    # The CPU bench, the offline compile sweeps and the documents' commands (marked needs_no_gpu)
+    # take minutes a GPU box runs no faster: a run that checks a GPU leaves them out unless
+    # --rope-cpu-work asks; a CPU run (CI) always runs them.
+    from rope.harness.plugin import selection
+    monkeypatch.setattr(selection, "selected_devices", lambda config: devices)
+    items = [_Item("bench", True), _Item("property", False), _Item("docs", True)]
+    config = _Config(cpu_work)
+    selection.keep_cpu_work_off_gpu_runs(config, items)
+    assert selection.cpu_work_left_out(config) is left_out
+    assert [i.name for i in items] == (["property"] if left_out else ["bench", "property", "docs"])
+    assert [i.name for i in config.deselected] == (["bench", "docs"] if left_out else [])
+
+
+def test_the_cpu_work_is_marked():
+    # What the GPU suite leaves out is chosen by the marker: the slow CPU-only tests carry it.
+    import ast
+    marked = set()
+    for path in ("harness/test_docs.py", "harness/test_bench.py", "kernels/test_kernel_compiles.py"):
+        tree = ast.parse((Path(__file__).parents[1] / path).read_text())
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and any("needs_no_gpu" in ast.unparse(d) for d in node.decorator_list):
+                marked.add(node.name)
+    assert marked == {"test_the_documents_commands_run_as_written", "test_bench_on_the_cpu_as_a_user_types_it",
+                      "test_every_launch_the_launchers_make_compiles_for_sm90",
+                      "test_every_launch_the_launchers_make_compiles_for_amd_and_intel"}, marked

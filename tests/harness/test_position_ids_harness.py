@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from properties.mutants import broken_position_ids as broken
 from properties.prompt_strategies import batches
 from properties.position_ids.known_prompts import KNOWN_BUG_PROMPTS
+from properties.prompt_strategies import LONG_PROMPT
 from reference.position_ids import prompt_positions
 from rope.prompts import Audio, Image, Prompt, PromptBatch, Text, Video
 from rope.harness.position_ids import case_file
@@ -40,6 +41,7 @@ CAUGHT_BY = {
     "text_after_video_restart": ("transformers-5.3-text-after-long-video", "text_after_video_restart"),
     "delta_from_first_chunk": ("vllm#10403-delta-whole-prompt", "delta_wrong"),
     "negative_delta_clamped": ("LightLLM#1147-negative-delta", "negative_delta_clamped"),
+    "positions_in_fp16": ("positions-past-2048", "text_wrong"),
     "zero_taken_as_missing": ("rtp-llm#1213-image-first", "zero_taken_as_missing"),
     "ordinal_across_batch": ("hunyuan-ordinal-per-prompt", "ordinal_across_batch"),
     "audio_bos_eos_counted_twice": ("vllm#16878-bos-eos-once", "audio_start_not_shared"),
@@ -80,6 +82,7 @@ DEPARTS_IN = {
     "text_after_video_restart": ("qwen2_vl", "qwen2_5_vl"),
     "delta_from_first_chunk": ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "qwen2_5_omni", "qwen3_omni"),
     "negative_delta_clamped": ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "qwen2_5_omni", "qwen3_omni"),
+    "positions_in_fp16": ("qwen2_vl", "qwen3_vl", "glm4v", "hunyuan_ocr"),
     # Qwen2.5-Omni: a video with audio opening the prompt has its audio start token at 0 too.
     "zero_taken_as_missing": ("hunyuan_ocr", "hunyuan_ocr_3d", "arc_hunyuan_video", "qwen2_5_omni"),
     "ordinal_across_batch": ("hunyuan_ocr", "hunyuan_ocr_3d", "arc_hunyuan_video"),
@@ -97,8 +100,10 @@ def test_drawn_batches_alone_find_every_mutant(name):
     # bug only a batch shows).
     fn = broken.BROKEN_POSITION_IDS[name]
     max_batch = 3 if name == "ordinal_across_batch" else 1
+    # As the suite draws them: a prompt may open with a long text run (positions past 2^15).
+    long_text = LONG_PROMPT if name == "positions_in_fp16" else 0
     drawn = st.sampled_from(DEPARTS_IN[name]).flatmap(
-        lambda f: st.tuples(st.just(f), batches(family=f, max_batch=max_batch)))
+        lambda f: st.tuples(st.just(f), batches(family=f, max_batch=max_batch, max_leading_text=long_text)))
 
     def caught(case) -> bool:
         family, batch = case

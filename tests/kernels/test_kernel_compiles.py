@@ -48,6 +48,7 @@ def _compile_offline(*args: str, timeout: float = 600) -> tuple[int, list[dict],
     return run.returncode, records, summary, run.stderr
 
 
+@pytest.mark.needs_no_gpu
 @needs_cuda_backend
 def test_every_launch_the_launchers_make_compiles_for_sm90():
     rc, records, summary, stderr = _compile_offline()
@@ -119,6 +120,7 @@ def test_compile_offline_refuses_to_run_under_the_interpreter():
     assert run.returncode == 2 and "run with TRITON_INTERPRET=0" in run.stderr
 
 
+@pytest.mark.needs_no_gpu
 @pytest.mark.parametrize("target, backend, defaults_only", [
     # The options a caller may pass compiled on MI300X; MI250X (the same CDNA family) takes the
     # launchers' defaults, which halves the compile time a CI run pays on a machine without a cache.

@@ -103,7 +103,8 @@ def select_mutants(mutants: list[Mutant], only: list[str]) -> list[Mutant]:
 
 
 NEEDS = {"gpu-deep": "a GPU (its bug shows only past 2^31 elements of q or of the cos/sin cache: "
-                     "test_prefill.py's huge cases, deep profile)"}
+                     "test_prefill.py's huge cases, deep profile)",
+         "gpu": "a GPU (its bug shows only in a CUDA/HIP graph replayed with new inputs: test_modes.py)"}
 
 
 def unmet_need(m: Mutant) -> str | None:
@@ -113,7 +114,7 @@ def unmet_need(m: Mutant) -> str | None:
     if m.needs not in NEEDS:
         return f"needs {m.needs!r}, which this runner does not know"
     from rope.devices import available_devices
-    if m.needs == "gpu-deep" and not {"cuda", "rocm"} & set(available_devices()):
+    if m.needs in ("gpu", "gpu-deep") and not {"cuda", "rocm"} & set(available_devices()):
         return f"needs {NEEDS[m.needs]}"
     return None
 

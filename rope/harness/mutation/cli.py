@@ -62,7 +62,7 @@ from rope.harness.mutation.catalogue import CatalogueError, discover_mutants, ki
 from rope.harness.mutation.report import print_table, write_reports
 from rope.harness.mutation.results import exit_code
 from rope.harness.mutation.runner import DEFAULT_BUDGET_S, DEFAULT_LIMIT_S, PROFILES, run
-from rope.harness.mutation.stages import DISPATCH_SUITE, baseline_stages, harness_stages
+from rope.harness.mutation.stages import DISPATCH_SUITE, baseline_stages, drawn_stages, harness_stages
 
 
 def _positive(kind):
@@ -80,6 +80,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run this mutant only (kernel:neox_for_gptj, a bare name for every mutant of that name, or "
                         "an import path); repeatable")
     p.add_argument("--no-baseline", action="store_true", help="skip the serving-engine-style baseline suite")
+    p.add_argument("--no-drawn", action="store_true",
+                   help="skip the drawn-only run (the harness with its @example cases and fixed-case tests off)")
     p.add_argument("--jobs", type=_positive(int), default=2, help="mutant suites run in parallel (default 2)")
     p.add_argument("--out", default=None, help="directory for mutants.json / mutants.md (default ./reports)")
     p.add_argument("--budget", type=_positive(float), default=DEFAULT_BUDGET_S,
@@ -107,18 +109,20 @@ def cmd_mutants(args) -> int:
     if args.list:
         for m in mutants:
             console.print(f"{m.name}  [{kind_label(m)}]  {m.doc}", highlight=False, markup=False)
-            for stage in harness_stages(m) + baseline_stages(m):
+            for stage in harness_stages(m) + drawn_stages(m) + baseline_stages(m):
                 tests = " ".join(stage.tests[:2]) + (" ..." if len(stage.tests) > 2 else "")
                 when = "a test fails" if stage.caught_when == "fail" else "the test passes"
-                console.print(f"    {stage.label}: {tests} {' '.join(stage.options)} (caught when {when})",
+                drawn = " [drawn cases only]" if stage.drawn else ""
+                console.print(f"    {stage.label}{drawn}: {tests} {' '.join(stage.options)} (caught when {when})",
                               highlight=False, markup=False)
         return 0
     from rope.harness.report import reports_dir
     out = Path(args.out) if args.out else reports_dir()
     err.print(f"rope-harness mutants: {len(mutants)} mutants, profile {args.profile}, {args.jobs} jobs, baseline "
-              f"{'off' if args.no_baseline else 'on'}; dispatch mutants run through their dedicated tests in "
-              f"{DISPATCH_SUITE}")
-    report = run([m.name for m in mutants], profile=args.profile, baseline=not args.no_baseline, jobs=args.jobs,
+              f"{'off' if args.no_baseline else 'on'}, drawn cases alone {'off' if args.no_drawn else 'on'}; "
+              f"dispatch mutants run through their dedicated tests in {DISPATCH_SUITE}")
+    report = run([m.name for m in mutants], profile=args.profile, baseline=not args.no_baseline,
+                 drawn=not args.no_drawn, jobs=args.jobs,
                  budget_s=args.budget, limit_s=args.limit, confirm=not args.no_confirm,
                  log_dir=out / "mutants-logs" if args.logs else None,
                  progress=lambda line: err.print(line, markup=False))

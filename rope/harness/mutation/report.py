@@ -15,6 +15,9 @@ NOTE_DISPATCH = ("dispatch mutants are op classes, not registry implementations:
                  "tests in properties/dispatch (test_dispatch_property_rejects_broken_op[NAME], marked mutant_search), "
                  "which pass "
                  "when the dispatch property rejects the broken op")
+NOTE_DRAWN = ("drawn only: the harness again with its fixed cases off (no @example, no test marked fixed_cases: "
+              "known-bug triggers, the regression corpus, real models' rows, fixed-size boundaries); its seconds "
+              "are the time to the first failure")
 NOTE_CONTROL = ("a failure counts only if the same test passes on the mutant's unmutated parent; failures the parent "
                 "shares are false alarms, skipped")
 
@@ -48,6 +51,13 @@ def summary_lines(report: MutationReport) -> list[str]:
                      f"{b['suite_s_caught_total']:.1f} s of suite time over the catches "
                      f"({b['suite_s_total']:.1f} s in all); false alarms skipped: {b['false_alarms']}; "
                      f"over the limit: {', '.join(b['slow']) or 'none'}")
+    d = s["drawn"]
+    if d is not None:
+        lines.append(f"drawn cases alone: caught {d['caught']}/{d['mutants']} mutants, {d['suite_s_caught_total']:.1f} s "
+                     f"of suite time over the catches; not caught: {', '.join(d['not_caught']) or 'none'}; over the "
+                     f"{report.limit_s:.0f} s limit: {', '.join(d['slow']) or 'none'}"
+                     + (f"; no drawn suite (fixed huge cases only): {', '.join(s['drawn_not_run'])}"
+                        if s["drawn_not_run"] else ""))
     lines.append(f"survivors of the harness: {', '.join(s['survivors']) or 'none'}")
     for entry in s["not_run"]:
         lines.append(f"not run here: {entry['mutant']}: {entry['reason']}")
@@ -67,22 +77,27 @@ def print_table(report: MutationReport, console=None) -> None:
 
     console = console or Console(width=max(180, Console().width))
     table = Table(title=f"rope-harness mutants (profile {report.profile})", show_lines=True,
-                  caption="\n".join([NOTE_SECONDS, NOTE_DISPATCH] + ([NOTE_CONTROL] if report.confirm else [])),
-                  caption_justify="left")
-    columns = (("mutant", {"no_wrap": True}), ("kind", {"max_width": 16}),
-               ("harness caught?", {"max_width": 14}), ("s (wall / pytest)", {"max_width": 11}),
-               ("baseline caught?", {"max_width": 14}), ("s (wall / pytest)", {"max_width": 11}),
-               ("counterexample", {"overflow": "fold", "min_width": 40}))
+                  caption="\n".join(_notes(report)), caption_justify="left")
+    columns = [("mutant", {"no_wrap": True}), ("kind", {"max_width": 16}),
+               ("harness caught?", {"max_width": 14}), ("s (wall / pytest)", {"max_width": 11})]
+    if report.drawn:
+        columns += [("drawn only?", {"max_width": 14}), ("s (wall / pytest)", {"max_width": 11})]
+    columns += [("baseline caught?", {"max_width": 14}), ("s (wall / pytest)", {"max_width": 11}),
+                ("counterexample", {"overflow": "fold", "min_width": 40})]
     for name, kw in columns:
         table.add_column(name, **kw)
     for r in report.results:
-        hc, hs = cell(r.harness, markup=True)
-        bc, bs = cell(r.baseline, markup=True)
-        table.add_row(escape(r.mutant.name), escape(kind_label(r.mutant)), hc, hs, bc, bs,
+        cells = [*cell(r.harness, markup=True)] + ([*cell(r.drawn, markup=True)] if report.drawn else [])
+        table.add_row(escape(r.mutant.name), escape(kind_label(r.mutant)), *cells, *cell(r.baseline, markup=True),
                       escape(_counterexample(r.harness)))
     console.print(table)
     for line in summary_lines(report):
         console.print(line, highlight=False, markup=False)
+
+
+def _notes(report: MutationReport) -> list[str]:
+    return ([NOTE_SECONDS] + ([NOTE_DRAWN] if report.drawn else []) + [NOTE_DISPATCH]
+            + ([NOTE_CONTROL] if report.confirm else []))
 
 
 def _md(text: str) -> str:
@@ -93,20 +108,23 @@ def markdown(report: MutationReport) -> str:
     lines = [f"# Mutation report ({report.created})", "",
              f"Profile `{report.profile}`; limit {report.limit_s:.0f} s of suite time; budget {report.budget_s:.0f} s "
              f"per suite; {report.jobs} jobs; baseline {'on' if report.baseline else 'off'}; "
+             f"drawn cases alone {'on' if report.drawn else 'off'}; "
              f"parent control {'on' if report.confirm else 'off'}.", ""]
     lines += [f"- {line}" for line in summary_lines(report)] + [""]
-    lines += [f"- {NOTE_SECONDS}", f"- {NOTE_DISPATCH}"] + ([f"- {NOTE_CONTROL}"] if report.confirm else []) + [""]
-    lines += ["| mutant | kind | harness caught? | s (wall / pytest) | baseline caught? | s (wall / pytest) | "
-              "counterexample |", "|---|---|---|---:|---|---:|---|"]
+    lines += [f"- {note}" for note in _notes(report)] + [""]
+    drawn_head = " drawn only? | s (wall / pytest) |" if report.drawn else ""
+    lines += [f"| mutant | kind | harness caught? | s (wall / pytest) |{drawn_head} baseline caught? | "
+              "s (wall / pytest) | counterexample |",
+              "|---|---|---|---:|" + ("---|---:|" if report.drawn else "") + "---|---:|---|"]
     for r in report.results:
-        hc, hs = cell(r.harness, markup=False)
-        bc, bs = cell(r.baseline, markup=False)
-        lines.append(f"| `{r.mutant.name}` | {kind_label(r.mutant)} | {hc} | {hs} | {bc} | {bs} | "
+        cells = [*cell(r.harness, markup=False)] + ([*cell(r.drawn, markup=False)] if report.drawn else [])
+        cells += [*cell(r.baseline, markup=False)]
+        lines.append(f"| `{r.mutant.name}` | {kind_label(r.mutant)} | {' | '.join(cells)} | "
                      f"{_md(_counterexample(r.harness))} |")
     lines += ["", "## Details", ""]
     for r in report.results:
         lines += [f"### `{r.mutant.name}` ({kind_label(r.mutant)})", "", r.mutant.doc, ""]
-        for s in (r.harness, r.baseline):
+        for s in (r.harness, r.drawn, r.baseline):
             if s is None:
                 continue
             lines.append(f"- **{s.suite}**: {describe(s)}" + (f" (stage: {s.stage})" if s.stage else ""))

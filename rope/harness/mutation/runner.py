@@ -35,8 +35,8 @@ from rope.harness.mutation.catalogue import Mutant, discover_mutants, select_mut
 from rope.harness.mutation.outcome import PytestRun, excerpt
 from rope.harness.mutation.records import RECORDS_ENV, read_records
 from rope.harness.mutation.results import Control, MutantResult, MutationReport, RunRecord, SuiteResult, describe
-from rope.harness.mutation.stages import (Stage, baseline_stages, build_pytest_args, command_line, harness_stages,
-                                          suite_root)
+from rope.harness.mutation.stages import (Stage, baseline_stages, build_pytest_args, command_line, drawn_stages,
+                                          harness_stages, suite_root)
 
 PROFILES = ("ci", "dev")
 DEFAULT_LIMIT_S = 60.0          # a mutant must be caught within this much suite time
@@ -154,7 +154,7 @@ class MutationRunner:
 
     # ------------------------------------------------------------------ one suite
     def run_suite(self, m: Mutant, suite: str) -> SuiteResult | None:
-        stages = harness_stages(m) if suite == "harness" else baseline_stages(m)
+        stages = {"harness": harness_stages, "drawn": drawn_stages, "baseline": baseline_stages}[suite](m)
         if not stages:
             return None
         result = SuiteResult(suite)
@@ -315,13 +315,16 @@ class MutationRunner:
         return Control(node, control.parent_test, control.parent_failed, control.wall_s, control.summary)
 
     # ------------------------------------------------------------------ all mutants
-    def run(self, mutants: list[Mutant], *, baseline: bool = True,
+    def run(self, mutants: list[Mutant], *, baseline: bool = True, drawn: bool = True,
             progress: Callable[[str], None] | None = None) -> list[MutantResult]:
         items = [(m, "harness") for m in mutants]
+        if drawn:
+            items += [(m, "drawn") for m in mutants if drawn_stages(m)]
         if baseline:
             items += [(m, "baseline") for m in mutants if baseline_stages(m)]
         # Longest first (kernel mutants under the interpreter; the baseline's 8192-token examples).
-        cost = {("rotation-kernel", "baseline"): 0, ("rotation-kernel", "harness"): 1, ("positions", "harness"): 2}
+        cost = {("rotation-kernel", "baseline"): 0, ("rotation-kernel", "harness"): 1, ("rotation-kernel", "drawn"): 1,
+                ("positions", "harness"): 2, ("positions", "drawn"): 2}
         items.sort(key=lambda it: cost.get((it[0].kind, it[1]), 3))
         done: dict = {}
         with ThreadPoolExecutor(max_workers=self.jobs) as pool:
@@ -332,7 +335,8 @@ class MutationRunner:
                 done[m.name, suite] = res
                 if progress:
                     progress(f"[{i}/{len(items)}] {m.name} {suite}: {describe(res)}")
-        return [MutantResult(m, done[m.name, "harness"], done.get((m.name, "baseline"))) for m in mutants]
+        return [MutantResult(m, done[m.name, "harness"], done.get((m.name, "baseline")), done.get((m.name, "drawn")))
+                for m in mutants]
 
     def _safe_suite(self, m: Mutant, suite: str) -> SuiteResult | None:
         try:
@@ -343,7 +347,7 @@ class MutationRunner:
                                       *traceback.format_exc().splitlines()[-6:]])
 
 
-def run(only: list[str] | None = None, *, profile: str = "ci", baseline: bool = True, jobs: int = 2,
+def run(only: list[str] | None = None, *, profile: str = "ci", baseline: bool = True, drawn: bool = True, jobs: int = 2,
         budget_s: float = DEFAULT_BUDGET_S, limit_s: float = DEFAULT_LIMIT_S, confirm: bool = True,
         log_dir: Path | None = None, progress: Callable[[str], None] | None = None,
         execute: Executor = execute_pytest) -> MutationReport:
@@ -356,7 +360,7 @@ def run(only: list[str] | None = None, *, profile: str = "ci", baseline: bool = 
     runner = MutationRunner(profile=profile, budget_s=budget_s, limit_s=limit_s, confirm=confirm, jobs=jobs,
                             execute=execute, log_dir=log_dir)
     start = time.perf_counter()
-    results = runner.run(mutants, baseline=baseline, progress=progress)
+    results = runner.run(mutants, baseline=baseline, drawn=drawn, progress=progress)
     return MutationReport(results, profile, limit_s, budget_s, jobs, baseline, confirm,
                           time.perf_counter() - start, datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                          not_run)
+                          not_run, drawn)

@@ -10,11 +10,12 @@ ids read ``properties/...`` wherever the suite is installed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rope.harness.mutation.catalogue import KINDS, POSITION_KINDS, ROTATION_KINDS, Mutant
 from rope.harness.mutation.records import PLUGIN as RECORDS_PLUGIN
+from rope.harness.plugin.profiles import DRAWN_SUFFIX
 from rope.harness.suite import SUITE_PACKAGE, suite_dir
 
 # The suite's sub-packages, one per checked thing (and the baseline's).
@@ -46,12 +47,26 @@ class Stage:
     caught_when: str = "fail"
     impl_option: str | None = None
     profile: str | None = None      # a Hypothesis profile this stage needs, whatever the run's
+    drawn: bool = False             # the drawn cases alone: no @example, no test marked fixed_cases
 
 
 def _search(m: Mutant, suite: str) -> Stage:
     """The mutant's dedicated search in ``suite``: the test that passes when the property rejects it."""
     return Stage(f"dedicated search ({suite.rsplit('/', 1)[-1]})", (suite,), ("-m", SEARCH, SEARCH_OPTION, m.name),
                  "pass")
+
+
+def drawn_stages(m: Mutant) -> list[Stage]:
+    """The harness suite with its fixed cases off: the same stages, each run without Hypothesis'
+    @example cases and without the tests marked ``fixed_cases`` (known-bug triggers, the regression
+    corpus, real models' rows, boundaries at fixed sizes), so a catch is the drawn cases' own.  A
+    mutant that only the fixed huge cases can show (``needs: gpu-deep``) has no drawn suite."""
+    if m.needs == "gpu-deep":
+        return []
+    stages = [replace(stage, drawn=True) for stage in harness_stages(m)]
+    # A memory-safety mutant's guarded search (a drawn search) first: the rotation suite's guarded
+    # known-bug triggers, which put that suite first, are fixed cases.
+    return sorted(stages, key=lambda stage: stage.caught_when != "pass") if m.memory_safety else stages
 
 
 def harness_stages(m: Mutant) -> list[Stage]:
@@ -96,9 +111,17 @@ def build_pytest_args(stage: Stage, tests, profile: str, options=None) -> list[s
     """pytest's arguments for a run of ``tests`` (the stage's, or what is left of them): stop at the
     first failure, the records plugin on (the runner judges from its records, the terminal
     output is only kept for ``--logs``)."""
-    return [*tests, *(stage.options if options is None else options), "-x", "-v", "--tb=short",
-            "-p", "no:cacheprovider", f"--hypothesis-profile={stage.profile or profile}", "--rootdir", str(suite_root()),
-            "-p", RECORDS_PLUGIN]
+    profile = stage.profile or profile
+    opts = list(stage.options if options is None else options)
+    if stage.drawn:             # pytest keeps the last -m: one expression, the stage's and the drawn cases'
+        if "-m" in opts:
+            at = opts.index("-m") + 1
+            opts[at] = f"({opts[at]}) and not fixed_cases"
+        else:
+            opts += ["-m", "not fixed_cases"]
+    return [*tests, *opts, "-x", "-v", "--tb=short",
+            "-p", "no:cacheprovider", f"--hypothesis-profile={profile}{DRAWN_SUFFIX if stage.drawn else ''}",
+            "--rootdir", str(suite_root()), "-p", RECORDS_PLUGIN]
 
 
 def command_line(args: list[str], num_tests: int) -> str:

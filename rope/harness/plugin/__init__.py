@@ -61,7 +61,8 @@ from rope.harness.plugin import compared, failures, run_end
 from rope.harness.plugin.run_end import (END_STACKS_FILE, LAST_REPORT_AT, arm_end_stacks, arm_stop_file,
                                          note_failure_for_stop,
                                          record_profile)
-from rope.harness.plugin.selection import (device_params, keep_builtins_only_for_builtins, keep_harness_stages_out,
+from rope.harness.plugin.selection import (cpu_work_left_out, device_params, keep_builtins_only_for_builtins,
+                                           keep_cpu_work_off_gpu_runs, keep_harness_stages_out,
                                            keep_only_asked_mutant_searches, keep_only_replays,
                                            skip_oracle_tests_without_transformers, selected_devices,
                                            selected_implementations, selected_position_ids_implementations,
@@ -96,6 +97,11 @@ MARKERS = (
     "stack: meets the installed torch and Triton directly; CI runs it on every stack it supports",
     "replay: replays case files (--rope-repro)",
     "self_test: runs deliberately broken implementations (the suite checking itself): kept out of the run report",
+    "needs_no_gpu: work a GPU does not speed up (the CPU bench, the offline compile sweeps, the documents' "
+    "commands): on a run that checks a GPU it runs only with --rope-cpu-work",
+    "fixed_cases: runs hand-written cases only (known-bug triggers, the regression corpus, real models' rows, "
+    "boundaries at fixed sizes, bad inputs): left out when the drawn cases alone are measured "
+    "(rope-harness mutants' drawn-only column)",
     "builtins_only: holds the built-in implementations to what only they promise (the harness's own validation "
     "messages); deselected for any other implementation",
 )
@@ -145,6 +151,9 @@ def pytest_addoption(parser):
     group.addoption("--rope-test-timeout", default=None, type=float, metavar="SECONDS",
                     help="per-test timeout through pytest-timeout (default 900; 3600 in the deep and campaign "
                          "profiles; 0: none); --timeout / PYTEST_TIMEOUT take precedence")
+    group.addoption("--rope-cpu-work", action="store_true", default=False,
+                    help="on a run that checks a GPU, also run the tests marked needs_no_gpu (the CPU bench, the "
+                         "offline compile sweeps, the documents' commands); a run without a GPU always runs them")
     group.addoption("--rope-known-defects", default=None, choices=("check", "avoid"),
                     help="the measured upstream defects the adapters declare (wrong values or a raise on some calls): "
                          "check them like every call (default), or avoid them, so a long run of an external "
@@ -257,6 +266,7 @@ def pytest_collection_modifyitems(config, items):
     keep_only_asked_mutant_searches(config, items)
     keep_only_replays(config, items)
     keep_builtins_only_for_builtins(config, items)
+    keep_cpu_work_off_gpu_runs(config, items)
     keep_shard(config, items)
     set_test_timeouts(config, items)
     skip_oracle_tests_without_transformers(items)
@@ -273,7 +283,11 @@ def pytest_report_header(config):
     else:
         per_test = f"{seconds:g} s" if seconds else "pytest-timeout's settings"
     call = call_timeout()
-    return f"rope-harness: call deadline {f'{call:g} s' if call else 'none'}, per-test timeout {per_test}"
+    lines = []
+    if cpu_work_left_out(config):
+        lines.append("rope-harness: a GPU run: the tests marked needs_no_gpu (the CPU bench, the offline compile "
+                     "sweeps, the documents' commands) are left out; --rope-cpu-work runs them")
+    return lines + [f"rope-harness: call deadline {f'{call:g} s' if call else 'none'}, per-test timeout {per_test}"]
 
 
 def pytest_configure(config):

@@ -19,6 +19,12 @@ settings.register_profile("deep", max_examples=2000, deadline=None, print_blob=T
 # The @example cases only, no search: fixed launches, e.g. for lab/bench/sanitize_kernels.py under memcheck.
 settings.register_profile("explicit", phases=[Phase.explicit], deadline=None, database=None,
                           suppress_health_check=_SLOW_OK)
+# The drawn cases alone: each profile without its @example cases (Hypothesis' explicit phase), for
+# `rope-harness mutants`' drawn-only column, which also deselects the tests marked fixed_cases.
+DRAWN_SUFFIX = "-drawn"
+DRAWN_PHASES = (Phase.generate, Phase.target, Phase.shrink)
+for _name in ("dev", "ci", "deep"):
+    settings.register_profile(_name + DRAWN_SUFFIX, parent=settings.get_profile(_name), phases=DRAWN_PHASES)
 if os.environ.get("ROPE_CAMPAIGN"):
     # A rope-harness campaign round: its examples per test and the example database every worker
     # and round shares (rope.harness.campaign), so a failure found anywhere is replayed everywhere.

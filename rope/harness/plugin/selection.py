@@ -57,6 +57,28 @@ def keep_only_replays(config, items):
     items[:] = keep
 
 
+GPU_KINDS = ("cuda", "rocm", "xpu")
+
+
+def keep_cpu_work_off_gpu_runs(config, items):
+    """On a run that checks a GPU, the tests marked ``needs_no_gpu`` (the CPU bench, the offline
+    compile sweeps, the documents' commands: minutes of CPU work that a GPU box runs no faster) are
+    deselected unless --rope-cpu-work asks for them; CPU CI runs them.  The report header says so."""
+    if not cpu_work_left_out(config):
+        return
+    dropped = [item for item in items if item.get_closest_marker("needs_no_gpu") is not None]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if item.get_closest_marker("needs_no_gpu") is None]
+
+
+def cpu_work_left_out(config) -> bool:
+    """Whether this run leaves the ``needs_no_gpu`` tests out: it checks a GPU and was not given
+    --rope-cpu-work."""
+    return not config.getoption("--rope-cpu-work") and any(
+        kind in GPU_KINDS for kind in selected_devices(config))
+
+
 # The parameter a test takes its implementation under, and the built-in implementations of it.
 def _builtins_by_parameter() -> dict:
     from rope.registry import BUILTIN_POSITIONS, BUILTIN_ROTATIONS

@@ -1,0 +1,182 @@
+"""The modes engines call a rotation in, beside the eager call every property makes: the same
+inputs twice (the same bits back), under torch.compile, and captured in a CUDA (HIP) graph that is
+replayed with new values copied into its inputs.  Free of pytest: each function returns what is
+wrong (a list of problems, or the comparisons), the properties turn that into a failure.
+
+Engines do not call a kernel eagerly once: vLLM compiles the model and replays CUDA graphs whose
+static buffers are refilled every step.  The bugs that live there pass an eager check: RoPE skipped
+only in the compiled model (olmoearth_pretrain#600), a host-side position offset baked into the
+captured graph (candle#3728), a kernel that reads a tile still being filled and answers differently
+on each call (vllm-ascend#16674).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from rope.implementation import Implementation
+from rope.spec import RopeSpec
+
+__all__ = ["GraphCaptureFailed", "GraphReplay", "ReplayStep", "bit_differences", "compile_backend", "compile_unavailable_reason",
+           "compiled_implementation", "mode_unsupported_reason", "replay_in_graph"]
+
+
+def mode_unsupported_reason(impl: Implementation, mode: str, device: str) -> str | None:
+    """Why ``impl`` is not checked in ``mode`` on ``device`` (None: it is)."""
+    if mode not in impl.modes:
+        return f"{impl.name or 'the implementation'} declares modes={impl.modes}: not called {mode_words(mode)}"
+    if mode == "graph" and not device.startswith(("cuda", "rocm")):
+        return f"a CUDA/HIP graph needs a GPU (device {device})"
+    if mode == "compile":
+        return compile_unavailable_reason(impl, device)
+    return None
+
+
+def mode_words(mode: str) -> str:
+    return {"eager": "eagerly", "compile": "under torch.compile", "graph": "in a CUDA graph"}[mode]
+
+
+def compile_backend(device: str) -> str:
+    """inductor on a GPU, as engines compile; on the CPU aot_eager: the same Dynamo trace and
+    AOTAutograd graph (where a rotation skipped under compile, or a guard on the wrong input, shows)
+    without inductor's C++ code generation, which costs seconds per recompile and every drawn spec
+    is one."""
+    return "aot_eager" if device == "cpu" else "inductor"
+
+
+def compiled_implementation(impl: Implementation, device: str) -> Implementation:
+    """``impl`` with its callable under torch.compile (dynamic shapes; fullgraph where it declares
+    it).  Dynamo's recompile limit is lifted for it and a hit raises: past the limit Dynamo would
+    otherwise fall back to running the function eagerly, silently, and an eager pass would stand in
+    for the compiled call being checked."""
+    fn = torch.compile(impl.fn, dynamic=True, fullgraph=impl.fullgraph, backend=compile_backend(device))
+
+    def under_compile(spec, positions, query, key, cos_sin_cache):
+        import torch._dynamo.config as dynamo_config
+        with dynamo_config.patch(recompile_limit=1 << 16, accumulated_recompile_limit=1 << 16,
+                                 fail_on_recompile_limit_hit=True):
+            return fn(spec, positions, query, key, cos_sin_cache)
+    under_compile.__name__ = f"compiled_{getattr(impl.fn, '__name__', 'implementation')}"
+    return replace(impl, fn=under_compile)
+
+
+_PROBED: dict = {}
+
+
+def compile_unavailable_reason(impl: Implementation, device: str) -> str | None:
+    """Why ``impl`` cannot be called under torch.compile on this machine at all (None: it can): a
+    Triton kernel launched straight from Python runs, without a GPU, in Triton's interpreter, whose
+    NumPy pointer arithmetic Dynamo cannot trace.  On a GPU Dynamo traces the kernel itself; a
+    kernel behind a torch.library custom op is opaque to it and runs anywhere.  Found by one probe
+    call per implementation: a tracing failure inside the interpreter's frames is this, and only
+    this; every other failure is the implementation's and is checked like any other."""
+    key = (impl.name, id(impl.fn), device)
+    if key not in _PROBED:
+        _PROBED[key] = _probe_compile(impl, device)
+    return _PROBED[key]
+
+
+def _probe_compile(impl: Implementation, device: str) -> str | None:
+    import traceback
+    spec = RopeSpec(head_size=64, rotary_dim=64, is_neox_style=True, max_position=16)
+    dev = torch.device(device if device != "rocm" else "cuda")
+    positions = torch.arange(4, device=dev)
+    query = torch.ones(4, 64, device=dev)
+    from rope.cache import cos_sin_cache
+    cache = cos_sin_cache(spec, dtype=torch.float32, device=dev)
+    try:
+        compiled_implementation(impl, device)(spec, positions, query, query.clone(), cache)
+    except Exception as exc:  # noqa: BLE001 - classified below, never swallowed as a pass
+        frames = traceback.extract_tb(exc.__traceback__)
+        text = "".join(traceback.format_exception(exc))
+        if "triton/runtime/interpreter.py" in text and "torch._dynamo" in text + "".join(f.filename for f in frames):
+            return ("Dynamo cannot trace Triton's interpreter (a kernel launched from Python, on a machine "
+                    "without a GPU); a GPU checks this implementation under torch.compile")
+    return None
+
+
+def bit_differences(first: torch.Tensor | None, second: torch.Tensor | None, what: str) -> list[str]:
+    """Where two outputs of the same call differ bit for bit (NaN payloads included): nothing, or a
+    line naming how many elements differ and the first (token, channel)."""
+    if first is None and second is None:
+        return []
+    if first is None or second is None:
+        return [f"{what}: one call returned None and the other a tensor"]
+    if first.shape != second.shape or first.dtype != second.dtype:
+        return [f"{what}: shape/dtype {tuple(first.shape)} {first.dtype} then {tuple(second.shape)} {second.dtype}"]
+    a, b = first.detach().cpu().contiguous(), second.detach().cpu().contiguous()
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    differ = a.view(ints) != b.view(ints)
+    if not bool(differ.any()):
+        return []
+    where = differ.nonzero()[0].tolist()
+    return [f"{what}: {int(differ.sum())} of {differ.numel()} elements differ between two calls on the same inputs "
+            f"(first at index {tuple(where)}: {a[tuple(where)].item()!r} then {b[tuple(where)].item()!r})"]
+
+
+class GraphCaptureFailed(Exception):
+    """The call raised while being captured (a host sync, an allocation the capture forbids)."""
+
+
+@dataclass
+class ReplayStep:
+    """One replay's inputs, on the CPU: the first ``num_tokens`` rows are real tokens, the rest
+    padding (position 0, as a runner pads a CUDA-graph batch)."""
+    positions: torch.Tensor
+    query: torch.Tensor
+    key: torch.Tensor | None
+    num_tokens: int
+
+
+@dataclass
+class GraphReplay:
+    """What one replay returned (copied out of the graph's outputs right after it ran)."""
+    step: ReplayStep
+    q_out: torch.Tensor
+    k_out: torch.Tensor | None
+
+
+def replay_in_graph(fn, spec: RopeSpec, cache: torch.Tensor, steps: list[ReplayStep], device: str,
+                    warmups: int = 2) -> list[GraphReplay]:
+    """Warm ``fn`` up eagerly on the first step's inputs (on a side stream, as
+    torch.cuda.graphs.make_graphed_callables does), capture one call in a CUDA graph on static
+    buffers, then for each step copy its inputs into those buffers, replay, and copy the outputs
+    out.  The captured call may work in place (its outputs then alias the buffers)."""
+    dev = torch.device(device if device != "rocm" else "cuda")
+    first = steps[0]
+    positions = first.positions.to(dev).clone()
+    query = first.query.to(dev).clone()
+    key = None if first.key is None else first.key.to(dev).clone()
+    cache = cache.to(dev)
+
+    def fill(step: ReplayStep) -> None:
+        positions.copy_(step.positions)
+        query.copy_(step.query)
+        if key is not None:
+            key.copy_(step.key)
+
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            fill(first)
+            fn(spec, positions, query, key, cache)
+    torch.cuda.current_stream(dev).wait_stream(side)
+    fill(first)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            q_out, k_out = fn(spec, positions, query, key, cache)
+    except Exception as exc:  # noqa: BLE001 - an implementation that declares the mode and cannot be captured
+        raise GraphCaptureFailed(f"its call cannot be captured in a CUDA graph: {type(exc).__name__}: "
+                                 f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+    replays = []
+    for step in steps:
+        fill(step)
+        graph.replay()
+        torch.cuda.synchronize(dev)
+        replays.append(GraphReplay(step, q_out.detach().cpu().clone(),
+                                   None if k_out is None else k_out.detach().cpu().clone()))
+    return replays

@@ -1,0 +1,250 @@
+"""The RoPE + KV-cache write kernel (rope/triton/rope_kv_cache.py) against the float64 reference
+(reference/fused.py): q and k (the live k too, whatever its slot) within the rotation's bound; a
+cache of the activations' dtype holding the live k's and v's very bits at each slot; an FP8 cache
+holding value / scale within half an FP8 spacing (plus what the value's own rounding may move it);
+every row no slot names keeping its stale contents bit for bit; v untouched.  Drawn: every map the
+rotation kernel takes, NeoX and GPT-J, partial rotary, NHD and HND, block sizes 16-256, padding slots
+and short slot mappings, scales other than 1 (as floats and as tensors), packed and separate
+q/k/v, joint key/value cache buffers, positions up to 2^17, sometimes past 2^15 token x head
+products.  The broken variants at the end show each check can fail."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from hypothesis import example, given, settings, strategies as st
+
+import reference.fused as fused_reference
+from properties.strategies import KINDS, rope_specs
+from rope.devices import triton_runs_on
+from rope.fused import is_fp8
+from rope.harness.rotation.bound import compare_rotation
+from rope.triton.fused_tiles import fp8_code
+from rope.triton.rope_kv_cache import launch_rope_kv_cache, rope_kv_cache_triton
+from tests.kernels.fused_cases import (BLOCK_SIZES, CACHE_KINDS, DTYPES, SCALES, CacheCase, bits, build_cache_case,
+                                       fp8_bound, kept_rows, mismatches, model_spec, rows_mask, token_counts)
+
+HEAD_SIZES = (64, 128, 80, 256, 96, 32)
+MAX_POSITIONS = (4096, 7, 300, 131072)
+POSITION_KINDS = ("uniform", "grid", "text", "last_row")
+
+
+@st.composite
+def cache_cases(draw, *, kinds=KINDS, big: bool = True, max_tokens: int = 40):
+    """A RoPE + KV-cache write; shrinks to 1-D, one token, a bf16 cache, NHD, block 16.  About one
+    draw in ten (``big``) has 2080 tokens of 16 heads (32 wide, to keep it cheap): past 2^15 token x
+    head products."""
+    num_tokens = draw(token_counts(max_tokens) if big else st.integers(1, max_tokens))
+    heads = (32,) if num_tokens > 100 else HEAD_SIZES
+    spec = draw(st.sampled_from(kinds).flatmap(
+        lambda kind: rope_specs(kind=kind, head_sizes=heads, max_positions=MAX_POSITIONS)))
+    if num_tokens > 100:
+        num_q, num_kv = draw(st.sampled_from([(14, 2), (12, 4)]))
+    else:
+        num_q = draw(st.integers(1, 6))
+        num_kv = draw(st.integers(1, num_q))
+    block_size = draw(st.sampled_from(BLOCK_SIZES))
+    least = -(-num_tokens // block_size)
+    return CacheCase(spec=spec, num_tokens=num_tokens, num_q_heads=num_q, num_kv_heads=num_kv,
+                     dtype=draw(st.sampled_from(list(DTYPES))), cache=draw(st.sampled_from(CACHE_KINDS)),
+                     layout=draw(st.sampled_from(["NHD", "HND"])), block_size=block_size,
+                     num_blocks=draw(st.integers(least, least + 2)),
+                     padding=draw(st.sampled_from([0.0, 0.25, 1.0])), short_slots=draw(st.sampled_from([0, 0, 3])),
+                     scale_as_tensor=draw(st.booleans()), k_scale=draw(st.sampled_from(SCALES)),
+                     v_scale=draw(st.sampled_from(SCALES)), packed=draw(st.booleans()),
+                     joint_cache=draw(st.booleans()), positions_kind=draw(st.sampled_from(POSITION_KINDS)),
+                     seed=draw(st.integers(0, 2**32 - 1)))
+
+
+def cache_write_problems(case: CacheCase, inputs, run) -> list[str]:
+    """Run ``run(inputs)`` (an implementation: writes the caches, returns (q, k)) and list every way
+    its results depart from the reference."""
+    spec = case.spec
+    before = {name: getattr(inputs, name).clone() for name in ("query", "key", "value", "key_cache", "value_cache")}
+    ref = fused_reference.rope_kv_cache(spec, inputs.positions, inputs.query, inputs.key, inputs.value,
+                                        inputs.key_cache, inputs.value_cache, inputs.slot_mapping,
+                                        inputs.cos_sin_cache, kv_layout=case.layout, k_scale=inputs.k_scale,
+                                        v_scale=inputs.v_scale)
+    q_out, k_out = run(inputs)
+    problems = []
+    rotation = compare_rotation(spec, inputs.positions, before["query"], before["key"], inputs.cos_sin_cache, q_out,
+                                k_out, ref.query, ref.key, "float32")
+    if not rotation.ok:
+        problems.append(rotation.message("q/k (the live k included):"))
+    if not torch.equal(bits(inputs.value), bits(before["value"])):
+        problems.append("value: changed (it must be read only)")
+    tokens, slots = fused_reference.slot_rows(inputs.slot_mapping, case.num_tokens)
+    block_size, heads = case.block_size, (-1, case.num_kv_heads, spec.head_size)
+    for name, rows, bound_rows, scale in (("key_cache", k_out, rotation.bounds.get("key"), inputs.k_scale),
+                                          ("value_cache", before["value"], None, inputs.v_scale)):
+        cache, old = getattr(inputs, name), before[name]
+        problems += kept_rows(name, old, cache, ref.written, case.layout)
+        written = rows_mask(ref.written.cpu(), old, case.layout)
+        if not is_fp8(cache.dtype):
+            # The live k's (and v's) very bits at each written row.
+            image = bits(old.cpu()).clone()
+            fused_reference.scatter_rows(image, bits(rows.detach().cpu())[tokens].reshape(heads), slots, block_size,
+                                         case.layout)
+            if not torch.equal(bits(cache.cpu())[written], image[written]):
+                problems.append(f"{name}: written rows differ from the live {'k' if name == 'key_cache' else 'v'}")
+            continue
+        scale_value = float(scale) if not isinstance(scale, torch.Tensor) else float(scale.reshape(()))
+        error = torch.zeros(old.shape, dtype=torch.float64)
+        if bound_rows is not None:
+            fused_reference.scatter_rows(error, (bound_rows.cpu()[tokens] / scale_value).reshape(heads), slots,
+                                         block_size, case.layout)
+        expected = ref.caches[name].cpu()
+        bound = fp8_bound(expected[written], error[written], cache.dtype)
+        problems += mismatches(name, cache.cpu().to(torch.float64)[written], expected[written], bound)
+    return problems
+
+
+def _kernel(case: CacheCase):
+    def run(inputs):
+        return rope_kv_cache_triton(case.spec, inputs.positions, inputs.query, inputs.key, inputs.value,
+                                    inputs.key_cache, inputs.value_cache, inputs.slot_mapping, inputs.cos_sin_cache,
+                                    kv_layout=case.layout, k_scale=inputs.k_scale, v_scale=inputs.v_scale)
+    return run
+
+
+QWEN2 = model_spec("qwen2-7b")          # 1-D NeoX, head 128 (28 / 4 heads; tp 4: 7 / 1)
+GLM41V = model_spec("glm-4.1v-9b")      # chunked [8, 12, 12], GPT-J, rotary 64 of 128
+QWEN3VL = model_spec("qwen3-vl-8b")     # interleaved [24, 20, 20], NeoX
+
+
+def _case(spec, **fields) -> CacheCase:
+    base = dict(spec=spec, num_tokens=9, num_q_heads=4, num_kv_heads=2, dtype="bfloat16", cache="activation",
+                layout="NHD", block_size=16, num_blocks=2, padding=0.25, short_slots=0, scale_as_tensor=False,
+                k_scale=0.3, v_scale=2.5, packed=True, joint_cache=False, positions_kind="uniform", seed=1)
+    return CacheCase(**(base | fields))
+
+
+@settings(deadline=None, max_examples=8)
+@given(case=cache_cases())
+@example(case=_case(QWEN2, num_q_heads=7, num_kv_heads=1, num_tokens=5, padding=0.25, short_slots=2))
+@example(case=_case(GLM41V, num_q_heads=16, num_kv_heads=1, cache="float8_e4m3fn", layout="HND", block_size=64,
+                    num_blocks=1, k_scale=0.05, positions_kind="last_row", joint_cache=True))
+@example(case=_case(QWEN3VL, num_q_heads=8, num_kv_heads=2, cache="float8_e5m2", block_size=256, num_blocks=1,
+                    scale_as_tensor=True, k_scale=7.0, v_scale=0.3, positions_kind="grid", packed=False))
+def test_rope_kv_cache_matches_reference(device, case):
+    if not triton_runs_on(device):
+        pytest.skip(f"Triton does not run on {device} here")
+    inputs = build_cache_case(case, device)
+    problems = cache_write_problems(case, inputs, _kernel(case))
+    assert not problems, "\n".join([repr(case)] + problems)
+
+
+@settings(deadline=None, max_examples=4)
+@given(case=cache_cases(kinds=("1d", "interleaved", "mapped"), big=False, max_tokens=12),
+       block_t=st.sampled_from([1, 2, 4, 8]), block_h=st.sampled_from([1, 2, 4]))
+def test_tiles_change_no_bits(device, case, block_t, block_h):
+    """Any tile gives the default launch's bits: a tile past the batch, the heads or the slot
+    mapping writes nothing it should not."""
+    if not triton_runs_on(device):
+        pytest.skip(f"Triton does not run on {device} here")
+    results = []
+    for tile in ({}, {"block_t": block_t, "block_h": block_h}):
+        inputs = build_cache_case(case, device)
+        launch_rope_kv_cache(case.spec, inputs.positions, inputs.query, inputs.key, inputs.value, inputs.key_cache,
+                             inputs.value_cache, inputs.slot_mapping, inputs.cos_sin_cache, kv_layout=case.layout,
+                             k_scale=inputs.k_scale, v_scale=inputs.v_scale, **tile)
+        results.append([bits(t.cpu()) for t in (inputs.query, inputs.key, inputs.key_cache, inputs.value_cache)])
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+@triton.jit
+def _encode(x_ptr, out_ptr, n, E5M2: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + i, fp8_code(tl.load(x_ptr + i, mask=i < n), E5M2), mask=i < n)
+
+
+def test_fp8_codes_round_to_nearest_even_and_saturate(device):
+    """The kernels' FP8 store (rope.triton.fused_tiles.fp8_code) gives torch's code for every bf16
+    value and random fp32 bit patterns, saturated to the largest finite value (torch's e5m2 cast
+    overflows to inf instead), NaN to a NaN code."""
+    if not triton_runs_on(device):
+        pytest.skip(f"Triton does not run on {device} here")
+    gen = torch.Generator().manual_seed(0)
+    values = torch.cat((torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float(),
+                        torch.randint(-2**31, 2**31 - 1, (65536,), generator=gen, dtype=torch.int32).view(torch.float32),
+                        torch.randn(65536, generator=gen) * 2.0 ** -12))
+    for dtype, e5m2 in ((torch.float8_e4m3fn, False), (torch.float8_e5m2, True)):
+        codes = torch.empty(values.shape, dtype=torch.uint8, device=device)
+        _encode[(triton.cdiv(values.numel(), 16384),)](values.to(device), codes, values.numel(), E5M2=e5m2, BLOCK=16384)
+        limit = torch.finfo(dtype).max
+        expected = values.clamp(-limit, limit).to(dtype).view(torch.uint8)
+        nan = torch.isnan(values)
+        assert torch.equal(codes.cpu()[~nan], expected[~nan]), dtype
+        assert bool(((codes.cpu()[nan] & 0x7F) == 0x7F).all()), dtype
+
+
+# ----------------------------------------------------------------------------- broken variants
+BROKEN_CASE = _case(QWEN2, num_tokens=6, num_q_heads=2, num_kv_heads=2, cache="float8_e4m3fn", num_blocks=1,
+                    padding=0.0, k_scale=0.3, v_scale=2.5)
+
+
+def _padding_case(case: CacheCase, device: str):
+    """The case's inputs with token 2 a padding token (slot -1) and the cache's last slot unwritten."""
+    inputs = build_cache_case(case, device)
+    slots = inputs.slot_mapping
+    last = case.num_blocks * case.block_size - 1
+    free = [s for s in range(last) if s not in slots.tolist()]
+    slots[slots == last] = free[0]
+    slots[2] = -1
+    return inputs
+
+
+def _broken(kind: str, case: CacheCase):
+    kernel = _kernel(case)
+
+    def run(inputs):
+        k_in = inputs.key.clone()
+        q, k = kernel(inputs)
+        if kind == "live_k_not_rotated":          # sglang#19636: rotated k cached, the live k left as it was
+            k.copy_(k_in)
+        elif kind == "padding_written":           # slot -1 taken as a Python index: the cache's last row
+            flat = inputs.key_cache.view(torch.uint8).view(-1, *inputs.key_cache.shape[2:])
+            flat[-1] = (k[2].reshape(flat.shape[1:]).double() / inputs.k_scale).to(inputs.key_cache.dtype).view(
+                torch.uint8)
+        elif kind == "scale_multiplied":          # stored = value * scale instead of value / scale
+            tokens, slots = fused_reference.slot_rows(inputs.slot_mapping, case.num_tokens)
+            rows = (k.double()[tokens] * inputs.k_scale).clamp(-448, 448).to(inputs.key_cache.dtype)
+            fused_reference.scatter_rows(inputs.key_cache.view(torch.uint8), rows.view(torch.uint8).reshape(
+                -1, case.num_kv_heads, case.spec.head_size), slots, case.block_size, case.layout)
+        return q, k
+    return run
+
+
+@pytest.mark.parametrize("kind", ["live_k_not_rotated", "padding_written", "scale_multiplied"])
+def test_broken_variants_fail(device, kind):
+    if not triton_runs_on(device) or device != "cpu":
+        pytest.skip("the broken variants edit CPU tensors")
+    case = BROKEN_CASE
+    assert not cache_write_problems(case, _padding_case(case, device), _kernel(case))
+    problems = cache_write_problems(case, _padding_case(case, device), _broken(kind, case))
+    assert problems, kind
+
+
+def test_entry_refuses_bad_input_before_launching(device):
+    """The kernel's entry raises the contract's ValueErrors before launching (a slot past the cache,
+    a scale on a bf16 cache) and its own (strided channels of q or k, which it writes in place);
+    the caches are left as they were."""
+    if not triton_runs_on(device):
+        pytest.skip(f"Triton does not run on {device} here")
+    case = _case(QWEN2, num_tokens=4, num_q_heads=2, num_kv_heads=1)
+    inputs = build_cache_case(case, device)
+    before = inputs.key_cache.clone()
+    calls = {
+        r"slot_mapping\[1\]=32": dict(slot_mapping=torch.tensor([0, 32, -1, 3], device=device)),
+        r"k_scale=0\.5: the cache is torch\.bfloat16": dict(k_scale=0.5),
+        r"key\.stride\(\)": dict(key=torch.empty(inputs.key.shape[1], 4, dtype=inputs.key.dtype, device=device).T),
+    }
+    for pattern, change in calls.items():
+        args = dict(positions=inputs.positions, query=inputs.query, key=inputs.key, value=inputs.value,
+                    key_cache=inputs.key_cache, value_cache=inputs.value_cache, slot_mapping=inputs.slot_mapping,
+                    cos_sin_cache=inputs.cos_sin_cache, kv_layout=case.layout) | change
+        with pytest.raises(ValueError, match=pattern):
+            rope_kv_cache_triton(case.spec, **args)
+    assert torch.equal(bits(inputs.key_cache.cpu()), bits(before.cpu()))
