@@ -9,6 +9,8 @@ import os
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
+from rope.harness.draws import DRAWN_SUFFIX
+
 
 # filter_too_much: draws an implementation does not support are rejected (rope.harness.draws).
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
@@ -21,7 +23,6 @@ settings.register_profile("explicit", phases=[Phase.explicit], deadline=None, da
                           suppress_health_check=_SLOW_OK)
 # The drawn cases alone: each profile without its @example cases (Hypothesis' explicit phase), for
 # `rope-harness mutants`' drawn-only column, which also deselects the tests marked fixed_cases.
-DRAWN_SUFFIX = "-drawn"
 DRAWN_PHASES = (Phase.generate, Phase.target, Phase.shrink)
 for _name in ("dev", "ci", "deep"):
     settings.register_profile(_name + DRAWN_SUFFIX, parent=settings.get_profile(_name), phases=DRAWN_PHASES)
