@@ -206,7 +206,7 @@ BROKEN_ROTATIONS = {
     "wrong_in_half_of_large_calls": wrong_in_half_of_large_calls,
 }
 # Rotations wrong only where a GPU runs them (a CUDA graph): the catalogue says what they need.
-GPU_ROTATIONS = {"positions_baked_into_graph": positions_baked_into_graph}
+GPU_ROTATION_MUTANTS = {"positions_baked_into_graph": positions_baked_into_graph}
 
 
 # vllm#51049 (fixed by vllm#57681): vLLM's fused QK-norm + RoPE kernel takes several token-heads per

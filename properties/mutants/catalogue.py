@@ -47,7 +47,7 @@ def catalogue() -> list[dict]:
     """Every mutant defined in properties/mutants, in catalogue order."""
     from properties.mutants.broken_position_ids import BROKEN_POSITION_IDS
     from properties.mutants.broken_positions import BROKEN_POSITIONS
-    from properties.mutants.broken_rotations import BROKEN_ROTATIONS, GPU_ROTATIONS
+    from properties.mutants.broken_rotations import BROKEN_ROTATIONS, GPU_ROTATION_MUTANTS
     from properties.mutants.dispatch import BROKEN_OPS
     from properties.mutants.kernel import GPU_DEEP_MUTANTS, POSITIONS_MUTANTS, ROTARY_MUTANTS
     from rope.harness.mutation.kernel_mutant import SubstitutionError
@@ -56,7 +56,7 @@ def catalogue() -> list[dict]:
     out = [_entry("broken_rotations", name, "rotation", name, "native", fn.__doc__)
            for name, fn in BROKEN_ROTATIONS.items()]
     out += [_entry("broken_rotations", name, "rotation", name, "native", fn.__doc__, needs="gpu")
-            for name, fn in GPU_ROTATIONS.items()]
+            for name, fn in GPU_ROTATION_MUTANTS.items()]
     out += [_entry("kernel", name, "rotation-kernel", name, "triton", m.__doc__, name in MEMORY_SAFETY)
             for name, m in ROTARY_MUTANTS.items()]
     out += [_entry("kernel", name, "rotation-kernel", name, "triton", m.__doc__, needs="gpu-deep")
