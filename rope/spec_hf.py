@@ -99,9 +99,8 @@ def _layer_parameters(text, layer_type) -> tuple[dict, bool]:
 
 
 def _head_size(text, layer_type) -> int:
-    for key in ("qk_rope_head_dim",):
-        if _get(text, key):
-            return _get(text, key)
+    if _get(text, "qk_rope_head_dim"):
+        return _get(text, "qk_rope_head_dim")
     if layer_type is not None:
         per_layer = _get(text, "per_layer_config")
         if per_layer is not None:
@@ -189,7 +188,8 @@ def spec_fields(config, layer_type=None, *, is_neox_style=None, layout=None, max
         raise ValueError("rope_theta=None: the config gives no base (a transformers config object fills its "
                          "class's default)")
     head = _head_size(text, layer_type)
-    partial = params.get("partial_rotary_factor", _get(text, "partial_rotary_factor", 1.0))
+    partial = params.get("partial_rotary_factor")
+    partial = _get(text, "partial_rotary_factor", 1.0) if partial is None else partial
     if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
         raise ValueError(f"partial_rotary_factor={partial!r}: must be a number in (0, 1]")
     rope_type = _rope_type(params, families)
@@ -197,8 +197,9 @@ def spec_fields(config, layer_type=None, *, is_neox_style=None, layout=None, max
     scaling = None if alpha is not None else _scaling(params, rope_type, text, mpe, partial)
     rotary_dim = head if rope_type == "proportional" else int(head * partial)
     sections, found_layout = _sections(params, text, families, rotary_dim)
-    if is_neox_style is None:
-        is_neox_style = not (_get(text, "rope_interleave", False) or families & set(DEEPSEEK_FAMILIES))
+    if is_neox_style is None:                 # the config's rope_interleave where it says, else DeepSeek's GPT-J pairs
+        interleave = _get(text, "rope_interleave")
+        is_neox_style = not (bool(families & set(DEEPSEEK_FAMILIES)) if interleave is None else interleave)
     if max_position is None:
         max_position = admitted_length(scaling, mpe, already_scaled=bool(families & set(ALREADY_SCALED_FAMILIES)))
     return dict(head_size=head, rotary_dim=rotary_dim, is_neox_style=is_neox_style, sections=sections,

@@ -129,8 +129,11 @@ def check_rotation_backward(impl_name: str, impl, case: RotationCase, device: st
     args = [leaf.clone() for leaf in leaves] + [None] * (2 - len(leaves))
     out_q, out_k = impl(spec, x.positions, args[0], args[1], cache)
     ref_q, ref_k = reference.rotate(spec, x.positions, x.query, x.key, x.cache)
+    # The outputs must stay on the inputs' device: the torch device the inputs were built on (cuda:0),
+    # not the harness's name for its kind ("cuda"), as the rotation suite compares them.
+    placed = x.query.device
     forward = compare_rotation(spec, x.positions, x.query, x.key, x.cache, out_q, out_k, ref_q, ref_k, precision,
-                               device=device)
+                               device=placed)
     problems, outputs, upstream = [], [], []
     for name, out, g in (("query", out_q, g_q), ("key", out_k, g_k)):
         if out is None or g is None:
@@ -148,7 +151,7 @@ def check_rotation_backward(impl_name: str, impl, case: RotationCase, device: st
     ref_dq, ref_dk = reference.rotate_grad(spec, x.positions, x.cache, *(pristine + [None])[:2])
     dq, dk = grads[0], grads[1] if x.key is not None else None
     backward = compare_rotation(spec, x.positions, pristine[0], pristine[1] if x.key is not None else None, x.cache,
-                                dq, dk, ref_dq, ref_dk, precision, device=device)
+                                dq, dk, ref_dq, ref_dk, precision, device=placed)
     backward.problems = [f"gradient of {problem}" for problem in backward.problems]
     if wrt_cache:
         problems += _cache_problems(spec, x, pristine, grads[-1], precision)
@@ -169,9 +172,12 @@ def assert_backward_matches_reference(impl_name: str, impl, case: RotationCase, 
 def _cache_problems(spec: RopeSpec, x, pristine: list, got: torch.Tensor | None, precision: str) -> list[str]:
     if got is None:
         return ["gradient of cos_sin_cache: none reached the cache (the backward returned None)"]
-    g_q, g_k = (pristine + [None])[:2]
-    expected = reference.cos_sin_cache_grad(spec, x.positions, x.query, x.key, x.cache, g_q, g_k).cpu()
-    bound = cache_grad_bound(spec, x.positions, x.query, x.key, x.cache, g_q, g_k, expected, precision).cpu()
+    # The reference and its bound on the CPU, where the comparison is made (the inputs may be on a GPU).
+    g_q, g_k = (t.cpu() if t is not None else None for t in (pristine + [None])[:2])
+    positions, query, cache = x.positions.cpu(), x.query.cpu(), x.cache.cpu()
+    key = x.key.cpu() if x.key is not None else None
+    expected = reference.cos_sin_cache_grad(spec, positions, query, key, cache, g_q, g_k)
+    bound = cache_grad_bound(spec, positions, query, key, cache, g_q, g_k, expected, precision)
     got = got.detach().cpu().to(torch.float64)
     error = torch.where(torch.isfinite(got) & torch.isfinite(expected), (got - expected).abs(),
                         torch.where(got.isnan() & expected.isnan() | (got == expected), 0.0, float("inf")))

@@ -3,7 +3,9 @@ place (the live k too, whatever its slot), and for each token with a slot the ro
 given v written to ``key_cache`` / ``value_cache`` at slot = block * block_size + offset, in the NHD
 ([num_blocks, block_size, H, D]) or HND ([num_blocks, H, block_size, D]) layout, any block, slot and
 head strides; slot -1 (CUDA-graph padding) and tokens past ``slot_mapping``'s length write nothing,
-and every other cache row keeps its bits.
+and every other cache row keeps its bits.  A slot outside the cache (a value the entry does not read
+on a GPU, rope.spec.checks_values) writes nothing either: the kernel stays inside the caches whatever
+the slots.
 
 A cache of the activations' dtype holds the very bits of the live k (and of v).  An FP8 cache
 (e4m3fn, e5m2) holds ``fp8(fl32(x / scale))`` with x the activation-dtype value (the rotated k as
@@ -54,13 +56,13 @@ def _store_heads(cache_rows, slot_ok, heads, num_heads, cache_head_stride, head_
     tl.store(dst, x, mask=dst_mask & keep)
 
 
-@triton.jit(do_not_specialize=["num_tokens", "num_slots", "num_q_heads", "num_kv_heads", "pos_row_stride",
-                               "cache_rows", "sec0", "sec1", "sec2"])
+@triton.jit(do_not_specialize=["num_tokens", "num_slots", "cache_slots", "num_q_heads", "num_kv_heads",
+                               "pos_row_stride", "cache_rows", "sec0", "sec1", "sec2"])
 def _rope_kv_cache_kernel(
     q_ptr, k_ptr, v_ptr, key_cache_ptr, value_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, cache_ptr, pos_ptr,
     map_ptr, q_row_stride, k_row_stride, v_row_stride, cache_row_stride, pos_row_stride, cache_rows,
     kc_block_stride, kc_slot_stride, kc_head_stride, vc_block_stride, vc_slot_stride, vc_head_stride,
-    block_size, num_slots, num_tokens, num_q_heads, num_kv_heads, head_size, half, sec0, sec1, sec2,
+    block_size, cache_slots, num_slots, num_tokens, num_q_heads, num_kv_heads, head_size, half, sec0, sec1, sec2,
     NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, MAP_TABLE: tl.constexpr, IS_NEOX: tl.constexpr,
     ROUND_BF16: tl.constexpr, FP8: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr, CACHE_I64: tl.constexpr,
@@ -84,9 +86,10 @@ def _rope_kv_cache_kernel(
     v2 = round_for_store(o2, ROUND_BF16).to(out_ty)
     store_pairs(rows, token_ok, heads, x_heads, head_size, freq, half, v1, v2, IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F)
     if is_k:
-        # (3) The cache rows of the tile's tokens: slot -1, or a token past slot_mapping, writes none.
+        # (3) The cache rows of the tile's tokens: slot -1, a token past slot_mapping, or a slot
+        #     outside the cache's num_blocks * block_size rows (unchecked on a GPU) writes none.
         slot = tl.load(slot_ptr + token, mask=token_ok & (token < num_slots), other=-1).to(tl.int64)
-        slot_ok = token_ok & (slot >= 0)
+        slot_ok = token_ok & (slot >= 0) & (slot < cache_slots)
         block = slot // block_size
         offset = slot % block_size
         k_cache_rows = key_cache_ptr + block * kc_block_stride + offset * kc_slot_stride
@@ -162,7 +165,8 @@ def launch_rope_kv_cache(spec: RopeSpec, positions, query, key, value, key_cache
             query.stride(0), key.stride(0), value.stride(0), cos_sin_cache.stride(0),
             positions.stride(0) if positions.dim() == 2 else 0, cos_sin_cache.shape[0],
             *cache_strides(key_cache, kv_layout), *cache_strides(value_cache, kv_layout), block_size,
-            slot_mapping.shape[0], num_tokens, num_q, num_kv, spec.head_size, spec.num_freqs, *_sections(spec))
+            key_cache.shape[0] * block_size, slot_mapping.shape[0], num_tokens, num_q, num_kv, spec.head_size,
+            spec.num_freqs, *_sections(spec))
     launch(_rope_kv_cache_kernel, grid, args, constexprs,
            (spec, block_t, block_h, query.dtype, key_cache.dtype, fp8, target, num_warps, constexprs["CACHE_I64"]))
     return query, key

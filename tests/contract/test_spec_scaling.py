@@ -151,6 +151,9 @@ QWEN2_VL_LEGACY = {"model_type": "qwen2_vl", "hidden_size": 3584, "num_attention
         "llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=8192)), id="llama-3.1"),
     pytest.param(DEEPSEEK_V3, None, RopeSpec(64, 64, False, max_position=163840, scaling=RopeScaling(
         "deepseek_yarn", factor=40.0, original_max_position=4096, mscale=1.0, mscale_all_dim=1.0)), id="deepseek-v3"),
+    pytest.param({**DEEPSEEK_V3, "rope_interleave": False}, None, RopeSpec(64, 64, True, max_position=163840,
+                 scaling=RopeScaling("deepseek_yarn", factor=40.0, original_max_position=4096, mscale=1.0,
+                                     mscale_all_dim=1.0)), id="deepseek-v3-halves"),
     pytest.param(GEMMA_3_27B, "sliding_attention", RopeSpec(128, 128, base=10000.0, max_position=131072),
                  id="gemma-3-sliding"),
     pytest.param(GEMMA_3_27B, "full_attention", RopeSpec(128, 128, base=1e6, max_position=131072,

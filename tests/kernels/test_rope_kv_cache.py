@@ -21,6 +21,7 @@ from properties.strategies import KINDS, rope_specs
 from rope.devices import triton_runs_on
 from rope.fused import is_fp8
 from rope.harness.rotation.bound import compare_rotation
+from rope.spec import VALUE_CHECKS_ENV
 from rope.triton.fused_tiles import fp8_code
 from rope.triton.rope_kv_cache import launch_rope_kv_cache, rope_kv_cache_triton
 from tests.kernels.fused_cases import (BLOCK_SIZES, CACHE_KINDS, DTYPES, SCALES, CacheCase, bits, build_cache_case,
@@ -227,12 +228,14 @@ def test_broken_variants_fail(device, kind):
     assert problems, kind
 
 
-def test_entry_refuses_bad_input_before_launching(device):
+def test_entry_refuses_bad_input_before_launching(device, monkeypatch):
     """The kernel's entry raises the contract's ValueErrors before launching (a slot past the cache,
     a scale on a bf16 cache) and its own (strided channels of q or k, which it writes in place);
-    the caches are left as they were."""
+    the caches are left as they were.  The slot is a value: read on a GPU only under the debug
+    switch (rope.spec.checks_values; without it the kernel writes nothing for it, the test below)."""
     if not triton_runs_on(device):
         pytest.skip(f"Triton does not run on {device} here")
+    monkeypatch.setenv(VALUE_CHECKS_ENV, "1")
     case = _case(QWEN2, num_tokens=4, num_q_heads=2, num_kv_heads=1)
     inputs = build_cache_case(case, device)
     before = inputs.key_cache.clone()
@@ -248,3 +251,32 @@ def test_entry_refuses_bad_input_before_launching(device):
         with pytest.raises(ValueError, match=pattern):
             rope_kv_cache_triton(case.spec, **args)
     assert torch.equal(bits(inputs.key_cache.cpu()), bits(before.cpu()))
+
+
+@pytest.mark.parametrize("cache, layout", [("activation", "NHD"), ("float8_e4m3fn", "HND")])
+def test_unchecked_slots_past_the_cache_write_nothing(device, monkeypatch, cache, layout):
+    """Where the values are not read (a GPU's default, ROPE_CHECK_VALUES=0 here), a slot past the
+    cache writes nothing, in the cache or past it: the caches are views of buffers with guard blocks
+    after them, and every bit (q, k, both caches, the guards) equals a launch with those slots -1."""
+    if not triton_runs_on(device):
+        pytest.skip(f"Triton does not run on {device} here")
+    monkeypatch.setenv(VALUE_CHECKS_ENV, "0")
+    case = _case(QWEN2, num_tokens=4, num_q_heads=2, num_kv_heads=1, cache=cache, layout=layout)
+    num_slots = case.num_blocks * case.block_size
+    results = []
+    for slots in ([0, num_slots, -1, num_slots + case.block_size + 1], [0, -1, -1, -1]):
+        inputs = build_cache_case(case, device)
+        buffers = []
+        for name in ("key_cache", "value_cache"):
+            stale = getattr(inputs, name)
+            buffer = torch.empty((stale.shape[0] + 2, *stale.shape[1:]), dtype=stale.dtype, device=stale.device)
+            buffer.view(torch.uint8).fill_(0x5A)
+            buffer[:-2] = stale
+            setattr(inputs, name, buffer[:-2])
+            buffers.append(buffer)
+        inputs.slot_mapping = torch.tensor(slots, device=inputs.slot_mapping.device)
+        _kernel(case)(inputs)
+        results.append([bits(t.cpu()) for t in (inputs.query, inputs.key, *buffers)])
+    changed = [name for name, a, b in zip(("query", "key", "key_cache and its guard", "value_cache and its guard"),
+                                          *results) if not torch.equal(a, b)]
+    assert not changed, f"slots {num_slots} and {num_slots + case.block_size + 1} (past the cache) changed {changed}"

@@ -212,8 +212,11 @@ def test_the_inverse_switch_is_the_reference_vjp(device):
     positions = torch.randint(0, spec.max_position, (3, 5), generator=gen)
     query, key = torch.randn(5, 2 * spec.head_size, generator=gen), torch.randn(5, spec.head_size, generator=gen)
     cache = cos_sin_cache(spec, dtype=torch.float32)
-    got_q, got_k = rotate_triton(spec, positions.to(device), query.clone().to(device), key.clone().to(device),
-                                 cache.to(device), inverse=True)
+    handed_q = query.clone().to(device)
+    got_q, got_k = rotate_triton(spec, positions.to(device), handed_q, key.clone().to(device), cache.to(device),
+                                 inverse=True)
     ref_q, ref_k = reference.rotate_grad(spec, positions, cache, query, key)
-    comparison = compare_rotation(spec, positions, query, key, cache, got_q, got_k, ref_q, ref_k, device=device)
+    # The outputs stay where the inputs were put: that torch device (cuda:0), not the name "cuda".
+    comparison = compare_rotation(spec, positions, query, key, cache, got_q, got_k, ref_q, ref_k,
+                                  device=handed_q.device)
     assert comparison.ok, comparison.message("inverse=True")
