@@ -12,12 +12,7 @@ import pytest
 
 from rope.registry import BUILTIN_POSITIONS, BUILTIN_ROTATIONS
 
-__all__ = ["DRAWN_SUFFIX", "REJECTED_DRAWS", "current_test", "hypothesis_example", "skip_or_reject", "skip_unless_builtin"]
-
-# The Hypothesis profiles of the drawn cases alone are the suite's profiles with this suffix, without
-# their @example cases (rope.harness.plugin.profiles registers them; rope-harness mutants' drawn-only
-# run loads them).
-DRAWN_SUFFIX = "-drawn"
+__all__ = ["REJECTED_DRAWS", "current_test", "hypothesis_example", "skip_or_reject", "skip_unless_builtin"]
 
 # Reasons of the Hypothesis draws rejected in the test running now, with their counts: unsupported,
 # a known fault, or a known defect the run avoids (the plugin turns an all-rejected test into a

@@ -18,6 +18,10 @@ CHECKED_THINGS = ("rotation", "position_step", "position_ids", "dispatch")
 # The exit status of a run, check or campaign that compared nothing against the reference (every
 # case unsupported, every test skipped): pytest's "no tests ran", never a green 0.
 NOTHING_COMPARED_EXIT = 5
+# The Hypothesis profiles of the drawn cases alone: the suite's profiles with this suffix, without
+# their @example cases (rope.harness.plugin.profiles registers them, rope-harness mutants' drawn-only
+# run loads them, with the tests marked fixed_cases deselected).
+DRAWN_SUFFIX = "-drawn"
 
 
 def suite_dir() -> Path:

@@ -104,13 +104,14 @@ def test_transformers_reads_truncate_from_the_top_level_parameters():
     logging.set_verbosity_error()
     layer = {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096, "truncate": False,
              "rope_theta": 150000.0}
-    config = LlamaConfig(hidden_size=128, num_attention_heads=2, head_dim=64, max_position_embeddings=131072,
-                         num_hidden_layers=2,
-                         layer_types=["full_attention", "sliding_attention"],
-                         rope_parameters={"full_attention": dict(layer), "sliding_attention": dict(layer)})
     try:
+        config = LlamaConfig(hidden_size=128, num_attention_heads=2, head_dim=64, max_position_embeddings=131072,
+                             num_hidden_layers=2,
+                             layer_types=["full_attention", "sliding_attention"],
+                             rope_parameters={"full_attention": dict(layer), "sliding_attention": dict(layer)})
         theirs, _ = functions["yarn"](config, "cpu", layer_type="full_attention")
     except Exception as exc:     # noqa: BLE001 - a transformers that no longer accepts this layout
+        # transformers 5.17 (the stack vLLM pins) builds no per-layer rope parameters on a Llama config.
         pytest.skip(f"transformers refuses a per-layer yarn on a Llama config: {exc!r}")
     spec = RopeSpec(64, 64, base=150000.0, max_position=131072,
                     scaling=RopeScaling("yarn", factor=32.0, original_max_position=4096, truncate=False))

@@ -7,8 +7,9 @@ import pytest
 from hypothesis import Phase, given, settings, strategies as st
 
 from rope.harness.rotation.check import assert_matches_reference
-from properties.mutants.broken_rotations import BROKEN_ROTATIONS
-from properties.strategies import DTYPES, KINDS, rotation_cases
+from properties.mutants.broken_rotations import BROKEN_ROTATIONS, MODE_ONLY
+from properties.strategies import DTYPES, KINDS, RotationCase, rotation_cases
+from rope.spec import RopeSpec
 
 
 # The bug each broken implementation has, as the diagnosis must name it in the shrunk failure.
@@ -32,7 +33,7 @@ MUTANT_KINDS = {name: ["mapped"] for name in ("chunked_for_two_row", "glm_round_
                                               "ernie45_h_w_swapped", "row_map_shifted_by_one")}
 
 
-@pytest.mark.parametrize("broken", list(BROKEN_ROTATIONS))
+@pytest.mark.parametrize("broken", [b for b in BROKEN_ROTATIONS if b not in MODE_ONLY])
 def test_rotation_property_rejects_broken_implementation(broken, monkeypatch, tmp_path):
     fn = BROKEN_ROTATIONS[broken]
     monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))   # deliberate failures: keep reports/cases clean
@@ -79,7 +80,9 @@ def test_mutant_loop_without_bug_is_correct(batch):
     assert_positions_match("correct_loop", correct_loop, batch, "cpu")
 
 
-@pytest.mark.parametrize("broken", list(BROKEN_POSITIONS))
+# The scheduler's prompts are short: a delta past 16 bits is the single-step property's to find
+# (positions to 2^20, deltas to +-2^20).
+@pytest.mark.parametrize("broken", [b for b in BROKEN_POSITIONS if b != "delta_in_16_bits"])
 def test_scheduler_machine_rejects_broken_positions(broken):
     from hypothesis.stateful import run_state_machine_as_test
 
@@ -176,3 +179,24 @@ def test_spec_without_section_sum_rule_is_caught(monkeypatch):
     kwargs, pattern = next(row for row in BAD_SPECS if row[0].get("sections") == (16, 16, 16, 15))
     with pytest.raises(pytest.fail.Exception, match="DID NOT RAISE"):
         assert_bad_spec_raises(kwargs, pattern)
+
+
+# ------------------------------------------------------------------ the modes
+def test_the_mode_properties_reject_the_mode_only_mutants(monkeypatch, tmp_path):
+    # Right on every single eager call, wrong in a mode: the compile property rejects the rotation
+    # skipped under torch.compile, calling twice rejects the one wrong on every other large call.
+    from properties.mutants.broken_rotations import skipped_under_compile, wrong_in_half_of_large_calls
+    from rope.harness.rotation.check import checked_run, run_rotation
+    from rope.harness.rotation.modes import bit_differences, compiled_implementation
+    from rope.implementation import Implementation
+    monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))
+    case = RotationCase(RopeSpec(head_size=64, rotary_dim=64, is_neox_style=True, max_position=64), 9, 2, 1,
+                        "float32", "uniform", False, 3)
+    assert checked_run("skipped", skipped_under_compile, case, "cpu").comparison.ok
+    compiled = compiled_implementation(Implementation.of("skipped", skipped_under_compile), "cpu")
+    with pytest.raises(AssertionError, match="does not match the reference"):
+        checked_run("skipped", compiled, case, "cpu")
+    _, q1, k1 = run_rotation(wrong_in_half_of_large_calls, case, "cpu")
+    _, q2, k2 = run_rotation(wrong_in_half_of_large_calls, case, "cpu")
+    assert bit_differences(q1, q2, "query") and not bit_differences(k1, k2, "key")
+

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rope.harness.mutation.catalogue import KINDS, POSITION_KINDS, ROTATION_KINDS, Mutant
 from rope.harness.mutation.records import PLUGIN as RECORDS_PLUGIN
-from rope.harness.draws import DRAWN_SUFFIX
+from rope.harness.suite import DRAWN_SUFFIX
 from rope.harness.suite import SUITE_PACKAGE, suite_dir
 
 # The suite's sub-packages, one per checked thing (and the baseline's).

@@ -9,7 +9,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from rope.harness.draws import DRAWN_SUFFIX
+from rope.harness.suite import DRAWN_SUFFIX
 
 
 # filter_too_much: draws an implementation does not support are rejected (rope.harness.draws).
