@@ -185,7 +185,7 @@ def test_the_inverse_launches_compile_for_sm90():
     script = "\n".join([
         "import json",
         "import rope.triton.rotary as rotary",
-        "from properties.mutants.kernel import KernelMutant",
+        "from rope.harness.mutation.kernel_mutant import KernelMutant",
         "from tests.kernels.compile_offline import compile_all, rotation_launches",
         "inverse = KernelMutant('inverse', rotary, 'rotate_triton', [('INVERSE=bool(inverse)', 'INVERSE=True')], '')",
         "launches = [launch for launch in rotation_launches(inverse.module, models=['glm-4.1v-9b'], defaults_only=True)",
