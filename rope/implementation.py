@@ -17,7 +17,7 @@ from typing import Callable
 __all__ = ["ANGLE_SOURCES", "CHECKED_THINGS", "DECLARATIONS", "Implementation", "MAX_SWITCH", "MODES",
            "WORKING_PRECISIONS"]
 
-CHECKED_THINGS = ("rotation", "position_step", "position_ids")
+CHECKED_THINGS = ("rotation", "position_step", "position_ids", "table")
 WORKING_PRECISIONS = ("float32", "activation")
 ANGLE_SOURCES = ("cache", "own-float32")     # the table it is handed, or angles it computes itself
 MAX_SWITCH = 1 << 31

@@ -43,6 +43,13 @@ _POSITIONS = {
     "vllm": "rope.backends.vllm.position_step:prepare_positions_vllm",
 }
 BUILTIN_POSITIONS = ("native", "triton")
+# The cos/sin table, fn(spec, max_position, dtype, device) -> cache (docs/spec.md §1.2).
+_TABLES = {
+    "ours": "rope.table:cos_sin_table_ours",
+    # transformers' ROPE_INIT_FUNCTIONS and rotary-module forward (optional package): by name only.
+    "transformers": "rope.backends.transformers.table:cos_sin_table_transformers",
+}
+BUILTIN_TABLES = ("ours",)
 
 
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -180,6 +187,27 @@ def get_positions_implementation(name: str) -> Callable:
 def positions_implementations() -> dict[str, Callable]:
     """Every built-in position-step implementation, by name (not the optional vLLM adapter)."""
     return {name: get_positions_implementation(name) for name in BUILTIN_POSITIONS}
+
+
+def get_table_implementation(name: str) -> Callable:
+    """A table implementation by registered name (ours, transformers) or import path (its declarations checked)."""
+    fn = resolve(name, kind="table_impl", builtins=_TABLES)
+    try:
+        Implementation.of(name, fn, "table")
+    except ValueError as exc:
+        raise ValueError(f"table_impl={name!r}: {exc}") from None
+    return fn
+
+
+def table_implementations() -> dict[str, Callable]:
+    """Every built-in table implementation, by name (not the optional transformers adapter)."""
+    return {name: get_table_implementation(name) for name in BUILTIN_TABLES}
+
+
+def get_recorded_table_implementation(name: str, *, source: str, trusted: tuple[str, ...] = ()) -> Callable:
+    """The table implementation a case file names (:func:`resolve_recorded`)."""
+    return resolve_recorded(name, source=source, registered=_TABLES, get=get_table_implementation,
+                            option="--rope-table-impl", trusted=trusted)
 
 
 def positions_unsupported_reason(name: str, fn: Callable, device: str) -> str | None:
