@@ -67,7 +67,9 @@ def _init(spec: RopeSpec) -> tuple[torch.Tensor, float]:
     config = LlamaConfig(hidden_size=spec.head_size * 2, num_attention_heads=2, head_dim=spec.head_size,
                          max_position_embeddings=original or spec.max_position, rope_parameters=params)
     if params["rope_type"] == "default":      # kept on each rotary module, not in ROPE_INIT_FUNCTIONS
+        # Llama's reads the whole head_dim; the partial-rotary families' (GPT-NeoX's) the rotating part.
         from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+        config.head_dim = spec.rotary_dim
         inv_freq, scaling = LlamaRotaryEmbedding.compute_default_rope_parameters(config, device="cpu")
     else:
         inv_freq, scaling = ROPE_INIT_FUNCTIONS[params["rope_type"]](config, "cpu", seq_len=spec.max_position)
