@@ -16,7 +16,7 @@ import torch
 
 from rope.devices import gpu_backend, is_interpreter
 from rope.triton.rope_kv_cache import rope_kv_cache_triton
-from tests.kernels.fused_cases import CacheCase, build_cache_case, model_spec
+from rope.harness.fused.cases import CacheCase, build_cache_case, model_spec
 
 CASES = {
     f"{model}-{cache}-{layout}": CacheCase(spec=model_spec(model), num_tokens=37, num_q_heads=6, num_kv_heads=2,

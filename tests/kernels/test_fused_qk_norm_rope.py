@@ -1,6 +1,6 @@
 """The QK-norm + RoPE kernel (rope/triton/fused_qk_norm_rope.py) against the float64 reference
 (reference/fused.py): every q and k element within the bound of an fp32 implementation (the norm's
-own rounding carried through the rotation: tests/kernels/fused_cases.py), v bit for bit untouched.
+own rounding carried through the rotation: rope/harness/fused/), v bit for bit untouched.
 Drawn: every map the rotation kernel takes, NeoX and GPT-J, partial rotary, fp32/fp16/bf16, heads of
 mixed magnitudes (some whose mean square is near eps), weights never uniform and different for q
 and k, packed rows with padding past v, positions up to 2^17, sometimes past 2^15 token x head
@@ -12,59 +12,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import example, given, settings, strategies as st
+from hypothesis import example, given, settings
 
 import reference.fused as fused_reference
-from properties.strategies import KINDS, rope_specs
+from properties.fused.fused_cases import GLM41V, QWEN35, QWEN3VL, qk_norm_case, qk_norm_cases
 from rope.devices import triton_runs_on
 from rope.triton.fused_qk_norm_rope import fused_qk_norm_mrope, fused_qk_norm_rope, qk_norm_rope_triton
-from tests.kernels.fused_cases import (DTYPES, QKNormCase, bits, build_qk_norm_case, mismatches, model_spec,
-                                       qk_norm_bound, token_counts)
-
-HEAD_SIZES = (64, 128, 80, 256, 96, 32)
-MAX_POSITIONS = (4096, 7, 300, 131072)
-POSITION_KINDS = ("uniform", "grid", "text", "last_row")
-
-
-@st.composite
-def qk_norm_cases(draw, *, kinds=KINDS):
-    """A QK-norm + RoPE call; shrinks to 1-D, one token, one head of each.  About one draw in ten
-    has 2080 tokens of 16 q and k heads (32 wide, to keep it cheap): past 2^15 token x head
-    products."""
-    num_tokens = draw(token_counts())
-    heads = (32,) if num_tokens > 100 else HEAD_SIZES
-    spec = draw(st.sampled_from(kinds).flatmap(
-        lambda kind: rope_specs(kind=kind, head_sizes=heads, max_positions=MAX_POSITIONS)))
-    if num_tokens > 100:
-        num_q, num_k = draw(st.sampled_from([(12, 4), (14, 2)]))
-    else:
-        num_q = draw(st.integers(1, 6))
-        num_k = draw(st.integers(1, num_q))
-    return QKNormCase(spec=spec, num_tokens=num_tokens, num_heads_q=num_q, num_heads_k=num_k,
-                      num_heads_v=draw(st.sampled_from([num_k, 0, 1])), dtype=draw(st.sampled_from(list(DTYPES))),
-                      eps=draw(st.sampled_from([1e-6, 1e-5, 0.0])), row_padding=draw(st.sampled_from([0, 0, 24])),
-                      positions_kind=draw(st.sampled_from(POSITION_KINDS)), seed=draw(st.integers(0, 2**32 - 1)))
-
-
-def qk_norm_problems(case: QKNormCase, inputs, run) -> list[str]:
-    """Run ``run(inputs)`` (an implementation: writes inputs.qkv, returns it) and list every way its
-    result departs from the reference."""
-    spec, d = case.spec, case.spec.head_size
-    before = inputs.qkv.clone()
-    ref = fused_reference.qk_norm_rope(spec, inputs.positions, before, case.num_heads_q, case.num_heads_k,
-                                       case.num_heads_v, inputs.q_weight, inputs.k_weight, case.eps,
-                                       inputs.cos_sin_cache)
-    out = run(inputs)
-    q_end, k_end = case.num_heads_q * d, (case.num_heads_q + case.num_heads_k) * d
-    problems = []
-    for name, lo, hi, weight in (("q", 0, q_end, inputs.q_weight), ("k", q_end, k_end, inputs.k_weight)):
-        normed = fused_reference.rms_norm_heads(before[:, lo:hi], weight, case.eps, d)
-        bound = qk_norm_bound(spec, inputs.positions, normed, ref[:, lo:hi], inputs.cos_sin_cache, before.dtype)
-        problems += mismatches(name, out[:, lo:hi], ref[:, lo:hi], bound)
-    if not torch.equal(bits(out[:, k_end:].cpu()), bits(before[:, k_end:].cpu())):
-        problems.append("v: changed (it must be left as it is)")
-    return problems
-
+from rope.harness.fused.cases import QKNormCase, build_qk_norm_case
+from rope.harness.fused.check import bits, qk_norm_problems
 
 def _kernel(case: QKNormCase):
     def run(inputs):
@@ -73,15 +28,7 @@ def _kernel(case: QKNormCase):
     return run
 
 
-QWEN3VL = model_spec("qwen3-vl-8b")      # interleaved [24, 20, 20], NeoX, head 128, q/k norm
-QWEN35 = model_spec("qwen3.5-9b")        # interleaved [11, 11, 10], rotary 64 of 256
-GLM41V = model_spec("glm-4.1v-9b")       # chunked, GPT-J, rotary 64 of 128
-
-
-def _case(spec, **fields) -> QKNormCase:
-    base = dict(spec=spec, num_tokens=7, num_heads_q=4, num_heads_k=2, num_heads_v=2, dtype="bfloat16", eps=1e-6,
-                row_padding=0, positions_kind="grid", seed=3)
-    return QKNormCase(**(base | fields))
+_case = qk_norm_case
 
 
 @settings(deadline=None, max_examples=8)

@@ -17,90 +17,13 @@ import triton.language as tl
 from hypothesis import example, given, settings, strategies as st
 
 import reference.fused as fused_reference
-from properties.strategies import KINDS, rope_specs
+from properties.fused.fused_cases import GLM41V, QWEN2, QWEN3VL, cache_case, cache_cases
 from rope.devices import triton_runs_on
-from rope.fused import is_fp8
-from rope.harness.rotation.bound import compare_rotation
 from rope.spec import VALUE_CHECKS_ENV
 from rope.triton.fused_tiles import fp8_code
 from rope.triton.rope_kv_cache import launch_rope_kv_cache, rope_kv_cache_triton
-from tests.kernels.fused_cases import (BLOCK_SIZES, CACHE_KINDS, DTYPES, SCALES, CacheCase, bits, build_cache_case,
-                                       fp8_bound, kept_rows, mismatches, model_spec, rows_mask, token_counts)
-
-HEAD_SIZES = (64, 128, 80, 256, 96, 32)
-MAX_POSITIONS = (4096, 7, 300, 131072)
-POSITION_KINDS = ("uniform", "grid", "text", "last_row")
-
-
-@st.composite
-def cache_cases(draw, *, kinds=KINDS, big: bool = True, max_tokens: int = 40):
-    """A RoPE + KV-cache write; shrinks to 1-D, one token, a bf16 cache, NHD, block 16.  About one
-    draw in ten (``big``) has 2080 tokens of 16 heads (32 wide, to keep it cheap): past 2^15 token x
-    head products."""
-    num_tokens = draw(token_counts(max_tokens) if big else st.integers(1, max_tokens))
-    heads = (32,) if num_tokens > 100 else HEAD_SIZES
-    spec = draw(st.sampled_from(kinds).flatmap(
-        lambda kind: rope_specs(kind=kind, head_sizes=heads, max_positions=MAX_POSITIONS)))
-    if num_tokens > 100:
-        num_q, num_kv = draw(st.sampled_from([(14, 2), (12, 4)]))
-    else:
-        num_q = draw(st.integers(1, 6))
-        num_kv = draw(st.integers(1, num_q))
-    block_size = draw(st.sampled_from(BLOCK_SIZES))
-    least = -(-num_tokens // block_size)
-    return CacheCase(spec=spec, num_tokens=num_tokens, num_q_heads=num_q, num_kv_heads=num_kv,
-                     dtype=draw(st.sampled_from(list(DTYPES))), cache=draw(st.sampled_from(CACHE_KINDS)),
-                     layout=draw(st.sampled_from(["NHD", "HND"])), block_size=block_size,
-                     num_blocks=draw(st.integers(least, least + 2)),
-                     padding=draw(st.sampled_from([0.0, 0.25, 1.0])), short_slots=draw(st.sampled_from([0, 0, 3])),
-                     scale_as_tensor=draw(st.booleans()), k_scale=draw(st.sampled_from(SCALES)),
-                     v_scale=draw(st.sampled_from(SCALES)), packed=draw(st.booleans()),
-                     joint_cache=draw(st.booleans()), positions_kind=draw(st.sampled_from(POSITION_KINDS)),
-                     seed=draw(st.integers(0, 2**32 - 1)))
-
-
-def cache_write_problems(case: CacheCase, inputs, run) -> list[str]:
-    """Run ``run(inputs)`` (an implementation: writes the caches, returns (q, k)) and list every way
-    its results depart from the reference."""
-    spec = case.spec
-    before = {name: getattr(inputs, name).clone() for name in ("query", "key", "value", "key_cache", "value_cache")}
-    ref = fused_reference.rope_kv_cache(spec, inputs.positions, inputs.query, inputs.key, inputs.value,
-                                        inputs.key_cache, inputs.value_cache, inputs.slot_mapping,
-                                        inputs.cos_sin_cache, kv_layout=case.layout, k_scale=inputs.k_scale,
-                                        v_scale=inputs.v_scale)
-    q_out, k_out = run(inputs)
-    problems = []
-    rotation = compare_rotation(spec, inputs.positions, before["query"], before["key"], inputs.cos_sin_cache, q_out,
-                                k_out, ref.query, ref.key, "float32")
-    if not rotation.ok:
-        problems.append(rotation.message("q/k (the live k included):"))
-    if not torch.equal(bits(inputs.value), bits(before["value"])):
-        problems.append("value: changed (it must be read only)")
-    tokens, slots = fused_reference.slot_rows(inputs.slot_mapping, case.num_tokens)
-    block_size, heads = case.block_size, (-1, case.num_kv_heads, spec.head_size)
-    for name, rows, bound_rows, scale in (("key_cache", k_out, rotation.bounds.get("key"), inputs.k_scale),
-                                          ("value_cache", before["value"], None, inputs.v_scale)):
-        cache, old = getattr(inputs, name), before[name]
-        problems += kept_rows(name, old, cache, ref.written, case.layout)
-        written = rows_mask(ref.written.cpu(), old, case.layout)
-        if not is_fp8(cache.dtype):
-            # The live k's (and v's) very bits at each written row.
-            image = bits(old.cpu()).clone()
-            fused_reference.scatter_rows(image, bits(rows.detach().cpu())[tokens].reshape(heads), slots, block_size,
-                                         case.layout)
-            if not torch.equal(bits(cache.cpu())[written], image[written]):
-                problems.append(f"{name}: written rows differ from the live {'k' if name == 'key_cache' else 'v'}")
-            continue
-        scale_value = float(scale) if not isinstance(scale, torch.Tensor) else float(scale.reshape(()))
-        error = torch.zeros(old.shape, dtype=torch.float64)
-        if bound_rows is not None:
-            fused_reference.scatter_rows(error, (bound_rows.cpu()[tokens] / scale_value).reshape(heads), slots,
-                                         block_size, case.layout)
-        expected = ref.caches[name].cpu()
-        bound = fp8_bound(expected[written], error[written], cache.dtype)
-        problems += mismatches(name, cache.cpu().to(torch.float64)[written], expected[written], bound)
-    return problems
-
+from rope.harness.fused.cases import CacheCase, build_cache_case
+from rope.harness.fused.check import bits, cache_write_problems
 
 def _kernel(case: CacheCase):
     def run(inputs):
@@ -110,16 +33,7 @@ def _kernel(case: CacheCase):
     return run
 
 
-QWEN2 = model_spec("qwen2-7b")          # 1-D NeoX, head 128 (28 / 4 heads; tp 4: 7 / 1)
-GLM41V = model_spec("glm-4.1v-9b")      # chunked [8, 12, 12], GPT-J, rotary 64 of 128
-QWEN3VL = model_spec("qwen3-vl-8b")     # interleaved [24, 20, 20], NeoX
-
-
-def _case(spec, **fields) -> CacheCase:
-    base = dict(spec=spec, num_tokens=9, num_q_heads=4, num_kv_heads=2, dtype="bfloat16", cache="activation",
-                layout="NHD", block_size=16, num_blocks=2, padding=0.25, short_slots=0, scale_as_tensor=False,
-                k_scale=0.3, v_scale=2.5, packed=True, joint_cache=False, positions_kind="uniform", seed=1)
-    return CacheCase(**(base | fields))
+_case = cache_case
 
 
 @settings(deadline=None, max_examples=8)

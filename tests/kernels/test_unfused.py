@@ -13,8 +13,9 @@ from rope.devices import triton_runs_on
 from rope.triton.fused_qk_norm_rope import qk_norm_rope_triton
 from rope.triton.rope_kv_cache import rope_kv_cache_triton
 from rope.triton.unfused import qk_norm_rope_unfused, rope_kv_cache_unfused
-from tests.kernels.fused_cases import (CacheCase, QKNormCase, bits, build_cache_case, build_qk_norm_case, mismatches,
-                                       model_spec, qk_norm_bound)
+from rope.harness.fused.bound import qk_norm_bound
+from rope.harness.fused.cases import CacheCase, QKNormCase, build_cache_case, build_qk_norm_case, model_spec
+from rope.harness.fused.check import bits, mismatches
 
 QWEN2, GLM41V, QWEN3VL = model_spec("qwen2-7b"), model_spec("glm-4.1v-9b"), model_spec("qwen3-vl-8b")
 CACHE_CASES = {

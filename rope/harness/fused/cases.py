@@ -1,21 +1,8 @@
-"""Cases, strategies and per-element bounds for the fused-op kernels' tests (test_fused_qk_norm_rope.py,
-test_rope_kv_cache.py): a case is drawn as a description and built into tensors from its seed; the
-kernels' outputs are held to the float64 references (reference/fused.py) element by element.
-
-The bounds follow docs/tolerance.md's derivation (rope/harness/rotation/bound.py: ``rotation_bound``) and
-docs/spec.md, "Fused ops":
-
-* QK-norm (working precision fp32, u = 2^-24): the normalized value y_j = x_j w_j / sqrt(S/D + eps)
-  of an fp32 implementation is within eps_y |y_j| of the exact one, eps_y = ((D + 1)/2 + 6) u: the
-  square sum of D terms in any order ((D - 1) u; the squares of bf16/fp16 values are exact in fp32),
-  the mean, + eps and the root (halved under the root: (D + 1)/2 u), the reciprocal, an rsqrt of up to
-  2 ulp, and the two products.  A rotated channel then carries eps_y (|y_a||c| + |y_b||s|) besides the
-  rotation's own rounding; a pass-through channel eps_y |y_j| and the store's rounding.
-* FP8 store: the code of fl32(x / scale), x the implementation's rounded value, within half the FP8
-  spacing at |expected| + delta, plus delta, of the reference's value / scale, where delta bounds the
-  implementation's value error over the scale plus the fp32 division's rounding.  Saturation is
-  1-Lipschitz, so the reference's clamped quotient is held to the same bound.
-"""
+"""The fused ops' cases (docs/spec.md §10): a QK-norm + RoPE call (:class:`QKNormCase`, contract A)
+and a RoPE + KV-cache write (:class:`CacheCase`, contract B), each a frozen description that draws
+nothing itself (the strategies in properties/fused/ do) and regenerates its tensors bit for bit on
+any device from its seed (:func:`build_qk_norm_case`, :func:`build_cache_case`).  ``to_dict`` /
+``from_dict`` give the record form, ``size`` orders a failure group, ``brief`` names the case."""
 
 from __future__ import annotations
 
@@ -24,25 +11,21 @@ import functools
 from dataclasses import dataclass
 
 import torch
-from hypothesis import strategies as st
 
 from rope.cache import attention_factor, cos_sin_cache, inv_freq
 from rope.fused import is_fp8
 from rope.harness.rotation.cases import make_positions
 from rope.models import load_models
-from rope.harness.rotation.bound import SUBNORMAL_SPACING, UNIT_ROUNDOFF, rotation_bound
-from reference.rotation import pair_indices, select_cos_sin
 from rope.spec import RopeSpec
+
+__all__ = ["BLOCK_SIZES", "CACHE_KINDS", "DTYPES", "FULL_TABLE_ROWS", "SCALES", "CacheCase", "CacheInputs",
+           "QKNormCase", "QKNormInputs", "build_cache_case", "build_qk_norm_case", "head_magnitudes", "model_spec",
+           "table", "weights"]
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 CACHE_KINDS = ("activation", "float8_e4m3fn", "float8_e5m2")
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 SCALES = (0.05, 0.3, 2.5, 7.0)          # never 1: divide and multiply must differ
-U32 = UNIT_ROUNDOFF[torch.float32]
-# FP8: (mantissa bits, smallest normal exponent).
-_FP8_FORMAT = {torch.float8_e4m3fn: (3, -6), torch.float8_e5m2: (2, -14)}
-
-
 FULL_TABLE_ROWS = 1 << 15
 
 
@@ -87,98 +70,25 @@ def weights(head_size: int, dtype: torch.dtype, gen: torch.Generator) -> torch.T
     return (0.25 + 1.75 * torch.rand(head_size, generator=gen)).to(dtype)
 
 
-# ------------------------------------------------------------------------------------------ bounds
-def qk_norm_bound(spec: RopeSpec, positions, normed: torch.Tensor, ref: torch.Tensor, cos_sin: torch.Tensor,
-                  dtype: torch.dtype, *, rounded_norm: bool = False) -> torch.Tensor:
-    """float64 [T, H * D]: the bound of an fp32 implementation's q (or k) against the reference
-    ``ref``, given the exact normalized, unrotated heads ``normed`` (reference.fused.rms_norm_heads).
-    ``rounded_norm``: the implementation rounds the normalized value to ``dtype`` before rotating it
-    (one rounding more: u_o |y| on top of eps_y)."""
-    d = spec.head_size
-    u_o = UNIT_ROUNDOFF[dtype] if dtype != torch.float32 else 0.0
-    eps_y = ((d + 1) / 2 + 6) * U32 + (u_o * (1 + U32) if rounded_norm else 0.0)
-    eta = SUBNORMAL_SPACING[dtype]
-    cos, sin = select_cos_sin(spec, positions.cpu(), cos_sin.cpu())
-    y = normed.cpu()
-    num_tokens = y.shape[0]
-    heads = y.abs().reshape(num_tokens, -1, d)
-    out = ref.cpu().abs().reshape(heads.shape)
-    bound = (eps_y * (1 + u_o) + u_o) * heads + eta                 # pass-through channels
-    a_idx, b_idx = pair_indices(spec)
-    a, b = heads[..., a_idx], heads[..., b_idx]
-    c, s = cos.abs()[:, None, :], sin.abs()[:, None, :]
-    for idx, mag in ((a_idx, a * c + b * s), (b_idx, b * c + a * s)):
-        r = out[..., idx]
-        bound[..., idx] = (eps_y + U32) * (1 + u_o) * mag + (U32 + u_o) * r + 3 * U32 * U32 * mag + eta
-    return bound.reshape(y.shape)
+class _Record:
+    """to_dict / from_dict of a case dataclass whose ``spec`` is a RopeSpec."""
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["spec"] = self.spec.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        fields = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(d, dict) or set(d) != fields:
+            raise ValueError(f"{cls.__name__}: fields must be {sorted(fields)}")
+        return cls(**(d | {"spec": RopeSpec.from_dict(d["spec"])}))
 
 
-def fp8_half_spacing(magnitude: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Half the spacing of ``dtype``'s values at each float64 magnitude (the subnormal spacing below
-    the smallest normal): the largest error of a round-to-nearest store."""
-    mant, emin = _FP8_FORMAT[dtype]
-    exponent = torch.floor(torch.log2(magnitude.clamp_min(2.0 ** emin))).clamp_min(emin)
-    return torch.pow(2.0, exponent - mant - 1)
-
-
-def fp8_bound(expected: torch.Tensor, value_error: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The bound of a stored FP8 code (decoded) against ``expected`` = value / scale, saturated, when
-    the value the implementation quantizes may be off by ``value_error`` / scale already (both float64,
-    in the stored units; the fp32 division's rounding is added here)."""
-    delta = value_error + U32 * (expected.abs() + value_error)
-    return fp8_half_spacing(expected.abs() + delta, dtype) + delta
-
-
-# ------------------------------------------------------------------------------------------ checks
-def mismatches(name: str, got: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) -> list[str]:
-    """The problems of ``got`` against ``expected`` within ``bound`` (all float64-comparable): empty
-    when every element is within; else the count and the worst element, index included."""
-    got = got.detach().cpu().to(torch.float64)
-    expected = expected.detach().cpu().to(torch.float64)
-    err = torch.where(torch.isnan(got) & torch.isnan(expected), 0.0, (got - expected).abs())
-    err = torch.where(torch.isnan(err), float("inf"), err)
-    bad = err > bound.cpu()
-    if not bool(bad.any()):
-        return []
-    ratio = torch.where(bound.cpu() > 0, err / bound.cpu(), float("inf"))
-    worst = int(torch.argmax(torch.where(bad, ratio, -1.0)))
-    index, rest = [], worst
-    for size in reversed(got.shape):
-        rest, i = divmod(rest, size)
-        index.insert(0, i)
-    index = tuple(index)
-    return [f"{name}: {int(bad.sum())} of {got.numel()} elements past the bound; worst at {index}: got "
-            f"{float(got.flatten()[worst]):.9g}, expected {float(expected.flatten()[worst]):.9g}, bound "
-            f"{float(bound.cpu().flatten()[worst]):.3g}"]
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """The storage bits of ``t`` as an integer tensor of its shape (NaN payloads and -0 compared too)."""
-    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
-
-
-def rows_mask(written: torch.Tensor, cache: torch.Tensor, layout: str) -> torch.Tensor:
-    """bool, the cache's shape: the elements of the rows ``written`` [num_blocks, block_size] marks."""
-    if cache.dim() == 3:                                    # MLA latent cache [blocks, block_size, width]
-        return written[:, :, None].expand(cache.shape)
-    if layout == "HND":
-        return written[:, None, :, None].expand(cache.shape)
-    return written[:, :, None, None].expand(cache.shape)
-
-
-def kept_rows(name: str, before: torch.Tensor, after: torch.Tensor, written: torch.Tensor, layout: str) -> list[str]:
-    """Every row the call does not write keeps its bits (stale contents survive)."""
-    keep = ~rows_mask(written.cpu(), before, layout)
-    changed = (bits(before.cpu()) != bits(after.cpu())) & keep
-    if bool(changed.any()):
-        first = tuple(int(i) for i in changed.nonzero()[0])
-        return [f"{name}: {int(changed.sum())} elements of rows no slot names changed (first at {first})"]
-    return []
-
-
-# ------------------------------------------------------------------------------------------ cases
+# ------------------------------------------------------------------------------- B: RoPE + KV cache
 @dataclass(frozen=True)
-class CacheCase:
+class CacheCase(_Record):
     """A RoPE + KV-cache write, as drawn: rebuilt into tensors by :func:`build_cache_case`."""
     spec: RopeSpec
     num_tokens: int
@@ -198,6 +108,15 @@ class CacheCase:
     joint_cache: bool            # key and value caches as views of one [num_blocks, 2, ...] buffer
     positions_kind: str
     seed: int
+
+    @property
+    def size(self) -> int:
+        return self.num_tokens * (self.num_q_heads + self.num_kv_heads)
+
+    def brief(self) -> str:
+        return (f"{self.spec.variant()} T={self.num_tokens} "
+                f"Hq={self.num_q_heads} Hkv={self.num_kv_heads} D={self.spec.head_size} {self.dtype} cache={self.cache} "
+                f"{self.layout} block={self.block_size}")
 
 
 @dataclass
@@ -220,6 +139,12 @@ def _stale_cache(shape, dtype: torch.dtype, gen: torch.Generator) -> torch.Tenso
     if is_fp8(dtype):
         return torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8).view(dtype)
     return (torch.randn(shape, generator=gen) * 100).to(dtype)
+
+
+def _scale(case: CacheCase, value: float, fp8: bool, device):
+    if not fp8:
+        return None
+    return torch.tensor([value], dtype=torch.float32, device=device) if case.scale_as_tensor else value
 
 
 def build_cache_case(case: CacheCase, device: str = "cpu") -> CacheInputs:
@@ -249,26 +174,16 @@ def build_cache_case(case: CacheCase, device: str = "cpu") -> CacheInputs:
     slots = torch.randperm(num_slots, generator=gen)[:n]
     slots[torch.rand(n, generator=gen) < case.padding] = -1
     fp8 = is_fp8(cache_dtype)
-
-    def scale(value):
-        if not fp8:
-            return None
-        return torch.tensor([value], dtype=torch.float32, device=device) if case.scale_as_tensor else value
     positions = make_positions(spec, t, case.positions_kind, gen)
     # Moved before any view is taken, so the views keep their strides on the device.
     return CacheInputs(positions.to(device), q, k, v, key_cache, value_cache, slots.to(device),
-                       table(spec, dtype, positions).to(device), scale(case.k_scale), scale(case.v_scale))
+                       table(spec, dtype, positions).to(device), _scale(case, case.k_scale, fp8, device),
+                       _scale(case, case.v_scale, fp8, device))
 
 
-def token_counts(max_small: int = 40, big: int = 2080):
-    """Mostly 1..max_small tokens, about one draw in ten ``big`` (with 16 heads, past 2^15 token x
-    head products)."""
-    return st.integers(0, 9).flatmap(lambda i: st.just(big) if i == 0 else st.integers(1, max_small))
-
-
-
+# ------------------------------------------------------------------------------- A: QK-norm + RoPE
 @dataclass(frozen=True)
-class QKNormCase:
+class QKNormCase(_Record):
     """A QK-norm + RoPE call, as drawn: rebuilt into tensors by :func:`build_qk_norm_case`."""
     spec: RopeSpec
     num_tokens: int
@@ -280,6 +195,14 @@ class QKNormCase:
     row_padding: int             # columns past v in each row of the buffer qkv is a view of
     positions_kind: str
     seed: int
+
+    @property
+    def size(self) -> int:
+        return self.num_tokens * (self.num_heads_q + self.num_heads_k)
+
+    def brief(self) -> str:
+        return (f"{self.spec.variant()} T={self.num_tokens} Hq={self.num_heads_q} Hk={self.num_heads_k} "
+                f"Hv={self.num_heads_v} D={self.spec.head_size} rotary={self.spec.rotary_dim} {self.dtype}")
 
 
 @dataclass

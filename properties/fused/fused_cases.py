@@ -1,0 +1,100 @@
+"""The fused ops' strategies and fixed cases: what draws a :class:`~rope.harness.fused.cases.QKNormCase`
+(contract A) and a :class:`~rope.harness.fused.cases.CacheCase` (contract B), reaching the switches an
+implementation has: token x head products past 2^15 (about one draw in ten: cheap under the
+interpreter at few examples) and past 10240 with partial rotary (vllm#51049), positions to the spec's
+length (up to 2^17), padding slots (-1) and short slot mappings, caches with stale (non-zero, NaN
+codes included) contents, FP8 scales drawn and never 1.0 only, packed q/k/v column views and joint
+key/value caches, packed qkv rows with padding past v; and the known bugs' triggers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import strategies as st
+
+from properties.strategies import KINDS, rope_specs
+from rope.harness.fused.cases import BLOCK_SIZES, CACHE_KINDS, DTYPES, SCALES, CacheCase, QKNormCase, model_spec
+
+__all__ = ["GLM41V", "HEAD_SIZES", "MAX_POSITIONS", "POSITION_KINDS", "QWEN2", "QWEN35", "QWEN3VL", "cache_case",
+           "cache_cases", "qk_norm_case", "qk_norm_cases", "token_counts"]
+
+HEAD_SIZES = (64, 128, 80, 256, 96, 32)
+MAX_POSITIONS = (4096, 7, 300, 131072)
+POSITION_KINDS = ("uniform", "grid", "text", "last_row")
+
+QWEN2 = model_spec("qwen2-7b")          # 1-D NeoX, head 128 (28 / 4 heads; tp 4: 7 / 1)
+GLM41V = model_spec("glm-4.1v-9b")      # chunked [8, 12, 12], GPT-J, rotary 64 of 128
+QWEN3VL = model_spec("qwen3-vl-8b")     # interleaved [24, 20, 20], NeoX, head 128, q/k norm
+QWEN35 = model_spec("qwen3.5-9b")       # interleaved [11, 11, 10], rotary 64 of 256
+
+
+def token_counts(max_small: int = 40, big: int = 2080):
+    """Mostly 1..max_small tokens, about one draw in ten ``big`` (with 16 heads, past 2^15 token x
+    head products)."""
+    return st.integers(0, 9).flatmap(lambda i: st.just(big) if i == 0 else st.integers(1, max_small))
+
+
+@st.composite
+def qk_norm_cases(draw, *, kinds=KINDS):
+    """A QK-norm + RoPE call; shrinks to 1-D, one token, one head of each.  About one draw in ten
+    has 2080 tokens of 16 q and k heads (32 wide, to keep it cheap): past 2^15 token x head
+    products."""
+    num_tokens = draw(token_counts())
+    heads = (32,) if num_tokens > 100 else HEAD_SIZES
+    spec = draw(st.sampled_from(kinds).flatmap(
+        lambda kind: rope_specs(kind=kind, head_sizes=heads, max_positions=MAX_POSITIONS)))
+    if num_tokens > 100:
+        num_q, num_k = draw(st.sampled_from([(12, 4), (14, 2)]))
+    else:
+        num_q = draw(st.integers(1, 6))
+        num_k = draw(st.integers(1, num_q))
+    return QKNormCase(spec=spec, num_tokens=num_tokens, num_heads_q=num_q, num_heads_k=num_k,
+                      num_heads_v=draw(st.sampled_from([num_k, 0, 1])), dtype=draw(st.sampled_from(list(DTYPES))),
+                      eps=draw(st.sampled_from([1e-6, 1e-5, 0.0])), row_padding=draw(st.sampled_from([0, 0, 24])),
+                      positions_kind=draw(st.sampled_from(POSITION_KINDS)), seed=draw(st.integers(0, 2**32 - 1)))
+
+
+@st.composite
+def cache_cases(draw, *, kinds=KINDS, big: bool = True, max_tokens: int = 40):
+    """A RoPE + KV-cache write; shrinks to 1-D, one token, a bf16 cache, NHD, block 16.  About one
+    draw in ten (``big``) has 2080 tokens of 16 heads (32 wide, to keep it cheap): past 2^15 token x
+    head products."""
+    num_tokens = draw(token_counts(max_tokens) if big else st.integers(1, max_tokens))
+    heads = (32,) if num_tokens > 100 else HEAD_SIZES
+    spec = draw(st.sampled_from(kinds).flatmap(
+        lambda kind: rope_specs(kind=kind, head_sizes=heads, max_positions=MAX_POSITIONS)))
+    if num_tokens > 100:
+        num_q, num_kv = draw(st.sampled_from([(14, 2), (12, 4)]))
+    else:
+        num_q = draw(st.integers(1, 6))
+        num_kv = draw(st.integers(1, num_q))
+    block_size = draw(st.sampled_from(BLOCK_SIZES))
+    least = -(-num_tokens // block_size)
+    return CacheCase(spec=spec, num_tokens=num_tokens, num_q_heads=num_q, num_kv_heads=num_kv,
+                     dtype=draw(st.sampled_from(list(DTYPES))), cache=draw(st.sampled_from(CACHE_KINDS)),
+                     layout=draw(st.sampled_from(["NHD", "HND"])), block_size=block_size,
+                     num_blocks=draw(st.integers(least, least + 2)),
+                     padding=draw(st.sampled_from([0.0, 0.25, 1.0])), short_slots=draw(st.sampled_from([0, 0, 3])),
+                     scale_as_tensor=draw(st.booleans()), k_scale=draw(st.sampled_from(SCALES)),
+                     v_scale=draw(st.sampled_from(SCALES)), packed=draw(st.booleans()),
+                     joint_cache=draw(st.booleans()), positions_kind=draw(st.sampled_from(POSITION_KINDS)),
+                     seed=draw(st.integers(0, 2**32 - 1)))
+
+
+def qk_norm_case(spec, **fields) -> QKNormCase:
+    """A fixed contract-A case: these fields, the rest a small bf16 one."""
+    base = dict(spec=spec, num_tokens=7, num_heads_q=4, num_heads_k=2, num_heads_v=2, dtype="bfloat16", eps=1e-6,
+                row_padding=0, positions_kind="grid", seed=3)
+    return QKNormCase(**(base | fields))
+
+
+def cache_case(spec, **fields) -> CacheCase:
+    """A fixed contract-B case: these fields, the rest a small bf16 one with a padding slot."""
+    base = dict(spec=spec, num_tokens=9, num_q_heads=4, num_kv_heads=2, dtype="bfloat16", cache="activation",
+                layout="NHD", block_size=16, num_blocks=2, padding=0.25, short_slots=0, scale_as_tensor=False,
+                k_scale=0.3, v_scale=2.5, packed=True, joint_cache=False, positions_kind="uniform", seed=1)
+    return CacheCase(**(base | fields))
+
+
+def small_positions(spec, rows: int = 4096):
+    return dataclasses.replace(spec, max_position=rows)

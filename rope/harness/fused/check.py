@@ -1,0 +1,222 @@
+"""The fused ops' check: call a fused implementation on a case (under rope.harness.deadline's call
+deadline), hold what it leaves to the float64 reference (reference.fused) within the bounds
+(rope.harness.fused.bound), and fail with an AssertionError tagged with its cause
+(rope.harness.fused.diagnosis) after recording the check in the run report.
+
+Contract A, QK-norm + RoPE: ``fn(spec, positions, qkv, num_heads_q, num_heads_k, num_heads_v,
+q_weight, k_weight, eps, cos_sin_cache)`` writes ``qkv`` in place (and returns it): q and k within
+:func:`~rope.harness.fused.bound.qk_norm_bound`, v bit for bit as it was.
+
+Contract B, RoPE + KV-cache write: ``fn(spec, positions, query, key, value, key_cache, value_cache,
+slot_mapping, cos_sin_cache, *, kv_layout, k_scale, v_scale) -> (q, k)``: q and k (the live k, every
+token's) within the rotation's bound; a cache of the activations' dtype holding the live k's and v's
+very bits at each written row; an FP8 cache holding value / scale within
+:func:`~rope.harness.fused.bound.fp8_bound`; every row no slot names keeping its bits; v untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+import reference.fused as fused_reference
+from rope.fused import is_fp8
+from rope.harness import causes
+from rope.harness.draws import current_test
+from rope.harness.fused.bound import fp8_bound, qk_norm_bound
+from rope.harness.fused.compare import bad_elements, bits, changed_rows, kept_rows, mismatches, rows_mask
+from rope.harness.fused.diagnosis import diagnose
+from rope.harness.fused.cases import (CacheCase, CacheInputs, QKNormCase, QKNormInputs, build_cache_case,
+                                      build_qk_norm_case)
+from rope.harness.rotation.bound import compare_rotation
+
+__all__ = ["FusedCheck", "ImplementationFailed", "assert_qk_norm_rope", "assert_rope_kv_cache", "bad_elements", "bits",
+           "cache_write_problems", "changed_rows", "check_qk_norm_rope", "check_rope_kv_cache", "kept_rows",
+           "mismatches", "qk_norm_problems", "rows_mask", "run_qk_norm_rope", "run_rope_kv_cache"]
+
+
+class ImplementationFailed(Exception):
+    """The implementation raised: the test fails with what it raised, as a mismatch would."""
+
+
+def _call(fn: Callable, *args, **kwargs):
+    """Call under the call deadline (a hang raises ImplementationHung); whatever the implementation
+    raises becomes :class:`ImplementationFailed` naming it."""
+    from rope.harness.deadline import call_timeout, deadline
+    with deadline(call_timeout(), what=f"the fused implementation {getattr(fn, '__name__', fn)!r}"):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:    # noqa: BLE001 - an implementation may raise anything
+            raise ImplementationFailed(f"{type(exc).__name__}: {exc}") from exc
+
+
+@dataclass
+class FusedCheck:
+    """What a check found: the problems (empty: it passed), and what the diagnosis reads."""
+    op: str
+    case: object
+    problems: list[str] = field(default_factory=list)
+    evidence: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+# ------------------------------------------------------------------------------- A: QK-norm + RoPE
+def check_qk_norm_rope(case: QKNormCase, inputs: QKNormInputs, run: Callable) -> FusedCheck:
+    """Run ``run(inputs)`` (writes inputs.qkv) and hold the result to the reference."""
+    spec, d = case.spec, case.spec.head_size
+    before = inputs.qkv.clone()
+    ref = fused_reference.qk_norm_rope(spec, inputs.positions, before, case.num_heads_q, case.num_heads_k,
+                                       case.num_heads_v, inputs.q_weight, inputs.k_weight, case.eps,
+                                       inputs.cos_sin_cache)
+    run(inputs)
+    out = inputs.qkv
+    q_end, k_end = case.num_heads_q * d, (case.num_heads_q + case.num_heads_k) * d
+    result = FusedCheck("qk_norm_rope", case)
+    bounds, bad = {}, {}
+    for name, lo, hi, weight in (("q", 0, q_end, inputs.q_weight), ("k", q_end, k_end, inputs.k_weight)):
+        normed = fused_reference.rms_norm_heads(before[:, lo:hi], weight, case.eps, d)
+        bounds[name] = qk_norm_bound(spec, inputs.positions, normed, ref[:, lo:hi], inputs.cos_sin_cache, before.dtype)
+        bad[name] = bad_elements(out[:, lo:hi], ref[:, lo:hi], bounds[name])
+        result.problems += mismatches(name, out[:, lo:hi], ref[:, lo:hi], bounds[name])
+    value_touched = not torch.equal(bits(out[:, k_end:].cpu()), bits(before[:, k_end:].cpu()))
+    if value_touched:
+        result.problems.append("v: changed (it must be left as it is)")
+    result.evidence = dict(inputs=inputs, before=before, out=out.detach().cpu().clone(), ref=ref, bounds=bounds,
+                           bad=bad, value_touched=value_touched)
+    return result
+
+
+def qk_norm_problems(case: QKNormCase, inputs: QKNormInputs, run: Callable) -> list[str]:
+    """Every way ``run``'s result departs from the reference (empty: it passed)."""
+    return check_qk_norm_rope(case, inputs, run).problems
+
+
+def run_qk_norm_rope(fn: Callable, case: QKNormCase) -> Callable:
+    """``inputs -> qkv``: contract A's call of ``fn`` on a case's inputs, under the call deadline."""
+    def run(inputs):
+        return _call(fn, case.spec, inputs.positions, inputs.qkv, case.num_heads_q, case.num_heads_k,
+                     case.num_heads_v, inputs.q_weight, inputs.k_weight, case.eps, inputs.cos_sin_cache)
+    return run
+
+
+# ------------------------------------------------------------------------------- B: RoPE + KV cache
+def _cache_rows(case: CacheCase, inputs: CacheInputs, before: dict, ref, k_out, bound_k) -> tuple[list, dict]:
+    """The caches' problems: rows kept, written rows' bits (activation cache) or codes (FP8)."""
+    spec, problems, bad = case.spec, [], {}
+    tokens, slots = fused_reference.slot_rows(inputs.slot_mapping, case.num_tokens)
+    heads = (-1, case.num_kv_heads, spec.head_size)
+    for name, rows, bound_rows, scale in (("key_cache", k_out, bound_k, inputs.k_scale),
+                                          ("value_cache", before["value"], None, inputs.v_scale)):
+        cache, old = getattr(inputs, name), before[name]
+        problems += kept_rows(name, old, cache, ref.written, case.layout)
+        written = rows_mask(ref.written.cpu(), old, case.layout)
+        if not is_fp8(cache.dtype):
+            # The live k's (and v's) very bits at each written row.
+            image = bits(old.cpu()).clone()
+            fused_reference.scatter_rows(image, bits(rows.detach().cpu())[tokens].reshape(heads), slots,
+                                         case.block_size, case.layout)
+            bad[name] = bool((bits(cache.cpu())[written] != image[written]).any())
+            if bad[name]:
+                problems.append(f"{name}: written rows differ from the live {'k' if name == 'key_cache' else 'v'}")
+            continue
+        scale_value = float(scale) if not isinstance(scale, torch.Tensor) else float(scale.reshape(()))
+        error = torch.zeros(old.shape, dtype=torch.float64)
+        if bound_rows is not None:
+            fused_reference.scatter_rows(error, (bound_rows.cpu()[tokens] / scale_value).reshape(heads), slots,
+                                         case.block_size, case.layout)
+        expected = ref.caches[name].cpu()
+        bound = fp8_bound(expected[written], error[written], cache.dtype)
+        found = mismatches(name, cache.cpu().to(torch.float64)[written], expected[written], bound)
+        bad[name] = bool(found)
+        problems += found
+    return problems, bad
+
+
+def check_rope_kv_cache(case: CacheCase, inputs: CacheInputs, run: Callable) -> FusedCheck:
+    """Run ``run(inputs)`` (writes the caches, returns (q, k)) and hold the result to the reference."""
+    spec = case.spec
+    before = {name: getattr(inputs, name).clone() for name in ("query", "key", "value", "key_cache", "value_cache")}
+    ref = fused_reference.rope_kv_cache(spec, inputs.positions, inputs.query, inputs.key, inputs.value,
+                                        inputs.key_cache, inputs.value_cache, inputs.slot_mapping,
+                                        inputs.cos_sin_cache, kv_layout=case.layout, k_scale=inputs.k_scale,
+                                        v_scale=inputs.v_scale)
+    returned = run(inputs)
+    result = FusedCheck("rope_kv_cache", case)
+    if not isinstance(returned, (tuple, list)) or len(returned) != 2:
+        result.problems.append(f"result: must be the pair (q, k) (got {type(returned).__name__})")
+        return result
+    q_out, k_out = returned
+    rotation = compare_rotation(spec, inputs.positions, before["query"], before["key"], inputs.cos_sin_cache, q_out,
+                                k_out, ref.query, ref.key, "float32")
+    if not rotation.ok:
+        result.problems.append(rotation.message("q/k (the live k included):"))
+    value_touched = not torch.equal(bits(inputs.value.cpu()), bits(before["value"].cpu()))
+    if value_touched:
+        result.problems.append("value: changed (it must be read only)")
+    cache_problems, cache_bad = _cache_rows(case, inputs, before, ref, k_out, rotation.bounds.get("key"))
+    result.problems += cache_problems
+    result.evidence = dict(inputs=inputs, before=before, ref=ref, q_out=q_out, k_out=k_out, rotation=rotation,
+                           value_touched=value_touched, cache_bad=cache_bad)
+    return result
+
+
+def cache_write_problems(case: CacheCase, inputs: CacheInputs, run: Callable) -> list[str]:
+    """Every way ``run``'s result departs from the reference (empty: it passed)."""
+    return check_rope_kv_cache(case, inputs, run).problems
+
+
+def run_rope_kv_cache(fn: Callable, case: CacheCase) -> Callable:
+    """``inputs -> (q, k)``: contract B's call of ``fn`` on a case's inputs, under the call deadline."""
+    def run(inputs):
+        return _call(fn, case.spec, inputs.positions, inputs.query, inputs.key, inputs.value, inputs.key_cache,
+                     inputs.value_cache, inputs.slot_mapping, inputs.cos_sin_cache, kv_layout=case.layout,
+                     k_scale=inputs.k_scale, v_scale=inputs.v_scale)
+    return run
+
+
+# ------------------------------------------------------------------------------------------ assert
+def _record(name: str, device: str, case, result: FusedCheck) -> None:
+    """The check in the run report (one comparison per call); never lets reporting break the check."""
+    from rope.harness import report
+    try:
+        report.record_exact_check(test=current_test(), impl=name, device=str(device), what=f"fused-{result.op}",
+                                  ok=result.ok, elements=case.size, problem=result.problems[0] if result.problems
+                                  else None, tokens=case.num_tokens)
+    except Exception:   # noqa: BLE001 - the report is best effort, the check is not
+        pass
+
+
+def _fail(name: str, case, result: FusedCheck) -> None:
+    label, sentence = diagnose(result)
+    message = "\n".join([f"{name} {result.op} departs from the reference on {case.brief()}", repr(case),
+                         *result.problems, f"diagnosis: {label}: {sentence}"])
+    raise causes.tag(AssertionError(message), cause=label, headline=sentence, size=case.size, case=case.brief())
+
+
+def _checked(name: str, case, device, build: Callable, check: Callable, run: Callable) -> FusedCheck:
+    inputs = build(case, device)
+    try:
+        result = check(case, inputs, run)
+    except ImplementationFailed as exc:
+        raise causes.tag(AssertionError(f"{name} raised {exc}\ncase: {case!r}"), cause="raised",
+                         headline=str(exc), size=case.size, case=case.brief()) from None
+    _record(name, device, case, result)
+    if not result.ok:
+        _fail(name, case, result)
+    return result
+
+
+def assert_qk_norm_rope(name: str, fn: Callable, case: QKNormCase, device: str = "cpu") -> FusedCheck:
+    """Hold ``fn`` (contract A) to the reference on ``case``: an AssertionError tagged with its cause
+    on any departure, the check recorded in the run report."""
+    return _checked(name, case, device, build_qk_norm_case, check_qk_norm_rope, run_qk_norm_rope(fn, case))
+
+
+def assert_rope_kv_cache(name: str, fn: Callable, case: CacheCase, device: str = "cpu") -> FusedCheck:
+    """Hold ``fn`` (contract B) to the reference on ``case``, as :func:`assert_qk_norm_rope`."""
+    return _checked(name, case, device, build_cache_case, check_rope_kv_cache, run_rope_kv_cache(fn, case))
