@@ -45,7 +45,10 @@ def checked_things(args) -> list[str]:
     built-ins, the platform dispatch included."""
     from rope.harness.suite import CHECKED_THINGS
     named = [thing for thing, given in (("rotation", args.impl), ("position_step", args.positions_impl),
-                                        ("position_ids", args.position_ids_impl)) if given]
+                                        ("position_ids", args.position_ids_impl), ("table", args.table_impl))
+             if given]
+    if args.fused_impl:
+        named.append("fused")
     return named or list(CHECKED_THINGS)
 
 
@@ -80,6 +83,10 @@ def _pytest_args(args) -> list[str]:
         out += ["--rope-position-step-impl", name]
     for name in args.position_ids_impl:
         out += ["--rope-position-ids-impl", name]
+    for name in args.table_impl:
+        out += ["--rope-table-impl", name]
+    for name in args.fused_impl:
+        out += ["--rope-fused-impl", name]
     return out + list(args.pytest_args)
 
 
@@ -189,8 +196,9 @@ def _import_named(args) -> str | None:
     """Import every implementation the command names before any test runs: the first that cannot
     be imported is the one line returned (the module, the directories searched, the fix)."""
     from rope.harness.position_ids.implementations import get_position_ids_implementation
-    from rope.registry import get_implementation, get_positions_implementation
-    for option, names, get in (("--impl", args.impl, get_implementation),
+    from rope.registry import get_implementation, get_positions_implementation, get_table_implementation
+    for option, names, get in (("--table-impl", args.table_impl, get_table_implementation),
+                               ("--impl", args.impl, get_implementation),
                                ("--position-step-impl", args.positions_impl, get_positions_implementation),
                                ("--position-ids-impl", args.position_ids_impl, get_position_ids_implementation)):
         for name in names:
@@ -198,6 +206,12 @@ def _import_named(args) -> str | None:
                 get(name)
             except ValueError as exc:
                 return f"{option}: {exc}"
+    from rope.registry import get_fused_implementation
+    for name in args.fused_impl:
+        try:
+            get_fused_implementation(name)
+        except ValueError as exc:
+            return f"--fused-impl: {exc}"
     return None
 
 
@@ -210,7 +224,8 @@ def cmd_check(args) -> int:
     from rope.devices import available_devices
     from rope.harness.plugin.compared import PLUGIN_NAME
     devices = args.device or available_devices()
-    named = [*args.impl, *args.positions_impl, *args.position_ids_impl]
+    named = [*args.impl, *args.positions_impl, *args.position_ids_impl, *args.table_impl]
+    named += args.fused_impl
     unimportable = _import_named(args)
     if unimportable:
         print(f"rope-harness check: {unimportable}", file=sys.stderr)
@@ -332,6 +347,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "--positions-impl)")
     check.add_argument("--position-ids-impl", action="append", default=[], metavar="NAME",
                        help="position-id implementation: transformers, vllm, sglang or module:callable (repeatable)")
+    check.add_argument("--table-impl", action="append", default=[], metavar="NAME",
+                       help="cos/sin table implementation: ours, transformers or module:callable (repeatable)")
+    check.add_argument("--fused-impl", action="append", default=[], metavar="NAME",
+                       help="fused-op implementation: triton, unfused or module:callable declaring fused_op (repeatable)")
     check.add_argument("--profile", default="dev", choices=["dev", "ci", "deep"], help="Hypothesis profile")
     check.add_argument("--workers", default="auto", help="pytest-xdist workers ('0' for none)")
     check.add_argument("--all", action="store_true", help="run the whole property suite, not only the equivalence suite")

@@ -13,8 +13,11 @@ SUITE_PACKAGE = "properties"
 # name, so a run selects them with -m (rope-harness check does) whatever file they live in;
 # ``dispatch`` is set by its tests' module.
 CHECKED_BY_FIXTURE = {"impl_name": "rotation", "positions_impl_name": "position_step",
-                      "position_ids_impl_name": "position_ids"}
-CHECKED_THINGS = ("rotation", "position_step", "position_ids", "dispatch")
+                      "position_ids_impl_name": "position_ids", "table_impl_name": "table"}
+CHECKED_THINGS = ("rotation", "position_step", "position_ids", "table", "dispatch")
+# The fused ops (docs/spec.md §10): their tests take ``fused_impl_name``.
+CHECKED_BY_FIXTURE["fused_impl_name"] = "fused"
+CHECKED_THINGS = (*CHECKED_THINGS[:-1], "fused", CHECKED_THINGS[-1])
 # The exit status of a run, check or campaign that compared nothing against the reference (every
 # case unsupported, every test skipped): pytest's "no tests ran", never a green 0.
 NOTHING_COMPARED_EXIT = 5

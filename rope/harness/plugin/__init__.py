@@ -9,6 +9,7 @@ Options:
                                        (alias: --rope-positions-impl)
   --rope-position-ids-impl NAME|module:callable  (repeatable) position-id implementations (a model's
                                        get_rope_index: transformers, vllm, sglang); default transformers
+  --rope-fused-impl NAME|module:callable  (repeatable) fused-op implementations (triton, unfused)
   --rope-repro CASE                    (repeatable) replay case files (a file, or every *.json in a directory)
                                        through the suite's replay tests (marked replay); every other test is deselected
   --rope-shard I/N                     run only shard I of N (a deterministic partition by test id), for
@@ -66,7 +67,7 @@ from rope.harness.plugin.selection import (cpu_work_left_out, device_params, kee
                                            keep_only_asked_mutant_searches, keep_only_replays,
                                            skip_oracle_tests_without_transformers, selected_devices,
                                            selected_implementations, selected_position_ids_implementations,
-                                           selected_positions_implementations)
+                                           selected_positions_implementations, selected_table_implementations)
 from rope.harness.plugin.timeouts import cap_shrinking, configure_call_timeout, set_test_timeouts, test_timeout
 
 # What other modules, the run's fixtures and the tests reach through the plugin module: pytest finds
@@ -86,7 +87,9 @@ MARKERS = (
     "rotation: takes the rotation implementation under test (--rope-impl); set by the plugin",
     "position_step: takes the runner's position step under test (--rope-position-step-impl); set by the plugin",
     "position_ids: takes the position-id implementation under test (--rope-position-ids-impl); set by the plugin",
+    "table: takes the cos/sin table implementation under test (--rope-table-impl); set by the plugin",
     "dispatch: checks the platform dispatch of the built-in operations",
+    "fused: takes the fused-op implementation under test (--rope-fused-impl); set by the plugin",
     "prefill: a prefill-size batch (1,024 to 16,384 tokens and past); a campaign leaves these out",
     "harness_stage: run by a rope-harness command (a replay, the baseline, a mutant's guarded search), not a plain run",
     "mutant_search(name): a dedicated test that a property rejects the named mutant (rope-harness mutants runs it "
@@ -138,6 +141,12 @@ def pytest_addoption(parser):
     group.addoption("--rope-position-ids-impl", action="append", default=[], metavar="NAME",
                     help="position-id implementation, fn(family, prompt) -> (positions, delta): transformers, vllm, "
                          "sglang or package.module:callable; repeatable (default: transformers where installed)")
+    group.addoption("--rope-table-impl", action="append", default=[], metavar="NAME",
+                    help="cos/sin table implementation, fn(spec, max_position, dtype, device) -> cache: ours, "
+                         "transformers or package.module:callable; repeatable (default: ours)")
+    group.addoption("--rope-fused-impl", action="append", default=[], metavar="NAME",
+                    help="fused-op implementation (docs/spec.md §10): triton, unfused or package.module:callable "
+                         "declaring fused_op; repeatable (default: triton and unfused)")
     group.addoption("--rope-shard", default=None, metavar="I/N",
                     help="run only shard I of N (0 <= I < N): a deterministic partition of the tests by id, "
                          "so N runners or hosts together run every test exactly once")
@@ -167,6 +176,13 @@ def pytest_generate_tests(metafunc):
     if not is_rope_test(metafunc):
         return
     parametrize_rounds(metafunc)
+    if "fused_impl_name" in metafunc.fixturenames and "device" in metafunc.fixturenames:
+        from rope.harness.plugin.selection import selected_fused_implementations
+        combos = [(name, dev) for name in selected_fused_implementations(metafunc.config)
+                  for dev in selected_devices(metafunc.config)]
+        metafunc.parametrize("fused_impl_name,device",
+                             device_params(metafunc.config, combos, [f"{n}-{d}" for n, d in combos]))
+        return
     if "position_ids_impl_name" in metafunc.fixturenames:
         names = list(selected_position_ids_implementations(metafunc.config))
         if not names:       # nothing installed to check: one skipped test says so
@@ -174,7 +190,13 @@ def pytest_generate_tests(metafunc):
                 reason="no position-id implementation here: install transformers (pip install '.[oracle]') "
                        "or pass --rope-position-ids-impl"))]
         metafunc.parametrize("position_ids_impl_name", names)
-    if "positions_impl_name" in metafunc.fixturenames and "device" in metafunc.fixturenames:
+    if "table_impl_name" in metafunc.fixturenames and "device" in metafunc.fixturenames:
+        impls = selected_table_implementations(metafunc.config)
+        devices = selected_devices(metafunc.config)
+        combos = [(name, dev) for name in impls for dev in devices]
+        metafunc.parametrize("table_impl_name,device",
+                             device_params(metafunc.config, combos, [f"{n}-{d}" for n, d in combos]))
+    elif "positions_impl_name" in metafunc.fixturenames and "device" in metafunc.fixturenames:
         impls = selected_positions_implementations(metafunc.config)
         devices = selected_devices(metafunc.config)
         combos = [(name, dev) for name in impls for dev in devices]
@@ -336,9 +358,13 @@ def _import_named_implementations(config) -> None:
     """Every implementation named on the command line is imported before any test: one that cannot
     be (a module not found from the current directory, one that raises) ends the run as a usage
     error with one line naming it, instead of an error in every module that collects it."""
+    if config.getoption("--rope-fused-impl"):
+        from rope.harness.plugin.selection import selected_fused_implementations
+        selected_fused_implementations(config)
     for option, selected in (("--rope-impl", selected_implementations),
                              ("--rope-position-step-impl", selected_positions_implementations),
-                             ("--rope-position-ids-impl", selected_position_ids_implementations)):
+                             ("--rope-position-ids-impl", selected_position_ids_implementations),
+                             ("--rope-table-impl", selected_table_implementations)):
         if config.getoption(option):
             selected(config)
 

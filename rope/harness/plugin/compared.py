@@ -19,7 +19,8 @@ from rope.harness.suite import NOTHING_COMPARED_EXIT
 
 # The checked things that record their comparisons, and the option naming each one's implementations.
 OPTION_OF_THING = {"rotation": "--rope-impl", "position_step": "--rope-position-step-impl",
-                   "position_ids": "--rope-position-ids-impl"}
+                   "position_ids": "--rope-position-ids-impl", "table": "--rope-table-impl"}
+OPTION_OF_THING["fused"] = "--rope-fused-impl"
 
 
 @dataclass

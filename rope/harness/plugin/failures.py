@@ -72,7 +72,8 @@ def quiet_notes(exc: BaseException) -> None:
 
 # The option that names the implementation each kind of suite test takes.
 _IMPL_OPTIONS = {"impl_name": "--rope-impl", "positions_impl_name": "--rope-position-step-impl",
-                 "position_ids_impl_name": "--rope-position-ids-impl"}
+                 "position_ids_impl_name": "--rope-position-ids-impl", "table_impl_name": "--rope-table-impl"}
+_IMPL_OPTIONS["fused_impl_name"] = "--rope-fused-impl"
 
 
 def rerun_command(item) -> str:

@@ -174,6 +174,16 @@ def selected_position_ids_implementations(config) -> dict:
     return _selected(config, "--rope-position-ids-impl", position_ids_implementations, get_position_ids_implementation)
 
 
+def selected_table_implementations(config) -> dict:
+    from rope.registry import get_table_implementation, table_implementations
+    return _selected(config, "--rope-table-impl", table_implementations, get_table_implementation)
+
+
+def selected_fused_implementations(config) -> dict:
+    from rope.registry import fused_implementations, get_fused_implementation
+    return _selected(config, "--rope-fused-impl", fused_implementations, get_fused_implementation)
+
+
 def skip_oracle_tests_without_transformers(items) -> None:
     """Tests marked ``oracle`` compare against transformers: where it is not installed (the
     ``oracle`` extra is optional) they skip and say what to install, whatever they import first."""

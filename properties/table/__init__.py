@@ -1,0 +1,4 @@
+"""The cos/sin table: the properties a table implementation (--rope-table-impl) must pass."""
+
+# Its modules (pytest collects the test modules; the others are case modules the tests import).
+__all__ = ["strategies", "test_table"]

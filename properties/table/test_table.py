@@ -1,0 +1,63 @@
+"""Table implementations against ``reference.cos_sin_table`` (docs/spec.md §1.2).
+
+Every test takes ``table_impl_name`` and ``device``: the implementations named by
+``--rope-table-impl`` (ours, transformers, or ``package.module:callable``), by default ours.  Each
+table is ``fn(spec, max_position, dtype, device)``; a sample of its rows (the first, the last, powers
+of two, drawn ones) is held to the float64 reference within the bound of rope.harness.table.bound.
+
+1. ``test_catalogued_model_tables_match``: every catalogued model with a scaled table (rope/models.yaml)
+   at its full length, and the known table bugs' triggers;
+2. ``test_table_matches_reference``: drawn specs of every rope type, lengths up to 2^20, every dtype.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+
+from properties.table.strategies import table_cases
+from rope.harness.draws import skip_or_reject
+from rope.harness.table.cases import TableCase
+from rope.harness.table.check import assert_table_matches
+from rope.implementation import Implementation
+from rope.models import load_models
+from rope.registry import get_table_implementation
+from rope.spec import RopeSpec
+
+
+def _implementation(name: str, case: TableCase, device: str):
+    fn = get_table_implementation(name)
+    declared = Implementation.of(name, fn, "table").unsupported_reason
+    why = declared(case.spec, case.dtype, device) if declared is not None else None
+    if why is not None:
+        skip_or_reject(f"unsupported: {name} does not build {case.brief()}: {why}")
+    return fn
+
+
+# Each catalogued scaled model at its full length, and the known table bugs' triggers.
+KNOWN_TABLES = [pytest.param(TableCase(m.spec, m.spec.max_position, torch.float32), id=key)
+                for key, m in sorted(load_models().items()) if m.spec.scaling is not None] + [
+    # vllm#55910: NTK's cache built for the unscaled length while max_position_embeddings x s is admitted.
+    pytest.param(TableCase(RopeSpec(128, 128, max_position=16384, scaling={"rope_type": "ntk", "factor": 4.0}),
+                           16384, torch.float32), id="vllm-55910-ntk-admitted-length"),
+    # YaRN's mscale pair unequal (a ratio inverted or squared shows) in bfloat16.
+    pytest.param(TableCase(RopeSpec(64, 64, False, max_position=163840, scaling={
+        "rope_type": "yarn", "factor": 40.0, "original_max_position": 4096, "mscale": 1.0, "mscale_all_dim": 0.707}),
+        163840, torch.bfloat16), id="yarn-unequal-mscales-bf16"),
+]
+
+
+@pytest.mark.fixed_cases
+@pytest.mark.known_bug
+@pytest.mark.parametrize("case", KNOWN_TABLES)
+def test_catalogued_model_tables_match(table_impl_name, device, case):
+    fn = _implementation(table_impl_name, case, device)
+    assert_table_matches(table_impl_name, fn, case, device)
+
+
+@settings(deadline=None)
+@given(case=table_cases())
+def test_table_matches_reference(table_impl_name, device, case):
+    fn = _implementation(table_impl_name, case, device)
+    assert_table_matches(table_impl_name, fn, case, device)
