@@ -217,6 +217,45 @@ def positions_unsupported_reason(name: str, fn: Callable, device: str) -> str | 
     return f"unsupported: {name} does not run on {device}"
 
 
+# The fused ops (docs/spec.md §10), op by op: contract A ``qk_norm_rope``, B ``rope_kv_cache``, C
+# ``mla_rope_kv_cache`` (the reference only: no built-in implements it).
+FUSED_OPS = ("qk_norm_rope", "rope_kv_cache", "mla_rope_kv_cache")
+_FUSED = {
+    "triton": {"qk_norm_rope": "rope.triton.fused_qk_norm_rope:qk_norm_rope_triton",
+               "rope_kv_cache": "rope.triton.rope_kv_cache:rope_kv_cache_triton"},
+    # The sequence an engine runs without the fused op: torch's norm and cache write, our rotation.
+    "unfused": {"qk_norm_rope": "rope.triton.unfused:qk_norm_rope_unfused",
+                "rope_kv_cache": "rope.triton.unfused:rope_kv_cache_unfused"},
+}
+BUILTIN_FUSED = ("triton", "unfused")
+# What a run checks when none is named: the fused kernels (the unfused sequence is a bench baseline, by name).
+DEFAULT_FUSED = ("triton",)
+
+
+def get_fused_implementation(name: str, op: str | None = None):
+    """A fused implementation by name: a built-in (``triton``, ``unfused``: their ops by contract) or
+    an import path ``package.module:callable`` naming one op's callable, which declares its contract
+    as ``fused_op`` (one of FUSED_OPS).  With ``op``: that op's callable, or None where the
+    implementation has none; without: {op: callable} of every op it implements."""
+    if op is not None and op not in FUSED_OPS:
+        raise ValueError(f"op={op!r}: must be one of {FUSED_OPS}")
+    if name in _FUSED:
+        ops = {key: resolve(path, kind="fused_impl", builtins={}) for key, path in _FUSED[name].items()}
+    else:
+        fn = resolve(name, kind="fused_impl", builtins={})
+        declared = getattr(fn, "fused_op", None)
+        if declared not in FUSED_OPS:
+            raise ValueError(f"fused_impl={name!r}: fused_op={declared!r}: must be one of {FUSED_OPS} (the contract "
+                             f"it implements, docs/implementations.md)")
+        ops = {declared: fn}
+    return ops if op is None else ops.get(op)
+
+
+def fused_implementations() -> dict[str, dict]:
+    """The fused implementations a run checks by default, by name: {op: callable}."""
+    return {name: get_fused_implementation(name) for name in DEFAULT_FUSED}
+
+
 MAX_SWITCH_TOKENS = MAX_SWITCH
 
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from properties.strategies import KINDS, rope_specs
 from rope.harness.fused.cases import BLOCK_SIZES, CACHE_KINDS, DTYPES, SCALES, CacheCase, QKNormCase, model_spec
 
-__all__ = ["GLM41V", "HEAD_SIZES", "MAX_POSITIONS", "POSITION_KINDS", "QWEN2", "QWEN35", "QWEN3VL", "cache_case",
+__all__ = ["KNOWN_CACHE", "KNOWN_QK_NORM", "GLM41V", "HEAD_SIZES", "MAX_POSITIONS", "POSITION_KINDS", "QWEN2", "QWEN35", "QWEN3VL", "cache_case",
            "cache_cases", "qk_norm_case", "qk_norm_cases", "token_counts"]
 
 HEAD_SIZES = (64, 128, 80, 256, 96, 32)
@@ -96,5 +96,33 @@ def cache_case(spec, **fields) -> CacheCase:
     return CacheCase(**(base | fields))
 
 
-def small_positions(spec, rows: int = 4096):
-    return dataclasses.replace(spec, max_position=rows)
+def _partial_1d(rows: int = 4096):
+    """1-D NeoX, head 32, rotary 16 of 32: partial rotary at a head size that keeps a case past 10240
+    token x heads cheap."""
+    return dataclasses.replace(QWEN2, head_size=32, rotary_dim=16, max_position=rows)
+
+
+# The known bugs' triggers (docs/spec.md §10), each a fixed case of its contract.
+KNOWN_QK_NORM = {
+    # vllm#51049: a warp handling several heads with partial rotary loses a pair's partner past 10240
+    # token x heads (700 tokens x 16 heads = 11200).
+    "vllm-51049-partial-rotary-past-10240": qk_norm_case(_partial_1d(), num_tokens=700, num_heads_q=12, num_heads_k=4,
+                                                         num_heads_v=4, positions_kind="uniform"),
+    "qwen3-vl-8b-tp4": qk_norm_case(QWEN3VL, num_heads_q=8, num_heads_k=2, num_heads_v=2),
+    "glm-4.1v-row-padding": qk_norm_case(GLM41V, num_heads_q=8, num_heads_k=1, num_heads_v=1, dtype="float16",
+                                         row_padding=24),
+}
+KNOWN_CACHE = {
+    # sglang#19636: the rotated k cached, the live k returned unrotated.
+    "sglang-19636-live-k": cache_case(QWEN2, num_q_heads=7, num_kv_heads=1, num_tokens=5, padding=0.25, short_slots=2),
+    # flashinfer#2792: a padding slot (-1) taken as an index writes the cache's last row: every token padding,
+    # so any written row shows.
+    "flashinfer-2792-padding-slots": cache_case(QWEN2, num_tokens=6, num_q_heads=2, num_kv_heads=2,
+                                                cache="float8_e4m3fn", num_blocks=1, padding=1.0, short_slots=2),
+    # vllm#51049 inside a fused cache write: partial rotary past 10240 token x heads.
+    "vllm-51049-partial-rotary-past-10240": cache_case(_partial_1d(), num_tokens=700, num_q_heads=12, num_kv_heads=4,
+                                                       block_size=256, num_blocks=3, padding=0.0),
+    "glm-4.1v-fp8-hnd": cache_case(GLM41V, num_q_heads=16, num_kv_heads=1, cache="float8_e4m3fn", layout="HND",
+                                   block_size=64, num_blocks=1, k_scale=0.05, positions_kind="last_row",
+                                   joint_cache=True),
+}

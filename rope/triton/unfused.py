@@ -47,6 +47,11 @@ def qk_norm_rope_unfused(spec: RopeSpec, positions, qkv, num_heads_q: int, num_h
     return qkv
 
 
+# Its declaration (docs/implementations.md): the normalized value is rounded to the activation dtype
+# before the rotation, one rounding more than the fused kernel's bound allows.
+qk_norm_rope_unfused.rounds_normalized = True
+
+
 def _write_rows(cache: torch.Tensor, rows: torch.Tensor, blocks, offsets, layout: str, scale) -> None:
     if is_fp8(cache.dtype):
         value = 1.0 if scale is None else scale.reshape(()).float() if isinstance(scale, torch.Tensor) else scale

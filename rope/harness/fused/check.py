@@ -66,8 +66,11 @@ class FusedCheck:
 
 
 # ------------------------------------------------------------------------------- A: QK-norm + RoPE
-def check_qk_norm_rope(case: QKNormCase, inputs: QKNormInputs, run: Callable) -> FusedCheck:
-    """Run ``run(inputs)`` (writes inputs.qkv) and hold the result to the reference."""
+def check_qk_norm_rope(case: QKNormCase, inputs: QKNormInputs, run: Callable, *,
+                       rounded_norm: bool = False) -> FusedCheck:
+    """Run ``run(inputs)`` (writes inputs.qkv) and hold the result to the reference.  ``rounded_norm``:
+    the implementation declares it rounds the normalized value to the activation dtype before the
+    rotation (``rounds_normalized = True``: an unfused sequence), one rounding more in the bound."""
     spec, d = case.spec, case.spec.head_size
     before = inputs.qkv.clone()
     ref = fused_reference.qk_norm_rope(spec, inputs.positions, before, case.num_heads_q, case.num_heads_k,
@@ -80,7 +83,8 @@ def check_qk_norm_rope(case: QKNormCase, inputs: QKNormInputs, run: Callable) ->
     bounds, bad = {}, {}
     for name, lo, hi, weight in (("q", 0, q_end, inputs.q_weight), ("k", q_end, k_end, inputs.k_weight)):
         normed = fused_reference.rms_norm_heads(before[:, lo:hi], weight, case.eps, d)
-        bounds[name] = qk_norm_bound(spec, inputs.positions, normed, ref[:, lo:hi], inputs.cos_sin_cache, before.dtype)
+        bounds[name] = qk_norm_bound(spec, inputs.positions, normed, ref[:, lo:hi], inputs.cos_sin_cache, before.dtype,
+                                      rounded_norm=rounded_norm)
         bad[name] = bad_elements(out[:, lo:hi], ref[:, lo:hi], bounds[name])
         result.problems += mismatches(name, out[:, lo:hi], ref[:, lo:hi], bounds[name])
     value_touched = not torch.equal(bits(out[:, k_end:].cpu()), bits(before[:, k_end:].cpu()))
@@ -214,7 +218,13 @@ def _checked(name: str, case, device, build: Callable, check: Callable, run: Cal
 def assert_qk_norm_rope(name: str, fn: Callable, case: QKNormCase, device: str = "cpu") -> FusedCheck:
     """Hold ``fn`` (contract A) to the reference on ``case``: an AssertionError tagged with its cause
     on any departure, the check recorded in the run report."""
-    return _checked(name, case, device, build_qk_norm_case, check_qk_norm_rope, run_qk_norm_rope(fn, case))
+    rounded = getattr(fn, "rounds_normalized", False)
+    if not isinstance(rounded, bool):
+        raise ValueError(f"{name}.rounds_normalized={rounded!r}: must be True or False")
+
+    def check(case, inputs, run):
+        return check_qk_norm_rope(case, inputs, run, rounded_norm=rounded)
+    return _checked(name, case, device, build_qk_norm_case, check, run_qk_norm_rope(fn, case))
 
 
 def assert_rope_kv_cache(name: str, fn: Callable, case: CacheCase, device: str = "cpu") -> FusedCheck:

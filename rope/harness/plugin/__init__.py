@@ -146,7 +146,7 @@ def pytest_addoption(parser):
                          "transformers or package.module:callable; repeatable (default: ours)")
     group.addoption("--rope-fused-impl", action="append", default=[], metavar="NAME",
                     help="fused-op implementation (docs/spec.md §10): triton, unfused or package.module:callable "
-                         "declaring fused_op; repeatable (default: triton and unfused)")
+                         "declaring fused_op; repeatable (default: triton)")
     group.addoption("--rope-shard", default=None, metavar="I/N",
                     help="run only shard I of N (0 <= I < N): a deterministic partition of the tests by id, "
                          "so N runners or hosts together run every test exactly once")

@@ -9,7 +9,7 @@ from pathlib import Path
 from rope.harness.suite import is_suite_module, runs_suite
 
 
-_OPTIONS = ("--rope-impl", "--rope-device", "--rope-position-step-impl", "--rope-position-ids-impl", "--rope-repro", "--rope-shard", "--rope-baseline",
+_OPTIONS = ("--rope-impl", "--rope-device", "--rope-position-step-impl", "--rope-position-ids-impl", "--rope-fused-impl", "--rope-repro", "--rope-shard", "--rope-baseline",
             "--rope-mutant-search", "--rope-call-timeout", "--rope-test-timeout")
 
 

@@ -1,0 +1,56 @@
+"""The fused ops' properties (docs/spec.md §10), for every fused implementation (--rope-fused-impl)
+on every device: QK-norm + RoPE on a packed qkv (contract A) and RoPE + KV-cache write (contract B)
+held to the float64 reference within their bounds (rope.harness.fused.check); contract C (MLA) runs
+for an implementation that declares it (none built in: the reference only).  The known bugs'
+triggers are fixed cases, run first."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+
+from properties.fused.fused_cases import KNOWN_CACHE, KNOWN_QK_NORM, cache_cases, qk_norm_cases
+from rope.devices import triton_runs_on
+from rope.harness.draws import skip_or_reject
+from rope.harness.fused.check import assert_qk_norm_rope, assert_rope_kv_cache
+from rope.registry import BUILTIN_FUSED, get_fused_implementation
+
+
+def _implementation(name: str, device: str, op: str):
+    """The op's callable of implementation ``name``, or a skip saying why it does not run here."""
+    fn = get_fused_implementation(name, op)
+    if fn is None:
+        pytest.skip(f"unsupported: {name} implements no {op}")
+    if name in BUILTIN_FUSED and not triton_runs_on(device):
+        skip_or_reject(f"unsupported: Triton does not run on {device} here")
+    return fn
+
+
+@settings(deadline=None, max_examples=6)
+@given(case=qk_norm_cases())
+def test_qk_norm_rope_matches_reference(fused_impl_name, device, case):
+    fn = _implementation(fused_impl_name, device, "qk_norm_rope")
+    assert_qk_norm_rope(fused_impl_name, fn, case, device)
+
+
+@settings(deadline=None, max_examples=6)
+@given(case=cache_cases())
+def test_rope_kv_cache_matches_reference(fused_impl_name, device, case):
+    fn = _implementation(fused_impl_name, device, "rope_kv_cache")
+    assert_rope_kv_cache(fused_impl_name, fn, case, device)
+
+
+@pytest.mark.fixed_cases
+@pytest.mark.known_bug
+@pytest.mark.parametrize("known", list(KNOWN_QK_NORM))
+def test_known_qk_norm_rope_cases(fused_impl_name, device, known):
+    fn = _implementation(fused_impl_name, device, "qk_norm_rope")
+    assert_qk_norm_rope(fused_impl_name, fn, KNOWN_QK_NORM[known], device)
+
+
+@pytest.mark.fixed_cases
+@pytest.mark.known_bug
+@pytest.mark.parametrize("known", list(KNOWN_CACHE))
+def test_known_rope_kv_cache_cases(fused_impl_name, device, known):
+    fn = _implementation(fused_impl_name, device, "rope_kv_cache")
+    assert_rope_kv_cache(fused_impl_name, fn, KNOWN_CACHE[known], device)
