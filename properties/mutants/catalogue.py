@@ -5,7 +5,7 @@ importing the suite (``rope/`` never imports ``properties``).
 subprocess); :func:`catalogue` returns the same list of dicts, in catalogue order:
 
     name           ``<module>:<attribute>``, unique (neox_for_gptj is a wrapper and a kernel mutant)
-    kind           rotation | rotation-kernel | positions | positions-kernel | position-ids | dispatch
+    kind           rotation | rotation-kernel | positions | positions-kernel | position-ids | table | dispatch
     target         the import path the registry resolves (``--rope-impl`` / ``--rope-position-step-impl``)
     parent         the unmutated implementation a failure is confirmed against (None: dispatch)
     doc            the first paragraph of the mutant's docstring, on one line
@@ -47,6 +47,7 @@ def catalogue() -> list[dict]:
     """Every mutant defined in properties/mutants, in catalogue order."""
     from properties.mutants.broken_position_ids import BROKEN_POSITION_IDS
     from properties.mutants.broken_positions import BROKEN_POSITIONS
+    from properties.mutants.broken_tables import BROKEN_TABLES
     from properties.mutants.broken_rotations import BROKEN_ROTATIONS, GPU_ROTATION_MUTANTS
     from properties.mutants.dispatch import BROKEN_OPS
     from properties.mutants.kernel import GPU_DEEP_MUTANTS, POSITIONS_MUTANTS, ROTARY_MUTANTS
@@ -68,6 +69,7 @@ def catalogue() -> list[dict]:
     reference_ids = f"{PACKAGE}.broken_position_ids:reference_ids"
     out += [_entry("broken_position_ids", name, "position-ids", name, reference_ids, fn.__doc__)
             for name, fn in BROKEN_POSITION_IDS.items()]
+    out += [_entry("broken_tables", name, "table", name, "ours", fn.__doc__) for name, fn in BROKEN_TABLES.items()]
     # Dispatch mutants are op classes: the target names the class, the catalogue name the entry.
     out += [_entry("dispatch", name, "dispatch", cls.__name__, None, cls.__doc__)
             for name, (_, cls) in BROKEN_OPS.items()]

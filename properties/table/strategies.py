@@ -52,7 +52,7 @@ def scalings(draw, rope_type: str, num_freqs: int) -> dict:
         fields["mixed_b"] = draw(st.sampled_from((None, None, 0.625, 2.0)))
     if rope_type == "proportional":
         fields["factor"] = draw(st.sampled_from((1.0, 8.0)))
-        fields["partial_rotary_factor"] = draw(st.sampled_from((0.25, 0.5, 1.0, 0.125)))
+        fields["partial_rotary_factor"] = draw(st.sampled_from((0.25, 0.5, 0.125, 1.0)))
     return fields
 
 

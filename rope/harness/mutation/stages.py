@@ -22,6 +22,7 @@ from rope.harness.suite import SUITE_PACKAGE, suite_dir
 ROTATION_SUITE = f"{SUITE_PACKAGE}/rotation"
 POSITION_SUITES = (f"{SUITE_PACKAGE}/position_step",)
 POSITION_IDS_SUITE = f"{SUITE_PACKAGE}/position_ids"
+TABLE_SUITE = f"{SUITE_PACKAGE}/table"
 DISPATCH_SUITE = f"{SUITE_PACKAGE}/dispatch"
 BASELINE_SUITE = f"{SUITE_PACKAGE}/baseline"
 # Markers a stage selects by: the tests on guarded inputs, the huge cases (q or the cache past 2^31
@@ -94,6 +95,8 @@ def harness_stages(m: Mutant) -> list[Stage]:
     if m.kind == "position-ids":
         return [Stage("position-id suite", (POSITION_IDS_SUITE,), ("--rope-position-ids-impl", m.target), "fail",
                       "--rope-position-ids-impl")]
+    if m.kind == "table":
+        return [Stage("table suite", (TABLE_SUITE,), ("--rope-table-impl", m.target), "fail", "--rope-table-impl")]
     if m.kind == "dispatch":
         return [_search(m, DISPATCH_SUITE)]
     raise ValueError(f"kind={m.kind!r}: must be one of {KINDS}")
