@@ -87,3 +87,17 @@ def test_a_bad_case_names_the_field():
     case = TableCase(YARN, 300, torch.bfloat16, 9)
     assert TableCase.from_dict(case.to_dict()) == case and torch.equal(case.rows(), TableCase.from_dict(
         case.to_dict()).rows())
+
+
+@pytest.mark.parametrize("scaling", [YARN.scaling, LLAMA3.scaling, {"rope_type": "dynamic", "factor": 2.0,
+                                                                    "original_max_position": 1024}])
+def test_rotation_cases_hand_on_the_scaled_table(scaling):
+    """The rotation's shared table is the spec's own, scaling included (keyed on it), not the plain
+    table of the same base, width and length."""
+    from rope.cache import cos_sin_cache
+    from rope.harness.rotation.cases import shared_table
+    scaled, plain = RopeSpec(64, 64, max_position=4096, scaling=scaling), RopeSpec(64, 64, max_position=4096)
+    for dtype in (torch.float32, torch.bfloat16):
+        assert torch.equal(shared_table(plain, dtype), cos_sin_cache(plain, dtype))
+        assert torch.equal(shared_table(scaled, dtype), cos_sin_cache(scaled, dtype))
+        assert not torch.equal(shared_table(scaled, dtype), shared_table(plain, dtype))

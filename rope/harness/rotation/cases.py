@@ -154,18 +154,21 @@ def _rows_are_position_independent() -> bool:
 
 
 def _table_key(spec: RopeSpec, dtype: torch.dtype, device) -> tuple:
-    return (spec.effective_base, spec.rotary_dim, spec.max_position, dtype, str(device))
+    return (spec.effective_base, spec.rotary_dim, spec.max_position, spec.scaling, dtype, str(device))
 
 
 def shared_table(spec: RopeSpec, dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
     """The spec's cache on ``device``, bit-identical to ``rope.cache.cos_sin_cache(spec, dtype)``
-    and memoized on what it depends on (base, rotary_dim, length, dtype).  Shared: the harness
-    reads it, and it is never handed to an implementation."""
+    and memoized on what it depends on (base, rotary_dim, length, scaling, dtype).  Shared: the harness
+    reads it, and it is never handed to an implementation.  A scaled spec's table is built whole
+    (its frequencies depend on its length: dynamic NTK, LongRoPE), never as a prefix of another."""
     dev = torch_device(device)
     base, width, rows = spec.effective_base, spec.rotary_dim, spec.max_position
     key = _table_key(spec, dtype, dev)
     if dev.type != "cpu":
         return _TABLES.get(key, lambda: shared_table(spec, dtype, "cpu").to(dev))
+    if spec.scaling is not None:
+        return _TABLES.get(key, lambda: cos_sin_cache(spec, dtype, "cpu"))
     if not _rows_are_position_independent():
         return _TABLES.get(key, lambda: _float32_table(base, width, rows).to(dtype))
     # Every table of this base and width is a prefix of the longest float32 table built so far.
