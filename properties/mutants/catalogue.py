@@ -5,7 +5,7 @@ importing the suite (``rope/`` never imports ``properties``).
 subprocess); :func:`catalogue` returns the same list of dicts, in catalogue order:
 
     name           ``<module>:<attribute>``, unique (neox_for_gptj is a wrapper and a kernel mutant)
-    kind           rotation | rotation-kernel | positions | positions-kernel | position-ids | table | dispatch
+    kind           rotation | rotation-kernel | positions | positions-kernel | position-ids | table | fused | dispatch
     target         the import path the registry resolves (``--rope-impl`` / ``--rope-position-step-impl``)
     parent         the unmutated implementation a failure is confirmed against (None: dispatch)
     doc            the first paragraph of the mutant's docstring, on one line
@@ -70,6 +70,8 @@ def catalogue() -> list[dict]:
     out += [_entry("broken_position_ids", name, "position-ids", name, reference_ids, fn.__doc__)
             for name, fn in BROKEN_POSITION_IDS.items()]
     out += [_entry("broken_tables", name, "table", name, "ours", fn.__doc__) for name, fn in BROKEN_TABLES.items()]
+    from properties.mutants.broken_fused import BROKEN_FUSED
+    out += [_entry("broken_fused", name, "fused", name, "triton", fn.__doc__) for name, fn in BROKEN_FUSED.items()]
     # Dispatch mutants are op classes: the target names the class, the catalogue name the entry.
     out += [_entry("dispatch", name, "dispatch", cls.__name__, None, cls.__doc__)
             for name, (_, cls) in BROKEN_OPS.items()]

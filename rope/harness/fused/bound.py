@@ -21,7 +21,7 @@ from reference.rotation import pair_indices, select_cos_sin
 from rope.harness.rotation.bound import SUBNORMAL_SPACING, UNIT_ROUNDOFF
 from rope.spec import RopeSpec
 
-__all__ = ["U32", "fp8_bound", "fp8_half_spacing", "qk_norm_bound"]
+__all__ = ["U32", "UNIT_ROUNDOFF", "fp8_bound", "fp8_half_spacing", "qk_norm_bound"]
 
 U32 = UNIT_ROUNDOFF[torch.float32]
 # FP8: (mantissa bits, smallest normal exponent).

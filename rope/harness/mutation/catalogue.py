@@ -19,7 +19,8 @@ from rope.harness.suite import SUITE_PACKAGE, suite_dir
 
 CATALOGUE_MODULE = f"{SUITE_PACKAGE}.mutants"
 CATALOGUE_SCHEMA = "rope-harness/mutant-catalogue/1"
-KINDS = ("rotation", "rotation-kernel", "positions", "positions-kernel", "position-ids", "table", "dispatch")
+KINDS = ("rotation", "rotation-kernel", "positions", "positions-kernel", "position-ids", "table", "fused",
+         "dispatch")
 ROTATION_KINDS = ("rotation", "rotation-kernel")
 POSITION_KINDS = ("positions", "positions-kernel")
 

@@ -24,6 +24,7 @@ POSITION_SUITES = (f"{SUITE_PACKAGE}/position_step",)
 POSITION_IDS_SUITE = f"{SUITE_PACKAGE}/position_ids"
 TABLE_SUITE = f"{SUITE_PACKAGE}/table"
 DISPATCH_SUITE = f"{SUITE_PACKAGE}/dispatch"
+FUSED_SUITE = f"{SUITE_PACKAGE}/fused"
 BASELINE_SUITE = f"{SUITE_PACKAGE}/baseline"
 # Markers a stage selects by: the tests on guarded inputs, the huge cases (q or the cache past 2^31
 # elements: slow), and the dedicated searches (each asked for by its mutant's name).
@@ -97,6 +98,8 @@ def harness_stages(m: Mutant) -> list[Stage]:
                       "--rope-position-ids-impl")]
     if m.kind == "table":
         return [Stage("table suite", (TABLE_SUITE,), ("--rope-table-impl", m.target), "fail", "--rope-table-impl")]
+    if m.kind == "fused":
+        return [Stage("fused-op suite", (FUSED_SUITE,), ("--rope-fused-impl", m.target), "fail", "--rope-fused-impl")]
     if m.kind == "dispatch":
         return [_search(m, DISPATCH_SUITE)]
     raise ValueError(f"kind={m.kind!r}: must be one of {KINDS}")

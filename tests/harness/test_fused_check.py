@@ -1,0 +1,62 @@
+"""The fused ops' check and diagnosis (rope/harness/fused/): each broken implementation of
+properties/mutants/broken_fused.py fails the check on a case that shows its bug, with the label its
+diagnosis must name, in an AssertionError tagged with that cause; the built-in kernels pass the same
+cases; a raise is a tagged failure too."""
+
+from __future__ import annotations
+
+import pytest
+
+from properties.fused.fused_cases import GLM41V, KNOWN_CACHE, KNOWN_QK_NORM, QWEN2, cache_case, qk_norm_case
+from properties.mutants import broken_fused
+from rope.harness.causes import failure_of
+from rope.harness.fused.check import assert_qk_norm_rope, assert_rope_kv_cache
+from rope.harness.fused.diagnosis import LABELS
+from rope.triton.fused_qk_norm_rope import qk_norm_rope_triton
+from rope.triton.rope_kv_cache import rope_kv_cache_triton
+
+FP8_CASE = cache_case(QWEN2, num_tokens=6, num_q_heads=2, num_kv_heads=2, cache="float8_e4m3fn", num_blocks=1,
+                      padding=0.0)
+SMALL_QK = qk_norm_case(GLM41V, num_tokens=6, num_heads_q=2, num_heads_k=2, num_heads_v=2, seed=5)
+
+CASES = [
+    ("live_key_unrotated", KNOWN_CACHE["sglang-19636-live-k"], "live_key_unrotated"),
+    ("padding_slots_written", KNOWN_CACHE["flashinfer-2792-padding-slots"], "padding_slot_written"),
+    ("fp8_scale_multiplied", FP8_CASE, "fp8_scale_multiplied"),
+    ("partner_lost_past_10240_in_cache_write", KNOWN_CACHE["vllm-51049-partial-rotary-past-10240"],
+     "partner_lost_past_10240"),
+    ("norm_after_rotation", SMALL_QK, "norm_after_rotation"),
+    ("partner_lost_past_10240", KNOWN_QK_NORM["vllm-51049-partial-rotary-past-10240"], "partner_lost_past_10240"),
+]
+
+
+def _assert(fn, case):
+    return (assert_qk_norm_rope if fn.fused_op == "qk_norm_rope" else assert_rope_kv_cache)("mutant", fn, case)
+
+
+@pytest.mark.parametrize("name, case, label", CASES, ids=[c[0] for c in CASES])
+def test_each_mutant_fails_with_its_diagnosis(name, case, label):
+    parent = qk_norm_rope_triton if case.__class__.__name__ == "QKNormCase" else rope_kv_cache_triton
+    parent.fused_op = getattr(broken_fused, name).fused_op
+    _assert(parent, case)                                   # the kernel itself passes
+    with pytest.raises(AssertionError) as excinfo:
+        _assert(getattr(broken_fused, name), case)
+    assert failure_of(excinfo.value).get("cause") == label, str(excinfo.value)
+    assert f"diagnosis: {label}" in str(excinfo.value)
+    assert label in LABELS
+
+
+def test_a_raise_is_a_tagged_failure():
+    def raises(*args, **kwargs):
+        raise RuntimeError("no kernel for this")
+    raises.fused_op = "rope_kv_cache"
+    with pytest.raises(AssertionError, match="raised RuntimeError: no kernel for this") as excinfo:
+        assert_rope_kv_cache("raises", raises, FP8_CASE)
+    assert failure_of(excinfo.value).get("cause") == "raised"
+
+
+def test_cases_round_trip_through_their_records():
+    for case in (FP8_CASE, SMALL_QK):
+        assert type(case).from_dict(case.to_dict()) == case
+    with pytest.raises(ValueError, match="fields must be"):
+        type(FP8_CASE).from_dict({"spec": FP8_CASE.spec.to_dict()})
