@@ -21,10 +21,13 @@ from rope.harness.position_ids import case_file as position_ids_case_file
 from rope.harness.position_ids import replay as position_ids_replay
 from rope.harness.rotation import case_file as rotation_case_file
 from rope.harness.rotation import replay as rotation_replay
+from rope.harness.table import case_file as table_case_file
+from rope.harness.table import replay as table_replay
 
 EXIT_BAD_INPUT = 2
 # Each kind of case file and its replay (every replay module has run_repro and replay_params).
-REPLAYS = {rotation_case_file.KIND: rotation_replay, position_ids_case_file.KIND: position_ids_replay}
+REPLAYS = {rotation_case_file.KIND: rotation_replay, position_ids_case_file.KIND: position_ids_replay,
+           table_case_file.KIND: table_replay}
 # The kinds computed on the host, where --device means nothing.
 HOST_KINDS = (position_ids_case_file.KIND,)
 

@@ -15,8 +15,10 @@ from typing import Callable
 import torch
 
 import reference
-from rope.harness import causes
-from rope.harness.draws import current_test
+from rope.devices import torch_device
+from rope.harness import case_files, causes
+from rope.harness.draws import current_test, hypothesis_example
+from rope.harness.table.case_file import case_record
 from rope.harness.table.bound import element_bound
 from rope.harness.table.cases import TableCase
 from rope.harness.table.diagnosis import TableMismatch, diagnose
@@ -71,7 +73,7 @@ def _validated(result, case: TableCase, device: str) -> torch.Tensor | TableMism
         raise ValueError(f"result: shape must be {want} (max_position, rotary_dim) (got {tuple(result.shape)})")
     if result.dtype != case.dtype:
         raise ValueError(f"result: dtype must be {case.dtype} (got {result.dtype})")
-    if result.device.type != torch.device(device).type:
+    if result.device.type != torch_device(device).type:
         raise ValueError(f"result: must be on {device} (got {result.device})")
     return result
 
@@ -109,7 +111,30 @@ def assert_table_matches(name: str, fn: Callable, case: TableCase, device: str =
     where = "" if m.worst_row is None else f"; worst at row {m.worst_row}, column {m.worst_column}"
     message = (f"{name} cos/sin table {case.brief()} does not match the reference (error/bound ratio "
                f"{result.worst_ratio:.3g}{where})\nspec: {case.spec!r}\n{m.describe()}")
-    raise causes.tag(AssertionError(message), cause=m.label, headline=m.sentence, size=case.size, case=case.brief())
+    failure = {"cause": m.label, "headline": m.sentence, "size": case.size, "case": case.brief()}
+    final, hypothesis = hypothesis_example()
+    if final:
+        message += _write_case(name, fn, case, device, result, hypothesis, failure)
+    raise causes.tag(AssertionError(message), **failure)
+
+
+def _write_case(name: str, fn: Callable, case: TableCase, device: str, result: TableCheck, hypothesis,
+                failure: dict) -> str:
+    """Write the case file (once Hypothesis has shrunk); the lines to add to the message."""
+    from rope.registry import get_table_implementation
+    try:
+        implementation = case_files.implementation_path(name, fn, resolve=get_table_implementation)
+        record = case_record(implementation=implementation, fn=fn, case=case, device=device, mismatch=result.mismatch,
+                             worst_ratio=result.worst_ratio, hypothesis=hypothesis)
+        directory = case_files.cases_dir()
+        if directory is None:
+            return f"\ncase file: not written ({case_files.CASES_DIR_ENV} is off)"
+        shown = case_files.display_path(case_files.write_case(record, directory))
+        impl = "" if implementation in ("ours", "transformers") else f" --impl {implementation}"
+        failure.update(case_file=shown, replay=f"rope-harness repro {shown}{impl}")
+        return f"\ncase file: {shown}\nreplay: rope-harness repro {shown}{impl}"
+    except Exception as exc:     # noqa: BLE001 - the mismatch is reported all the same
+        return f"\n(case file not written: {type(exc).__name__}: {exc})"
 
 
 def _record(name: str, case: TableCase, device: str, result: TableCheck) -> None:
