@@ -34,15 +34,31 @@ def token_counts(max_small: int = 40, big: int = 2080):
     return st.integers(0, 9).flatmap(lambda i: st.just(big) if i == 0 else st.integers(1, max_small))
 
 
+def _partial_specs():
+    """1-D, head 32 with 8, 16 or 24 channels rotating, either pairing, positions to the drawn length."""
+    return st.builds(lambda rotary, neox, rows: dataclasses.replace(QWEN2, head_size=32, rotary_dim=rotary,
+                                                                   is_neox_style=neox, max_position=rows),
+                     st.sampled_from([8, 16, 24]), st.booleans(), st.sampled_from(MAX_POSITIONS))
+
+
+def _specs(kinds, num_tokens: int):
+    """A spec of every kind; a big draw (past 10240 and 2^15 token x heads) has head 32, and two
+    times in three partial rotary on 1-D positions (where vllm#51049's warps lose a pair's partner)."""
+    drawn = st.sampled_from(kinds).flatmap(
+        lambda kind: rope_specs(kind=kind, head_sizes=(32,) if num_tokens > 100 else HEAD_SIZES,
+                                max_positions=MAX_POSITIONS))
+    if num_tokens <= 100:
+        return drawn
+    return st.integers(0, 2).flatmap(lambda i: _partial_specs() if i < 2 else drawn)
+
+
 @st.composite
 def qk_norm_cases(draw, *, kinds=KINDS):
     """A QK-norm + RoPE call; shrinks to 1-D, one token, one head of each.  About one draw in ten
     has 2080 tokens of 16 q and k heads (32 wide, to keep it cheap): past 2^15 token x head
     products."""
     num_tokens = draw(token_counts())
-    heads = (32,) if num_tokens > 100 else HEAD_SIZES
-    spec = draw(st.sampled_from(kinds).flatmap(
-        lambda kind: rope_specs(kind=kind, head_sizes=heads, max_positions=MAX_POSITIONS)))
+    spec = draw(_specs(kinds, num_tokens))
     if num_tokens > 100:
         num_q, num_k = draw(st.sampled_from([(12, 4), (14, 2)]))
     else:
@@ -60,9 +76,7 @@ def cache_cases(draw, *, kinds=KINDS, big: bool = True, max_tokens: int = 40):
     draw in ten (``big``) has 2080 tokens of 16 heads (32 wide, to keep it cheap): past 2^15 token x
     head products."""
     num_tokens = draw(token_counts(max_tokens) if big else st.integers(1, max_tokens))
-    heads = (32,) if num_tokens > 100 else HEAD_SIZES
-    spec = draw(st.sampled_from(kinds).flatmap(
-        lambda kind: rope_specs(kind=kind, head_sizes=heads, max_positions=MAX_POSITIONS)))
+    spec = draw(_specs(kinds, num_tokens))
     if num_tokens > 100:
         num_q, num_kv = draw(st.sampled_from([(14, 2), (12, 4)]))
     else:

@@ -185,12 +185,15 @@ def run_rope_kv_cache(fn: Callable, case: CacheCase) -> Callable:
 
 # ------------------------------------------------------------------------------------------ assert
 def _record(name: str, device: str, case, result: FusedCheck) -> None:
-    """The check in the run report (one comparison per call); never lets reporting break the check."""
+    """The check in the run report: one comparison per call, in the activation dtype (its worst ratio 0
+    within the bounds, inf past them: the problems name the worst element); never lets reporting
+    break the check."""
     from rope.harness import report
     try:
-        report.record_exact_check(test=current_test(), impl=name, device=str(device), what=f"fused-{result.op}",
-                                  ok=result.ok, elements=case.size, problem=result.problems[0] if result.problems
-                                  else None, tokens=case.num_tokens)
+        report.record(kind="comparison", test=current_test(), impl=name, device=str(device), dtype=case.dtype,
+                      variant=f"fused-{result.op}", ok=result.ok, worst_ratio=0.0 if result.ok else "inf",
+                      mismatched=0 if result.ok else None, elements=case.size, problems=result.problems[:1],
+                      case_file=None, heat=None, tokens=case.num_tokens)
     except Exception:   # noqa: BLE001 - the report is best effort, the check is not
         pass
 
