@@ -89,7 +89,8 @@ MUTANT_LABELS = {
 # The catalogue's other mutants give no rotation output to label: the positions and position-id
 # mutants (a position check; rope.harness.position_ids' own diagnosis), the dispatch ops that raise
 # or take a wrong positions shape with right values, and the GPU-only ones (a GPU, deep profile).
-NOT_LABELLED = ("positions", "positions-kernel", "position-ids", "dispatch")
+# Kinds whose diagnosis is their own slice's (a rotation label measures nothing there).
+NOT_LABELLED = ("positions", "positions-kernel", "position-ids", "dispatch", "table", "fused")
 
 
 @dataclass

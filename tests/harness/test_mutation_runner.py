@@ -332,6 +332,9 @@ def test_every_mutant_and_parent_resolves():
             from rope.harness.position_ids.implementations import get_position_ids_implementation
             assert callable(get_position_ids_implementation(m.target))
             assert callable(get_position_ids_implementation(m.parent))
+        elif m.kind == "table":
+            from rope.registry import get_table_implementation
+            assert callable(get_table_implementation(m.target)) and callable(get_table_implementation(m.parent))
         elif m.kind == "fused":
             from rope.registry import get_fused_implementation
             assert get_fused_implementation(m.target) and get_fused_implementation(m.parent)
