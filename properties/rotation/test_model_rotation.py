@@ -40,6 +40,7 @@ def _cases():
             yield pytest.param(case, id=f"{key}-tp{tp}")
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("case", list(_cases()))
 def test_model_rotation_matches_reference(impl_name, device, case):
     impl = get_implementation(impl_name)
