@@ -19,21 +19,21 @@ def pytest_configure(config):
 # the triggers of every known bug (marked known_bug) always; in a run that stops at its first failure
 # (-x, --maxfail: rope-harness mutants, a kernel engineer's quick check) the prefill boundaries
 # (marked boundary) next, where a path switched at a prefill-size token count fails in under a minute
-# under the interpreter instead of after minutes of the rotation searches.  A full run keeps them in
-# file order: started first, the long interpreter cases measured 55 s slower on 2 cores (xdist's load
-# balancing).  Without the fixed cases (rope-harness mutants' drawn-only run deselects the tests
-# marked fixed_cases), the drawn prefill sizes (marked prefill) are the boundaries' stand-in: a run
-# that stops at its first failure takes them after every search's first pass and before the
-# searches' full rounds.
-def _fixed_rank(item, fail_fast: bool, boundaries: bool) -> int:
+# under the interpreter instead of after minutes of the rotation searches, and the sweeps (every
+# catalogued model, marked sweep; the other prefill sizes) last, after the searches: one wrong kernel
+# fails a search in seconds and a sweep of 118 fixed cases in half a minute.  A full run keeps them
+# in file order: started first, the long interpreter cases measured 55 s slower on 2 cores (xdist's
+# load balancing).
+def _fixed_rank(item, fail_fast: bool) -> int:
     if item.get_closest_marker("known_bug") is not None:
         return 0
-    if fail_fast and item.get_closest_marker("boundary") is not None:
+    if not fail_fast:
+        return 2
+    if item.get_closest_marker("boundary") is not None:
         return 1
-    return 3 if fail_fast and not boundaries and item.get_closest_marker("prefill") is not None else 2
+    return 3 if item.get_closest_marker("sweep") or item.get_closest_marker("prefill") else 2
 
 
 def pytest_collection_modifyitems(config, items):
     fail_fast = bool(config.getoption("maxfail", 0))
-    boundaries = any(item.get_closest_marker("boundary") is not None for item in items)
-    items.sort(key=lambda item: _fixed_rank(item, fail_fast, boundaries))
+    items.sort(key=lambda item: _fixed_rank(item, fail_fast))

@@ -41,6 +41,7 @@ def _cases():
 
 
 @pytest.mark.fixed_cases
+@pytest.mark.sweep
 @pytest.mark.parametrize("case", list(_cases()))
 def test_model_rotation_matches_reference(impl_name, device, case):
     impl = get_implementation(impl_name)

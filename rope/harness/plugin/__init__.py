@@ -97,6 +97,8 @@ MARKERS = (
     "known_bug: a known bug's trigger case, run before the searches",
     "guarded: checks on guarded inputs (guard regions, the interpreter's memory tracer: rope.harness.guards)",
     "boundary: a prefill-size boundary case, run right after the known bugs in a run that stops at its first failure",
+    "sweep: a fixed sweep over a catalogue (every model at every TP size), run after the searches in a run that "
+    "stops at its first failure",
     "stack: meets the installed torch and Triton directly; CI runs it on every stack it supports",
     "replay: replays case files (--rope-repro)",
     "self_test: runs deliberately broken implementations (the suite checking itself): kept out of the run report",
