@@ -352,6 +352,9 @@ NO_ROTATION = ("no rotation output",)
 POSITION_IDS = ("position ids: test_position_ids_harness.py",)
 GPU_ONLY = ("its bug shows only past 2^31 elements: a GPU in the deep profile",)
 MODE = ("wrong only in a mode (properties/rotation/test_modes.py): its cause is the mode's label",)
+# The table's and the fused ops' mutants are diagnosed by their own slices (tests/harness/test_table_check.py,
+# test_fused_check.py), not by the rotation's rules.
+OWN_SLICE = ("diagnosed by its own slice's rules (rope/harness/table/, rope/harness/fused/)",)
 PADDING_LANES = dataclasses.replace(known_cases.PADDING_LANES, max_position=4096)      # head 80: lanes 40..63
 QWEN35 = dataclasses.replace(known_cases.QWEN35, max_position=4096)                    # head 256, rotary 64
 SMALL_INTERLEAVED = known_cases.SMALL_INTERLEAVED                                      # [8, 12, 12] of 32
@@ -359,6 +362,7 @@ GLM_41V_NEOX = dataclasses.replace(GLM_41V, is_neox_style=True)                 
 MROPE_CHUNKED = RopeSpec(32, 16, False, (2, 3, 3), max_position=64)                    # test_dispatch's
 XDROPE4 = RopeSpec(32, 32, True, (4, 4, 4, 4), max_position=64, ntk_alpha=1000.0)
 
+_OWN_SLICE_MUTANTS = [m.name for m in discover_mutants() if m.kind in ("table", "fused")]
 MUTANT_LABELS = {
     **{f"broken_rotations:{name}": ("plain", case, label, phrase)
        for name, (case, label, phrase) in MUTANT_CASES.items()},
@@ -396,6 +400,7 @@ MUTANT_LABELS = {
         "plain", RotationCase(RopeSpec(32, 32, False, (4, 6, 6), max_position=4096), 4096, 1, 0, "float32",
                               "uniform", False, 9), "pairing_swapped", "NeoX pairs"),
     **{f"broken_rotations:{name}": MODE for name in MODE_ONLY},
+    **{name: OWN_SLICE for name in _OWN_SLICE_MUTANTS},
     **{f"broken_positions:{name}": NO_ROTATION for name in BROKEN_POSITIONS},
     **{f"broken_position_ids:{name}": POSITION_IDS for name in BROKEN_POSITION_IDS},
     "dispatch:mrope_without_xpu_cpu_overrides": (
@@ -448,7 +453,7 @@ def _op_label(how, case, broken_cls):
 
 
 @pytest.mark.parametrize("name", sorted(n for n, e in MUTANT_LABELS.items()
-                                        if e not in (NO_ROTATION, GPU_ONLY, POSITION_IDS)))
+                                        if e not in (NO_ROTATION, GPU_ONLY, POSITION_IDS, MODE, OWN_SLICE)))
 def test_diagnosis_names_every_mutant(name):
     how, case, expected, phrase = MUTANT_LABELS[name]
     module, attr = name.split(":")
