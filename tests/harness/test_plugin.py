@@ -344,7 +344,7 @@ def test_check_runs_every_test_that_takes_the_implementation_and_no_other(tmp_pa
     first, names = _check_collects(tmp_path, "--impl", "native", "--position-step-impl", "native")
     assert first.startswith("rope-harness check: rotation, position step;") and "test_runner_positions.py" in names
     first, names = _check_collects(tmp_path)          # nothing named: every built-in, every checked thing
-    assert first.startswith("rope-harness check: rotation, position step, position ids, dispatch;"), first
+    assert first.startswith("rope-harness check: rotation, position step, position ids, table, fused, dispatch;"), first
     assert set(ROTATION_FILES + OTHER_CHECKED_FILES) <= names, sorted(names)
 
 
