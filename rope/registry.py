@@ -29,7 +29,7 @@ from rope.implementation import MAX_SWITCH, WORKING_PRECISIONS, Implementation
 
 _ROTATIONS = {
     "native": "rope.native:rotate_native",
-    "triton": "rope.triton.rotary:rotate_triton",
+    "triton": "rope.triton.ops:rotate",
     # The same kernel as a differentiable custom op (forward and backward): by name only, never in implementations().
     "triton-autograd": "rope.triton.ops:rotate_with_grad",
     # External implementations (optional packages): by name only, never in implementations().

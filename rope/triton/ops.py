@@ -42,7 +42,7 @@ from rope.spec import RopeSpec
 from rope.triton.positions import prepare_positions_triton
 from rope.triton.rotary import rotate_triton
 
-__all__ = ["NAMESPACE", "prepare_positions", "rotary", "rotate_with_grad"]
+__all__ = ["NAMESPACE", "prepare_positions", "rotary", "rotate", "rotate_with_grad"]
 
 NAMESPACE = "rope_harness"
 
@@ -140,6 +140,17 @@ def rotary(spec: RopeSpec, positions, query, key, cos_sin_cache):
                                    spec.is_neox_style, list(spec.sections or ()), spec.layout,
                                    list(spec.freq_rows or ()))
     return query, key
+
+
+@functools.wraps(rotate_triton)      # its declarations too (the registry's "triton" is this entry)
+def rotate(spec: RopeSpec, positions, query, key, cos_sin_cache):
+    """The registered ``"triton"`` rotation: :func:`rope.triton.rotary.rotate_triton`, and under
+    torch.compile the op above, one opaque node whose fake gives the shapes: Dynamo cannot trace the
+    launcher's host code with symbolic sizes (an InternalTorchDynamoError at the launch on an H100,
+    torch 2.11, dynamic=True; found by properties/rotation/test_modes.py)."""
+    if torch.compiler.is_compiling():
+        return rotary(spec, positions, query, key, cos_sin_cache)
+    return rotate_triton(spec, positions, query, key, cos_sin_cache)
 
 
 def rotate_with_grad(spec: RopeSpec, positions, query, key, cos_sin_cache):

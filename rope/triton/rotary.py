@@ -130,12 +130,6 @@ def rotate_triton(spec: RopeSpec, positions, query, key, cos_sin_cache, *, inver
     Returns:
         (query, key): the same tensors, rotated (copies only if the last dim was strided).
     """
-    if torch.compiler.is_compiling() and not inverse:
-        # Under torch.compile the call is the registered op (rope/triton/ops.py), one opaque node
-        # whose fake gives the shapes: Dynamo cannot trace the launcher's host code with symbolic
-        # sizes (an InternalTorchDynamoError at the launch, torch 2.11, dynamic=True).
-        from rope.triton.ops import rotary
-        return rotary(spec, positions, query, key, cos_sin_cache)
     signature = CheckedCalls.signature((spec,), (positions, query, key, cos_sin_cache))
     copies = _CHECKED.get(signature)
     if copies is None:                  # a signature not seen (or none): every check
