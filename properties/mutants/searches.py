@@ -13,6 +13,7 @@ project's own tests hold every one of them to its catch (tests/suite/test_kernel
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import Phase, given, settings
 
 from properties.mutants.kernel import HEAD_SIZES, MAX_POSITIONS, MAX_TOKENS, POSITIONS_MUTANTS, ROTARY_CELLS, ROTARY_MUTANTS
@@ -20,6 +21,17 @@ from properties.strategies import ragged_batches, rotation_cases
 from rope.harness.mutation.searches import expect_failure
 from rope.harness.position_step.guards import check_plain_and_guarded as check_positions_plain_and_guarded
 from rope.harness.rotation.guards import check_plain_and_guarded as check_rotation_plain_and_guarded
+from rope.devices import is_interpreter
+
+# The marks of a module of dedicated searches (properties/<thing>/test_mutant_searches.py).
+SEARCH_MARKS = [
+    pytest.mark.self_test,          # runs deliberately broken implementations: kept out of the run report
+    pytest.mark.harness_stage,      # rope-harness mutants asks for these (--rope-mutant-search); not a plain run's
+    pytest.mark.interpreter,
+    pytest.mark.stack,              # CI runs them on every stack it supports
+    pytest.mark.skipif(not is_interpreter(), reason="needs Triton's interpreter (TRITON_INTERPRET=1): the "
+                                                    "tracer and the mutants' stray accesses are CPU-only"),
+]
 
 SEARCH = settings(max_examples=60, derandomize=True, database=None, deadline=None, print_blob=False,
                   phases=(Phase.explicit, Phase.generate))

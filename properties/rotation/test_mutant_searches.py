@@ -9,17 +9,9 @@ from __future__ import annotations
 import pytest
 
 from properties.mutants.kernel import ROTARY_CELLS
-from properties.mutants.searches import search_rotation_kernel_mutant
-from rope.devices import is_interpreter
+from properties.mutants.searches import SEARCH_MARKS, search_rotation_kernel_mutant
 
-pytestmark = [
-    pytest.mark.self_test,          # runs deliberately broken implementations: kept out of the run report
-    pytest.mark.harness_stage,      # rope-harness mutants asks for these (--rope-mutant-search); not a plain run's
-    pytest.mark.interpreter,
-    pytest.mark.stack,              # CI runs them on every stack it supports
-    pytest.mark.skipif(not is_interpreter(), reason="needs Triton's interpreter (TRITON_INTERPRET=1): the "
-                                                    "tracer and the mutants' stray accesses are CPU-only"),
-]
+pytestmark = SEARCH_MARKS
 
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.mutant_search(f"kernel:{name}"))
