@@ -5,6 +5,7 @@ or one the device cannot run, is a skip with its reason."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -81,7 +82,7 @@ def test_rotation_matches_reference_under_compile(impl_name, device, data):
         # The eager properties pass this case: what differs is the mode.
         # No replay line: a replay calls it eagerly, where it passes (the case file keeps the inputs).
         fields = {k: v for k, v in causes.failure_of(exc).items() if k != "replay"} | {"cause": "compile_only"}
-        text = str(exc).replace("\n    replay: ", "\n    replay (calls it eagerly, where it passes): ")
+        text = re.sub(r"(?m)^(\s*)replay: ", r"\1replay (calls it eagerly, where it passes): ", str(exc))
         raise causes.tag(AssertionError(f"under torch.compile: {text}"), **fields) from None
 
 
