@@ -45,13 +45,16 @@ class _NoGradient(torch.autograd.Function):
         return None, None, None, None, None
 
 
-class _ForwardAgain(torch.autograd.Function):
+class _SavesPositionsAndCache(torch.autograd.Function):
+    """The right forward, keeping what a rotation's backward needs (the positions and the cache)."""
     @staticmethod
     def forward(ctx, spec, positions, query, key, cache):
         ctx.spec, ctx.has_key = spec, key is not None
         ctx.save_for_backward(positions, cache)
         return _rotated_copies(spec, positions, query, key, cache)
 
+
+class _ForwardAgain(_SavesPositionsAndCache):
     @staticmethod
     def backward(ctx, grad_query, grad_key):
         positions, cache = ctx.saved_tensors
@@ -59,13 +62,7 @@ class _ForwardAgain(torch.autograd.Function):
         return None, None, dq, dk, None
 
 
-class _WritesUpstream(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, spec, positions, query, key, cache):
-        ctx.spec, ctx.has_key = spec, key is not None
-        ctx.save_for_backward(positions, cache)
-        return _rotated_copies(spec, positions, query, key, cache)
-
+class _WritesUpstream(_SavesPositionsAndCache):
     @staticmethod
     def backward(ctx, grad_query, grad_key):
         positions, cache = ctx.saved_tensors
