@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from reference.table import attention_factor, inv_freq
 from rope.spec import RopeSpec, check_rotation_inputs
 
 
@@ -33,20 +34,39 @@ def select_cos_sin(spec: RopeSpec, positions: torch.Tensor, cos_sin_cache: torch
     return cos, sin
 
 
+def exact_frequencies(spec: RopeSpec) -> torch.Tensor:
+    """float64 [rotary_dim/2]: ``effective_base ** -(2i / rotary_dim)``, or for a scaled spec the
+    scaled frequencies of the float64 table (reference.table.inv_freq, at the spec's length)."""
+    if spec.scaling is not None:
+        return inv_freq(spec)
+    rd = spec.rotary_dim
+    return float(spec.effective_base) ** (-torch.arange(0, rd, 2, dtype=torch.float64) / rd)
+
+
 def exact_angles(spec: RopeSpec, positions: torch.Tensor) -> torch.Tensor:
-    """float64 [num_tokens, rotary_dim/2]: ``positions[axis(i), t] * effective_base ** -(2i / rotary_dim)``."""
+    """float64 [num_tokens, rotary_dim/2]: ``positions[axis(i), t] * f_i`` (:func:`exact_frequencies`)."""
     rows = positions.long().reshape(spec.num_dims, -1).cpu()
     axes = torch.tensor(spec.axis_map(), dtype=torch.long)
-    rd = spec.rotary_dim
-    inv = float(spec.effective_base) ** (-torch.arange(0, rd, 2, dtype=torch.float64) / rd)
-    return rows[axes].T.to(torch.float64) * inv
+    return rows[axes].T.to(torch.float64) * exact_frequencies(spec)
+
+
+def exact_attention_factor(spec: RopeSpec) -> float:
+    """The factor a scaled spec's cos and sin carry (YaRN's mscale, LongRoPE's attention factor;
+    reference.table.attention_factor), 1.0 for a plain spec."""
+    if spec.scaling is None:
+        return 1.0
+    return float(attention_factor(spec))
 
 
 def exact_cos_sin(spec: RopeSpec, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin as float64 [num_tokens, rotary_dim/2] of :func:`exact_angles`, all in float64: what an
-    implementation that computes its own angles (no cache) is compared against."""
+    """cos, sin as float64 [num_tokens, rotary_dim/2] of :func:`exact_angles` times the spec's
+    attention factor, all in float64: what an implementation that computes its own angles (no
+    cache) is compared against."""
     theta = exact_angles(spec, positions)
-    return theta.cos(), theta.sin()
+    m = exact_attention_factor(spec)
+    if m == 1.0:
+        return theta.cos(), theta.sin()
+    return theta.cos() * m, theta.sin() * m
 
 
 def rotate_heads(spec: RopeSpec, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ import dataclasses
 
 import torch
 
+from properties.mutants.own_angles import fast_math_angles
 from rope.native import rotate_native, rotate_native_unchecked
 from rope.spec import RopeSpec
 
@@ -133,6 +134,23 @@ def hides_nonfinite(spec, positions, query, key, cache):
     return q.nan_to_num(0.0), None if k is None else k.nan_to_num(0.0)
 
 
+def fp32_table_rounded_to_activations(spec, positions, query, key, cache):
+    """Rounds the cos/sin table to the activations' dtype, then works in float32 as it declares: right
+    where the table comes in q's dtype, wrong beside an fp32 table (FlashInfer's and SGLang's
+    convention) with bf16 or fp16 q and k, where every cos and sin loses its low bits."""
+    f32 = torch.float32
+    q, k = rotate_native(spec, positions, query.to(f32), None if key is None else key.to(f32),
+                         cache.to(query.dtype).to(f32))
+    return q.to(query.dtype), None if k is None else k.to(query.dtype)
+
+
+def table_clamped_to_unit(spec, positions, query, key, cache):
+    """Saturates cos and sin to [-1, 1] (a kernel that derives sin from cos, or stores the table in a
+    unit-range format): right for a plain table, wrong where YaRN's or LongRoPE's attention factor,
+    folded into the table, scales them past 1."""
+    return rotate_native(spec, positions, query, key, cache.clamp(-1.0, 1.0))
+
+
 def skipped_under_compile(spec, positions, query, key, cache):
     """Returns q and k unrotated when torch.compile traces it: RoPE silently skipped only in the
     compiled model (olmoearth_pretrain#600); every eager call is right."""
@@ -180,13 +198,14 @@ _WARMUP_POSITIONS: dict = {}
 # them for their structural bug, not for precision (bf16_claiming_fp32's bug is the claim).
 for _fn in (neox_for_gptj, chunked_for_interleaved, chunked_for_two_row, glm_round_robin_without_skip,
             ernie45_h_w_swapped, row_map_shifted_by_one, key_unrotated, touches_pass_through, first_pow2_heads,
-            assumes_contiguous, hides_nonfinite, skipped_under_compile, wrong_in_half_of_large_calls):
+            assumes_contiguous, hides_nonfinite, table_clamped_to_unit, skipped_under_compile,
+            wrong_in_half_of_large_calls):
     _fn.working_precision = "activation"
 # Like the native path they wrap, they are not captured in a CUDA graph (its checks read values).
 for _fn in (neox_for_gptj, chunked_for_interleaved, chunked_for_two_row, glm_round_robin_without_skip,
             ernie45_h_w_swapped, row_map_shifted_by_one, key_unrotated, touches_pass_through, first_pow2_heads,
-            assumes_contiguous, bf16_claiming_fp32, hides_nonfinite, skipped_under_compile,
-            wrong_in_half_of_large_calls):
+            assumes_contiguous, bf16_claiming_fp32, hides_nonfinite, fp32_table_rounded_to_activations,
+            table_clamped_to_unit, skipped_under_compile, wrong_in_half_of_large_calls):
     _fn.modes = rotate_native.modes
 
 BROKEN_ROTATIONS = {
@@ -202,6 +221,9 @@ BROKEN_ROTATIONS = {
     "assumes_contiguous": assumes_contiguous,
     "bf16_claiming_fp32": bf16_claiming_fp32,
     "hides_nonfinite": hides_nonfinite,
+    "fp32_table_rounded_to_activations": fp32_table_rounded_to_activations,
+    "table_clamped_to_unit": table_clamped_to_unit,
+    "fast_math_angles": fast_math_angles,
     "skipped_under_compile": skipped_under_compile,
     "wrong_in_half_of_large_calls": wrong_in_half_of_large_calls,
 }

@@ -113,16 +113,19 @@ def test_ggml_imrope_reads_a_fourth_row_past_three_sections():
 
 
 def test_own_angles_leave_an_infinity_s_sign_open_only_where_cos_or_sin_is():
-    # 1-D, one pair: a = +inf, b = 1.  Token 0 at a position whose cos is within the float32 angle
-    # error of 0 (the sign of cos, and of inf * cos, is not determined there); token 1 where it is
-    # far from 0.  Both answered with the wrong-signed infinity: only token 1 is a mismatch.
-    spec = RopeSpec(2, 2, True, None, max_position=1 << 20)
-    inv = torch.arange(1, 1 << 20, dtype=torch.float64)
-    ambiguous = int(inv[(inv.cos().abs() < 1e-3 * inv * 2.0 ** -24 * 2)][0])
+    # 1-D, pair 1 (frequency 0.01; pair 0's angle is the position itself, exact in float32): a = +inf,
+    # b = 1.  Token 0 at a position whose cos is within the float32 angle error of 0 (the sign of
+    # cos, and of inf * cos, is not determined there); token 1 where it is far from 0.  Both
+    # answered with the wrong-signed infinity: only token 1 is a mismatch.
+    spec = RopeSpec(4, 4, True, None, max_position=1 << 20)
+    every = torch.arange(1, 1 << 20)
+    allowance = own_angle_error(spec, every)[:, 1]
+    angle_cos = (every.to(torch.float64) * 10000.0 ** -0.5).cos().abs()
+    ambiguous = int(every[angle_cos < 1e-3 * allowance][0])
     positions = torch.tensor([ambiguous, 3])
-    query = torch.tensor([[float("inf"), 1.0], [float("inf"), 1.0]])
+    query = torch.tensor([[1.0, float("inf"), 1.0, 1.0], [1.0, float("inf"), 1.0, 1.0]])
     ref_q, _ = exact_rotation(spec, positions, query, None)
     flipped = torch.where(torch.isinf(ref_q), -ref_q, ref_q).to(torch.float32)
-    result = compare_rotation(spec, positions, query, None, torch.empty(1, 2), flipped, None, ref_q, None,
+    result = compare_rotation(spec, positions, query, None, torch.empty(1, 4), flipped, None, ref_q, None,
                               "float32", angles="own-float32")
     assert not result.ok and {m.token for m in result.worst if m.ratio == float("inf")} == {1}

@@ -42,6 +42,7 @@ from rope.harness.rotation.guards import diagnose_guarded
 from properties.mutants.broken_rotations import BROKEN_ROTATIONS
 from properties.mutants.kernel import ROTARY_MUTANTS
 from properties.mutants.dispatch import BROKEN_OPS
+from properties.rotation.scaled_cases import scaled_rotation_cases
 from properties.strategies import (DTYPES, KINDS, build_rotation_inputs, prefill_cases, rotation_cases,
                                    supported_shapes)
 from rope.harness.rotation.check import diagnose_mismatch, evaluate_case
@@ -60,7 +61,8 @@ COMMAND = "python -m tests.harness.diagnosis_accuracy --write docs/mutation.md"
 # "plain": the rotation properties' check; "guarded": on guarded inputs (rope/harness/guards.py), the
 # memory-safety bugs whose values are right on plain inputs; "prefill": prefill-size cases (the
 # prefill property's draws), for a bug on a path chosen by token count; "op": a dispatch op class
-# called twice (test_dispatch.py's check).
+# called twice (test_dispatch.py's check); "scaled": the scaled-table property's draws
+# (properties/rotation/test_scaled_tables.py), for a bug in how the table is read.
 MUTANT_LABELS = {
     "broken_rotations:neox_for_gptj": ("plain", "pairing_swapped"),
     "broken_rotations:chunked_for_interleaved": ("plain", "axis_map_wrong"),
@@ -74,6 +76,9 @@ MUTANT_LABELS = {
     "broken_rotations:assumes_contiguous": ("plain", "row_stride_ignored"),
     "broken_rotations:bf16_claiming_fp32": ("plain", "precision_loss"),
     "broken_rotations:hides_nonfinite": ("plain", "nan"),
+    "broken_rotations:fp32_table_rounded_to_activations": ("scaled", "table_misread"),
+    "broken_rotations:table_clamped_to_unit": ("scaled", "table_misread"),
+    "broken_rotations:fast_math_angles": ("scaled", "angle_error"),
     "kernel:neox_for_gptj": ("plain", "pairing_swapped"),
     "kernel:cos_sin_unmasked": ("guarded", "out_of_bounds_read"),
     "kernel:cos_sin_unmasked_head_padded": ("guarded", "out_of_bounds_read"),
@@ -201,6 +206,8 @@ def measure(subject: Subject, *, failures: int, rounds: int, per_variant: int = 
         # (under the interpreter, seconds each).
         failures = min(failures, PREFILL_FAILURES)
         strategies = [prefill_cases(tokens=st.sampled_from((4096, 4097)), small_heads=True)]
+    elif subject.how == "scaled":
+        strategies = [scaled_rotation_cases()]
     else:
         strategies = [rotation_cases(dtype=dtype, kind=kind, is_neox_style=neox, nonfinite=True, **narrowed)
                       for dtype, kind, neox, narrowed in _variants(subject)]

@@ -309,6 +309,7 @@ def test_load_names_a_missing_field(good_case, field):
     (lambda r: r["case"].__setitem__("num_kv_heads", -1), r"case.num_kv_heads=-1: must be an int in \[0, 1024\]"),
     (lambda r: r["case"].update(num_tokens=100_000, num_q_heads=1000), r"case: .* elements: must be at most 268435456"),
     (lambda r: r["case"].__setitem__("packed_qkv", 1), "case.packed_qkv=1: must be true or false"),
+    (lambda r: r["case"].__setitem__("cache_dtype", "float64"), "case.cache_dtype='float64': must be null or one of"),
     (lambda r: r["case"].__setitem__("extra", 1), r"case: unknown fields \['extra'\]"),
     (lambda r: r["spec"].__setitem__("sections", [8, 12, 11]), r"spec: sections=\(8, 12, 11\): must sum"),
     (lambda r: r.__setitem__("device", "tpu"), "device='tpu': must be one of"),
@@ -320,6 +321,24 @@ def test_load_names_a_bad_value(good_case, change, problem):
     path = _mutated(good_case, change)
     with pytest.raises(ValueError, match=re.escape(f"case file {path}: ") + problem):
         case_file.load_case(path)
+
+
+def test_a_case_with_a_table_of_its_own_dtype_round_trips(case_dir):
+    # An fp32 table beside bf16 q and k: the case file keeps the table's dtype, the replay
+    # regenerates the same bits, and a file without the field (written before it) means the
+    # activation dtype.
+    case = RotationCase(RopeSpec(64, 64, False, max_position=1 << 18), 3, 2, 1, "bfloat16", "last_row", False, 5,
+                        cache_dtype="float32")
+    with pytest.raises(AssertionError):
+        assert_matches_reference(MUTANT, neox_for_gptj, case, "cpu")
+    loaded = case_file.load_case(_written(case_dir))
+    assert loaded.case == case and loaded.record["case"]["cache_dtype"] == "float32"
+    assert build_rotation_inputs(loaded.case).cache.dtype == torch.float32
+    old = json.loads(_written(case_dir).read_text())
+    old["case"].pop("cache_dtype")
+    path = case_dir / "old.json"
+    path.write_text(json.dumps(old))
+    assert case_file.load_case(path).case.cache_dtype is None
 
 
 def test_load_rejects_corrupt_files(good_case, tmp_path):

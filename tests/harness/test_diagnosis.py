@@ -42,6 +42,10 @@ HUNYUAN_OCR = RopeSpec(head_size=128, rotary_dim=128, is_neox_style=True, sectio
 GLM_ROUND_ROBIN = RopeSpec.glm_round_robin(128, 64, (8, 12, 12), max_position=4096)
 ERNIE_45_VL = RopeSpec.ernie45(128, 128, (22, 22, 20), is_neox_style=False, base=500000.0, max_position=4096)
 HUNYUAN_IMAGE = RopeSpec.two_row_interleaved(128, 128, max_position=4096)
+# gpt-oss's YaRN (factor 32, mscale 1 + 0.1 ln 32: cos and sin reach 1.35) on a short table.
+YARN_MSCALE = RopeSpec(64, 64, True, base=150000.0, max_position=4096,
+                       scaling={"rope_type": "yarn", "factor": 32.0, "original_max_position": 4096,
+                                "beta_fast": 32.0, "beta_slow": 1.0})
 
 # mutant -> (a case where it fails, expected label, a phrase the sentence must contain).
 # float32 cases: the mutants wrap the native path and declare float32, so in fp16/bf16 they are
@@ -71,6 +75,14 @@ MUTANT_CASES = {
                            "precision_loss", "computes in bfloat16 although it declares float32"),
     "hides_nonfinite": (RotationCase(GLM_41V, 5, 3, 2, "bfloat16", "uniform", False, 8, nonfinite=True),
                         "nan", "finite where the reference is NaN/inf"),
+    "fp32_table_rounded_to_activations": (RotationCase(GLM_41V, 5, 3, 2, "bfloat16", "uniform", False, 9,
+                                                       cache_dtype="float32"),
+                                          "table_misread", "float32 table rounded to bfloat16"),
+    "table_clamped_to_unit": (RotationCase(YARN_MSCALE, 5, 3, 2, "float32", "uniform", False, 10),
+                              "table_misread", "clamped to [-1, 1]"),
+    "fast_math_angles": (RotationCase(dataclasses.replace(GLM_41V, sections=None, max_position=1 << 17), 5, 3, 2,
+                                      "float32", "last_row", False, 11),
+                         "angle_error", "do not reduce the argument exactly"),
 }
 MUTANT_CASES_LOW_PRECISION = {
     "neox_for_gptj": (RotationCase(GLM_41V, 11, 4, 2, "bfloat16", "uniform", False, 11), "pairing_swapped"),
@@ -702,6 +714,25 @@ BF16_CASE = RotationCase(GLM_41V, 6, 4, 2, "bfloat16", "uniform", False, 25)
 QWEN3_VL_CASE = RotationCase(QWEN3_VL, 5, 2, 1, "float32", "uniform", False, 22)
 HUNYUAN_CASE = RotationCase(HUNYUAN_OCR, 6, 2, 1, "float32", "uniform", False, 23)
 LAST_ROW_CASE = RotationCase(GLM_41V, 8, 2, 1, "float32", "last_row", False, 24)
+FP32_TABLE_CASE = RotationCase(GLM_41V, 6, 4, 2, "bfloat16", "uniform", False, 25, cache_dtype="float32")
+LONG_1D_CASE = RotationCase(RopeSpec(64, 64, True, max_position=1 << 17), 6, 2, 1, "float32", "last_row", False, 26)
+
+
+def _broken_rotation_input(name):
+    return lambda case: _run_context(name, BROKEN_ROTATIONS[name], case)
+
+
+def _own_angles_input(case):
+    # The fast-math emulation (properties/mutants/own_angles.py), compared as an own-angle
+    # implementation is: with the exact angles' rotation and the own-angle bound.
+    from rope.harness.rotation.check import exact_rotation
+    x = _inputs(case)
+    q, k = BROKEN_ROTATIONS["fast_math_angles"](case.spec, x.positions, x.query, x.key, x.cache)
+    ref_q, ref_k = exact_rotation(case.spec, x.positions, x.query, x.key)
+    comparison = compare_rotation(case.spec, x.positions, x.query, x.key, x.cache, q, k, ref_q, ref_k, "float32",
+                                  angles="own-float32")
+    return Context.build(case.spec, x.positions, x.query, x.key, x.cache, q, k, precision="float32",
+                         ref=(ref_q, ref_k), comparison=comparison, angles="own-float32")
 
 # rule name -> (its case, a builder of the input made for it, the label it gives, a phrase of its sentence)
 RULE_INPUTS = {
@@ -742,6 +773,9 @@ RULE_INPUTS = {
     "head_subset": (FP32_CASE, lambda c: _garbage_input(c, [1, 2], [0]), "head_subset",
                     "query heads 1-2 of 4, key heads 0 of 2"),
     "token_subset": (LAST_ROW_CASE, _last_row_input, "token_subset", "last cache row"),
+    "table_misread": (FP32_TABLE_CASE, _broken_rotation_input("fp32_table_rounded_to_activations"),
+                      "table_misread", "float32 table rounded to bfloat16"),
+    "own_angles_off": (LONG_1D_CASE, _own_angles_input, "angle_error", "do not reduce the argument exactly"),
     "wrong_positions": (FP32_CASE, lambda c: _rotated_by(c, positions=lambda p: (p + 5) % GLM_41V.max_position),
                         "wrong_positions", "other positions than given"),
     "pass_through_and_rotary": (FP32_CASE, _random_output_input, "pass_through_touched",
@@ -779,7 +813,8 @@ def test_rule_fires_on_its_input_and_not_on_a_correct_output(name):
     d = RULE[name](ctx)
     assert d is not None and (d.label, phrase in d.sentence) == (label, True), d and d.lines()
     assert diagnose(case.spec, ctx.positions, ctx.query, ctx.key, ctx.cache, ctx.out_q, ctx.out_k,
-                    precision=ctx.precision, ref=(ctx.ref_q, ctx.ref_k), comparison=ctx.comparison) == d
+                    precision=ctx.precision, ref=(ctx.ref_q, ctx.ref_k), comparison=ctx.comparison,
+                    angles=ctx.angles) == d
     x, q, k = _correct(case)
     assert RULE[name](_context(case, q, k, x=x)) is None
 
@@ -822,7 +857,7 @@ def test_imprecise_neighbour_is_what_names_a_structural_bug_in_low_precision():
 
 
 def test_neighbouring_rules_do_not_fire_on_each_others_inputs():
-    # The neighbouring configurations (rules 5-13) each explain only their own bug's output.
+    # The neighbouring configurations (rules 5-14) each explain only their own bug's output.
     neighbours = RULE_NAMES[RULE_NAMES.index("pairing_swapped"):RULE_NAMES.index("pair_rows_split") + 1]
     assert neighbours == list(diagnosis.NEIGHBOURS)
     for name in neighbours:

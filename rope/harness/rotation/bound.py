@@ -34,7 +34,8 @@ An implementation that computes its own angles instead of reading the cache (lla
 float32, then ``cosf`` / ``sinf``) is compared with the exact float64 angles, and its bound gains
 the error of its angles: pair i's angle carries i float32 products and i powers of a float32
 ``theta_scale`` (relative error <= 2 u_32 for ``powf``), so
-``|theta_computed - theta| <= (3i + 2) u_32 |theta|``, and ``cosf`` / ``sinf`` add at most 2 u_32.
+``|theta_computed - theta| <= (3i + 2) u_32 |theta|`` (0 for a pair whose frequency is exactly 1:
+its angle is the position, exact in float32), and ``cosf`` / ``sinf`` add at most 2 u_32.
 A rotated output moves by at most ``(|a| + |b|)`` times the angle error (:func:`own_angle_error`).
 The term grows with the position: at p = 4096 it allows ~2e-3 |x| at the worst pair, still far
 below what a wrong row, pairing or map does (an O(1) angle).
@@ -46,7 +47,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from reference.rotation import exact_angles, exact_cos_sin, pair_indices, select_cos_sin
+from reference.rotation import (exact_angles, exact_attention_factor, exact_cos_sin, exact_frequencies,
+                                pair_indices, select_cos_sin)
 from rope.spec import RopeSpec
 
 UNIT_ROUNDOFF = {
@@ -84,10 +86,16 @@ ANGLE_SOURCES = ("cache", "own-float32")
 
 def own_angle_error(spec: RopeSpec, positions: torch.Tensor) -> torch.Tensor:
     """float64 [T, rotary_dim/2]: the bound on |computed - exact| of an angle (and of its cos and
-    sin) for an implementation that computes its angles in float32 (module docstring)."""
+    sin) for an implementation that computes its angles in float32 (module docstring).  A pair whose
+    frequency is exactly 1 (pair 0 of a plain spec, of YaRN's and llama3's unscaled high
+    frequencies) has an exact float32 angle, the position itself (below 2^24): its only error is
+    cosf's and sinf's own, so a sin of an unreduced argument (fast-math ``__sinf``: 1e-2 off at
+    131,071) fails there.  A scaled spec's attention factor m, applied in float32, adds u m."""
     u = UNIT_ROUNDOFF[torch.float32]
     i = torch.arange(spec.num_freqs, dtype=torch.float64)
-    return exact_angles(spec, positions).abs() * (3 * i + 2) * u + 2 * u
+    coefficient = torch.where(exact_frequencies(spec) == 1.0, 0.0, 3 * i + 2)
+    m = exact_attention_factor(spec)
+    return exact_angles(spec, positions).abs() * coefficient * u + (2 * u * m + (u * m if m != 1.0 else 0.0))
 
 
 def _undetermined_sign(spec: RopeSpec, cos: torch.Tensor, sin: torch.Tensor, angle_error: torch.Tensor,
@@ -105,11 +113,15 @@ def _undetermined_sign(spec: RopeSpec, cos: torch.Tensor, sin: torch.Tensor, ang
 
 def rotation_bound(spec: RopeSpec, x: torch.Tensor, ref_out: torch.Tensor, cos: torch.Tensor,
                    sin: torch.Tensor, out_dtype: torch.dtype, precision: str,
-                   angle_error: torch.Tensor | None = None) -> torch.Tensor:
+                   angle_error: torch.Tensor | None = None, cache_dtype: torch.dtype | None = None) -> torch.Tensor:
     """float64 [T, H * head_size]: the largest legitimate |computed - ref_out| per element.
-    ``angle_error`` [T, rotary_dim/2]: an implementation's own angle error (:func:`own_angle_error`)."""
+    ``angle_error`` [T, rotary_dim/2]: an implementation's own angle error (:func:`own_angle_error`).
+    ``cache_dtype``: the dtype of the cache it was handed; where that is wider than the working
+    dtype (an fp32 table beside bf16 activations, worked on in bf16), cos and sin are rounded to the
+    working dtype before the products: each product gains one more rounding, ``u_w |a c|``."""
     work = working_dtype(precision, out_dtype)
     u_w = unit_roundoff(work)
+    u_c = u_w if cache_dtype is not None and unit_roundoff(cache_dtype) < u_w else 0.0
     u_o = unit_roundoff(out_dtype) if u_w < unit_roundoff(out_dtype) else 0.0
     eta = SUBNORMAL_SPACING[out_dtype]
 
@@ -123,7 +135,8 @@ def rotation_bound(spec: RopeSpec, x: torch.Tensor, ref_out: torch.Tensor, cos: 
     angle = 0.0 if angle_error is None else (a + b) * angle_error[:, None, :]
     for idx, mag in ((a_idx, a * c + b * s), (b_idx, b * c + a * s)):
         r = ref[..., idx]
-        bound[..., idx] = u_w * (mag + r) + u_o * r + (3 * u_w * u_w + 2 * u_w * u_o) * mag + eta + angle
+        bound[..., idx] = (u_w * (mag + r) + u_o * r + (3 * u_w * u_w + 2 * u_w * u_o) * mag + eta + angle
+                           + u_c * (1 + 2 * u_w + u_o) * mag)
     return bound.reshape(x.shape)
 
 
@@ -241,7 +254,8 @@ def compare_rotation(spec: RopeSpec, positions, query, key, cos_sin_cache, out_q
     widths = [x.shape[1] for _, x, _, _ in compared]
     x, got, exp = (torch.cat([c[i] for c in compared], dim=1) if len(compared) > 1 else compared[0][i]
                    for i in (1, 2, 3))
-    bound = rotation_bound(spec, x, exp, cos, sin, x.dtype, precision, angle_error)
+    bound = rotation_bound(spec, x, exp, cos, sin, x.dtype, precision, angle_error,
+                           cos_sin_cache.dtype if angles == "cache" else None)
     # Non-finite values match exactly: NaN where the reference has NaN, the same infinity where it
     # has one, finite elsewhere; any other pairing is an infinite error.  The bound of such an
     # element (made of non-finite inputs) is 0, so a NaN bound can never pass a wrong value.

@@ -12,8 +12,9 @@ and ``test`` may be null)::
     working_precision  the implementation's declared working precision ("float32" | "activation")
     spec               RopeSpec.to_dict()
     case               the rest of the RotationCase: num_tokens, num_q_heads, num_kv_heads, dtype,
-                       positions_kind, packed_qkv, seed, nonfinite (tensors regenerate from these, bit
-                       for bit; nonfinite may be absent: false)
+                       positions_kind, packed_qkv, seed, nonfinite, cache_dtype (tensors regenerate
+                       from these, bit for bit; nonfinite may be absent: false; cache_dtype may be
+                       absent or null: the activation dtype)
     strides            {"query": {shape, stride, storage_offset}, "key": {...} | null}, as the
                        implementation received them on the device
     inputs_sha256      sha256 of the regenerated CPU inputs (positions, query, key, and the
@@ -61,9 +62,9 @@ FIELDS = ("schema_version", "id", "implementation", "device", "working_precision
           "inputs_sha256", "hypothesis", "test", "result", "diagnosis", "versions", "created")
 NULLABLE = ("hypothesis", "test")
 CASE_FIELDS = ("num_tokens", "num_q_heads", "num_kv_heads", "dtype", "positions_kind", "packed_qkv", "seed",
-               "nonfinite")
+               "nonfinite", "cache_dtype")
 # Fields added after schema 1 was first written: a file without them gets the default.
-CASE_FIELD_DEFAULTS = {"nonfinite": False}
+CASE_FIELD_DEFAULTS = {"nonfinite": False, "cache_dtype": None}
 RESULT_FIELDS = ("num_elements", "num_mismatched", "worst_ratio", "problems", "worst")
 DIAGNOSIS_FIELDS = ("label", "sentence", "location")
 # Bounds on what a case file may ask a replay to build (a file from a stranger must not allocate
@@ -190,6 +191,8 @@ def load_case(path: Path | str) -> CaseFile:
                            ("positions_kind", c["positions_kind"] in POSITION_KINDS, f"one of {POSITION_KINDS}"),
                            ("packed_qkv", isinstance(c["packed_qkv"], bool), "true or false"),
                            ("nonfinite", isinstance(c["nonfinite"], bool), "true or false"),
+                           ("cache_dtype", c["cache_dtype"] is None or c["cache_dtype"] in DTYPES,
+                            f"null or one of {tuple(DTYPES)}"),
                            ("seed", is_int(c["seed"]) and 0 <= c["seed"] <= MAX_SEED, "an int in [0, 2**64 - 1]")):
         if not ok:
             value = repr(c[name]) if len(repr(c[name])) <= 40 else f"{repr(c[name])[:20]}...({len(repr(c[name]))} chars)"

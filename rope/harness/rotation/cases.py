@@ -47,6 +47,18 @@ class RotationCase:
     packed_qkv: bool = False   # q and k are row-strided views into one [T, (Hq + 2 Hkv) * hs] tensor
     seed: int = 0
     nonfinite: bool = False    # NaN, +inf and -inf planted in q and k (inject_nonfinite)
+    # The cos/sin cache's dtype when it differs from q's and k's (None: the activation dtype): an
+    # fp32 table beside bf16/fp16 activations, as FlashInfer and SGLang take it.
+    cache_dtype: str | None = None
+
+    def __post_init__(self):
+        if self.cache_dtype is not None:
+            check_choice("cache_dtype", self.cache_dtype, tuple(DTYPES))
+
+    @property
+    def table_dtype(self) -> str:
+        """The dtype of the cos/sin cache handed to the implementation."""
+        return self.cache_dtype or self.dtype
 
     @property
     def size(self) -> int:
@@ -57,7 +69,8 @@ class RotationCase:
         """One short line: ``3 tokens, 2 q + 1 kv heads, bfloat16, chunked3-neox``."""
         kv = f"{self.num_kv_heads} kv heads" if self.num_kv_heads else "no key"
         return (f"{self.num_tokens} tokens, {self.num_q_heads} q heads, {kv}, {self.dtype}, "
-                f"{self.spec.variant()}" + (", packed qkv" if self.packed_qkv else ""))
+                f"{self.spec.variant()}" + (", packed qkv" if self.packed_qkv else "")
+                + (f", {self.cache_dtype} table" if self.cache_dtype not in (None, self.dtype) else ""))
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -249,7 +262,7 @@ def _generate(case: RotationCase) -> RotationInputs:
         for t in (query, key):
             if t is not None:
                 inject_nonfinite(t, gen)
-    return RotationInputs(positions, query, key, shared_table(spec, dtype, "cpu"), storage)
+    return RotationInputs(positions, query, key, shared_table(spec, DTYPES[case.table_dtype], "cpu"), storage)
 
 
 def _place(case: RotationCase, x: RotationInputs, device: str, lend: bool = False) -> RotationInputs:
@@ -268,7 +281,7 @@ def _place(case: RotationCase, x: RotationInputs, device: str, lend: bool = Fals
         key = x.key.to(dev, copy=True) if x.key is not None else None
         storage = query
     # The implementation gets its own copy: the memoized table must not be writable by it.
-    dtype = DTYPES[case.dtype]
+    dtype = DTYPES[case.table_dtype]
     pristine = shared_table(case.spec, dtype, device)
     lent_key = _table_key(case.spec, dtype, dev) if lend else None
     cache = _LENT.take(lent_key) if lend else None

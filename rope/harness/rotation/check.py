@@ -307,7 +307,8 @@ def diagnose_run(fn, case: RotationCase, run: CaseRun) -> Diagnosis:
     """The diagnosis of a run (rope.harness.rotation.diagnosis), from the untouched CPU inputs and the outputs."""
     x = run.ref_in
     return diagnose(case.spec, x.positions, x.query, x.key, x.cache, run.q_out, run.k_out,
-                    precision=working_precision(fn), ref=(run.ref_q, run.ref_k), comparison=run.comparison)
+                    precision=working_precision(fn), ref=(run.ref_q, run.ref_k), comparison=run.comparison,
+                    angles=angle_source(fn))
 
 
 def diagnose_mismatch(fn, case: RotationCase, run: CaseRun) -> Diagnosis:

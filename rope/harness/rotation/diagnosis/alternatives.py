@@ -123,6 +123,25 @@ def cos_sin_alternatives(spec: RopeSpec, positions, query, key, cache):
                "cache row, sin from the first: the cache row is cos | sin)", spec, sin, cos, query, key)
 
 
+def table_alternatives(spec: RopeSpec, positions, query, key, cache):
+    """The table itself read wrong: an fp32 table rounded to the activations' dtype before use
+    (where q's dtype is narrower than the table's), or cos and sin saturated to [-1, 1] (where the
+    attention factor folded into a scaled spec's table scales them past 1)."""
+    if query.dtype != cache.dtype and torch.finfo(query.dtype).eps > torch.finfo(cache.dtype).eps:
+        cos, sin = select_cos_sin(spec, positions, cache.to(query.dtype))
+        yield _Alt("table_misread",
+                   f"the output matches the reference computed from the {str(cache.dtype)[6:]} table rounded to "
+                   f"{str(query.dtype)[6:]}: the kernel casts the cos/sin table to the activations' dtype before "
+                   f"its products", spec, cos, sin, query, key)
+    largest = float(cache.abs().max()) if cache.numel() else 0.0
+    if largest > 1.0:
+        cos, sin = select_cos_sin(spec, positions, cache.clamp(-1.0, 1.0))
+        yield _Alt("table_misread",
+                   f"the output matches the reference computed with cos and sin clamped to [-1, 1]: the kernel "
+                   f"saturates the table, whose attention factor scales its entries up to {largest:.4g}",
+                   spec, cos, sin, query, key)
+
+
 def axis_map_alternatives(spec: RopeSpec, positions, query, key, cache):
     """Every other named layout's map of the same sections (chunked for interleaved, interleaved
     or GLM round-robin for chunked, chunked for two-row interleaved, ...), then the spec's own map

@@ -10,6 +10,7 @@ import torch
 
 from rope.harness.rotation.diagnosis.alternatives import (alternative_result, axis_map_alternatives,
                                                           cos_sin_alternatives, pair_rows_split_alternatives,
+                                                          table_alternatives,
                                                           pairing_alternatives, partial_rotary_alternatives,
                                                           row_misread_alternatives, row_order_alternatives,
                                                           row_stride_alternatives, section_boundary_alternatives)
@@ -41,12 +42,13 @@ class _Lazy:
             i += 1
 
 
-# label -> the neighbouring configurations of that label, for a Context; in rule order (5-13).
+# label -> the neighbouring configurations of that label, for a Context; in rule order (5-14).
 # The positions-level ones use only the cache rows the positions use (Context.used_positions);
 # the partial rotary and pair-split ones the full cache (a sin read past its row lands in the next).
 NEIGHBOURS = {
     "pairing_swapped": lambda c: pairing_alternatives(c.spec, c.used_positions, c.query, c.key, c.used_cache),
     "cos_sin_misused": lambda c: cos_sin_alternatives(c.spec, c.used_positions, c.query, c.key, c.used_cache),
+    "table_misread": lambda c: table_alternatives(c.spec, c.used_positions, c.query, c.key, c.used_cache),
     "axis_map_wrong": lambda c: axis_map_alternatives(c.spec, c.used_positions, c.query, c.key, c.used_cache),
     "section_boundary_shifted": lambda c: section_boundary_alternatives(
         c.spec, c.used_positions, c.query, c.key, c.used_cache),
@@ -83,11 +85,13 @@ class Context:
     ref_q: torch.Tensor | None         # float64 CPU reference outputs
     ref_k: torch.Tensor | None
     comparison: Comparison
+    angles: str = "cache"              # where its angles come from: "cache" or "own-float32"
     _neighbours: dict = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
     def build(cls, spec: RopeSpec, positions, query, key, cos_sin_cache, out_q, out_k, *,
-              precision: str = "float32", ref=None, comparison: Comparison | None = None) -> "Context":
+              precision: str = "float32", ref=None, comparison: Comparison | None = None,
+              angles: str = "cache") -> "Context":
         """:func:`diagnose`'s arguments; ``ref`` and ``comparison`` are computed when not given."""
         cpu = torch.device("cpu")
         positions, cache = positions.to(cpu), cos_sin_cache.to(cpu)
@@ -96,7 +100,7 @@ class Context:
         ref_q, ref_k = (None if r is None else r.to(cpu, torch.float64) for r in ref)
         if comparison is None:
             comparison = compare_rotation(spec, positions, query, key, cache, out_q, out_k, ref_q, ref_k, precision)
-        return cls(spec, positions, query, key, cache, out_q, out_k, precision, ref_q, ref_k, comparison)
+        return cls(spec, positions, query, key, cache, out_q, out_k, precision, ref_q, ref_k, comparison, angles)
 
     # ----- where the mismatch is
     @cached_property
@@ -254,7 +258,7 @@ class Context:
 
     @cached_property
     def gross(self) -> _Gross:
-        """Only errors beyond what the coarsest lower precision explains count (rules 18-23)."""
+        """Only errors beyond what the coarsest lower precision explains count (rules 20-25)."""
         coarse = LOWER_PRECISIONS[-1]
         cos, sin = self.cos_sin
         c, where = self.comparison, self.where

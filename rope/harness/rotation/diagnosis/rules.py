@@ -12,6 +12,7 @@ from rope.harness.rotation.diagnosis.context import Context, NEIGHBOURS
 from rope.harness.rotation.diagnosis.locations import prev_power_of_2, mismatch_locations, ranges
 from rope.harness.rotation.diagnosis.precision import dtype_name, fitting_precision, is_write_problem
 from rope.harness.rotation.diagnosis.verdict import Diagnosis, LOWER_PRECISION_SLACK, MODEST_RATIO
+from reference.rotation import exact_frequencies, pair_indices
 
 
 # --------------------------------------------------------------------------- rules
@@ -84,7 +85,7 @@ def nonfinite_output(ctx: Context) -> Diagnosis | None:
 
 
 def _neighbour_explains(ctx: Context) -> bool:
-    """Some neighbouring configuration (rules 5-13) explains the output, NaN/inf included: it
+    """Some neighbouring configuration (rules 5-14) explains the output, NaN/inf included: it
     explains the values and is non-finite exactly where the output is."""
     def same_nonfinite(result) -> bool:
         return all(exp is None or out is None or torch.equal(torch.isfinite(exp),
@@ -149,7 +150,7 @@ def pairing_swapped(ctx: Context) -> Diagnosis | None:
     """The output is the reference with the other pairing style: NeoX pairs (i, i + rotary_dim/2)
     for a GPT-J model or the reverse, the kernel ignoring is_neox_style (docs/spec.md §7.1).
 
-    First of the neighbouring configurations (5-13): they come before the precision and subset
+    First of the neighbouring configurations (5-14): they come before the precision and subset
     rules because an exact alternative explains every error, small ones included (a structural bug
     can look like rounding, or hit only some tokens).  The pairing swap changes every pair, so it
     is tried before the alternatives that move only some frequencies."""
@@ -164,6 +165,17 @@ def cos_sin_misused(ctx: Context) -> Diagnosis | None:
     After pairing_swapped (which pairs, before what they are rotated by); before the axis-map rules:
     it changes every frequency of every row, they change the row of some frequencies."""
     return _explained_by(ctx, "cos_sin_misused")
+
+
+@_on_mismatch
+def table_misread(ctx: Context) -> Diagnosis | None:
+    """The output is the reference from the table read another way: an fp32 table rounded to the
+    activations' dtype first (its low bits lost: a precision loss the kernel does not declare), or
+    cos and sin saturated to [-1, 1] where a scaled spec's attention factor takes them past 1.
+
+    After cos_sin_misused (what cos and sin are, before where each frequency reads them); before
+    the precision rules, which would call the rounded table a lower working precision."""
+    return _explained_by(ctx, "table_misread")
 
 
 @_on_mismatch
@@ -314,6 +326,46 @@ def pass_through_only(ctx: Context) -> Diagnosis | None:
 
 
 @_on_mismatch
+def own_angles_off(ctx: Context) -> Diagnosis | None:
+    """Label ``angle_error``: an implementation that computes its own angles (``angles =
+    "own-float32"``) is off beyond their float32 error, by small angles only (every error under a
+    tenth of |a| + |b|: not a wrong row, pairing or map).  Where every wrong frequency is exactly 1
+    the angle is the position itself, exact in float32, and the error is the sine's and cosine's
+    own: an argument reduction that is not exact (fast-math ``__sinf`` / ``__cosf``).
+
+    After the neighbouring configurations (structural bugs first); before the precision rules,
+    whose bounds are the cache's and know nothing of angles."""
+    if ctx.angles == "cache":
+        return None
+    spec = ctx.spec
+    a_idx, b_idx = pair_indices(spec)
+    freqs = set()
+    for name, (x, _, _) in ctx.inputs.items():
+        err, bound = ctx.comparison.errors.get(name), ctx.comparison.bounds.get(name)
+        if err is None or x is None:
+            continue
+        heads = x.to(torch.float64).reshape(x.shape[0], -1, spec.head_size).abs()
+        size = (heads[..., a_idx] + heads[..., b_idx]).repeat(1, 1, 2)            # |a| + |b| per member
+        err, bad = err.reshape(heads.shape), (err > bound).reshape(heads.shape)
+        rotary_err, rotary_bad = err[..., torch.cat((a_idx, b_idx))], bad[..., torch.cat((a_idx, b_idx))]
+        if bad[..., spec.rotary_dim:].any() or (rotary_err[rotary_bad] > 0.1 * size[rotary_bad]).any():
+            return None
+        freqs |= {int(i) % spec.num_freqs for i in torch.nonzero(rotary_bad.any(dim=(0, 1))).flatten()}
+    if not freqs:
+        return None
+    exact = bool((exact_frequencies(spec)[sorted(freqs)] == 1.0).all())
+    where = f"freqs {ranges(sorted(freqs))} of {spec.num_freqs}"
+    if exact:
+        return ctx.found("angle_error",
+                         f"its own angles are off at {where}, whose frequency is 1: the angle is the position itself, "
+                         f"exact in float32, so its sine and cosine do not reduce the argument exactly (fast-math "
+                         f"__sinf / __cosf, 2 pi subtracted in float32)")
+    return ctx.found("angle_error",
+                     f"its own angles are off at {where} beyond their float32 error (the float32 products and powers "
+                     f"of the frequencies): a lower-precision angle, or sine and cosine not reduced exactly")
+
+
+@_on_mismatch
 def modest_rounding(ctx: Context) -> Diagnosis | None:
     """Label ``precision_loss``: the worst error/bound ratio is modest (<= MODEST_RATIO): a
     truncating store, an extra intermediate rounding, a slightly lower working precision.
@@ -350,7 +402,7 @@ def lower_working_precision(ctx: Context) -> Diagnosis | None:
 
 @_on_mismatch
 def imprecise_neighbour(ctx: Context) -> Diagnosis | None:
-    """The labels of rules 5-13: a neighbouring configuration that explains the output only in a
+    """The labels of rules 5-14: a neighbouring configuration that explains the output only in a
     lower working precision than declared (a structural bug *and* imprecise arithmetic: a
     mutant of the float32 path run on fp16/bf16 inputs).
 
@@ -526,9 +578,9 @@ def pass_through_and_rotary(ctx: Context) -> Diagnosis | None:
 
 RULES = (
     writes_outside, wrong_output, nonfinite_output, out_of_bounds_read,
-    pairing_swapped, cos_sin_misused, axis_map_wrong, section_boundary_shifted, position_rows_swapped,
+    pairing_swapped, cos_sin_misused, table_misread, axis_map_wrong, section_boundary_shifted, position_rows_swapped,
     position_rows_misread, row_stride_ignored, partial_rotary_stride, pair_rows_split,
-    pass_through_only, modest_rounding, lower_working_precision, imprecise_neighbour,
+    pass_through_only, own_angles_off, modest_rounding, lower_working_precision, imprecise_neighbour,
     key_only, query_only, head_subset, token_subset, wrong_positions, pass_through_and_rotary,
 )
 

@@ -1,0 +1,38 @@
+"""The rotation from the tables engines build: every rope type's table (YaRN and its attention
+factor, llama3, LongRoPE, proportional, M-RoPE with YaRN, ...) at the length the engine admits, in
+its own dtype beside activations of another (an fp32 table with bf16 or fp16 q and k), with
+positions to the table's last row (past 2^17 where the spec reaches it)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import event, example, given
+
+from properties.rotation.scaled_cases import LONG_ROWS, model_scaled_cases, scaled_rotation_cases
+from rope.harness.rotation.check import assert_matches_reference, skip_if_unsupported
+from rope.registry import get_implementation
+
+MODEL_CASES = model_scaled_cases()
+
+
+def _with_model_examples(test):
+    for case in reversed(list(MODEL_CASES.values())):
+        test = example(case=case)(test)
+    return test
+
+
+@pytest.mark.table
+@given(case=scaled_rotation_cases())
+@_with_model_examples
+def test_scaled_tables_match_reference(impl_name, device, case):
+    # Rejects: a kernel that rounds an fp32 table to the activation dtype while declaring float32
+    # work; one that assumes |cos|, |sin| <= 1 (YaRN's attention factor scales them past 1); a row
+    # index kept in 16 bits or an offset row x width in 32 bits past 2^17 rows; a cache that must
+    # have the activations' dtype but is not refused (a ValueError naming cos_sin_cache).
+    impl = get_implementation(impl_name)
+    skip_if_unsupported(impl_name, impl, case.spec, case.dtype, device)
+    rope_type = case.spec.scaling.rope_type if case.spec.scaling else "default"
+    event(f"{rope_type}: {case.table_dtype} table, {case.dtype} q and k")
+    if case.spec.max_position > LONG_ROWS:
+        event(f"a table of more than 2^17 rows ({case.positions_kind} positions)")
+    assert_matches_reference(impl_name, impl, case, device)
