@@ -206,15 +206,19 @@ def _forward_diagnosis(spec, x, out_q, out_k, ref, forward: Comparison, precisio
 def _wrong_gradient_hint(spec, x, g_q, g_k, dq, dk, precision: str) -> str | None:
     """What a wrong gradient of query and key is instead: the upstream gradient rotated by +θ (the
     forward's rotation, the backward's sign of the sine not flipped), or the upstream gradient itself
-    (passed through unrotated: autograd never saw an in-place forward)."""
-    dk = dk if g_k is not None else None
-    fwd_q, fwd_k = reference.rotate(spec, x.positions, g_q, g_k, x.cache)
-    if compare_rotation(spec, x.positions, g_q, g_k, x.cache, dq, dk, fwd_q, fwd_k, precision).ok:
-        return "the upstream gradient rotated by +θ, as the forward rotates (the backward's sine not negated)"
-    as_is = [None if g is None else g.detach().cpu().to(torch.float64) for g in (g_q, g_k)]
-    if dq.shape == g_q.shape and compare_rotation(spec, x.positions, g_q, g_k, x.cache, dq, dk, *as_is,
-                                                  precision).ok:
-        return "the upstream gradient passed through unrotated (autograd did not see the rotation)"
+    (passed through unrotated: autograd never saw an in-place forward).  On the CPU; never raising."""
+    try:
+        positions, cache = x.positions.cpu(), x.cache.cpu()
+        g_q, g_k = g_q.cpu(), (g_k.cpu() if g_k is not None else None)
+        dk = dk if g_k is not None else None
+        fwd_q, fwd_k = reference.rotate(spec, positions, g_q, g_k, cache)
+        if compare_rotation(spec, positions, g_q, g_k, cache, dq, dk, fwd_q, fwd_k, precision).ok:
+            return "the upstream gradient rotated by +θ, as the forward rotates (the backward's sine not negated)"
+        as_is = [None if g is None else g.to(torch.float64) for g in (g_q, g_k)]
+        if compare_rotation(spec, positions, g_q, g_k, cache, dq, dk, *as_is, precision).ok:
+            return "the upstream gradient passed through unrotated (autograd did not see the rotation)"
+    except Exception:     # noqa: BLE001 - a hint that fails leaves the mismatch as it is
+        pass
     return None
 
 
