@@ -50,6 +50,7 @@ class Implementation:
     switch_token_heads: tuple[int, ...] = ()     # tokens x (query + key heads) where a new code path starts
     separate_1d_kernel: bool = False             # one kernel for [rows, T] positions, another for [T]
     autograd: bool = False                       # torch.autograd differentiates its outputs w.r.t. query and key
+    cache_grad: bool = False                     # ... and w.r.t. the cos/sin cache (with autograd)
     # Position ids.
     families: tuple[str, ...] | None = None      # the model families it implements (None: every one)
     batch: Callable | None = None                # (family, PromptBatch) -> one result per prompt
@@ -84,7 +85,7 @@ class Implementation:
             if isinstance(value, str) or not all(isinstance(f, str) for f in _iterable(where + "families", value)):
                 raise ValueError(f"{where}families={value!r}: must be a sequence of family names")
             declared["families"] = tuple(value)
-        for key in ("separate_1d_kernel", "autograd"):
+        for key in ("separate_1d_kernel", "autograd", "cache_grad"):
             if key in declared and not isinstance(declared[key], bool):
                 raise ValueError(f"{where}{key}={declared[key]!r}: must be True or False")
         for key in ("fullgraph", "deterministic"):

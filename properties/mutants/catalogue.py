@@ -5,7 +5,8 @@ importing the suite (``rope/`` never imports ``properties``).
 subprocess); :func:`catalogue` returns the same list of dicts, in catalogue order:
 
     name           ``<module>:<attribute>``, unique (neox_for_gptj is a wrapper and a kernel mutant)
-    kind           rotation | rotation-kernel | positions | positions-kernel | position-ids | table | fused | dispatch
+    kind           rotation | rotation-kernel | rotation-backward | positions | positions-kernel | position-ids |
+                   table | fused | dispatch
     target         the import path the registry resolves (``--rope-impl`` / ``--rope-position-step-impl``)
     parent         the unmutated implementation a failure is confirmed against (None: dispatch)
     doc            the first paragraph of the mutant's docstring, on one line
@@ -58,6 +59,10 @@ def catalogue() -> list[dict]:
            for name, fn in BROKEN_ROTATIONS.items()]
     out += [_entry("broken_rotations", name, "rotation", name, "native", fn.__doc__, needs="gpu")
             for name, fn in GPU_ROTATION_MUTANTS.items()]
+    # Right forwards, broken backwards: their parent is the differentiable Triton entry.
+    from properties.mutants.broken_backwards import BROKEN_BACKWARDS
+    out += [_entry("broken_backwards", name, "rotation-backward", name, "triton-autograd", fn.__doc__)
+            for name, fn in BROKEN_BACKWARDS.items()]
     out += [_entry("kernel", name, "rotation-kernel", name, "triton", m.__doc__, name in MEMORY_SAFETY)
             for name, m in ROTARY_MUTANTS.items()]
     out += [_entry("kernel", name, "rotation-kernel", name, "triton", m.__doc__, needs="gpu-deep")

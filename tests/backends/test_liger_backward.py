@@ -1,4 +1,4 @@
-"""Liger-Kernel's backwards against the float64 reference VJP (tests/rotation_backward.py): chunked
+"""Liger-Kernel's backwards against the float64 reference VJP (rope/harness/rotation/backward.py): chunked
 M-RoPE through ``LigerQwen2VLMRopeFunction`` (``rope.backends.liger.rotate_liger``, ``"liger"``) and
 1-D RoPE through ``LigerRopeFunction`` (``rotate_liger_1d``).  Liger's kernels are Triton: on the CPU
 they run under the interpreter, in float32 and float16 (they compute in the activation dtype, which
@@ -26,7 +26,8 @@ from properties.strategies import DTYPE_SHORT, DTYPES, rotation_cases
 from rope.implementation import Implementation
 from rope import RopeSpec, cos_sin_cache
 from rope.registry import get_implementation, known_defect, unsupported_reason
-from tests.rotation_backward import check_rotation_backward, model_cases, same_bits
+from properties.rotation.backward_cases import model_cases
+from rope.harness.rotation.backward import check_rotation_backward, same_bits
 
 LIGER_WRITES_UPSTREAM = (
     "known mismatch: Liger-Kernel 0.8.5 rotates the upstream gradient in place (LigerRopeFunction and "

@@ -19,6 +19,7 @@ from rope.harness.rotation.check import diagnose_run, evaluate_case
 from rope.harness.rotation.guards import diagnose_guarded
 from properties.mutants.broken_positions import BROKEN_POSITIONS
 from properties.mutants.broken_position_ids import BROKEN_POSITION_IDS
+from properties.mutants.broken_backwards import BACKWARD_ONLY
 from properties.mutants.broken_rotations import BROKEN_ROTATIONS, MODE_ONLY
 from properties.mutants.dispatch import BROKEN_OPS
 from properties.mutants.kernel import ROTARY_MUTANTS
@@ -364,6 +365,8 @@ NO_ROTATION = ("no rotation output",)
 POSITION_IDS = ("position ids: test_position_ids_harness.py",)
 GPU_ONLY = ("its bug shows only past 2^31 elements: a GPU in the deep profile",)
 MODE = ("wrong only in a mode (properties/rotation/test_modes.py): its cause is the mode's label",)
+# A broken backward: its label is the backward check's (tests/kernels/test_rotation_backward.py checks each).
+BACKWARD = ("wrong only in its backward (properties/rotation/test_backward.py): its cause is the backward's label",)
 # The table's and the fused ops' mutants are diagnosed by their own slices (tests/harness/test_table_check.py,
 # test_fused_check.py), not by the rotation's rules.
 OWN_SLICE = ("diagnosed by its own slice's rules (rope/harness/table/, rope/harness/fused/)",)
@@ -412,6 +415,7 @@ MUTANT_LABELS = {
         "plain", RotationCase(RopeSpec(32, 32, False, (4, 6, 6), max_position=4096), 4096, 1, 0, "float32",
                               "uniform", False, 9), "pairing_swapped", "NeoX pairs"),
     **{f"broken_rotations:{name}": MODE for name in MODE_ONLY},
+    **{f"broken_backwards:{name}": BACKWARD for name in BACKWARD_ONLY},
     **{name: OWN_SLICE for name in _OWN_SLICE_MUTANTS},
     **{f"broken_positions:{name}": NO_ROTATION for name in BROKEN_POSITIONS},
     **{f"broken_position_ids:{name}": POSITION_IDS for name in BROKEN_POSITION_IDS},
@@ -465,7 +469,7 @@ def _op_label(how, case, broken_cls):
 
 
 @pytest.mark.parametrize("name", sorted(n for n, e in MUTANT_LABELS.items()
-                                        if e not in (NO_ROTATION, GPU_ONLY, POSITION_IDS, MODE, OWN_SLICE)))
+                                        if e not in (NO_ROTATION, GPU_ONLY, POSITION_IDS, MODE, BACKWARD, OWN_SLICE)))
 def test_diagnosis_names_every_mutant(name):
     how, case, expected, phrase = MUTANT_LABELS[name]
     module, attr = name.split(":")

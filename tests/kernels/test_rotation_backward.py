@@ -3,9 +3,10 @@ differentiable custom op ``rope_harness::rotary`` and its entry ``rope.triton.op
 (registered as ``"triton-autograd"``).
 
 torch.autograd through the entry is held to the float64 reference VJP over drawn layouts, pairings,
-partial widths and dtypes (tests/rotation_backward.py: the forward, the gradients of q and k under
-the rotation's own bound, the upstream gradient left unwritten); the check is shown to fail on
-broken backwards (tests/kernels/backward_mutants.py) and on an in-place kernel with no backward;
+partial widths and dtypes (rope/harness/rotation/backward.py: the forward, the gradients of q and k under
+the rotation's own bound, the upstream gradient left unwritten); the check is shown to fail, with its
+diagnosis, on broken backwards (properties/mutants/broken_backwards.py) and on an in-place kernel with
+no backward;
 the op keeps its declarations (torch.library.opcheck: schema, fake, autograd registration),
 torch.compile(fullgraph=True) differentiates a function calling it, and the INVERSE launches
 compile for sm_90.
@@ -31,8 +32,10 @@ from rope.implementation import Implementation
 from rope.registry import get_implementation, implementation_record
 from rope.triton import ops
 from rope.triton.rotary import rotate_triton
-from tests.kernels.backward_mutants import BACKWARD_MUTANTS, in_place_with_cache_grad
-from tests.rotation_backward import assert_backward_matches_reference, model_cases, with_model_examples
+from properties.mutants.broken_backwards import BROKEN_BACKWARDS, in_place_with_cache_grad
+from properties.rotation.backward_cases import model_cases, with_model_examples
+from rope.harness import causes
+from rope.harness.rotation.backward import BACKWARD_LABELS, assert_backward_matches_reference, check_rotation_backward
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -68,20 +71,41 @@ def test_triton_backward_matches_reference_vjp(device, case):
 MUTANT_CASE = model_cases("float32", keys=["glm-4.1v-9b"], num_tokens=3)[0]
 
 
-@pytest.mark.parametrize("name", list(BACKWARD_MUTANTS))
+# Each broken backward -> (whether the check differentiates the cache, its label, what its failure says).
+BROKEN_BACKWARD_FAILURES = {
+    "backward_returns_none": (False, "gradient_missing", "gradient of query and key: the backward returned None"),
+    "backward_rotates_forward": (False, "gradient_wrong",
+                                 "the upstream gradient rotated by +θ, as the forward rotates"),
+    "backward_writes_upstream_gradient": (False, "upstream_gradient_written",
+                                          "grad_query, grad_key: the backward wrote the upstream gradient"),
+    "backward_reads_overwritten_input": (True, "gradient_wrong", "gradient of cos_sin_cache: "),
+}
+
+
+def test_every_broken_backward_has_its_failure_and_a_label():
+    assert set(BROKEN_BACKWARD_FAILURES) == set(BROKEN_BACKWARDS)
+    assert {label for _, label, _ in BROKEN_BACKWARD_FAILURES.values()} <= set(BACKWARD_LABELS)
+
+
+@pytest.mark.parametrize("name", list(BROKEN_BACKWARDS))
 def test_the_backward_property_fails_on_a_broken_backward(device, name):
-    mutant, wrt_cache, says = BACKWARD_MUTANTS[name]
+    wrt_cache, label, says = BROKEN_BACKWARD_FAILURES[name]
     with pytest.raises(AssertionError) as failure:
-        assert_backward_matches_reference(name, mutant, MUTANT_CASE, device, wrt_cache=wrt_cache)
-    assert says in str(failure.value)
-    assert "forward:" not in str(failure.value), "only the backward is broken"
+        assert_backward_matches_reference(name, BROKEN_BACKWARDS[name], MUTANT_CASE, device, wrt_cache=wrt_cache)
+    text = " ".join(str(failure.value).split())
+    assert f"diagnosis: {label}: " in text and says in text, text
+    assert causes.failure_of(failure.value)["cause"] == label
+    assert "forward:" not in text, "only the backward is broken"
 
 
 def test_an_in_place_kernel_without_a_backward_fails_the_property(device):
     # rotate_triton rotates the tensor it is handed in place: autograd sees the copy it was made from
     # and passes the upstream gradient through unrotated.  The serving entry is not a training one.
-    with pytest.raises(AssertionError, match="Mismatched elements"):
-        assert_backward_matches_reference("triton", rotate_triton, MUTANT_CASE, device)
+    verdict = check_rotation_backward("triton", rotate_triton, MUTANT_CASE, device)
+    diagnosis = verdict.diagnosis()
+    assert diagnosis.label == "gradient_wrong" and "passed through unrotated" in diagnosis.sentence, \
+        verdict.message()
+    assert "Mismatched elements" in verdict.message()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

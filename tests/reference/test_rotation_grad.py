@@ -15,7 +15,7 @@ from hypothesis import example, given, strategies as st
 import reference
 from properties.strategies import KINDS, RotationCase, build_rotation_inputs, rotation_cases
 from rope.spec import RopeSpec
-from tests.rotation_backward import with_model_examples
+from properties.rotation.backward_cases import with_model_examples
 
 SMALL_CASES = st.sampled_from(KINDS).flatmap(
     lambda kind: rotation_cases(kind=kind, max_tokens=6, head_sizes=(8, 16, 32, 64), max_positions=(1, 7, 300)))

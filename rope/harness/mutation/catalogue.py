@@ -19,9 +19,10 @@ from rope.harness.suite import SUITE_PACKAGE, suite_dir
 
 CATALOGUE_MODULE = f"{SUITE_PACKAGE}.mutants"
 CATALOGUE_SCHEMA = "rope-harness/mutant-catalogue/1"
-KINDS = ("rotation", "rotation-kernel", "positions", "positions-kernel", "position-ids", "table", "fused",
-         "dispatch")
-ROTATION_KINDS = ("rotation", "rotation-kernel")
+KINDS = ("rotation", "rotation-kernel", "rotation-backward", "positions", "positions-kernel", "position-ids", "table",
+         "fused", "dispatch")
+# rotation-backward: a right forward with a broken backward (only the backward property shows it).
+ROTATION_KINDS = ("rotation", "rotation-kernel", "rotation-backward")
 POSITION_KINDS = ("positions", "positions-kernel")
 
 

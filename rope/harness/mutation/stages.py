@@ -27,8 +27,8 @@ DISPATCH_SUITE = f"{SUITE_PACKAGE}/dispatch"
 FUSED_SUITE = f"{SUITE_PACKAGE}/fused"
 BASELINE_SUITE = f"{SUITE_PACKAGE}/baseline"
 # Markers a stage selects by: the tests on guarded inputs, the huge cases (q or the cache past 2^31
-# elements: slow), and the dedicated searches (each asked for by its mutant's name).
-GUARDED, HUGE, SEARCH = "guarded", "slow", "mutant_search"
+# elements: slow), the dedicated searches (each asked for by its mutant's name), and the backward property.
+GUARDED, HUGE, SEARCH, BACKWARD = "guarded", "slow", "mutant_search", "backward"
 SEARCH_OPTION = "--rope-mutant-search"
 
 
@@ -78,6 +78,13 @@ def harness_stages(m: Mutant) -> list[Stage]:
         if m.needs == "gpu-deep":
             return [Stage("huge cases on the GPU (deep profile)", (ROTATION_SUITE,),
                           (*opts, "-m", HUGE, "--rope-device", "cuda"), "fail", "--rope-impl", profile="deep")]
+        if m.kind == "rotation-backward":
+            # The backward property first: a fail-fast run otherwise takes the known bugs' triggers and the
+            # prefill boundaries first, minutes of a right forward under the interpreter.
+            return [Stage("rotation suite, the backward property", (ROTATION_SUITE,), (*opts, "-m", BACKWARD), "fail",
+                          "--rope-impl"),
+                    Stage("rotation suite, the other tests", (ROTATION_SUITE,), (*opts, "-m", f"not {BACKWARD}"),
+                          "fail", "--rope-impl")]
         if not m.memory_safety:
             return [Stage("rotation suite", (ROTATION_SUITE,), opts, "fail", "--rope-impl")]
         return [Stage("rotation suite, the guarded tests", (ROTATION_SUITE,), (*opts, "-m", GUARDED), "fail",

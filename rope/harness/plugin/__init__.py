@@ -96,6 +96,7 @@ MARKERS = (
     "with --rope-mutant-search NAME)",
     "known_bug: a known bug's trigger case, run before the searches",
     "guarded: checks on guarded inputs (guard regions, the interpreter's memory tracer: rope.harness.guards)",
+    "backward: checks the backward of an implementation that declares autograd (against the reference VJP)",
     "boundary: a prefill-size boundary case, run right after the known bugs in a run that stops at its first failure",
     "sweep: a fixed sweep over a catalogue (every model at every TP size), run after the searches in a run that "
     "stops at its first failure",

@@ -6,6 +6,8 @@ one module per part, as every checked thing's slice has them:
 * check: the call, the comparison with the float64 reference (``reference.rotate``), the report of a
   mismatch; bound: the per-element bound it is held to (docs/tolerance.md);
 * diagnosis: the rules naming what a mismatch most likely is;
+* backward: the backward of an implementation that declares autograd, held to the reference VJP
+  (a verdict per case, and its labels: gradient_missing, upstream_gradient_written, gradient_wrong);
 * case_file: its kind of case file; replay: its replay;
 * guards: the case inside guard regions and the interpreter's memory tracer;
 * dispatch: the check of the platform dispatch of the built-in rotation ops; baseline: the serving
@@ -17,4 +19,4 @@ imports the shared machinery of rope.harness, never another slice (pyproject's i
 """
 
 # Its modules and packages: each is imported by its own name.
-__all__ = ["baseline", "bound", "case_file", "cases", "check", "diagnosis", "dispatch", "guards", "replay"]
+__all__ = ["backward", "baseline", "bound", "case_file", "cases", "check", "diagnosis", "dispatch", "guards", "replay"]

@@ -1,9 +1,9 @@
-"""Broken backwards of the rotation, built on the project's Triton kernel, that
-tests.rotation_backward.check_rotation_backward must fail; and one right backward that also
-differentiates the cos/sin cache, which it must pass.
+"""Broken backwards of the rotation, built on the project's Triton kernel: each forward is right
+and each ``torch.autograd.Function`` backward carries one bug, so only the backward property
+(properties/rotation/test_backward.py, which runs for an implementation declaring ``autograd``)
+rejects it.  And one right backward that also differentiates the cos/sin cache, which it must pass.
 
-Each is a rotation implementation (``fn(spec, positions, query, key, cos_sin_cache) -> (q, k)``)
-whose forward is right and whose ``torch.autograd.Function`` backward carries one bug:
+Each is a rotation implementation (``fn(spec, positions, query, key, cos_sin_cache) -> (q, k)``):
 
 * ``backward_returns_none``: no gradient for query and key;
 * ``backward_rotates_forward``: the upstream gradient rotated by +θ instead of -θ;
@@ -14,7 +14,7 @@ whose forward is right and whose ``torch.autograd.Function`` backward carries on
   need no activation and stay right; the cache's, ``g_a a + g_b b``, reads a and b).
 
 ``in_place_with_cache_grad`` is the last one done right: it keeps copies of q and k before
-rotating them in place.
+rotating them in place.  The first three's forwards share :class:`_SavesPositionsAndCache`'s.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from reference.rotation import pair_indices
 from rope.spec import RopeSpec
 from rope.triton.rotary import rotate_triton
 
-__all__ = ["BACKWARD_MUTANTS", "backward_reads_overwritten_input", "backward_returns_none", "backward_rotates_forward",
-           "backward_writes_upstream_gradient", "in_place_with_cache_grad"]
+__all__ = ["BACKWARD_ONLY", "BROKEN_BACKWARDS", "backward_reads_overwritten_input", "backward_returns_none",
+           "backward_rotates_forward", "backward_writes_upstream_gradient", "in_place_with_cache_grad"]
 
 
 def _rotated_copies(spec, positions, query, key, cache, *, inverse: bool = False):
@@ -115,11 +115,15 @@ class _InPlaceWithCacheGrad(torch.autograd.Function):
         return None, None, dq, dk, d_cache, None
 
 
-def _declared(fn):
-    fn.working_precision = "float32"
-    fn.supports = rotate_triton.supports
-    fn.autograd = True
-    return fn
+def _declared(fn=None, *, cache_grad: bool = False):
+    """What each declares: the kernel's precision and support, autograd (``cache_grad``: the cache too)."""
+    def declare(fn):
+        fn.working_precision = "float32"
+        fn.supports = rotate_triton.supports
+        fn.autograd = True
+        fn.cache_grad = cache_grad
+        return fn
+    return declare(fn) if fn is not None else declare
 
 
 @_declared
@@ -140,24 +144,25 @@ def backward_writes_upstream_gradient(spec, positions, query, key, cos_sin_cache
     return _WritesUpstream.apply(spec, positions, query, key, cos_sin_cache)
 
 
-@_declared
+@_declared(cache_grad=True)
 def backward_reads_overwritten_input(spec, positions, query, key, cos_sin_cache):
     """q and k rotated in place; the cache's gradient read from them after the forward overwrote them."""
     return _InPlaceWithCacheGrad.apply(spec, positions, query, key, cos_sin_cache, False)
 
 
-@_declared
+@_declared(cache_grad=True)
 def in_place_with_cache_grad(spec, positions, query, key, cos_sin_cache):
     """q and k rotated in place, and the cache differentiated from copies kept before: right."""
     return _InPlaceWithCacheGrad.apply(spec, positions, query, key, cos_sin_cache, True)
 
 
-# name -> (mutant, whether the check differentiates the cache, what its failure says).
-BACKWARD_MUTANTS = {
-    "backward_returns_none": (backward_returns_none, False, "gradient of query: the implementation returned None"),
-    "backward_rotates_forward": (backward_rotates_forward, False, "Mismatched elements"),
-    "backward_writes_upstream_gradient": (backward_writes_upstream_gradient, False,
-                                          "grad_query: the backward wrote the upstream gradient"),
-    "backward_reads_overwritten_input": (backward_reads_overwritten_input, True,
-                                         "gradient of cos_sin_cache: "),
+BROKEN_BACKWARDS = {
+    "backward_returns_none": backward_returns_none,
+    "backward_rotates_forward": backward_rotates_forward,
+    "backward_writes_upstream_gradient": backward_writes_upstream_gradient,
+    "backward_reads_overwritten_input": backward_reads_overwritten_input,
 }
+# As broken_rotations.MODE_ONLY: mutants whose bug no forward call shows, and the property that catches
+# each (properties/rotation/test_backward.py); its diagnosis is the backward's label
+# (rope.harness.rotation.backward.BACKWARD_LABELS).
+BACKWARD_ONLY = {name: "test_backward_matches_reference_vjp" for name in BROKEN_BACKWARDS}
