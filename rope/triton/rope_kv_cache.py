@@ -315,4 +315,3 @@ def mla_rope_kv_cache_triton(spec: RopeSpec, positions, q_pe, k_pe, kv_c, kv_cac
 
 
 mla_rope_kv_cache_triton.working_precision = "float32"
-mla_rope_kv_cache_triton.fused_op = "mla_rope_kv_cache"

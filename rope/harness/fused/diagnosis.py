@@ -23,8 +23,8 @@ key_cache_wrong                 the key cache's written rows wrong (the live k r
 value_cache_wrong               the value cache's written rows wrong
 q_nope_touched                  MLA: q's channels outside q_pe changed
 kv_c_touched                    MLA: kv_c changed (it is read only)
-heads_read_adjacent             MLA: q_pe wrong at heads >= 1 only, of a heads-major q: its heads read as if
-                                adjacent in memory (aiter#3841)
+heads_read_packed               MLA: q_pe wrong at heads >= 1 only, of a heads-major q: its heads read as if
+                                packed in the token's row (aiter#3841)
 cache_k_pe_unrotated            MLA: q_pe and k_pe right, the latent cache holding the unrotated k_pe
 kv_cache_wrong                  MLA: the latent cache's written rows wrong some other way
 ==============================  ===========================================================================
@@ -62,8 +62,8 @@ LABELS = {
     "value_cache_wrong": "the value cache's written rows are wrong",
     "q_nope_touched": "q's channels outside q_pe (q_nope) changed: only q_pe is rotated",
     "kv_c_touched": "kv_c changed: it must be read only",
-    "heads_read_adjacent": "q_pe is wrong at heads >= 1 only, of a heads-major q: its heads were read as if "
-                           "adjacent in memory (aiter#3841)",
+    "heads_read_packed": "q_pe is wrong at heads >= 1 only, of a heads-major q: its heads were read as if "
+                         "packed in the token's row (aiter#3841)",
     "cache_k_pe_unrotated": "the latent cache holds the unrotated k_pe (q_pe and the live k_pe are right)",
     "kv_cache_wrong": "the latent cache's written rows are wrong",
 }
@@ -225,7 +225,7 @@ def _latent_holds(check, rows: torch.Tensor, scale) -> bool:
     return _within(cache.cpu().to(torch.float64)[mask], exp, bound)
 
 
-def _heads_read_adjacent(check, q_bad: torch.Tensor) -> bool:
+def _heads_read_packed(check, q_bad: torch.Tensor) -> bool:
     """A heads-major q whose q_pe is right at head 0 of every token and wrong at some later head."""
     case = check.case
     if case.q_layout != "heads_major" or case.num_heads < 2:
@@ -253,8 +253,8 @@ def _diagnose_mla(check) -> str:
     k_bad = bad_elements(ev["k_out"], ref.key, rotation.bounds["key"]) if "key" in rotation.bounds else None
     q_wrong, k_wrong = q_bad is None or bool(q_bad.any()), k_bad is None or bool(k_bad.any())
     kv_c = before["kv_c"].cpu().to(torch.float64)
-    if q_wrong and not k_wrong and _heads_read_adjacent(check, q_bad):
-        return "heads_read_adjacent"
+    if q_wrong and not k_wrong and _heads_read_packed(check, q_bad):
+        return "heads_read_packed"
     if k_wrong and not q_wrong and _latent_holds(check, torch.cat((kv_c, ref.key.cpu()), dim=1), inputs.scale):
         same = ev["k_out"].shape == before["k_pe"].shape and torch.equal(bits(ev["k_out"].detach().cpu()),
                                                                           bits(before["k_pe"].cpu()))
