@@ -252,6 +252,13 @@ def get_fused_implementation(name: str, op: str | None = None):
     return ops if op is None else ops.get(op)
 
 
+def get_recorded_fused_implementation(name: str, op: str, *, source: str, trusted: tuple[str, ...] = ()):
+    """The fused implementation a case file names (:func:`resolve_recorded`), its ``op``'s callable
+    (None where it has none)."""
+    return resolve_recorded(name, source=source, registered=_FUSED, get=lambda n: get_fused_implementation(n, op),
+                            option="--rope-fused-impl", trusted=trusted)
+
+
 def fused_implementations() -> dict[str, dict]:
     """The fused implementations a run checks by default, by name: {op: callable}."""
     return {name: get_fused_implementation(name) for name in DEFAULT_FUSED}

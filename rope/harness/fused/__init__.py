@@ -9,7 +9,9 @@ one module per part, as every checked thing's slice has them:
 * compare: the element-wise comparisons (bounds, bits, rows kept);
 * check: the call under the call deadline, the comparison with the float64 reference
   (reference.fused), the assertion tagged with its cause, the check in the run report;
-* diagnosis: the rules naming how a fused op departs.
+* diagnosis: the rules naming how a fused op departs;
+* case_file: the fused kind of case file (the op, its case, the diagnosis), every field validated;
+* replay: a case file run again (``rope-harness repro``, ``pytest --rope-repro``).
 
 The properties an implementation must pass are properties/fused/.  A slice imports the shared
 machinery of rope.harness, never another slice; the fused ops' q and k are a rotation, held to the
@@ -18,4 +20,4 @@ pyproject's contracts allow by name.
 """
 
 # Its modules: each is imported by its own name.
-__all__ = ["bound", "cases", "check", "compare", "diagnosis"]
+__all__ = ["bound", "case_file", "cases", "check", "compare", "diagnosis", "replay"]

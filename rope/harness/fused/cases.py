@@ -15,11 +15,11 @@ import torch
 
 from rope.cache import attention_factor, cos_sin_cache, inv_freq
 from rope.fused import is_fp8
-from rope.harness.rotation.cases import make_positions
+from rope.harness.rotation.cases import POSITION_KINDS, make_positions
 from rope.models import load_models
 from rope.spec import RopeSpec
 
-__all__ = ["BLOCK_SIZES", "CACHE_KINDS", "DTYPES", "FULL_TABLE_ROWS", "Q_LAYOUTS", "SCALES", "CacheCase",
+__all__ = ["BLOCK_SIZES", "CACHE_KINDS", "DTYPES", "FULL_TABLE_ROWS", "POSITION_KINDS", "Q_LAYOUTS", "SCALES", "CacheCase",
            "CacheInputs", "MLACase", "MLAInputs", "QKNormCase", "QKNormInputs", "build_cache_case", "build_mla_case",
            "build_qk_norm_case", "head_magnitudes", "model_spec", "table", "weights"]
 

@@ -30,9 +30,10 @@ import torch
 
 import reference.fused as fused_reference
 from rope.fused import is_fp8
-from rope.harness import causes
-from rope.harness.draws import current_test
+from rope.harness import case_files, causes
+from rope.harness.draws import current_test, hypothesis_example
 from rope.harness.fused.bound import fp8_bound, qk_norm_bound
+from rope.harness.fused.case_file import case_record
 from rope.harness.fused.compare import bad_elements, bits, changed_rows, kept_rows, mismatches, rows_mask
 from rope.harness.fused.diagnosis import diagnose
 from rope.harness.fused.cases import (CacheCase, CacheInputs, MLACase, MLAInputs, QKNormCase, QKNormInputs,
@@ -40,7 +41,7 @@ from rope.harness.fused.cases import (CacheCase, CacheInputs, MLACase, MLAInputs
 from rope.harness.rotation.bound import compare_rotation
 
 __all__ = ["FusedCheck", "ImplementationFailed", "assert_mla_rope_kv_cache", "assert_qk_norm_rope", "assert_rope_kv_cache",
-           "bad_elements", "bits", "cache_write_problems", "changed_rows", "check_mla_rope_kv_cache",
+           "bad_elements", "bits", "cache_write_problems", "changed_rows", "check_case", "check_mla_rope_kv_cache",
            "check_qk_norm_rope", "check_rope_kv_cache", "kept_rows", "mismatches", "mla_cache_write_problems",
            "qk_norm_problems", "rows_mask", "run_mla_rope_kv_cache", "run_qk_norm_rope", "run_rope_kv_cache"]
 
@@ -286,14 +287,38 @@ def _record(name: str, device: str, case, result: FusedCheck) -> None:
         pass
 
 
-def _fail(name: str, case, result: FusedCheck) -> None:
+def _write_case(name: str, fn: Callable, case, device, result: FusedCheck, label: str, sentence: str,
+                hypothesis, failure: dict) -> list[str]:
+    """Write the case file (once Hypothesis has shrunk); the lines to add to the message."""
+    from rope.registry import get_fused_implementation
+    try:
+        implementation = case_files.implementation_path(name, fn,
+                                                        resolve=lambda n: get_fused_implementation(n, result.op))
+        record = case_record(implementation=implementation, fn=fn, op=result.op, case=case, device=str(device),
+                             problems=result.problems, label=label, sentence=sentence, hypothesis=hypothesis)
+        directory = case_files.cases_dir()
+        if directory is None:
+            return [f"case file: not written ({case_files.CASES_DIR_ENV} is off)"]
+        shown = case_files.display_path(case_files.write_case(record, directory))
+        replay = f"rope-harness repro {shown}" + (f" --fused-impl {implementation}" if ":" in implementation else "")
+        failure.update(case_file=shown, replay=replay)
+        return [f"case file: {shown}", f"replay: {replay}"]
+    except Exception as exc:     # noqa: BLE001 - the mismatch is reported all the same
+        return [f"(case file not written: {type(exc).__name__}: {exc})"]
+
+
+def _fail(name: str, fn: Callable, case, device, result: FusedCheck) -> None:
     label, sentence = diagnose(result)
-    message = "\n".join([f"{name} {result.op} departs from the reference on {case.brief()}", repr(case),
-                         *result.problems, f"diagnosis: {label}: {sentence}"])
-    raise causes.tag(AssertionError(message), cause=label, headline=sentence, size=case.size, case=case.brief())
+    lines = [f"{name} {result.op} departs from the reference on {case.brief()}", repr(case), *result.problems,
+             f"diagnosis: {label}: {sentence}"]
+    failure = {"cause": label, "headline": sentence, "size": case.size, "case": case.brief()}
+    final, hypothesis = hypothesis_example()
+    if final:
+        lines += _write_case(name, fn, case, device, result, label, sentence, hypothesis, failure)
+    raise causes.tag(AssertionError("\n".join(lines)), **failure)
 
 
-def _checked(name: str, case, device, build: Callable, check: Callable, run: Callable) -> FusedCheck:
+def _checked(name: str, fn: Callable, case, device, build: Callable, check: Callable, run: Callable) -> FusedCheck:
     inputs = build(case, device)
     try:
         result = check(case, inputs, run)
@@ -302,7 +327,7 @@ def _checked(name: str, case, device, build: Callable, check: Callable, run: Cal
                          headline=str(exc), size=case.size, case=case.brief()) from None
     _record(name, device, case, result)
     if not result.ok:
-        _fail(name, case, result)
+        _fail(name, fn, case, device, result)
     return result
 
 
@@ -315,14 +340,28 @@ def assert_qk_norm_rope(name: str, fn: Callable, case: QKNormCase, device: str =
 
     def check(case, inputs, run):
         return check_qk_norm_rope(case, inputs, run, rounded_norm=rounded)
-    return _checked(name, case, device, build_qk_norm_case, check, run_qk_norm_rope(fn, case))
+    return _checked(name, fn, case, device, build_qk_norm_case, check, run_qk_norm_rope(fn, case))
 
 
 def assert_rope_kv_cache(name: str, fn: Callable, case: CacheCase, device: str = "cpu") -> FusedCheck:
     """Hold ``fn`` (contract B) to the reference on ``case``, as :func:`assert_qk_norm_rope`."""
-    return _checked(name, case, device, build_cache_case, check_rope_kv_cache, run_rope_kv_cache(fn, case))
+    return _checked(name, fn, case, device, build_cache_case, check_rope_kv_cache, run_rope_kv_cache(fn, case))
 
 
 def assert_mla_rope_kv_cache(name: str, fn: Callable, case: MLACase, device: str = "cpu") -> FusedCheck:
     """Hold ``fn`` (contract C) to the reference on ``case``, as :func:`assert_qk_norm_rope`."""
-    return _checked(name, case, device, build_mla_case, check_mla_rope_kv_cache, run_mla_rope_kv_cache(fn, case))
+    return _checked(name, fn, case, device, build_mla_case, check_mla_rope_kv_cache, run_mla_rope_kv_cache(fn, case))
+
+
+def check_case(op: str, fn: Callable, case, device: str = "cpu") -> FusedCheck:
+    """The verdict of ``fn`` (contract ``op``) on ``case`` without asserting (a replay's): its
+    inputs built on ``device``, the check's FusedCheck; ImplementationFailed where it raised."""
+    if op == "qk_norm_rope":
+        rounded = getattr(fn, "rounds_normalized", False)
+        return check_qk_norm_rope(case, build_qk_norm_case(case, device), run_qk_norm_rope(fn, case),
+                                  rounded_norm=rounded is True)
+    if op == "rope_kv_cache":
+        return check_rope_kv_cache(case, build_cache_case(case, device), run_rope_kv_cache(fn, case))
+    if op == "mla_rope_kv_cache":
+        return check_mla_rope_kv_cache(case, build_mla_case(case, device), run_mla_rope_kv_cache(fn, case))
+    raise ValueError(f"op={op!r}: must be qk_norm_rope, rope_kv_cache or mla_rope_kv_cache")
