@@ -1,7 +1,7 @@
 """The fused ops' check and diagnosis (rope/harness/fused/): each broken implementation of
 properties/mutants/broken_fused.py fails the check on a case that shows its bug, with the label its
 diagnosis must name, in an AssertionError tagged with that cause; the built-in kernels pass the same
-cases; a raise is a tagged failure too."""
+cases; a raise is a tagged failure too; the MLA rules each name a broken call made for them."""
 
 from __future__ import annotations
 
@@ -47,6 +47,12 @@ needs_triton_on_cpu = pytest.mark.skipif(not triton_runs_on("cpu"),
                                                 "interpreter (TRITON_INTERPRET=1)")
 
 
+@pytest.fixture(autouse=True)
+def _no_case_files(monkeypatch):
+    """The failures here are wanted: no case file for them (tests/harness/test_fused_replay.py checks the files)."""
+    monkeypatch.setenv("ROPE_CASES_DIR", "off")
+
+
 def _assert(fn, case):
     return ASSERTS[fn.fused_op]("mutant", fn, case)
 
@@ -77,3 +83,42 @@ def test_cases_round_trip_through_their_records():
         assert type(case).from_dict(case.to_dict()) == case
     with pytest.raises(ValueError, match="fields must be"):
         type(FP8_CASE).from_dict({"spec": FP8_CASE.spec.to_dict()})
+
+
+# The MLA diagnosis's other rules, each on a broken call it must name (small cases: one launch each).
+def _mla_broken(kind: str):
+    def fn(spec, positions, q_pe, k_pe, kv_c, kv_cache, slot_mapping, cos_sin_cache, *, scale=None):
+        k_in = k_pe.clone()
+        if kind == "fp8_scale_multiplied":
+            scale = 1.0 / scale
+        q, k = mla_rope_kv_cache_triton(spec, positions, q_pe, k_pe, kv_c, kv_cache, slot_mapping, cos_sin_cache,
+                                        scale=scale)
+        if kind == "q_nope_touched":       # q's last nope channel of every head, written as a packed stride would
+            q_pe.as_strided((q_pe.shape[0], q_pe.shape[1], 1), q_pe.stride(), q_pe.storage_offset() - 1).zero_()
+        elif kind == "kv_c_touched":
+            kv_c.zero_()
+        elif kind == "live_key_unrotated":
+            k.copy_(k_in.reshape(k.shape))
+        elif kind == "padding_slot_written":
+            kv_cache[-1, -1] = kv_cache[0, 0]
+        return q, k
+    fn.fused_op = "mla_rope_kv_cache"
+    return fn
+
+
+MLA_RULES = {
+    "q_nope_touched": SMALL_MLA,
+    "kv_c_touched": SMALL_MLA,
+    "live_key_unrotated": SMALL_MLA,
+    "fp8_scale_multiplied": SMALL_MLA,
+    "padding_slot_written": mla_case(DEEPSEEK_V3, num_tokens=3, num_heads=1, kv_lora_rank=16, padding=1.0,
+                                     num_blocks=1),
+}
+
+
+@needs_triton_on_cpu
+@pytest.mark.parametrize("label", list(MLA_RULES))
+def test_each_mla_rule_names_its_break(label):
+    with pytest.raises(AssertionError) as excinfo:
+        assert_mla_rope_kv_cache("broken", _mla_broken(label), MLA_RULES[label])
+    assert failure_of(excinfo.value).get("cause") == label, str(excinfo.value)
