@@ -24,13 +24,16 @@ needs_triton_on_cpu = pytest.mark.skipif(not triton_runs_on("cpu"), reason="the 
                                                                            "only under Triton's interpreter")
 
 
-@pytest.fixture
-def case_file(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def case_file(tmp_path_factory):
+    """The case file the broken implementation's mismatch writes (once for the module: one launch)."""
     from properties.mutants.broken_fused import latent_k_pe_unrotated
-    monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))
-    with pytest.raises(AssertionError, match=f"replay: rope-harness repro .* --fused-impl {MUTANT}"):
-        assert_mla_rope_kv_cache(MUTANT, latent_k_pe_unrotated, CASE)
-    (path,) = tmp_path.glob("*.json")
+    directory = tmp_path_factory.mktemp("cases")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setenv("ROPE_CASES_DIR", str(directory))
+        with pytest.raises(AssertionError, match=f"replay: rope-harness repro .* --fused-impl {MUTANT}"):
+            assert_mla_rope_kv_cache(MUTANT, latent_k_pe_unrotated, CASE)
+    (path,) = directory.glob("*.json")
     return path
 
 
