@@ -252,9 +252,11 @@ def check_mla_inputs(spec: RopeSpec, positions, q_pe, k_pe, kv_c, kv_cache, slot
                      scale=None, may_write: bool = True, check_values: bool | None = None):
     """Validate an MLA RoPE + latent-cache write; return (k_pe as [T, R], scale as :func:`scale_value`).
 
-    q_pe [T, H, R] (any strides: the rope channels of q [T, H, nope + R]), k_pe [T, R] or [T, 1, R],
-    kv_c [T, L], kv_cache [num_blocks, block_size, L + R] of the activations' dtype or FP8; the
-    spec's head_size and rotary_dim are R (DeepSeek: 64, GPT-J pairing)."""
+    q_pe [T, H, R] (any strides: the rope channels of q [T, H, nope + R], token- or heads-major),
+    k_pe [T, R] or [T, 1, R], kv_c [T, L], kv_cache [num_blocks, block_size, L + R] of the
+    activations' dtype or FP8; the spec's head_size and rotary_dim are R (DeepSeek: 64, GPT-J
+    pairing).  With ``may_write`` q_pe and k_pe (rotated in place) must not overlap themselves, each
+    other or anything the call reads."""
     if not isinstance(spec, RopeSpec):
         raise ValueError(f"spec={spec!r}: must be a RopeSpec")
     r = spec.head_size
@@ -264,29 +266,47 @@ def check_mla_inputs(spec: RopeSpec, positions, q_pe, k_pe, kv_c, kv_cache, slot
         _tensor(name, t)
     if q_pe.dim() != 3 or q_pe.shape[2] != r or q_pe.shape[1] == 0:
         raise ValueError(f"q_pe.shape={tuple(q_pe.shape)}: must be [num_tokens, num_heads >= 1, rope_dim={r}]")
+    if not q_pe.dtype.is_floating_point or is_fp8(q_pe.dtype):
+        raise ValueError(f"q_pe.dtype={q_pe.dtype}: must be float32, float16 or bfloat16")
+    if isinstance(positions, torch.Tensor) and positions.dim() >= 1 and q_pe.shape[0] != positions.shape[-1]:
+        raise ValueError(f"q_pe.shape={tuple(q_pe.shape)}: must have num_tokens={positions.shape[-1]} rows like "
+                         f"positions")
     if k_pe.dim() == 3 and k_pe.shape[1] == 1:
         k_pe = k_pe[:, 0]
-    if k_pe.dim() != 2 or k_pe.shape[1] != r:
-        raise ValueError(f"k_pe.shape={tuple(k_pe.shape)}: must be [num_tokens, rope_dim={r}] (or [num_tokens, 1, {r}])")
+    if k_pe.dim() != 2 or k_pe.shape[1] != r or k_pe.shape[0] != q_pe.shape[0]:
+        raise ValueError(f"k_pe.shape={tuple(k_pe.shape)}: must be [num_tokens={q_pe.shape[0]}, rope_dim={r}] "
+                         f"(or [num_tokens, 1, {r}])")
+    for name, t in (("k_pe", k_pe), ("kv_c", kv_c)):
+        if t.dtype != q_pe.dtype:
+            raise ValueError(f"{name}.dtype={t.dtype}: must equal q_pe.dtype={q_pe.dtype}")
     if kv_c.dim() != 2 or kv_c.shape[0] != q_pe.shape[0] or kv_c.shape[1] == 0:
         raise ValueError(f"kv_c.shape={tuple(kv_c.shape)}: must be [num_tokens={q_pe.shape[0]}, kv_lora_rank >= 1]")
-    if kv_c.dtype != q_pe.dtype:
-        raise ValueError(f"kv_c.dtype={kv_c.dtype}: must equal q_pe.dtype={q_pe.dtype}")
-    width = kv_c.shape[1] + r
-    if kv_cache.dim() != 3 or kv_cache.shape[2] != width:
-        raise ValueError(f"kv_cache.shape={tuple(kv_cache.shape)}: must be [num_blocks, block_size, kv_lora_rank + "
-                         f"rope_dim = {width}]")
-    if kv_cache.dtype != q_pe.dtype and not is_fp8(kv_cache.dtype):
-        raise ValueError(f"kv_cache.dtype={kv_cache.dtype}: must be the activations' {q_pe.dtype}, "
-                         f"torch.float8_e4m3fn or torch.float8_e5m2")
+    _check_latent_cache(kv_cache, kv_c.shape[1] + r, q_pe.dtype)
     # The rotation's checks on q_pe as [T, H * R] (a copy where q_pe is a strided view: read only).
     num_tokens, _, _ = check_rotation_inputs(spec, positions, q_pe.reshape(q_pe.shape[0], -1), k_pe, cos_sin_cache,
                                              may_write=False, check_values=check_values)
-    _same_device({"q_pe": q_pe, "kv_c": kv_c, "kv_cache": kv_cache,
+    _same_device({"q_pe": q_pe, "k_pe": k_pe, "kv_c": kv_c, "kv_cache": kv_cache,
                   "slot_mapping": slot_mapping if isinstance(slot_mapping, torch.Tensor) else None})
     check_slot_mapping(slot_mapping, num_tokens, kv_cache.shape[0] * kv_cache.shape[1], check_values=check_values)
     scale = scale_value("scale", scale, kv_cache.dtype)
     if may_write:
+        check_no_overlap({"q_pe": q_pe, "k_pe": k_pe}, {"kv_c": kv_c, "positions": positions,
+                                                        "cos_sin_cache": cos_sin_cache, "slot_mapping": slot_mapping})
         _caches_apart({"kv_cache": kv_cache}, {"q_pe": q_pe, "k_pe": k_pe, "kv_c": kv_c, "positions": positions,
                                                "cos_sin_cache": cos_sin_cache, "slot_mapping": slot_mapping})
     return k_pe, scale
+
+
+def _check_latent_cache(kv_cache: torch.Tensor, width: int, act_dtype: torch.dtype) -> None:
+    """The MLA latent cache: [num_blocks, block_size, kv_lora_rank + rope_dim], the activations' dtype
+    or FP8, unit channel stride, no element twice in memory."""
+    if kv_cache.dim() != 3 or kv_cache.shape[2] != width:
+        raise ValueError(f"kv_cache.shape={tuple(kv_cache.shape)}: must be [num_blocks, block_size, kv_lora_rank + "
+                         f"rope_dim = {width}]")
+    if kv_cache.dtype != act_dtype and not is_fp8(kv_cache.dtype):
+        raise ValueError(f"kv_cache.dtype={kv_cache.dtype}: must be the activations' {act_dtype}, "
+                         f"torch.float8_e4m3fn or torch.float8_e5m2")
+    if kv_cache.stride(-1) != 1:
+        raise ValueError(f"kv_cache.stride()={kv_cache.stride()}: the channel dim must have stride 1")
+    if overlaps_itself(kv_cache):
+        raise ValueError(f"kv_cache.stride()={kv_cache.stride()}: its elements overlap in memory (an expanded view)")

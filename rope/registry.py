@@ -218,11 +218,12 @@ def positions_unsupported_reason(name: str, fn: Callable, device: str) -> str | 
 
 
 # The fused ops (docs/spec.md §10), op by op: contract A ``qk_norm_rope``, B ``rope_kv_cache``, C
-# ``mla_rope_kv_cache`` (the reference only: no built-in implements it).
+# ``mla_rope_kv_cache`` (MLA: our Triton kernel only; the unfused sequence has none).
 FUSED_OPS = ("qk_norm_rope", "rope_kv_cache", "mla_rope_kv_cache")
 _FUSED = {
     "triton": {"qk_norm_rope": "rope.triton.fused_qk_norm_rope:qk_norm_rope_triton",
-               "rope_kv_cache": "rope.triton.rope_kv_cache:rope_kv_cache_triton"},
+               "rope_kv_cache": "rope.triton.rope_kv_cache:rope_kv_cache_triton",
+               "mla_rope_kv_cache": "rope.triton.rope_kv_cache:mla_rope_kv_cache_triton"},
     # The sequence an engine runs without the fused op: torch's norm and cache write, our rotation.
     "unfused": {"qk_norm_rope": "rope.triton.unfused:qk_norm_rope_unfused",
                 "rope_kv_cache": "rope.triton.unfused:rope_kv_cache_unfused"},
@@ -249,6 +250,13 @@ def get_fused_implementation(name: str, op: str | None = None):
                              f"it implements, docs/implementations.md)")
         ops = {declared: fn}
     return ops if op is None else ops.get(op)
+
+
+def get_recorded_fused_implementation(name: str, op: str, *, source: str, trusted: tuple[str, ...] = ()):
+    """The fused implementation a case file names (:func:`resolve_recorded`), its ``op``'s callable
+    (None where it has none)."""
+    return resolve_recorded(name, source=source, registered=_FUSED, get=lambda n: get_fused_implementation(n, op),
+                            option="--rope-fused-impl", trusted=trusted)
 
 
 def fused_implementations() -> dict[str, dict]:

@@ -2,4 +2,4 @@
 contract (docs/spec.md §10), with the strategies and the known bugs' fixed cases beside them."""
 
 # Its modules (pytest collects the test modules; the others are case modules the tests import).
-__all__ = ["fused_cases", "test_fused"]
+__all__ = ["fused_cases", "test_fused", "test_replay"]

@@ -4,7 +4,9 @@ implementation has: token x head products past 2^15 (about one draw in ten: chea
 interpreter at few examples) and past 10240 with partial rotary (vllm#51049), positions to the spec's
 length (up to 2^17), padding slots (-1) and short slot mappings, caches with stale (non-zero, NaN
 codes included) contents, FP8 scales drawn and never 1.0 only, packed q/k/v column views and joint
-key/value caches, packed qkv rows with padding past v; and the known bugs' triggers."""
+key/value caches, packed qkv rows with padding past v; for MLA (:class:`MLACase`) the rope dim (64
+first), kv_lora_rank, q's nope channels and q token- or heads-major (aiter#3841), kv_c and k_pe as views
+of one kv_a; and the known bugs' triggers."""
 
 from __future__ import annotations
 
@@ -13,10 +15,12 @@ import dataclasses
 from hypothesis import strategies as st
 
 from properties.strategies import KINDS, rope_specs
-from rope.harness.fused.cases import BLOCK_SIZES, CACHE_KINDS, DTYPES, SCALES, CacheCase, QKNormCase, model_spec
+from rope.harness.fused.cases import (BLOCK_SIZES, CACHE_KINDS, DTYPES, Q_LAYOUTS, SCALES, CacheCase, MLACase,
+                                      QKNormCase, model_spec)
 
-__all__ = ["KNOWN_CACHE", "KNOWN_QK_NORM", "GLM41V", "HEAD_SIZES", "MAX_POSITIONS", "POSITION_KINDS", "QWEN2", "QWEN35", "QWEN3VL", "cache_case",
-           "cache_cases", "qk_norm_case", "qk_norm_cases", "token_counts"]
+__all__ = ["DEEPSEEK_V3", "GLM41V", "HEAD_SIZES", "KIMI_K2", "KNOWN_CACHE", "KNOWN_MLA", "KNOWN_QK_NORM",
+           "MAX_POSITIONS", "MLA_ROPE_DIMS", "POSITION_KINDS", "QWEN2", "QWEN35", "QWEN3VL", "cache_case", "cache_cases",
+           "mla_case", "mla_cases", "qk_norm_case", "qk_norm_cases", "token_counts"]
 
 HEAD_SIZES = (64, 128, 80, 256, 96, 32)
 MAX_POSITIONS = (4096, 7, 300, 131072)
@@ -26,6 +30,9 @@ QWEN2 = model_spec("qwen2-7b")          # 1-D NeoX, head 128 (28 / 4 heads; tp 4
 GLM41V = model_spec("glm-4.1v-9b")      # chunked [8, 12, 12], GPT-J, rotary 64 of 128
 QWEN3VL = model_spec("qwen3-vl-8b")     # interleaved [24, 20, 20], NeoX, head 128, q/k norm
 QWEN35 = model_spec("qwen3.5-9b")       # interleaved [11, 11, 10], rotary 64 of 256
+DEEPSEEK_V3 = model_spec("deepseek-v3")           # MLA: rope dim 64, GPT-J, DeepSeek YaRN (128 heads; tp 8: 16)
+KIMI_K2 = model_spec("kimi-k2-instruct-0905")     # MLA: rope dim 64, GPT-J, base 50000 (64 heads)
+MLA_ROPE_DIMS = (64, 32, 128)
 
 
 def token_counts(max_small: int = 40, big: int = 2080):
@@ -95,6 +102,42 @@ def cache_cases(draw, *, kinds=KINDS, big: bool = True, max_tokens: int = 40):
                      seed=draw(st.integers(0, 2**32 - 1)))
 
 
+def _mla_specs():
+    """DeepSeek-V3's or Kimi K2's table (YaRN) at a drawn rope dim (64 first), either pairing (GPT-J
+    first: DeepSeek's), positions to the drawn length."""
+    return st.builds(lambda base, r, neox, rows: dataclasses.replace(base, head_size=r, rotary_dim=r, is_neox_style=neox,
+                                                                    max_position=rows),
+                     st.sampled_from([DEEPSEEK_V3, KIMI_K2]), st.sampled_from(MLA_ROPE_DIMS),
+                     st.sampled_from([False, True]), st.sampled_from(MAX_POSITIONS))
+
+
+@st.composite
+def mla_cases(draw, *, max_tokens: int = 24):
+    """An MLA RoPE + latent-cache write; shrinks to one token of one head, rope dim 64, GPT-J,
+    kv_lora_rank 512, nope 128, q token-major, a bf16 cache, block 16."""
+    num_tokens = draw(st.integers(1, max_tokens))
+    spec = draw(_mla_specs())
+    block_size = draw(st.sampled_from(BLOCK_SIZES))
+    least = -(-num_tokens // block_size)
+    return MLACase(spec=spec, num_tokens=num_tokens, num_heads=draw(st.sampled_from([1, 2, 3, 16])),
+                   kv_lora_rank=draw(st.sampled_from([512, 16, 48])), nope_dim=draw(st.sampled_from([128, 0, 32])),
+                   q_layout=draw(st.sampled_from(Q_LAYOUTS)), packed_kv=draw(st.booleans()),
+                   k_pe_3d=draw(st.booleans()), dtype=draw(st.sampled_from(list(DTYPES))),
+                   cache=draw(st.sampled_from(CACHE_KINDS)), block_size=block_size,
+                   num_blocks=draw(st.integers(least, least + 2)), padding=draw(st.sampled_from([0.0, 0.25, 1.0])),
+                   short_slots=draw(st.sampled_from([0, 0, 3])), scale_as_tensor=draw(st.booleans()),
+                   scale=draw(st.sampled_from(SCALES)), positions_kind=draw(st.sampled_from(POSITION_KINDS)),
+                   seed=draw(st.integers(0, 2**32 - 1)))
+
+
+def mla_case(spec, **fields) -> MLACase:
+    """A fixed contract-C case: these fields, the rest a small bf16 one of DeepSeek's shapes with a padding slot."""
+    base = dict(spec=spec, num_tokens=9, num_heads=4, kv_lora_rank=512, nope_dim=128, q_layout="token_major",
+                packed_kv=True, k_pe_3d=False, dtype="bfloat16", cache="activation", block_size=16, num_blocks=2,
+                padding=0.25, short_slots=0, scale_as_tensor=False, scale=0.3, positions_kind="uniform", seed=2)
+    return MLACase(**(base | fields))
+
+
 def qk_norm_case(spec, **fields) -> QKNormCase:
     """A fixed contract-A case: these fields, the rest a small bf16 one."""
     base = dict(spec=spec, num_tokens=7, num_heads_q=4, num_heads_k=2, num_heads_v=2, dtype="bfloat16", eps=1e-6,
@@ -139,4 +182,15 @@ KNOWN_CACHE = {
     "glm-4.1v-fp8-hnd": cache_case(GLM41V, num_q_heads=16, num_kv_heads=1, cache="float8_e4m3fn", layout="HND",
                                    block_size=64, num_blocks=1, k_scale=0.05, positions_kind="last_row",
                                    joint_cache=True),
+}
+KNOWN_MLA = {
+    # DeepSeek-V3 at tensor parallel 8: 16 heads of q [T, 16, 128 + 64], kv_lora_rank 512.
+    "deepseek-v3-tp8": mla_case(DEEPSEEK_V3, num_heads=16, block_size=64, num_blocks=1),
+    # aiter#3841: q from a batched matmul over heads, heads-major ([H, T, nope + R] transposed): head 1
+    # is T rows after head 0, not adjacent; FP8 with a scale that is not 1.
+    "aiter-3841-heads-major-q": mla_case(DEEPSEEK_V3, num_tokens=6, num_heads=4, q_layout="heads_major",
+                                         cache="float8_e4m3fn", scale=0.3, scale_as_tensor=True),
+    # Kimi K2: e5m2 cache, k_pe as [T, 1, R], padding slots and a short slot mapping, the table's last row.
+    "kimi-k2-fp8-e5m2-padding": mla_case(KIMI_K2, num_tokens=7, num_heads=2, cache="float8_e5m2", scale=2.5,
+                                         k_pe_3d=True, short_slots=2, positions_kind="last_row", packed_kv=False),
 }

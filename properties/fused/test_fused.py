@@ -1,18 +1,18 @@
 """The fused ops' properties (docs/spec.md §10), for every fused implementation (--rope-fused-impl)
 on every device: QK-norm + RoPE on a packed qkv (contract A) and RoPE + KV-cache write (contract B)
-held to the float64 reference within their bounds (rope.harness.fused.check); contract C (MLA) runs
-for an implementation that declares it (none built in: the reference only).  The known bugs'
-triggers are fixed cases, run first."""
+held to the float64 reference within their bounds (rope.harness.fused.check), and the MLA RoPE +
+latent-cache write (contract C) for an implementation that has it (the built-in triton does).  The
+known bugs' triggers are fixed cases, run first."""
 
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
 
-from properties.fused.fused_cases import KNOWN_CACHE, KNOWN_QK_NORM, cache_cases, qk_norm_cases
+from properties.fused.fused_cases import KNOWN_CACHE, KNOWN_MLA, KNOWN_QK_NORM, cache_cases, mla_cases, qk_norm_cases
 from rope.devices import triton_runs_on
 from rope.harness.draws import skip_or_reject
-from rope.harness.fused.check import assert_qk_norm_rope, assert_rope_kv_cache
+from rope.harness.fused.check import assert_mla_rope_kv_cache, assert_qk_norm_rope, assert_rope_kv_cache
 from rope.registry import BUILTIN_FUSED, get_fused_implementation
 
 
@@ -40,6 +40,13 @@ def test_rope_kv_cache_matches_reference(fused_impl_name, device, case):
     assert_rope_kv_cache(fused_impl_name, fn, case, device)
 
 
+@settings(deadline=None, max_examples=6)
+@given(case=mla_cases())
+def test_mla_rope_kv_cache_matches_reference(fused_impl_name, device, case):
+    fn = _implementation(fused_impl_name, device, "mla_rope_kv_cache")
+    assert_mla_rope_kv_cache(fused_impl_name, fn, case, device)
+
+
 @pytest.mark.fixed_cases
 @pytest.mark.known_bug
 @pytest.mark.parametrize("known", list(KNOWN_QK_NORM))
@@ -54,3 +61,11 @@ def test_known_qk_norm_rope_cases(fused_impl_name, device, known):
 def test_known_rope_kv_cache_cases(fused_impl_name, device, known):
     fn = _implementation(fused_impl_name, device, "rope_kv_cache")
     assert_rope_kv_cache(fused_impl_name, fn, KNOWN_CACHE[known], device)
+
+
+@pytest.mark.fixed_cases
+@pytest.mark.known_bug
+@pytest.mark.parametrize("known", list(KNOWN_MLA))
+def test_known_mla_rope_kv_cache_cases(fused_impl_name, device, known):
+    fn = _implementation(fused_impl_name, device, "mla_rope_kv_cache")
+    assert_mla_rope_kv_cache(fused_impl_name, fn, KNOWN_MLA[known], device)

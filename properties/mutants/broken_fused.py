@@ -1,7 +1,7 @@
 """Broken fused implementations: each the built-in kernel (rope/triton/fused_qk_norm_rope.py,
-rope/triton/rope_kv_cache.py) with one bug the field has shipped, wrapped as an implementation of its
-contract (``fused_op``), for ``rope-harness mutants`` (kind ``fused``: the properties of
-properties/fused/ must reject each)."""
+rope/triton/rope_kv_cache.py, its MLA form too) with one bug the field has shipped, wrapped as an
+implementation of its contract (``fused_op``), for ``rope-harness mutants`` (kind ``fused``: the
+properties of properties/fused/ must reject each)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ import torch
 
 from rope.fused import fp8_max, is_fp8
 from rope.triton.fused_qk_norm_rope import qk_norm_rope_triton
-from rope.triton.rope_kv_cache import rope_kv_cache_triton
+from rope.triton.rope_kv_cache import mla_rope_kv_cache_triton, rope_kv_cache_triton
 from rope.triton.rotary import rotate_triton
 
-__all__ = ["BROKEN_FUSED", "fp8_scale_multiplied", "live_key_unrotated", "norm_after_rotation",
-           "padding_slots_written", "partner_lost_past_10240", "partner_lost_past_10240_in_cache_write"]
+__all__ = ["BROKEN_FUSED", "fp8_scale_multiplied", "latent_k_pe_unrotated", "live_key_unrotated",
+           "norm_after_rotation", "padding_slots_written", "partner_lost_past_10240",
+           "partner_lost_past_10240_in_cache_write", "q_pe_heads_read_packed"]
 
 PARTNER_SWITCH = 10240
 
@@ -157,6 +158,36 @@ def partner_lost_past_10240_in_cache_write(spec, positions, query, key, value, k
     return q, k
 
 
+# ------------------------------------------------------------------------------- C: MLA
+@_fused("mla_rope_kv_cache")
+def q_pe_heads_read_packed(spec, positions, q_pe, k_pe, kv_c, kv_cache, slot_mapping, cos_sin_cache, *, scale=None):
+    """aiter#3841: q_pe's heads read as if packed in the token's row (head stride = token stride /
+    heads), right for a token-major q, wrong for a heads-major one (a transposed batched-matmul
+    output, whose heads are T rows apart); the results stored at the right places."""
+    num_heads = q_pe.shape[1]
+    read = q_pe.as_strided(q_pe.shape, (q_pe.stride(0), q_pe.stride(0) // num_heads, q_pe.stride(2))).clone()
+    q, k = mla_rope_kv_cache_triton(spec, positions, read, k_pe, kv_c, kv_cache, slot_mapping, cos_sin_cache,
+                                    scale=scale)
+    q_pe.copy_(q)
+    return q_pe, k
+
+
+@_fused("mla_rope_kv_cache")
+def latent_k_pe_unrotated(spec, positions, q_pe, k_pe, kv_c, kv_cache, slot_mapping, cos_sin_cache, *, scale=None):
+    """The latent cache written with k_pe as it came in (the cache write before the rotation): q_pe
+    and the live k_pe rotated, the rope columns of each written row not."""
+    k_in = k_pe.reshape(k_pe.shape[0], -1).clone()
+    q, k = mla_rope_kv_cache_triton(spec, positions, q_pe, k_pe, kv_c, kv_cache, slot_mapping, cos_sin_cache,
+                                    scale=scale)
+    slots = slot_mapping.long()
+    tokens = (slots >= 0).nonzero().flatten()
+    slots = slots[tokens]
+    block_size, lora = kv_cache.shape[1], kv_c.shape[1]
+    kv_cache[slots // block_size, slots % block_size, lora:] = _stored(k_in[tokens], kv_cache, scale)
+    return q, k
+
+
 BROKEN_FUSED = {fn.__name__: fn for fn in (live_key_unrotated, padding_slots_written, fp8_scale_multiplied,
                                             norm_after_rotation, partner_lost_past_10240,
-                                            partner_lost_past_10240_in_cache_write)}
+                                            partner_lost_past_10240_in_cache_write, q_pe_heads_read_packed,
+                                            latent_k_pe_unrotated)}

@@ -1,6 +1,7 @@
 """``rope-harness repro CASE [--device D] [--impl NAME]``: replay a mismatch case file, whatever its
-kind.  The kind's replay does the work: a rotation case file (rope.harness.rotation.replay) or a
-position-id one (rope.harness.position_ids.replay); this module reads a file's kind with the
+kind.  The kind's replay does the work: a rotation case file (rope.harness.rotation.replay), a
+position-id one (rope.harness.position_ids.replay), a table's (rope.harness.table.replay) or a fused
+op's (rope.harness.fused.replay, whose implementation ``--fused-impl`` names as ``--impl`` does); this module reads a file's kind with the
 envelope's one header reader (rope.harness.case_files.read_header) and hands the file on, for the
 command line and for ``pytest --rope-repro`` (:func:`replay_params`).
 
@@ -17,6 +18,8 @@ from pathlib import Path
 
 from rope.devices import DEVICE_NAMES
 from rope.harness.case_files import case_paths, read_header
+from rope.harness.fused import case_file as fused_case_file
+from rope.harness.fused import replay as fused_replay
 from rope.harness.position_ids import case_file as position_ids_case_file
 from rope.harness.position_ids import replay as position_ids_replay
 from rope.harness.rotation import case_file as rotation_case_file
@@ -27,7 +30,7 @@ from rope.harness.table import replay as table_replay
 EXIT_BAD_INPUT = 2
 # Each kind of case file and its replay (every replay module has run_repro and replay_params).
 REPLAYS = {rotation_case_file.KIND: rotation_replay, position_ids_case_file.KIND: position_ids_replay,
-           table_case_file.KIND: table_replay}
+           table_case_file.KIND: table_replay, fused_case_file.KIND: fused_replay}
 # The kinds computed on the host, where --device means nothing.
 HOST_KINDS = (position_ids_case_file.KIND,)
 
@@ -39,6 +42,17 @@ def run_repro(args) -> int:
     except ValueError as exc:
         print(f"rope-harness repro: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    fused_impl = getattr(args, "fused_impl", None)
+    if fused_impl:
+        if kind != fused_case_file.KIND:
+            print(f"rope-harness repro: --fused-impl: the case file is of kind {kind!r}, not a fused op's; use --impl",
+                  file=sys.stderr)
+            return EXIT_BAD_INPUT
+        if args.impl and args.impl != fused_impl:
+            print("rope-harness repro: --impl and --fused-impl name different implementations; give one",
+                  file=sys.stderr)
+            return EXIT_BAD_INPUT
+        args.impl = fused_impl
     if kind in HOST_KINDS:
         if args.device:
             print("rope-harness repro: --device: position ids are computed on the host; ignored", file=sys.stderr)
@@ -74,4 +88,7 @@ def add_repro_parser(sub) -> None:
                    help="replay against this implementation (registered name or package.module:callable) "
                         "instead of the recorded one, e.g. a fixed kernel, or the import path the case file "
                         "records, which is never imported unless named here")
+    p.add_argument("--fused-impl", metavar="NAME",
+                   help="a fused op's case file: replay against this fused implementation (triton, unfused or "
+                        "package.module:callable declaring fused_op), as --impl")
     p.set_defaults(func=run_repro)

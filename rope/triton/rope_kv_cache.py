@@ -14,18 +14,26 @@ scale dequantizes, stored = value / scale), rounded to nearest even and saturate
 finite value by integer arithmetic (rope/triton/fused_tiles.py: the interpreter's fp8 convert is
 wrong, and the same code compiled gives the same bits on any backend).
 
-Entry points: :func:`rope_kv_cache_triton` (checks, then launches) and :func:`launch_rope_kv_cache`
-(the launch alone, tile options exposed).
+MLA (DeepSeek, contract C) is the same kernel with its LATENT switch: q_pe's heads read and written
+at q_pe's own head stride (token- or heads-major q, aiter#3841), one k head (k_pe), and the latent
+row [kv_c | rotated k_pe] written as two caches of one head each: kv_c the value head of
+kv_lora_rank channels at column 0, the rotated k_pe at column kv_lora_rank; one FP8 scale for both.
+
+Entry points: :func:`rope_kv_cache_triton` and :func:`mla_rope_kv_cache_triton` (checks, then
+launches), :func:`launch_rope_kv_cache` and :func:`launch_mla_rope_kv_cache` (the launch alone, tile
+options exposed).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from rope.devices import device_name, triton_runs_on
-from rope.fused import check_rope_kv_cache_inputs
+from rope.fused import check_mla_inputs, check_rope_kv_cache_inputs
 from rope.spec import RopeSpec
 from rope.triton.fused_qk_norm_rope import tile
 from rope.triton.fused_tiles import head_tile, program_heads, rotate_pairs, store_pairs, to_fp8
@@ -35,19 +43,20 @@ from rope.triton.rotary_kernel import gather_cos_sin, load_positions, load_tile,
 from rope.triton.rotary_plan import cache_offsets_need_64, lane_block, map_table
 from rope.triton.targets import launch_target
 
-__all__ = ["SUPPORTED_DTYPES", "cache_strides", "launch_rope_kv_cache", "rope_kv_cache_triton"]
+__all__ = ["SUPPORTED_DTYPES", "cache_strides", "launch_mla_rope_kv_cache", "launch_rope_kv_cache",
+           "mla_rope_kv_cache_triton", "rope_kv_cache_triton"]
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _FP8 = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
 
 
 @triton.jit
-def _store_heads(cache_rows, slot_ok, heads, num_heads, cache_head_stride, head_size, src_rows, scale,
-                 FIRST_CHANNEL, FP8: tl.constexpr, BLOCK_D: tl.constexpr):
+def _store_heads(cache_rows, slot_ok, heads, num_heads, cache_head_stride, head_size, src_rows, src_head_stride,
+                 scale, FIRST_CHANNEL, FP8: tl.constexpr, BLOCK_D: tl.constexpr):
     """Copy channels >= FIRST_CHANNEL of whole heads from ``src_rows`` (activation dtype, heads
-    head_size apart) to the cache rows of the tokens with a slot, as they are or as the FP8 codes
-    of value / scale."""
-    src, _, chan = head_tile(src_rows, slot_ok, heads, num_heads, head_size, head_size, BLOCK_D)
+    src_head_stride apart) to the cache rows of the tokens with a slot, as they are or as the FP8
+    codes of value / scale."""
+    src, _, chan = head_tile(src_rows, slot_ok, heads, num_heads, src_head_stride, head_size, BLOCK_D)
     dst, dst_mask, _ = head_tile(cache_rows, slot_ok, heads, num_heads, cache_head_stride, head_size, BLOCK_D)
     keep = (chan >= FIRST_CHANNEL)[None, None, :]
     x = tl.load(src, mask=dst_mask & keep, other=0.0)
@@ -60,23 +69,29 @@ def _store_heads(cache_rows, slot_ok, heads, num_heads, cache_head_stride, head_
                                "pos_row_stride", "cache_rows", "sec0", "sec1", "sec2"])
 def _rope_kv_cache_kernel(
     q_ptr, k_ptr, v_ptr, key_cache_ptr, value_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, cache_ptr, pos_ptr,
-    map_ptr, q_row_stride, k_row_stride, v_row_stride, cache_row_stride, pos_row_stride, cache_rows,
-    kc_block_stride, kc_slot_stride, kc_head_stride, vc_block_stride, vc_slot_stride, vc_head_stride,
+    map_ptr, q_row_stride, k_row_stride, v_row_stride, q_head_stride, k_head_stride, v_width, cache_row_stride,
+    pos_row_stride, cache_rows, kc_block_stride, kc_slot_stride, kc_head_stride, vc_block_stride, vc_slot_stride, vc_head_stride,
     block_size, cache_slots, num_slots, num_tokens, num_q_heads, num_kv_heads, head_size, half, sec0, sec1, sec2,
     NUM_DIMS: tl.constexpr, INTERLEAVED: tl.constexpr, MAP_TABLE: tl.constexpr, IS_NEOX: tl.constexpr,
     ROUND_BF16: tl.constexpr, FP8: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr, CACHE_I64: tl.constexpr,
+    BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, CACHE_I64: tl.constexpr,
+    PASS_THROUGH: tl.constexpr, LATENT: tl.constexpr,
 ):
-    # (1) The tile: BLOCK_T tokens x BLOCK_H heads of q (head blocks first) or of k.
+    # (1) The tile: BLOCK_T tokens x BLOCK_H heads of q (head blocks first) or of k.  A head of q
+    #     (of k) starts q_head_stride (k_head_stride) elements after the previous one: head_size in
+    #     a packed row; any stride for MLA's q_pe, a view of q [T, H, nope + R] token- or
+    #     heads-major (aiter#3841: a heads-major q's heads are T rows apart, not adjacent).
     token, heads, is_k = program_heads(num_q_heads, num_kv_heads, BLOCK_T, BLOCK_H)
     token_ok = token < num_tokens
     x_ptr = tl.where(is_k, k_ptr, q_ptr)
     x_heads = tl.where(is_k, num_kv_heads, num_q_heads)
+    x_head_stride = tl.where(is_k, k_head_stride, q_head_stride).to(tl.int64)
     rows = x_ptr + token * tl.where(is_k, k_row_stride, q_row_stride).to(tl.int64)
     out_ty = q_ptr.dtype.element_ty
     # (2) Rotate in place, exactly as the rotation kernel does (load, fp32, one rounding at the store).
     freq = tl.arange(0, BLOCK_F)
-    x1, x2 = load_tile(rows, token_ok, heads, x_heads, head_size, freq, half, IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, "")
+    x1, x2 = load_tile(rows, token_ok, heads, x_heads, x_head_stride, freq, half, IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F,
+                       "")
     pos_0, pos_1, pos_2, pos_3 = load_positions(pos_ptr, pos_row_stride, token, num_tokens, NUM_DIMS)
     cos, sin = gather_cos_sin(cache_ptr, cache_row_stride, cache_rows, pos_0, pos_1, pos_2, pos_3, pos_0, pos_1, pos_2,
                               pos_3, freq, half, map_ptr, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, MAP_TABLE, BLOCK_T,
@@ -84,7 +99,8 @@ def _rope_kv_cache_kernel(
     o1, o2 = rotate_pairs(x1, x2, cos, sin)
     v1 = round_for_store(o1, ROUND_BF16).to(out_ty)
     v2 = round_for_store(o2, ROUND_BF16).to(out_ty)
-    store_pairs(rows, token_ok, heads, x_heads, head_size, freq, half, v1, v2, IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F)
+    store_pairs(rows, token_ok, heads, x_heads, x_head_stride, freq, half, v1, v2, IS_NEOX, BLOCK_T, BLOCK_H,
+                BLOCK_F)
     if is_k:
         # (3) The cache rows of the tile's tokens: slot -1, a token past slot_mapping, or a slot
         #     outside the cache's num_blocks * block_size rows (unchecked on a GPU) writes none.
@@ -106,11 +122,18 @@ def _rope_kv_cache_kernel(
         else:
             store_pairs(k_cache_rows, slot_ok, heads, num_kv_heads, kc_head_stride, freq, half, v1, v2, IS_NEOX,
                         BLOCK_T, BLOCK_H, BLOCK_F)
-        # (5) k's pass-through channels (>= rotary_dim, as given) and all of v.
-        _store_heads(k_cache_rows, slot_ok, heads, num_kv_heads, kc_head_stride, head_size, rows, k_scale, 2 * half,
-                     FP8, BLOCK_D)
-        _store_heads(v_cache_rows, slot_ok, heads, num_kv_heads, vc_head_stride, head_size,
-                     v_ptr + token * v_row_stride, v_scale, 0, FP8, BLOCK_D)
+        # (5) k's pass-through channels (>= rotary_dim, as given), then all of v (v_width channels a
+        #     head).  LATENT (MLA): v is kv_c, one head of kv_lora_rank channels, and the "caches" are
+        #     the two column ranges of one latent row, [kv_c | rotated k_pe].
+        if PASS_THROUGH:
+            _store_heads(k_cache_rows, slot_ok, heads, num_kv_heads, kc_head_stride, head_size, rows, x_head_stride,
+                         k_scale, 2 * half, FP8, BLOCK_D)
+        if LATENT:
+            _store_heads(v_cache_rows, slot_ok, tl.arange(0, 1), 1, 0, v_width, v_ptr + token * v_row_stride, 0,
+                         v_scale, 0, FP8, BLOCK_V)
+        else:
+            _store_heads(v_cache_rows, slot_ok, heads, num_kv_heads, vc_head_stride, v_width,
+                         v_ptr + token * v_row_stride, v_width, v_scale, 0, FP8, BLOCK_V)
 
 
 def cache_strides(cache: torch.Tensor, kv_layout: str) -> tuple[int, int, int]:
@@ -132,16 +155,25 @@ def _sections(spec: RopeSpec) -> tuple[int, int, int]:
     return sections[0], sections[1], sections[2]
 
 
-def launch_rope_kv_cache(spec: RopeSpec, positions, query, key, value, key_cache, value_cache, slot_mapping,
-                         cos_sin_cache, *, kv_layout: str = "NHD", k_scale=None, v_scale=None,
-                         block_t: int | None = None, block_h: int | None = None, num_warps: int = 4):
-    """Launch without validation (the caller has checked; unit-stride channels, positions and
-    cache rows); returns (query, key), rotated in place, the caches written."""
-    num_tokens = query.shape[0]
-    if num_tokens == 0:
-        return query, key
+@dataclass(frozen=True)
+class _Rows:
+    """Where the launch reads and writes beyond q and k: the head strides of q and k, the width of a
+    v head, each cache's (block, slot, head) strides, block_size and the cache's slots; LATENT: MLA."""
+    q_head_stride: int
+    k_head_stride: int
+    v_width: int
+    k_cache_strides: tuple
+    v_cache_strides: tuple
+    block_size: int
+    cache_slots: int
+    latent: bool = False
+
+
+def _launch(spec: RopeSpec, positions, query, key, value, key_cache, value_cache, slot_mapping, cos_sin_cache,
+            rows: _Rows, num_q: int, k_scale, v_scale, block_t, block_h, num_warps: int) -> None:
+    """The launch both entries share: the grid, the constexprs, the FP8 caches as bytes."""
+    num_tokens, num_kv = query.shape[0], key.shape[1] // spec.head_size
     target = launch_target(query.device)
-    num_q, num_kv = query.shape[1] // spec.head_size, key.shape[1] // spec.head_size
     block_t, block_h = tile(num_tokens, max(num_q, num_kv), spec.head_size, target.compiled, block_t, block_h)
     block_f = lane_block(spec)
     table = spec.num_dims > 1 and spec.layout not in ("chunked", "interleaved")
@@ -150,7 +182,8 @@ def launch_rope_kv_cache(spec: RopeSpec, positions, query, key, value, key_cache
                       MAP_TABLE=table, IS_NEOX=spec.is_neox_style,
                       ROUND_BF16=query.dtype == torch.bfloat16 and not target.compiled, FP8=fp8,
                       BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_F=block_f, BLOCK_D=next_power_of_2(spec.head_size),
-                      CACHE_I64=cache_offsets_need_64(cos_sin_cache, block_f))
+                      BLOCK_V=next_power_of_2(rows.v_width), CACHE_I64=cache_offsets_need_64(cos_sin_cache, block_f),
+                      PASS_THROUGH=spec.rotary_dim < spec.head_size, LATENT=rows.latent)
     if target.compiled:
         constexprs.update(enable_fp_fusion=False, num_warps=num_warps)
     if fp8:       # the kernel writes the FP8 codes as bytes
@@ -158,18 +191,57 @@ def launch_rope_kv_cache(spec: RopeSpec, positions, query, key, value, key_cache
         scales = (_scale_tensor(k_scale, query.device), _scale_tensor(v_scale, query.device))
     else:
         scales = (cos_sin_cache, cos_sin_cache)        # not read
-    block_size = key_cache.shape[1] if kv_layout == "NHD" else key_cache.shape[2]
     grid = (cdiv(num_tokens, block_t) * (cdiv(num_q, block_h) + cdiv(num_kv, block_h)), 1, 1)
     args = (query, key, value, key_cache, value_cache, slot_mapping, *scales, cos_sin_cache, positions,
             map_table(spec, positions.device) if table else positions,
-            query.stride(0), key.stride(0), value.stride(0), cos_sin_cache.stride(0),
-            positions.stride(0) if positions.dim() == 2 else 0, cos_sin_cache.shape[0],
-            *cache_strides(key_cache, kv_layout), *cache_strides(value_cache, kv_layout), block_size,
-            key_cache.shape[0] * block_size, slot_mapping.shape[0], num_tokens, num_q, num_kv, spec.head_size,
-            spec.num_freqs, *_sections(spec))
+            query.stride(0), key.stride(0), value.stride(0), rows.q_head_stride, rows.k_head_stride, rows.v_width,
+            cos_sin_cache.stride(0), positions.stride(0) if positions.dim() == 2 else 0, cos_sin_cache.shape[0],
+            *rows.k_cache_strides, *rows.v_cache_strides, rows.block_size, rows.cache_slots, slot_mapping.shape[0],
+            num_tokens, num_q, num_kv, spec.head_size, spec.num_freqs, *_sections(spec))
     launch(_rope_kv_cache_kernel, grid, args, constexprs,
-           (spec, block_t, block_h, query.dtype, key_cache.dtype, fp8, target, num_warps, constexprs["CACHE_I64"]))
+           (spec, block_t, block_h, query.dtype, key_cache.dtype, fp8, target, num_warps, constexprs["CACHE_I64"],
+            constexprs["BLOCK_V"], rows.latent))
+
+
+def launch_rope_kv_cache(spec: RopeSpec, positions, query, key, value, key_cache, value_cache, slot_mapping,
+                         cos_sin_cache, *, kv_layout: str = "NHD", k_scale=None, v_scale=None,
+                         block_t: int | None = None, block_h: int | None = None, num_warps: int = 4):
+    """Launch without validation (the caller has checked; unit-stride channels, positions and
+    cache rows); returns (query, key), rotated in place, the caches written."""
+    if query.shape[0] == 0:
+        return query, key
+    block_size = key_cache.shape[1] if kv_layout == "NHD" else key_cache.shape[2]
+    d = spec.head_size
+    rows = _Rows(d, d, d, cache_strides(key_cache, kv_layout), cache_strides(value_cache, kv_layout), block_size,
+                 key_cache.shape[0] * block_size)
+    _launch(spec, positions, query, key, value, key_cache, value_cache, slot_mapping, cos_sin_cache, rows,
+            query.shape[1] // d, k_scale, v_scale, block_t, block_h, num_warps)
     return query, key
+
+
+def _prepared(positions, cos_sin_cache, slot_mapping):
+    """The launch's unit-stride forms of what it reads (copies only where a stride is not 1)."""
+    if cos_sin_cache.stride(1) != 1:
+        cos_sin_cache = cos_sin_cache.contiguous()
+    if positions.stride(-1) != 1:
+        positions = positions.contiguous()
+    if slot_mapping.numel() and slot_mapping.stride(0) != 1:
+        slot_mapping = slot_mapping.contiguous()
+    return positions, cos_sin_cache, slot_mapping
+
+
+def _check_launchable(named: dict, device) -> None:
+    """The kernel's own requirements: a dtype it supports, unit-stride channels where it writes in
+    place, a device Triton runs on."""
+    first, t = next(iter(named.items()))
+    if t.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"{first}.dtype={t.dtype}: the Triton kernel supports {SUPPORTED_DTYPES}")
+    for name, t in named.items():
+        if t.shape[-1] > 1 and t.stride(-1) != 1:
+            raise ValueError(f"{name}.stride()={t.stride()}: channels must have stride 1 (the kernel reads and writes "
+                             f"runs of channels)")
+    if not triton_runs_on(device_name(device)):
+        raise ValueError(f"{first}.device={device}: Triton needs a GPU tensor here, or TRITON_INTERPRET=1")
 
 
 def rope_kv_cache_triton(spec: RopeSpec, positions, query, key, value, key_cache, value_cache, slot_mapping,
@@ -188,21 +260,58 @@ def rope_kv_cache_triton(spec: RopeSpec, positions, query, key, value, key_cache
     k_scale, v_scale = check_rope_kv_cache_inputs(spec, positions, query, key, value, key_cache, value_cache,
                                                   slot_mapping, cos_sin_cache, kv_layout=kv_layout,
                                                   k_scale=k_scale, v_scale=v_scale)
-    if query.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"query.dtype={query.dtype}: the Triton kernel supports {SUPPORTED_DTYPES}")
-    for name, t in (("query", query), ("key", key)):
-        if t.shape[1] and t.stride(1) != 1:
-            raise ValueError(f"{name}.stride()={t.stride()}: channels must have stride 1 (the op writes {name} in place)")
-    if not triton_runs_on(device_name(query.device)):
-        raise ValueError(f"query.device={query.device}: Triton needs a GPU tensor here, or TRITON_INTERPRET=1")
-    if cos_sin_cache.stride(1) != 1:
-        cos_sin_cache = cos_sin_cache.contiguous()
-    if positions.stride(-1) != 1:
-        positions = positions.contiguous()
-    if slot_mapping.numel() and slot_mapping.stride(0) != 1:
-        slot_mapping = slot_mapping.contiguous()
+    _check_launchable({"query": query, "key": key}, query.device)
+    positions, cos_sin_cache, slot_mapping = _prepared(positions, cos_sin_cache, slot_mapping)
     return launch_rope_kv_cache(spec, positions, query, key, value, key_cache, value_cache, slot_mapping,
                                 cos_sin_cache, kv_layout=kv_layout, k_scale=k_scale, v_scale=v_scale)
 
 
 rope_kv_cache_triton.working_precision = "float32"
+
+
+# ------------------------------------------------------------------------------- C: MLA
+def launch_mla_rope_kv_cache(spec: RopeSpec, positions, q_pe, k_pe, kv_c, kv_cache, slot_mapping, cos_sin_cache, *,
+                             scale=None, block_t: int | None = None, block_h: int | None = None,
+                             num_warps: int = 4):
+    """Launch the kernel's LATENT form without validation: q_pe [T, H, R] (any token and head
+    strides, unit channels) and k_pe [T, R] rotated in place, each slotted token's row
+    ``[kv_c | rotated k_pe]`` written to kv_cache [num_blocks, block_size, L + R]; returns (q_pe, k_pe)."""
+    num_tokens, num_heads, r = q_pe.shape
+    if num_tokens == 0:
+        return q_pe, k_pe
+    lora = kv_c.shape[1]
+    # The latent row as two caches of one head each: kv_c's channels [0, L), k_pe's [L, L + R).
+    latent = (kv_cache.stride(0), kv_cache.stride(1), 0)
+    rows = _Rows(q_pe.stride(1), r, lora, latent, latent, kv_cache.shape[1], kv_cache.shape[0] * kv_cache.shape[1],
+                 latent=True)
+    # q's row pointers and row stride from head 0; its heads are q_head_stride apart.
+    _launch(spec, positions, q_pe[:, 0], k_pe, kv_c, kv_cache[:, :, lora:], kv_cache, slot_mapping, cos_sin_cache, rows,
+            num_heads, scale, scale, block_t, block_h, num_warps)
+    return q_pe, k_pe
+
+
+def mla_rope_kv_cache_triton(spec: RopeSpec, positions, q_pe, k_pe, kv_c, kv_cache, slot_mapping, cos_sin_cache, *,
+                             scale=None):
+    """MLA (DeepSeek) RoPE + latent-cache write; returns (q_pe, k_pe), rotated in place, ``kv_cache``
+    written at ``slot_mapping``.
+
+    Args:
+        positions: int64/int32 [T].
+        q_pe: [T, H, R], the rope channels of q [T, H, nope + R]: any token and head strides (a
+            heads-major view included), unit channel stride.
+        k_pe: [T, R] or [T, 1, R], any row stride (a column view of kv_a [T, L + R]).
+        kv_c: [T, L], any row stride, read only.
+        kv_cache: [num_blocks, block_size, L + R], the activations' dtype or FP8; block and slot strides free.
+        slot_mapping: int32/int64 [<= T]: block * block_size + offset, or -1.
+        scale: FP8 caches only: None (1.0), a float or a one-element tensor; stored = x / scale.
+    """
+    k_pe, scale = check_mla_inputs(spec, positions, q_pe, k_pe, kv_c, kv_cache, slot_mapping, cos_sin_cache,
+                                   scale=scale)
+    _check_launchable({"q_pe": q_pe, "k_pe": k_pe, "kv_c": kv_c}, q_pe.device)
+    positions, cos_sin_cache, slot_mapping = _prepared(positions, cos_sin_cache, slot_mapping)
+    q, k = launch_mla_rope_kv_cache(spec, positions, q_pe, k_pe, kv_c, kv_cache, slot_mapping, cos_sin_cache,
+                                    scale=scale)
+    return q, k
+
+
+mla_rope_kv_cache_triton.working_precision = "float32"

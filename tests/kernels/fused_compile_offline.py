@@ -10,8 +10,8 @@ Run in a process of its own with TRITON_INTERPRET=0::
 
 One JSON line per compiled launch; exit 1 if any failed.  Without ``--all``, six launches that
 turn each switch of the code both ways (NeoX/GPT-J, the map computed or read from its table, no
-FP8/e4m3fn/e5m2, NHD/HND); with it, every spec x dtype x cache kind x layout of the table below
-(32 compiles; all compile with Triton 3.9).
+FP8/e4m3fn/e5m2, NHD/HND) and two of the KV-cache kernel's MLA form (bf16 and e4m3fn latent caches);
+with it, every spec x dtype x cache kind x layout of the table below and MLA's dtypes x cache kinds.
 """
 
 from __future__ import annotations
@@ -101,16 +101,34 @@ def _launches_of(spec: RopeSpec, dtype, cache_dtypes, layouts, qk_norm: bool):
                 torch.zeros(tokens, dtype=torch.int64), cache, kv_layout=layout, k_scale=0.5, v_scale=0.5))
 
 
+MLA_SPEC = RopeSpec(64, 64, False, None)        # DeepSeek's rope part: 64 channels, GPT-J pairs
+
+
+def _mla_launches(dtype, cache_dtypes):
+    """The kernel's LATENT form (MLA): q [T, 16, 128 + 64] heads-major, kv_lora_rank 512."""
+    tokens = 64
+    q = torch.empty(16, tokens, 192, dtype=dtype).transpose(0, 1)
+    kv_a = torch.empty(tokens, 576, dtype=dtype)
+    for cache_dtype in cache_dtypes:
+        kv_cache = torch.empty(4, 16, 576, dtype=cache_dtype or dtype)
+        yield from _record(kv_cache_module, "_rope_kv_cache_kernel", lambda: kv_cache_module.launch_mla_rope_kv_cache(
+            MLA_SPEC, torch.zeros(tokens, dtype=torch.int64), q[..., 128:], kv_a[:, 512:], kv_a[:, :512], kv_cache,
+            torch.zeros(tokens, dtype=torch.int64), torch.empty(8, 64, dtype=dtype), scale=0.5))
+
+
 def launches(every: bool):
-    """(kernel, args, constexprs) of each launch: DEFAULT, or (``every``) each spec x dtype x cache
-    kind x layout."""
+    """(kernel, args, constexprs) of each launch: DEFAULT and MLA's bf16 and e4m3fn caches, or
+    (``every``) each spec x dtype x cache kind x layout and MLA's dtypes x cache kinds."""
     if not every:
         for index, cache_dtype, layout in DEFAULT:
             yield from _launches_of(SPECS[index], torch.bfloat16, (cache_dtype,), (layout,), qk_norm=index in (1, 3))
+        yield from _mla_launches(torch.bfloat16, (None, torch.float8_e4m3fn))
         return
     for spec in SPECS:
         for dtype in (torch.bfloat16, torch.float16):
             yield from _launches_of(spec, dtype, (None, torch.float8_e4m3fn, torch.float8_e5m2), ("NHD", "HND"), True)
+    for dtype in (torch.bfloat16, torch.float16):
+        yield from _mla_launches(dtype, (None, torch.float8_e4m3fn, torch.float8_e5m2))
 
 
 def main(argv=None) -> int:

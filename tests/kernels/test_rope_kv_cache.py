@@ -6,7 +6,8 @@ every row no slot names keeping its stale contents bit for bit; v untouched.  Dr
 rotation kernel takes, NeoX and GPT-J, partial rotary, NHD and HND, block sizes 16-256, padding slots
 and short slot mappings, scales other than 1 (as floats and as tensors), packed and separate
 q/k/v, joint key/value cache buffers, positions up to 2^17, sometimes past 2^15 token x head
-products.  The broken variants at the end show each check can fail."""
+products.  The broken variants show each check can fail.  Its MLA form (contract C, the kernel's
+LATENT switch) is held to the reference by properties/fused; here, its tiles and its entry's refusals."""
 
 from __future__ import annotations
 
@@ -17,12 +18,13 @@ import triton.language as tl
 from hypothesis import example, given, settings, strategies as st
 
 import reference.fused as fused_reference
-from properties.fused.fused_cases import GLM41V, QWEN2, QWEN3VL, cache_case, cache_cases
+from properties.fused.fused_cases import DEEPSEEK_V3, GLM41V, QWEN2, QWEN3VL, cache_case, cache_cases, mla_case, mla_cases
 from rope.devices import triton_runs_on
 from rope.spec import VALUE_CHECKS_ENV
 from rope.triton.fused_tiles import fp8_code
-from rope.triton.rope_kv_cache import launch_rope_kv_cache, rope_kv_cache_triton
-from rope.harness.fused.cases import CacheCase, build_cache_case
+from rope.triton.rope_kv_cache import (launch_mla_rope_kv_cache, launch_rope_kv_cache, mla_rope_kv_cache_triton,
+                                       rope_kv_cache_triton)
+from rope.harness.fused.cases import CacheCase, build_cache_case, build_mla_case
 from rope.harness.fused.check import bits, cache_write_problems
 
 def _kernel(case: CacheCase):
@@ -194,3 +196,45 @@ def test_unchecked_slots_past_the_cache_write_nothing(device, monkeypatch, cache
     changed = [name for name, a, b in zip(("query", "key", "key_cache and its guard", "value_cache and its guard"),
                                           *results) if not torch.equal(a, b)]
     assert not changed, f"slots {num_slots} and {num_slots + case.block_size + 1} (past the cache) changed {changed}"
+
+
+# ------------------------------------------------------------------------------- MLA (contract C)
+@settings(deadline=None, max_examples=4)
+@given(case=mla_cases(max_tokens=12), block_t=st.sampled_from([1, 2, 4]), block_h=st.sampled_from([1, 2, 4]))
+def test_mla_tiles_change_no_bits(device, case, block_t, block_h):
+    """The kernel's LATENT form at any tile gives the default launch's bits (q_pe of any head stride,
+    the latent rows [kv_c | k_pe] written by the k programs alone)."""
+    if not triton_runs_on(device):
+        pytest.skip(f"Triton does not run on {device} here")
+    results = []
+    for tile in ({}, {"block_t": block_t, "block_h": block_h}):
+        inputs = build_mla_case(case, device)
+        launch_mla_rope_kv_cache(case.spec, inputs.positions, inputs.q_pe, inputs.k_pe.reshape(case.num_tokens, -1),
+                                 inputs.kv_c, inputs.kv_cache, inputs.slot_mapping, inputs.cos_sin_cache,
+                                 scale=inputs.scale, **tile)
+        results.append([bits(t.cpu()) for t in (inputs.q, inputs.k_pe, inputs.kv_c, inputs.kv_cache)])
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_mla_entry_refuses_bad_input_before_launching(device):
+    """The MLA entry raises before launching: q_pe overlapping itself or k_pe (it rotates both in
+    place), the latent cache overlapping kv_c, q_pe's channels strided; the cache is left as it was."""
+    if not triton_runs_on(device):
+        pytest.skip(f"Triton does not run on {device} here")
+    case = mla_case(DEEPSEEK_V3, num_tokens=4, num_heads=2, kv_lora_rank=16, nope_dim=0)
+    inputs = build_mla_case(case, device)
+    before = inputs.kv_cache.clone()
+    kv_a = torch.zeros(4, 16 + 64, dtype=inputs.kv_c.dtype, device=device)
+    calls = {
+        r"q_pe \(.*\): its elements overlap": dict(q_pe=inputs.q_pe[:, :1].expand(4, 2, 64)),
+        r"q_pe and k_pe overlap": dict(q_pe=kv_a[:, 16:].unsqueeze(1), k_pe=kv_a[:, 16:]),
+        r"kv_cache and kv_c overlap": dict(kv_c=inputs.kv_cache.view(-1)[:4 * 16].view(4, 16)),
+        r"q_pe\.stride\(\)": dict(q_pe=torch.zeros(64, 2, 4, dtype=inputs.q_pe.dtype, device=device).permute(2, 1, 0)),
+    }
+    for pattern, change in calls.items():
+        args = dict(positions=inputs.positions, q_pe=inputs.q_pe, k_pe=inputs.k_pe, kv_c=inputs.kv_c,
+                    kv_cache=inputs.kv_cache, slot_mapping=inputs.slot_mapping, cos_sin_cache=inputs.cos_sin_cache,
+                    scale=inputs.scale) | change
+        with pytest.raises(ValueError, match=pattern):
+            mla_rope_kv_cache_triton(case.spec, **args)
+    assert torch.equal(bits(inputs.kv_cache.cpu()), bits(before.cpu()))

@@ -234,6 +234,13 @@ BAD_INPUTS = {
     "mla kv_cache width": (_mla(kv_cache=torch.zeros(1, 4, 72)), r"kv_cache\.shape=\(1, 4, 72\)"),
     "mla kv_c tokens": (_mla(kv_c=torch.zeros(3, 16)), r"kv_c\.shape=\(3, 16\)"),
     "mla slot past cache": (_mla(slot_mapping=torch.tensor([4, -1])), r"slot_mapping\[0\]=4"),
+    "mla q_pe dtype": (_mla(q_pe=torch.zeros(2, 3, 64, dtype=torch.int32)), r"q_pe\.dtype=torch\.int32"),
+    "mla q_pe tokens": (_mla(q_pe=torch.zeros(3, 3, 64)), r"q_pe\.shape=\(3, 3, 64\): must have num_tokens=2"),
+    "mla k_pe dtype": (_mla(k_pe=torch.zeros(2, 64, dtype=torch.float16)), r"k_pe\.dtype=torch\.float16"),
+    "mla kv_c dtype": (_mla(kv_c=torch.zeros(2, 16, dtype=torch.float16)), r"kv_c\.dtype=torch\.float16"),
+    "mla kv_cache channels strided": (_mla(kv_cache=torch.zeros(1, 80, 4).transpose(1, 2)), r"kv_cache\.stride\(\)"),
+    "mla kv_cache expanded": (_mla(kv_cache=torch.zeros(1, 1, 80).expand(1, 4, 80)), r"kv_cache\.stride\(\)=\(80, 0, 1\)"),
+    "mla scale on bf16 cache": (_mla(scale=0.5), r"scale=0\.5: the cache is torch\.float32"),
 }
 
 

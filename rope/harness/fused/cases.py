@@ -1,7 +1,8 @@
-"""The fused ops' cases (docs/spec.md §10): a QK-norm + RoPE call (:class:`QKNormCase`, contract A)
-and a RoPE + KV-cache write (:class:`CacheCase`, contract B), each a frozen description that draws
-nothing itself (the strategies in properties/fused/ do) and regenerates its tensors bit for bit on
-any device from its seed (:func:`build_qk_norm_case`, :func:`build_cache_case`).  ``to_dict`` /
+"""The fused ops' cases (docs/spec.md §10): a QK-norm + RoPE call (:class:`QKNormCase`, contract A),
+a RoPE + KV-cache write (:class:`CacheCase`, contract B) and an MLA RoPE + latent-cache write
+(:class:`MLACase`, contract C), each a frozen description that draws nothing itself (the strategies in
+properties/fused/ do) and regenerates its tensors bit for bit on any device from its seed
+(:func:`build_qk_norm_case`, :func:`build_cache_case`, :func:`build_mla_case`).  ``to_dict`` /
 ``from_dict`` give the record form, ``size`` orders a failure group, ``brief`` names the case."""
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ import torch
 
 from rope.cache import attention_factor, cos_sin_cache, inv_freq
 from rope.fused import is_fp8
-from rope.harness.rotation.cases import make_positions
+from rope.harness.rotation.cases import POSITION_KINDS, make_positions
 from rope.models import load_models
 from rope.spec import RopeSpec
 
-__all__ = ["BLOCK_SIZES", "CACHE_KINDS", "DTYPES", "FULL_TABLE_ROWS", "SCALES", "CacheCase", "CacheInputs",
-           "QKNormCase", "QKNormInputs", "build_cache_case", "build_qk_norm_case", "head_magnitudes", "model_spec",
-           "table", "weights"]
+__all__ = ["BLOCK_SIZES", "CACHE_KINDS", "DTYPES", "FULL_TABLE_ROWS", "POSITION_KINDS", "Q_LAYOUTS", "SCALES", "CacheCase",
+           "CacheInputs", "MLACase", "MLAInputs", "QKNormCase", "QKNormInputs", "build_cache_case", "build_mla_case",
+           "build_qk_norm_case", "head_magnitudes", "model_spec", "table", "weights"]
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 CACHE_KINDS = ("activation", "float8_e4m3fn", "float8_e5m2")
@@ -141,6 +142,18 @@ def _stale_cache(shape, dtype: torch.dtype, gen: torch.Generator) -> torch.Tenso
     return (torch.randn(shape, generator=gen) * 100).to(dtype)
 
 
+def _slots(num_tokens: int, short_slots: int, padding: float, num_blocks: int, block_size: int,
+           gen: torch.Generator) -> torch.Tensor:
+    """Distinct slots of the first num_tokens - short_slots tokens, a ``padding`` share of them -1."""
+    num_slots = num_blocks * block_size
+    n = max(0, num_tokens - short_slots)
+    if n > num_slots:
+        raise ValueError(f"num_blocks={num_blocks}: {num_slots} slots cannot hold {n} tokens' rows")
+    slots = torch.randperm(num_slots, generator=gen)[:n]
+    slots[torch.rand(n, generator=gen) < padding] = -1
+    return slots
+
+
 def _scale(case: CacheCase, value: float, fp8: bool, device):
     if not fp8:
         return None
@@ -167,12 +180,7 @@ def build_cache_case(case: CacheCase, device: str = "cpu") -> CacheInputs:
         key_cache, value_cache = joint[:, 0], joint[:, 1]
     else:
         key_cache, value_cache = (_stale_cache(shape, cache_dtype, gen).to(device) for _ in range(2))
-    num_slots = case.num_blocks * case.block_size
-    n = max(0, t - case.short_slots)
-    if n > num_slots:
-        raise ValueError(f"num_blocks={case.num_blocks}: {num_slots} slots cannot hold {n} tokens' rows")
-    slots = torch.randperm(num_slots, generator=gen)[:n]
-    slots[torch.rand(n, generator=gen) < case.padding] = -1
+    slots = _slots(t, case.short_slots, case.padding, case.num_blocks, case.block_size, gen)
     fp8 = is_fp8(cache_dtype)
     positions = make_positions(spec, t, case.positions_kind, gen)
     # Moved before any view is taken, so the views keep their strides on the device.
@@ -231,3 +239,85 @@ def build_qk_norm_case(case: QKNormCase, device: str = "cpu") -> QKNormInputs:
         for name, value in vars(inputs).items():
             setattr(inputs, name, value.to(device) if name != "qkv" else buffer.to(device)[:, :heads * d])
     return inputs
+
+
+# ------------------------------------------------------------------------------- C: MLA
+Q_LAYOUTS = ("token_major", "heads_major")
+
+
+@dataclass(frozen=True)
+class MLACase(_Record):
+    """An MLA RoPE + latent-cache write, as drawn: rebuilt into tensors by :func:`build_mla_case`.
+    The spec's head_size = rotary_dim = R (DeepSeek: 64, GPT-J pairs); q is [T, H, nope_dim + R] with
+    q_pe its last R channels, token-major or heads-major (a transposed [H, T, nope_dim + R]: the
+    output of a batched matmul over heads, aiter#3841)."""
+    spec: RopeSpec
+    num_tokens: int
+    num_heads: int
+    kv_lora_rank: int
+    nope_dim: int                # q's channels before q_pe (0: q is q_pe)
+    q_layout: str                # "token_major" or "heads_major"
+    packed_kv: bool              # kv_c and k_pe as column views of one kv_a [T, L + R]
+    k_pe_3d: bool                # k_pe as [T, 1, R]
+    dtype: str
+    cache: str                   # "activation" or an FP8 dtype's name
+    block_size: int
+    num_blocks: int
+    padding: float               # share of tokens with slot -1
+    short_slots: int             # tokens past slot_mapping's end
+    scale_as_tensor: bool
+    scale: float
+    positions_kind: str
+    seed: int
+
+    @property
+    def size(self) -> int:
+        return self.num_tokens * (self.num_heads + 1)
+
+    def brief(self) -> str:
+        return (f"{self.spec.variant()} T={self.num_tokens} H={self.num_heads} R={self.spec.head_size} "
+                f"L={self.kv_lora_rank} nope={self.nope_dim} {self.q_layout} {self.dtype} cache={self.cache} "
+                f"block={self.block_size}")
+
+
+@dataclass
+class MLAInputs:
+    positions: torch.Tensor
+    q: torch.Tensor              # [T, H, nope_dim + R]: q_nope and q_pe side by side (a view)
+    q_pe: torch.Tensor
+    k_pe: torch.Tensor
+    kv_c: torch.Tensor
+    kv_cache: torch.Tensor
+    slot_mapping: torch.Tensor
+    cos_sin_cache: torch.Tensor
+    scale: object
+
+
+def build_mla_case(case: MLACase, device: str = "cpu") -> MLAInputs:
+    """The tensors of ``case``, regenerated bit for bit from its seed (the views taken on the device,
+    so they keep their strides there)."""
+    if case.q_layout not in Q_LAYOUTS:
+        raise ValueError(f"q_layout={case.q_layout!r}: must be one of {Q_LAYOUTS}")
+    gen = torch.Generator().manual_seed(case.seed)
+    spec, t, h, r, lora = case.spec, case.num_tokens, case.num_heads, case.spec.head_size, case.kv_lora_rank
+    dtype = DTYPES[case.dtype]
+    cache_dtype = dtype if case.cache == "activation" else getattr(torch, case.cache)
+    width = case.nope_dim + r
+    heads_major = case.q_layout == "heads_major"
+    q_buffer = (torch.randn((h, t, width) if heads_major else (t, h, width), generator=gen) * 4).to(dtype).to(device)
+    q = q_buffer.transpose(0, 1) if heads_major else q_buffer
+    kv_a = (torch.randn(t, lora + r, generator=gen) * 4).to(dtype).to(device)
+    kv_c, k_pe = kv_a[:, :lora], kv_a[:, lora:]
+    if not case.packed_kv:
+        kv_c, k_pe = kv_c.contiguous(), k_pe.contiguous()
+    if case.k_pe_3d:
+        k_pe = k_pe.unsqueeze(1)
+    kv_cache = _stale_cache((case.num_blocks, case.block_size, lora + r), cache_dtype, gen).to(device)
+    slots = _slots(t, case.short_slots, case.padding, case.num_blocks, case.block_size, gen)
+    positions = make_positions(spec, t, case.positions_kind, gen)
+    scale = None
+    if is_fp8(cache_dtype):
+        scale = (torch.tensor([case.scale], dtype=torch.float32, device=device) if case.scale_as_tensor
+                 else case.scale)
+    return MLAInputs(positions.to(device), q, q[..., case.nope_dim:], k_pe, kv_c, kv_cache, slots.to(device),
+                     table(spec, dtype, positions).to(device), scale)

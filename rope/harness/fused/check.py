@@ -12,10 +12,17 @@ slot_mapping, cos_sin_cache, *, kv_layout, k_scale, v_scale) -> (q, k)``: q and 
 token's) within the rotation's bound; a cache of the activations' dtype holding the live k's and v's
 very bits at each written row; an FP8 cache holding value / scale within
 :func:`~rope.harness.fused.bound.fp8_bound`; every row no slot names keeping its bits; v untouched.
+
+Contract C, MLA: ``fn(spec, positions, q_pe, k_pe, kv_c, kv_cache, slot_mapping, cos_sin_cache, *,
+scale) -> (q_pe, k_pe)``: q_pe and k_pe within the rotation's bound; q's channels outside q_pe and
+kv_c untouched; each written latent row ``[kv_c | the live k_pe]``, bit for bit or as FP8 codes
+within :func:`~rope.harness.fused.bound.fp8_bound` (kv_c's channels with no value error); every
+other row keeping its bits.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -23,18 +30,20 @@ import torch
 
 import reference.fused as fused_reference
 from rope.fused import is_fp8
-from rope.harness import causes
-from rope.harness.draws import current_test
+from rope.harness import case_files, causes
+from rope.harness.draws import current_test, hypothesis_example
 from rope.harness.fused.bound import fp8_bound, qk_norm_bound
+from rope.harness.fused.case_file import case_record
 from rope.harness.fused.compare import bad_elements, bits, changed_rows, kept_rows, mismatches, rows_mask
 from rope.harness.fused.diagnosis import diagnose
-from rope.harness.fused.cases import (CacheCase, CacheInputs, QKNormCase, QKNormInputs, build_cache_case,
-                                      build_qk_norm_case)
+from rope.harness.fused.cases import (CacheCase, CacheInputs, MLACase, MLAInputs, QKNormCase, QKNormInputs,
+                                      build_cache_case, build_mla_case, build_qk_norm_case)
 from rope.harness.rotation.bound import compare_rotation
 
-__all__ = ["FusedCheck", "ImplementationFailed", "assert_qk_norm_rope", "assert_rope_kv_cache", "bad_elements", "bits",
-           "cache_write_problems", "changed_rows", "check_qk_norm_rope", "check_rope_kv_cache", "kept_rows",
-           "mismatches", "qk_norm_problems", "rows_mask", "run_qk_norm_rope", "run_rope_kv_cache"]
+__all__ = ["FusedCheck", "ImplementationFailed", "assert_mla_rope_kv_cache", "assert_qk_norm_rope", "assert_rope_kv_cache",
+           "bad_elements", "bits", "cache_write_problems", "changed_rows", "check_case", "check_mla_rope_kv_cache",
+           "check_qk_norm_rope", "check_rope_kv_cache", "kept_rows", "mismatches", "mla_cache_write_problems",
+           "qk_norm_problems", "rows_mask", "run_mla_rope_kv_cache", "run_qk_norm_rope", "run_rope_kv_cache"]
 
 
 class ImplementationFailed(Exception):
@@ -183,6 +192,86 @@ def run_rope_kv_cache(fn: Callable, case: CacheCase) -> Callable:
     return run
 
 
+# ------------------------------------------------------------------------------- C: MLA
+def _shaped(t, shape):
+    """``t`` as ``shape`` where it holds that many elements (else as it is: the comparison says so)."""
+    return t.reshape(shape) if isinstance(t, torch.Tensor) and t.numel() == math.prod(shape) else t
+
+
+def _latent_rows(case: MLACase, inputs: MLAInputs, before: dict, ref, k_out, bound_k) -> tuple[list, bool]:
+    """The latent cache's problems: rows kept; written rows the bits of ``[kv_c | live k_pe]`` (a
+    cache of the activations' dtype) or their FP8 codes within the FP8 store's bound."""
+    cache, old, lora = inputs.kv_cache, before["kv_cache"], case.kv_lora_rank
+    problems = kept_rows("kv_cache", old, cache, ref.written, "NHD")
+    tokens, slots = fused_reference.slot_rows(inputs.slot_mapping, case.num_tokens)
+    written = rows_mask(ref.written.cpu(), old, "NHD")
+    if not is_fp8(cache.dtype):
+        live = torch.cat((bits(before["kv_c"].cpu()), bits(k_out.detach().cpu())), dim=1)
+        image = bits(old.cpu()).clone()
+        fused_reference.scatter_rows(image, live[tokens], slots, case.block_size)
+        bad = bool((bits(cache.cpu())[written] != image[written]).any())
+        return problems + (["kv_cache: written rows differ from [kv_c | the live k_pe]"] if bad else []), bad
+    scale = inputs.scale
+    scale_value = float(scale) if not isinstance(scale, torch.Tensor) else float(scale.reshape(()))
+    error = torch.zeros(old.shape, dtype=torch.float64)
+    if bound_k is not None:
+        rows = torch.zeros(case.num_tokens, lora + case.spec.head_size, dtype=torch.float64)
+        rows[:, lora:] = bound_k.cpu() / scale_value
+        fused_reference.scatter_rows(error, rows[tokens], slots, case.block_size)
+    expected = ref.caches["kv_cache"].cpu()
+    found = mismatches("kv_cache", cache.cpu().to(torch.float64)[written], expected[written],
+                       fp8_bound(expected[written], error[written], cache.dtype))
+    return problems + found, bool(found)
+
+
+def check_mla_rope_kv_cache(case: MLACase, inputs: MLAInputs, run: Callable) -> FusedCheck:
+    """Run ``run(inputs)`` (rotates, writes the latent cache, returns (q_pe, k_pe)) and hold the
+    result to the reference: q_pe and k_pe within the rotation's bound, q's other channels (q_nope)
+    and kv_c bit for bit as they were, the latent cache as :func:`_latent_rows`."""
+    spec, t, h, r = case.spec, case.num_tokens, case.num_heads, case.spec.head_size
+    before = {"q": inputs.q.clone(), "q_pe": inputs.q_pe.clone(), "k_pe": inputs.k_pe.reshape(t, r).clone(),
+              "kv_c": inputs.kv_c.clone(), "kv_cache": inputs.kv_cache.clone()}
+    ref = fused_reference.mla_rope_kv_cache(spec, inputs.positions, inputs.q_pe, inputs.k_pe, inputs.kv_c,
+                                            inputs.kv_cache, inputs.slot_mapping, inputs.cos_sin_cache,
+                                            scale=inputs.scale)
+    returned = run(inputs)
+    result = FusedCheck("mla_rope_kv_cache", case)
+    if not isinstance(returned, (tuple, list)) or len(returned) != 2:
+        result.problems.append(f"result: must be the pair (q_pe, k_pe) (got {type(returned).__name__})")
+        return result
+    q_out, k_out = _shaped(returned[0], (t, h * r)), _shaped(returned[1], (t, r))
+    rotation = compare_rotation(spec, inputs.positions, before["q_pe"].reshape(t, h * r), before["k_pe"],
+                                inputs.cos_sin_cache, q_out, k_out, ref.query.reshape(t, h * r), ref.key, "float32")
+    if not rotation.ok:
+        result.problems.append(rotation.message("q_pe/k_pe (every token's):"))
+    nope = case.nope_dim
+    q_nope_touched = not torch.equal(bits(inputs.q[..., :nope].cpu()), bits(before["q"][..., :nope].cpu()))
+    if q_nope_touched:
+        result.problems.append("q_nope: q's channels before q_pe changed (only q_pe is rotated)")
+    kv_c_touched = not torch.equal(bits(inputs.kv_c.cpu()), bits(before["kv_c"].cpu()))
+    if kv_c_touched:
+        result.problems.append("kv_c: changed (it must be read only)")
+    k_rows = k_out if isinstance(k_out, torch.Tensor) and k_out.shape == (t, r) else before["k_pe"]
+    cache_problems, cache_bad = _latent_rows(case, inputs, before, ref, k_rows, rotation.bounds.get("key"))
+    result.problems += cache_problems
+    result.evidence = dict(inputs=inputs, before=before, ref=ref, q_out=q_out, k_out=k_out, rotation=rotation,
+                           q_nope_touched=q_nope_touched, kv_c_touched=kv_c_touched, cache_bad=cache_bad)
+    return result
+
+
+def mla_cache_write_problems(case: MLACase, inputs: MLAInputs, run: Callable) -> list[str]:
+    """Every way ``run``'s result departs from the reference (empty: it passed)."""
+    return check_mla_rope_kv_cache(case, inputs, run).problems
+
+
+def run_mla_rope_kv_cache(fn: Callable, case: MLACase) -> Callable:
+    """``inputs -> (q_pe, k_pe)``: contract C's call of ``fn`` on a case's inputs, under the call deadline."""
+    def run(inputs):
+        return _call(fn, case.spec, inputs.positions, inputs.q_pe, inputs.k_pe, inputs.kv_c, inputs.kv_cache,
+                     inputs.slot_mapping, inputs.cos_sin_cache, scale=inputs.scale)
+    return run
+
+
 # ------------------------------------------------------------------------------------------ assert
 def _record(name: str, device: str, case, result: FusedCheck) -> None:
     """The check in the run report: one comparison per call, in the activation dtype (its worst ratio 0
@@ -198,14 +287,38 @@ def _record(name: str, device: str, case, result: FusedCheck) -> None:
         pass
 
 
-def _fail(name: str, case, result: FusedCheck) -> None:
+def _write_case(name: str, fn: Callable, case, device, result: FusedCheck, label: str, sentence: str,
+                hypothesis, failure: dict) -> list[str]:
+    """Write the case file (once Hypothesis has shrunk); the lines to add to the message."""
+    from rope.registry import get_fused_implementation
+    try:
+        implementation = case_files.implementation_path(name, fn,
+                                                        resolve=lambda n: get_fused_implementation(n, result.op))
+        record = case_record(implementation=implementation, fn=fn, op=result.op, case=case, device=str(device),
+                             problems=result.problems, label=label, sentence=sentence, hypothesis=hypothesis)
+        directory = case_files.cases_dir()
+        if directory is None:
+            return [f"case file: not written ({case_files.CASES_DIR_ENV} is off)"]
+        shown = case_files.display_path(case_files.write_case(record, directory))
+        replay = f"rope-harness repro {shown}" + (f" --fused-impl {implementation}" if ":" in implementation else "")
+        failure.update(case_file=shown, replay=replay)
+        return [f"case file: {shown}", f"replay: {replay}"]
+    except Exception as exc:     # noqa: BLE001 - the mismatch is reported all the same
+        return [f"(case file not written: {type(exc).__name__}: {exc})"]
+
+
+def _fail(name: str, fn: Callable, case, device, result: FusedCheck) -> None:
     label, sentence = diagnose(result)
-    message = "\n".join([f"{name} {result.op} departs from the reference on {case.brief()}", repr(case),
-                         *result.problems, f"diagnosis: {label}: {sentence}"])
-    raise causes.tag(AssertionError(message), cause=label, headline=sentence, size=case.size, case=case.brief())
+    lines = [f"{name} {result.op} departs from the reference on {case.brief()}", repr(case), *result.problems,
+             f"diagnosis: {label}: {sentence}"]
+    failure = {"cause": label, "headline": sentence, "size": case.size, "case": case.brief()}
+    final, hypothesis = hypothesis_example()
+    if final:
+        lines += _write_case(name, fn, case, device, result, label, sentence, hypothesis, failure)
+    raise causes.tag(AssertionError("\n".join(lines)), **failure)
 
 
-def _checked(name: str, case, device, build: Callable, check: Callable, run: Callable) -> FusedCheck:
+def _checked(name: str, fn: Callable, case, device, build: Callable, check: Callable, run: Callable) -> FusedCheck:
     inputs = build(case, device)
     try:
         result = check(case, inputs, run)
@@ -214,7 +327,7 @@ def _checked(name: str, case, device, build: Callable, check: Callable, run: Cal
                          headline=str(exc), size=case.size, case=case.brief()) from None
     _record(name, device, case, result)
     if not result.ok:
-        _fail(name, case, result)
+        _fail(name, fn, case, device, result)
     return result
 
 
@@ -227,9 +340,28 @@ def assert_qk_norm_rope(name: str, fn: Callable, case: QKNormCase, device: str =
 
     def check(case, inputs, run):
         return check_qk_norm_rope(case, inputs, run, rounded_norm=rounded)
-    return _checked(name, case, device, build_qk_norm_case, check, run_qk_norm_rope(fn, case))
+    return _checked(name, fn, case, device, build_qk_norm_case, check, run_qk_norm_rope(fn, case))
 
 
 def assert_rope_kv_cache(name: str, fn: Callable, case: CacheCase, device: str = "cpu") -> FusedCheck:
     """Hold ``fn`` (contract B) to the reference on ``case``, as :func:`assert_qk_norm_rope`."""
-    return _checked(name, case, device, build_cache_case, check_rope_kv_cache, run_rope_kv_cache(fn, case))
+    return _checked(name, fn, case, device, build_cache_case, check_rope_kv_cache, run_rope_kv_cache(fn, case))
+
+
+def assert_mla_rope_kv_cache(name: str, fn: Callable, case: MLACase, device: str = "cpu") -> FusedCheck:
+    """Hold ``fn`` (contract C) to the reference on ``case``, as :func:`assert_qk_norm_rope`."""
+    return _checked(name, fn, case, device, build_mla_case, check_mla_rope_kv_cache, run_mla_rope_kv_cache(fn, case))
+
+
+def check_case(op: str, fn: Callable, case, device: str = "cpu") -> FusedCheck:
+    """The verdict of ``fn`` (contract ``op``) on ``case`` without asserting (a replay's): its
+    inputs built on ``device``, the check's FusedCheck; ImplementationFailed where it raised."""
+    if op == "qk_norm_rope":
+        rounded = getattr(fn, "rounds_normalized", False)
+        return check_qk_norm_rope(case, build_qk_norm_case(case, device), run_qk_norm_rope(fn, case),
+                                  rounded_norm=rounded is True)
+    if op == "rope_kv_cache":
+        return check_rope_kv_cache(case, build_cache_case(case, device), run_rope_kv_cache(fn, case))
+    if op == "mla_rope_kv_cache":
+        return check_mla_rope_kv_cache(case, build_mla_case(case, device), run_mla_rope_kv_cache(fn, case))
+    raise ValueError(f"op={op!r}: must be qk_norm_rope, rope_kv_cache or mla_rope_kv_cache")

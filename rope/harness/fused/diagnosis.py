@@ -21,6 +21,12 @@ partner_lost_past_10240         partial rotary wrong only at token x head indice
 q_wrong, k_wrong, qk_wrong      the rotated heads wrong some other way
 key_cache_wrong                 the key cache's written rows wrong (the live k right)
 value_cache_wrong               the value cache's written rows wrong
+q_nope_touched                  MLA: q's channels outside q_pe changed
+kv_c_touched                    MLA: kv_c changed (it is read only)
+heads_read_packed               MLA: q_pe wrong at heads >= 1 only, of a heads-major q: its heads read as if
+                                packed in the token's row (aiter#3841)
+cache_k_pe_unrotated            MLA: q_pe and k_pe right, the latent cache holding the unrotated k_pe
+kv_cache_wrong                  MLA: the latent cache's written rows wrong some other way
 ==============================  ===========================================================================
 """
 
@@ -54,6 +60,12 @@ LABELS = {
     "qk_wrong": "the rotated q and k are wrong",
     "key_cache_wrong": "the key cache's written rows are wrong",
     "value_cache_wrong": "the value cache's written rows are wrong",
+    "q_nope_touched": "q's channels outside q_pe (q_nope) changed: only q_pe is rotated",
+    "kv_c_touched": "kv_c changed: it must be read only",
+    "heads_read_packed": "q_pe is wrong at heads >= 1 only, of a heads-major q: its heads were read as if "
+                         "packed in the token's row (aiter#3841)",
+    "cache_k_pe_unrotated": "the latent cache holds the unrotated k_pe (q_pe and the live k_pe are right)",
+    "kv_cache_wrong": "the latent cache's written rows are wrong",
 }
 
 
@@ -196,9 +208,73 @@ def _diagnose_cache(check) -> str:
     return "key_cache_wrong" if ev["cache_bad"].get("key_cache") else "value_cache_wrong"
 
 
+def _latent_holds(check, rows: torch.Tensor, scale) -> bool:
+    """The latent cache's written rows hold ``rows`` [T, L + R] (float64, quantized with ``scale``),
+    within a bf16 value's rounding in stored units."""
+    case, ev = check.case, check.evidence
+    cache = ev["inputs"].kv_cache
+    tokens, slots = fused_reference.slot_rows(ev["inputs"].slot_mapping, case.num_tokens)
+    expected = torch.zeros(cache.shape, dtype=torch.float64)
+    fused_reference.scatter_rows(expected, fused_reference.quantized(rows[tokens], scale, cache.dtype), slots,
+                                 case.block_size)
+    mask = rows_mask(ev["ref"].written.cpu(), expected, "NHD")
+    exp = expected[mask]
+    bound = exp.abs() * 2.0 ** -7 + 2.0 ** -20
+    if is_fp8(cache.dtype):
+        bound = fp8_bound(exp, exp.abs() * 2.0 ** -7, cache.dtype)
+    return _within(cache.cpu().to(torch.float64)[mask], exp, bound)
+
+
+def _heads_read_packed(check, q_bad: torch.Tensor) -> bool:
+    """A heads-major q whose q_pe is right at head 0 of every token and wrong at some later head."""
+    case = check.case
+    if case.q_layout != "heads_major" or case.num_heads < 2:
+        return False
+    per_head = q_bad.reshape(case.num_tokens, case.num_heads, -1).any(dim=-1)
+    return not bool(per_head[:, 0].any()) and bool(per_head[:, 1:].any())
+
+
+def _diagnose_mla(check) -> str:
+    case, ev = check.case, check.evidence
+    if "rotation" not in ev:
+        return "qk_wrong"
+    for label in ("q_nope_touched", "kv_c_touched"):
+        if ev[label]:
+            return label
+    inputs, before, ref = ev["inputs"], ev["before"], ev["ref"]
+    changed = int((changed_rows(before["kv_cache"], inputs.kv_cache, "NHD") & ~ref.written.cpu()).sum())
+    if changed:
+        slots = inputs.slot_mapping.cpu()
+        padding = int((slots == -1).sum()) + case.num_tokens - slots.shape[0]
+        return "padding_slot_written" if changed <= padding else "stale_slot_overwritten"
+    rotation, t = ev["rotation"], case.num_tokens
+    q_bad = bad_elements(ev["q_out"], ref.query.reshape(t, -1), rotation.bounds["query"]) \
+        if "query" in rotation.bounds else None
+    k_bad = bad_elements(ev["k_out"], ref.key, rotation.bounds["key"]) if "key" in rotation.bounds else None
+    q_wrong, k_wrong = q_bad is None or bool(q_bad.any()), k_bad is None or bool(k_bad.any())
+    kv_c = before["kv_c"].cpu().to(torch.float64)
+    if q_wrong and not k_wrong and _heads_read_packed(check, q_bad):
+        return "heads_read_packed"
+    if k_wrong and not q_wrong and _latent_holds(check, torch.cat((kv_c, ref.key.cpu()), dim=1), inputs.scale):
+        same = ev["k_out"].shape == before["k_pe"].shape and torch.equal(bits(ev["k_out"].detach().cpu()),
+                                                                          bits(before["k_pe"].cpu()))
+        return "live_key_unrotated" if same else "live_key_wrong"
+    if q_wrong or k_wrong:
+        return "qk_wrong" if q_wrong and k_wrong else "q_wrong" if q_wrong else "k_wrong"
+    unrotated = torch.cat((kv_c, before["k_pe"].cpu().to(torch.float64)), dim=1)
+    if _latent_holds(check, unrotated, inputs.scale):
+        return "cache_k_pe_unrotated"
+    scale = inputs.scale
+    scale = 1.0 if scale is None else float(scale.reshape(())) if isinstance(scale, torch.Tensor) else float(scale)
+    if is_fp8(inputs.kv_cache.dtype) and _latent_holds(check, torch.cat((kv_c, ref.key.cpu()), dim=1), 1.0 / scale):
+        return "fp8_scale_multiplied"
+    return "kv_cache_wrong"
+
+
 def diagnose(check) -> tuple[str, str]:
     """(label, sentence) of a failed check (rope.harness.fused.check.FusedCheck)."""
     if not check.evidence:
         return "qk_wrong", check.problems[0] if check.problems else LABELS["qk_wrong"]
-    label = _diagnose_qk_norm(check) if check.op == "qk_norm_rope" else _diagnose_cache(check)
+    label = {"qk_norm_rope": _diagnose_qk_norm, "rope_kv_cache": _diagnose_cache,
+             "mla_rope_kv_cache": _diagnose_mla}[check.op](check)
     return label, LABELS[label]
