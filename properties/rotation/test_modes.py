@@ -5,19 +5,14 @@ or one the device cannot run, is a skip with its reason."""
 
 from __future__ import annotations
 
-import re
-from dataclasses import replace
-
 import pytest
 from hypothesis import event, given, settings, strategies as st
 
 from rope.harness import causes
-from rope.harness.rotation.check import (angle_source, checked_run, reference_rotation, run_rotation,
-                                          skip_if_unsupported)
-from rope.harness.rotation.cases import build_rotation_inputs
-from rope.harness.rotation.modes import (GraphCaptureFailed, ReplayStep, bit_differences, compiled_implementation,
-                                         mode_unsupported_reason, replay_in_graph)
-from rope.harness.rotation.bound import compare_rotation
+from rope.harness.rotation.check import checked_run, run_rotation, skip_if_unsupported, write_mode_case_file
+from rope.harness.rotation.diagnosis import Diagnosis
+from rope.harness.rotation.modes import (GraphCaptureFailed, bit_differences, compiled_implementation, graph_case,
+                                         mode_unsupported_reason, stale_replay)
 from rope.registry import get_implementation, implementation_record
 from properties.strategies import DTYPES, KINDS, rotation_cases, supported_shapes
 
@@ -77,13 +72,12 @@ def test_rotation_matches_reference_under_compile(impl_name, device, data):
     case = _draw_case(data, impl_name, impl, device, max_tokens=24)
     under_compile = compiled_implementation(record, device)
     try:
-        checked_run(impl_name, under_compile, case, device)
+        checked_run(impl_name, under_compile, case, device, mode="compile")
     except AssertionError as exc:
-        # The eager properties pass this case: what differs is the mode.
-        # No replay line: a replay calls it eagerly, where it passes (the case file keeps the inputs).
-        fields = {k: v for k, v in causes.failure_of(exc).items() if k != "replay"} | {"cause": "compile_only"}
-        text = re.sub(r"(?m)^(\s*)replay: ", r"\1replay (calls it eagerly, where it passes): ", str(exc))
-        raise causes.tag(AssertionError(f"under torch.compile: {text}"), **fields) from None
+        # The eager properties pass this case: what differs is the mode (the case file records it,
+        # and its replay calls the implementation under torch.compile again).
+        fields = causes.failure_of(exc) | {"cause": "compile_only"}
+        raise causes.tag(AssertionError(f"under torch.compile: {exc}"), **fields) from None
 
 
 @pytest.mark.gpu
@@ -95,30 +89,22 @@ def test_graph_replays_match_reference_of_their_own_inputs(impl_name, device, da
     # batch): each replay is held to the reference of its own inputs.  A host-side value taken at
     # capture (candle#3728), or a buffer the warm-up left behind (vllm#33800), replays stale.
     impl, record = _record_or_skip(impl_name, "graph", device)
-    case = _draw_case(data, impl_name, impl, device, min_tokens=1, max_tokens=64)
-    case = replace(case, packed_qkv=False, nonfinite=False)
-    steps = []
-    for i in range(data.draw(st.integers(2, 4), label="replays")):
-        x = build_rotation_inputs(replace(case, seed=case.seed + i), "cpu")
-        real = case.num_tokens if i == 0 else data.draw(st.integers(1, case.num_tokens), label=f"real tokens {i}")
-        positions = x.positions.clone()
-        positions[..., real:] = 0
-        steps.append(ReplayStep(positions, x.query.contiguous(), None if x.key is None else x.key.contiguous(), real))
-    cache = build_rotation_inputs(case, "cpu").cache
+    case = graph_case(_draw_case(data, impl_name, impl, device, min_tokens=1, max_tokens=64))
+    replays = data.draw(st.integers(2, 4), label="replays")
+    tokens = [case.num_tokens] + [data.draw(st.integers(1, case.num_tokens), label=f"real tokens {i}")
+                                  for i in range(1, replays)]
     try:
-        replays = replay_in_graph(impl, case.spec, cache, steps, device)
+        stale, _ = stale_replay(record, case, tokens, device)
     except GraphCaptureFailed as exc:
         raise causes.tag(AssertionError(
             f"{impl_name} on {device} declares the graph mode ({case.brief()}), but {exc} (declare modes "
             f"without 'graph' if it is not meant to be captured)"), cause="graph_capture_failed", size=case.size,
             case=case.brief()) from None
-    for i, replay in enumerate(replays):
-        step = replay.step
-        ref_q, ref_k = reference_rotation(impl, case.spec, step.positions, step.query, step.key, cache)
-        result = compare_rotation(case.spec, step.positions, step.query, step.key, cache, replay.q_out, replay.k_out,
-                                  ref_q, ref_k, record.working_precision, angles=angle_source(impl))
-        if not result.ok:
-            raise causes.tag(AssertionError(result.message(
-                f"{impl_name} on {device}: graph replay {i} of {len(steps)} ({step.num_tokens} real tokens of "
-                f"{case.num_tokens}, {case.brief()}) does not match the reference of that replay's inputs")),
-                cause="graph_replay_stale", size=case.size, case=case.brief())
+    if stale is not None:
+        sentence = (f"graph replay {stale.index} of {stale.replays} ({stale.step.num_tokens} real tokens of "
+                    f"{case.num_tokens}) does not match the reference of that replay's inputs")
+        lines = write_mode_case_file(impl_name, impl, case, device, stale.comparison,
+                                     Diagnosis("graph_replay_stale", sentence), mode="graph", replay_tokens=tokens)
+        raise causes.tag(AssertionError("\n".join([stale.comparison.message(
+            f"{impl_name} on {device}: {sentence}, {case.brief()}"), *lines])),
+            cause="graph_replay_stale", size=case.size, case=case.brief())

@@ -14,7 +14,9 @@ and ``test`` may be null)::
     case               the rest of the RotationCase: num_tokens, num_q_heads, num_kv_heads, dtype,
                        positions_kind, packed_qkv, seed, nonfinite, cache_dtype (tensors regenerate
                        from these, bit for bit; nonfinite may be absent: false; cache_dtype may be
-                       absent or null: the activation dtype)
+                       absent or null: the activation dtype), and how the failing call was made:
+                       mode ("eager", "compile", "graph"; absent: eager) and, in graph mode,
+                       replay_tokens (the real tokens of each replay after the capture)
     strides            {"query": {shape, stride, storage_offset}, "key": {...} | null}, as the
                        implementation received them on the device
     inputs_sha256      sha256 of the regenerated CPU inputs (positions, query, key, and the
@@ -65,6 +67,12 @@ CASE_FIELDS = ("num_tokens", "num_q_heads", "num_kv_heads", "dtype", "positions_
                "nonfinite", "cache_dtype")
 # Fields added after schema 1 was first written: a file without them gets the default.
 CASE_FIELD_DEFAULTS = {"nonfinite": False, "cache_dtype": None}
+# How the failing call was made, beside the case (a file without them: eagerly): "compile" under
+# torch.compile; "graph" captured in a CUDA graph on the case's inputs, then replayed once per entry
+# of replay_tokens with the inputs of seed + i and that many real tokens (padding rows after them).
+MODES = ("eager", "compile", "graph")
+MODE_FIELD_DEFAULTS = {"mode": "eager", "replay_tokens": []}
+MAX_REPLAYS = 16
 RESULT_FIELDS = ("num_elements", "num_mismatched", "worst_ratio", "problems", "worst")
 DIAGNOSIS_FIELDS = ("label", "sentence", "location")
 # Bounds on what a case file may ask a replay to build (a file from a stranger must not allocate
@@ -79,7 +87,8 @@ MAX_ELEMENTS = 1 << 28
 def case_id(implementation: str, device: str, case: dict) -> str:
     """Stable id of a mismatch: the same implementation, device and case give the same id (a
     field added later, at its default, does not change the id of a case that predates it)."""
-    case = {k: v for k, v in case.items() if not (k in CASE_FIELD_DEFAULTS and v == CASE_FIELD_DEFAULTS[k])}
+    defaults = {**CASE_FIELD_DEFAULTS, **MODE_FIELD_DEFAULTS}
+    case = {k: v for k, v in case.items() if not (k in defaults and v == defaults[k])}
     key = json.dumps({"implementation": implementation, "device": device, "case": case},
                      sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(key.encode()).hexdigest()[:16]
@@ -103,9 +112,11 @@ def worst_record(spec: RopeSpec, comparison) -> list[dict]:
 
 def case_record(*, implementation: str, device: str, working_precision: str, case: dict, strides: dict,
                 inputs_sha256: dict, comparison, diagnosis: Diagnosis, hypothesis: dict | None = None,
-                test: str | None = None) -> dict:
-    """The case file's contents.  ``case`` is ``RotationCase.to_dict()`` (spec included)."""
+                test: str | None = None, mode: str = "eager", replay_tokens=()) -> dict:
+    """The case file's contents.  ``case`` is ``RotationCase.to_dict()`` (spec included); ``mode`` and
+    ``replay_tokens`` how the failing call was made (MODES)."""
     spec = RopeSpec.from_dict(case["spec"])
+    case = {**case, "mode": mode, "replay_tokens": list(replay_tokens)}
     record = {
         "schema_version": SCHEMA_VERSION,
         "kind": KIND,
@@ -114,7 +125,7 @@ def case_record(*, implementation: str, device: str, working_precision: str, cas
         "device": device,
         "working_precision": working_precision,
         "spec": case["spec"],
-        "case": {k: case[k] for k in CASE_FIELDS},
+        "case": {k: case[k] for k in (*CASE_FIELDS, *MODE_FIELD_DEFAULTS)},
         "strides": strides,
         "inputs_sha256": inputs_sha256,
         "hypothesis": hypothesis,
@@ -150,6 +161,16 @@ class CaseFile(LoadedCase):
     def diagnosis(self) -> Diagnosis:
         return Diagnosis.from_dict(self.record["diagnosis"])
 
+    @property
+    def mode(self) -> str:
+        """How the failing call was made: "eager", "compile" or "graph" (MODES)."""
+        return self.record["case"]["mode"]
+
+    @property
+    def replay_tokens(self) -> list[int]:
+        """In graph mode, the real tokens of each replay after the capture (MODES)."""
+        return list(self.record["case"]["replay_tokens"])
+
 
 def load_case(path: Path | str) -> CaseFile:
     """Read and validate a case file.  Any problem is a ``ValueError`` naming the file and the
@@ -165,7 +186,7 @@ def load_case(path: Path | str) -> CaseFile:
         if not isinstance(record[name], dict):
             raise bad(f"{name}: must be a JSON object (got {type(record[name]).__name__})")
         if name == "case":
-            record[name] = {**CASE_FIELD_DEFAULTS, **record[name]}
+            record[name] = {**CASE_FIELD_DEFAULTS, **MODE_FIELD_DEFAULTS, **record[name]}
         for sub in fields:
             if sub not in record[name]:
                 raise bad(f"missing field '{name}.{sub}'")
@@ -178,7 +199,7 @@ def load_case(path: Path | str) -> CaseFile:
         raise bad(f"spec: {exc}") from None
 
     c = record["case"]
-    unknown = set(c) - set(CASE_FIELDS)
+    unknown = set(c) - set(CASE_FIELDS) - set(MODE_FIELD_DEFAULTS)
     if unknown:
         raise bad(f"case: unknown fields {sorted(unknown)}")
     for name, ok, rule in (("num_tokens", is_int(c["num_tokens"]) and 0 <= c["num_tokens"] <= MAX_TOKENS,
@@ -202,8 +223,24 @@ def load_case(path: Path | str) -> CaseFile:
     if elements > MAX_ELEMENTS:
         raise bad(f"case: num_tokens x (num_q_heads + 2 num_kv_heads) x head_size + spec.max_position x "
                   f"spec.rotary_dim = {elements} elements: must be at most {MAX_ELEMENTS}")
+    _check_mode(c, bad)
     case = RotationCase(spec=spec, **{k: c[k] for k in CASE_FIELDS})
     return CaseFile(path, record, case)
+
+
+def _check_mode(c: dict, bad) -> None:
+    """The case's mode and graph replays (MODES), or a ValueError naming the field."""
+    if c["mode"] not in MODES:
+        raise bad(f"case.mode={c['mode']!r}: must be one of {MODES}")
+    tokens = c["replay_tokens"]
+    if not isinstance(tokens, list) or len(tokens) > MAX_REPLAYS or not all(
+            is_int(n) and 1 <= n <= max(1, c["num_tokens"]) for n in tokens):
+        shown = repr(tokens) if len(repr(tokens)) <= 40 else f"{repr(tokens)[:20]}...({len(repr(tokens))} chars)"
+        raise bad(f"case.replay_tokens={shown}: must be a list of at most {MAX_REPLAYS} ints in "
+                  f"[1, case.num_tokens]")
+    if (c["mode"] == "graph") != bool(tokens):
+        raise bad(f"case.replay_tokens={tokens!r}: a graph-mode case lists its replays, any other none "
+                  f"(case.mode={c['mode']!r})")
 
 
 def input_layout(inputs: RotationInputs) -> dict:
@@ -223,7 +260,8 @@ def input_digests(inputs: RotationInputs) -> dict:
 
 
 def write_case_file(implementation: str, fn, case: RotationCase, device: str, run,
-                    diagnosis: Diagnosis, hypothesis: dict | None) -> tuple[Path | None, str | None]:
+                    diagnosis: Diagnosis, hypothesis: dict | None, *, mode: str = "eager",
+                    replay_tokens=()) -> tuple[Path | None, str | None]:
     """Write the mismatch's case file (:func:`case_record`) to :func:`rope.harness.case_files.cases_dir`
     and set ``run.case_file`` (``run``: the check's rope.harness.rotation.check.CaseRun): returns (path, None), or (None, note) when case files are turned
     off or the file cannot be written (the note says why).  Building the record may raise."""
@@ -231,7 +269,8 @@ def write_case_file(implementation: str, fn, case: RotationCase, device: str, ru
         implementation=implementation, device=device, working_precision=working_precision(fn),
         case=case.to_dict(), strides=input_layout(run.inputs), inputs_sha256=input_digests(run.ref_in),
         comparison=run.comparison, diagnosis=diagnosis, hypothesis=hypothesis,
-        test=os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0] or None)
+        test=os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0] or None, mode=mode,
+        replay_tokens=replay_tokens)
     directory = case_files.cases_dir()
     if directory is None:
         return None, f"not written ({case_files.CASES_DIR_ENV}={os.environ.get(case_files.CASES_DIR_ENV)!r})"

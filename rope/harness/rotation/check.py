@@ -261,9 +261,11 @@ def assert_matches_reference(impl_name: str, fn, case: RotationCase, device: str
     return checked_run(impl_name, fn, case, device).comparison
 
 
-def checked_run(impl_name: str, fn, case: RotationCase, device: str) -> CaseRun:
+def checked_run(impl_name: str, fn, case: RotationCase, device: str, *, mode: str = "eager") -> CaseRun:
     """:func:`assert_matches_reference`, returning the run (its outputs) when it passes: for a
-    property that checks more of the same call than the reference does."""
+    property that checks more of the same call than the reference does.  ``mode``: how ``fn`` calls
+    the implementation (``"compile"``: under torch.compile), recorded in the case file so that its
+    replay calls it the same way."""
     skip_if_known_defect(impl_name, fn, case, device)
     run = evaluate_case(impl_name, fn, case, device)                    # run and compare
     if run.comparison.ok:
@@ -276,7 +278,7 @@ def checked_run(impl_name: str, fn, case: RotationCase, device: str) -> CaseRun:
     try:
         diagnosis = diagnose_mismatch(fn, case, run)                    # failures: an 'unknown' diagnosis
         implementation = implementation_path(impl_name, fn)
-        case_path, note = write_case_file(implementation, fn, case, device, run, diagnosis, hypothesis)
+        case_path, note = write_case_file(implementation, fn, case, device, run, diagnosis, hypothesis, mode=mode)
         message = mismatch_message(impl_name, implementation, case, device, run.comparison, diagnosis,
                                    case_path=case_path, note=note)
         failure.update(headline=run.failure if run.raised else diagnosis.sentence)
@@ -289,6 +291,28 @@ def checked_run(impl_name: str, fn, case: RotationCase, device: str) -> CaseRun:
                    + f"\n(mismatch report failed: {type(exc).__name__}: {exc})")
     _record(impl_name, case, device, run)
     raise causes.tag(AssertionError(message), **failure)
+
+
+def write_mode_case_file(impl_name: str, fn, case: RotationCase, device: str, comparison: Comparison,
+                         diagnosis: Diagnosis, *, mode: str, replay_tokens=()) -> list[str]:
+    """For a failure seen only in ``mode`` (a graph replay, where no eager run has the outputs): the
+    case file recording the case and how it was called, written in Hypothesis' final example (or
+    outside Hypothesis); returns the lines to add to the failure's message (none while searching)."""
+    final, hypothesis = hypothesis_example()
+    if not final:
+        return []
+    try:
+        run = CaseRun(build_rotation_inputs(case, device), build_rotation_inputs(case, "cpu"), None, None, None, None,
+                      comparison)
+        implementation = implementation_path(impl_name, fn)
+        path, note = write_case_file(implementation, fn, case, device, run, diagnosis, hypothesis, mode=mode,
+                                     replay_tokens=replay_tokens)
+    except Exception as exc:      # noqa: BLE001 - the failure is reported all the same
+        return [f"case file: not written ({type(exc).__name__}: {exc})"]
+    if path is None:
+        return [f"case file: {note}"]
+    shown = case_files.display_path(path)
+    return [f"case file: {shown}", f"replay: {case_files.replay_command(shown, implementation)}"]
 
 
 def _record(impl_name: str, case: RotationCase, device: str, run: CaseRun) -> None:

@@ -16,11 +16,15 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from rope.harness.rotation.bound import compare_rotation
+from rope.harness.rotation.cases import build_rotation_inputs
+from rope.harness.rotation.check import angle_source, reference_rotation
 from rope.implementation import Implementation
 from rope.spec import RopeSpec
 
-__all__ = ["GraphCaptureFailed", "GraphReplay", "ReplayStep", "bit_differences", "compile_backend", "compile_unavailable_reason",
-           "compiled_implementation", "mode_unsupported_reason", "replay_in_graph"]
+__all__ = ["GraphCaptureFailed", "GraphReplay", "ReplayStep", "StaleReplay", "bit_differences", "compile_backend",
+           "compile_unavailable_reason", "compiled_implementation", "graph_case", "graph_replay_steps",
+           "mode_unsupported_reason", "replay_in_graph", "stale_replay"]
 
 
 def mode_unsupported_reason(impl: Implementation, mode: str, device: str) -> str | None:
@@ -180,3 +184,48 @@ def replay_in_graph(fn, spec: RopeSpec, cache: torch.Tensor, steps: list[ReplayS
         replays.append(GraphReplay(step, q_out.detach().cpu().clone(),
                                    None if k_out is None else k_out.detach().cpu().clone()))
     return replays
+
+
+def graph_case(case):
+    """The case as the graph property captures it: q and k contiguous (the captured buffers are
+    filled by copy), no NaN planted."""
+    return replace(case, packed_qkv=False, nonfinite=False)
+
+
+def graph_replay_steps(case, replay_tokens) -> list[ReplayStep]:
+    """The replays of a graph-mode case: replay i runs the inputs of seed + i with its first
+    ``replay_tokens[i]`` tokens real and the rest padding (position 0).  A function of the case and
+    the token counts alone, so a case file that records them replays the same sequence."""
+    steps = []
+    for i, real in enumerate(replay_tokens):
+        x = build_rotation_inputs(replace(case, seed=case.seed + i), "cpu")
+        positions = x.positions.clone()
+        positions[..., real:] = 0
+        steps.append(ReplayStep(positions, x.query.contiguous(), None if x.key is None else x.key.contiguous(), real))
+    return steps
+
+
+@dataclass
+class StaleReplay:
+    """The first replay that does not match the reference of its own inputs."""
+    index: int
+    replays: int
+    step: ReplayStep
+    comparison: object          # rope.harness.rotation.bound.Comparison
+
+
+def stale_replay(impl: Implementation, case, replay_tokens, device: str) -> tuple[StaleReplay | None, object]:
+    """Capture ``impl`` on the graph case's inputs, replay :func:`graph_replay_steps`, and hold each
+    replay to the reference of its own inputs: (the first stale replay or None, the last comparison).
+    Raises GraphCaptureFailed when the call cannot be captured."""
+    steps = graph_replay_steps(case, replay_tokens)
+    cache = build_rotation_inputs(case, "cpu").cache
+    comparison = None
+    for i, replay in enumerate(replay_in_graph(impl.fn, case.spec, cache, steps, device)):
+        step = replay.step
+        ref_q, ref_k = reference_rotation(impl.fn, case.spec, step.positions, step.query, step.key, cache)
+        comparison = compare_rotation(case.spec, step.positions, step.query, step.key, cache, replay.q_out,
+                                      replay.k_out, ref_q, ref_k, impl.working_precision, angles=angle_source(impl.fn))
+        if not comparison.ok:
+            return StaleReplay(i, len(steps), step, comparison), comparison
+    return None, comparison

@@ -16,6 +16,9 @@ unknown implementation or unavailable device, inputs that do not regenerate to t
 ``--impl`` replays against another implementation (a fixed kernel, or the recorded import path on
 the user's word), ``--device`` on another device.
 
+A case recorded in another mode than eager (its ``mode``) replays in it: under torch.compile, or
+captured in a CUDA graph and replayed with the recorded sequence of real tokens (a GPU is needed).
+
 A replay writes no case file; ``pytest --rope-repro CASE`` is the same replay inside pytest, where
 a remaining mismatch is reported like any other.
 
@@ -33,10 +36,12 @@ from rope.devices import available_devices
 from rope.harness.case_files import display_path
 from rope.harness.deadline import ImplementationHung
 from rope.harness.rotation.case_file import CaseFile, input_digests, input_layout, load_case
-from rope.harness.rotation.cases import DTYPES
+from rope.harness.rotation.cases import DTYPES, build_rotation_inputs
 from rope.harness.rotation.check import diagnose_run, evaluate_case, format_mismatch
 from rope.harness.rotation.diagnosis import Diagnosis
-from rope.registry import get_implementation, get_recorded_implementation, unsupported_reason
+from rope.harness.rotation.modes import (GraphCaptureFailed, compiled_implementation, mode_unsupported_reason,
+                                         mode_words, stale_replay)
+from rope.registry import get_implementation, get_recorded_implementation, implementation_record, unsupported_reason
 
 EXIT_FIXED, EXIT_MISMATCH, EXIT_BAD_INPUT = 0, 1, 2
 REGENERATION_MISMATCH = "regenerated inputs differ from the recorded ones"
@@ -59,8 +64,9 @@ class Replay:
     def report(self) -> str:
         cf = self.case_file
         recorded = cf.record["diagnosis"]
-        lines = [f"replaying {display_path(cf.path)}: case {cf.id}, recorded {cf.implementation} on {cf.device} "
-                 f"({cf.record['created']}): {recorded['label']}",
+        called = "" if cf.mode == "eager" else f", called {mode_words(cf.mode)}"
+        lines = [f"replaying {display_path(cf.path)}: case {cf.id}{called}, recorded {cf.implementation} on "
+                 f"{cf.device} ({cf.record['created']}): {recorded['label']}",
                  *(f"warning: {n}" for n in self.notes)]
         if self.ok:
             lines.append(f"{self.implementation} on {self.device} matches the reference: fixed "
@@ -107,6 +113,14 @@ def replay(path: Path | str, *, device: str | None = None, impl: str | None = No
     reason = unsupported_reason(name, fn, case.spec, DTYPES[case.dtype], device)
     if reason:
         raise ValueError(reason)
+    record = implementation_record(name, fn=fn)
+    reason = mode_unsupported_reason(record, case_file.mode, device)
+    if reason:
+        raise ValueError(f"case {case_file.id} was recorded {mode_words(case_file.mode)}, and {reason}")
+    if case_file.mode == "graph":
+        return _replay_graph(case_file, name, record, device)
+    if case_file.mode == "compile":
+        fn = compiled_implementation(record, device)
     try:
         run = evaluate_case(name, fn, case, device)
     except ImplementationHung:
@@ -121,6 +135,27 @@ def replay(path: Path | str, *, device: str | None = None, impl: str | None = No
         raise ValueError(f"case file {display_path(case_file.path)}: {notes[0]}")
     diagnosis = None if run.comparison.ok else diagnose_run(fn, case, run)
     return Replay(case_file, name, device, run.comparison, diagnosis, notes)
+
+
+def _replay_graph(case_file: CaseFile, name: str, record, device: str) -> Replay:
+    """A graph-mode case file: the implementation captured on the case's inputs and replayed with the
+    recorded sequence (rope.harness.rotation.modes.graph_replay_steps), each replay held to the reference
+    of its own inputs; the replay that fails first is the one reported."""
+    case = case_file.case
+    notes = regeneration_notes(case_file, build_rotation_inputs(case, "cpu"))
+    if not regenerated(notes):
+        raise ValueError(f"case file {display_path(case_file.path)}: {notes[0]}")
+    try:
+        stale, last = stale_replay(record, case, case_file.replay_tokens, device)
+    except GraphCaptureFailed as exc:
+        raise ValueError(f"{name} on {device}: {exc}") from None
+    except Exception as exc:    # noqa: BLE001 - a failure of the replay itself, whatever it is
+        raise ValueError(f"replaying case {case_file.id} on {device} failed ({type(exc).__name__}: {exc})") from exc
+    if stale is None:
+        return Replay(case_file, name, device, last, None, notes)
+    sentence = (f"graph replay {stale.index} of {stale.replays} ({stale.step.num_tokens} real tokens of "
+                f"{case.num_tokens}) does not match the reference of that replay's inputs")
+    return Replay(case_file, name, device, stale.comparison, Diagnosis("graph_replay_stale", sentence), notes)
 
 
 def regenerated(notes: list[str]) -> bool:
