@@ -12,7 +12,8 @@ from rope.harness.rotation.diagnosis.alternatives import (alternative_result, ax
                                                           cos_sin_alternatives, pair_rows_split_alternatives,
                                                           pairing_alternatives, partial_rotary_alternatives,
                                                           row_misread_alternatives, row_order_alternatives,
-                                                          row_stride_alternatives, section_boundary_alternatives)
+                                                          row_stride_alternatives, section_boundary_alternatives,
+                                                          view_misread_alternatives)
 from rope.harness.rotation.diagnosis.locations import mismatch_locations
 from rope.harness.rotation.diagnosis.precision import dtype_name, is_read_problem, loose_bound
 from rope.harness.rotation.diagnosis.verdict import Diagnosis, LOWER_PRECISIONS
@@ -41,7 +42,7 @@ class _Lazy:
             i += 1
 
 
-# label -> the neighbouring configurations of that label, for a Context; in rule order (5-13).
+# label -> the neighbouring configurations of that label, for a Context; in rule order (6-15).
 # The positions-level ones use only the cache rows the positions use (Context.used_positions);
 # the partial rotary and pair-split ones the full cache (a sin read past its row lands in the next).
 NEIGHBOURS = {
@@ -54,6 +55,7 @@ NEIGHBOURS = {
     "position_rows_misread": lambda c: row_misread_alternatives(
         c.spec, c.used_positions, c.query, c.key, c.used_cache),
     "row_stride_ignored": lambda c: row_stride_alternatives(c.spec, c.used_positions, c.query, c.key, c.used_cache),
+    "view_misread": lambda c: view_misread_alternatives(c.spec, c.used_positions, c.query, c.key, c.used_cache),
     "partial_rotary_stride": lambda c: partial_rotary_alternatives(c.spec, c.rows, c.query, c.key, c.cache),
     "pair_rows_split": lambda c: pair_rows_split_alternatives(c.spec, c.rows, c.query, c.key, c.cache),
 }

@@ -9,9 +9,9 @@ import torch
 
 
 LABELS = (
-    "match", "wrong_output", "writes_outside", "nan", "out_of_bounds_read", "pairing_swapped",
+    "match", "wrong_output", "writes_outside", "wrote_outside_view", "nan", "out_of_bounds_read", "pairing_swapped",
     "cos_sin_misused", "axis_map_wrong", "section_boundary_shifted", "position_rows_swapped", "position_rows_misread",
-    "row_stride_ignored", "partial_rotary_stride", "pair_rows_split", "wrong_positions", "pass_through_touched",
+    "row_stride_ignored", "view_misread", "partial_rotary_stride", "pair_rows_split", "wrong_positions", "pass_through_touched",
     "precision_loss", "key_only", "query_only", "head_subset", "token_subset", "unknown",
 )
 # An alternative configuration explains the output when it leaves at most this share of the
