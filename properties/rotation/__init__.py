@@ -5,4 +5,4 @@ kernel mutants' dedicated searches (rope-harness mutants) run from here too."""
 # Its modules (pytest collects the test modules; the others are case modules the tests import).
 __all__ = ["aliasing", "bad_inputs", "checks", "prefill_cases", "test_aliasing", "test_bad_inputs",
            "test_model_rotation", "test_mutant_searches", "test_prefill", "test_regressions", "test_replay",
-           "test_rotation"]
+           "test_rotation", "test_views", "views"]
