@@ -29,10 +29,11 @@ DTYPE_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 POSITION_KINDS = ("uniform", "text", "grid", "last_row")
 
-# How q and k lie in memory, the views an engine hands an implementation that rotates in place.  The
-# values are those of the contiguous case of the same seed; only the layout differs.  Every element of
-# the buffer outside q's and k's views holds data of its own, drawn after q and k, and must come back
-# unchanged (rope.harness.rotation.check.outside_view_problems).
+# How q and k lie in memory, the views an engine hands an implementation that rotates in place.  On the
+# three strided layouts the values are those of the contiguous case of the same seed; only the layout
+# differs.  Every element of the buffer outside q's and k's views holds data of its own, drawn after q
+# and k, and must come back unchanged (rope.harness.rotation.check.outside_view_problems); on the strided
+# layouts each view must afterwards hold its input or exactly the output returned for it (check.in_place_problems).
 #   contiguous   q and k tensors of their own, rows back to back
 #   packed-qkv   column slices of one [T, (Hq + 2 Hkv) * D] qkv tensor: row stride past the width, V after k
 #                (the field ``packed_qkv``, which predates ``view``, says it: view="packed-qkv" is stored so)
@@ -44,8 +45,7 @@ POSITION_KINDS = ("uniform", "text", "grid", "last_row")
 #                2-D q and k can take
 #   same-buffer  k then q in every row of one [T, Hkv*D + Hq*D + 3 D] buffer, a D-element gap before k,
 #                between k and q and after q (llama.cpp's in-place rope on a non-contiguous view of its
-#                cache, llama.cpp#20274): after the call each view holds its input untouched or exactly the
-#                output returned for it
+#                cache, llama.cpp#20274)
 VIEWS = ("contiguous", "packed-qkv", "row-gaps", "heads-major", "same-buffer")
 
 
