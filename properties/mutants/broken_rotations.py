@@ -14,7 +14,7 @@ import torch
 
 from properties.mutants.own_angles import fast_math_angles
 from rope.native import rotate_native, rotate_native_unchecked
-from rope.spec import RopeSpec
+from rope.spec import RopeSpec, check_rotation_inputs
 
 
 def neox_for_gptj(spec, positions, query, key, cache):
@@ -120,6 +120,42 @@ def assumes_contiguous(spec, positions, query, key, cache):
     return rotate_native_unchecked(spec, positions, as_packed(query), as_packed(key), cache)
 
 
+def heads_at_contiguous_stride(spec, positions, query, key, cache):
+    """Reads head h at the contiguous head stride, h * head_size elements from its token's start,
+    with channels at the column stride: right on every row-major view, wrong for the heads after the
+    first of a heads-major view (column stride T), which it reads elsewhere in the buffer
+    (aiter#3841: a non-contiguous q's heads after the first read outside the view)."""
+    def misread(x):
+        if x is None or x.stride(1) == 1 or not x.numel():
+            return x
+        tokens, width = x.shape
+        heads = width // spec.head_size
+        # The last element read, offset + (T-1) + (H-1) D + (D-1) T, stays below offset + H D T: in the view's range.
+        return x.as_strided((tokens, heads, spec.head_size), (x.stride(0), spec.head_size, x.stride(1)),
+                            x.storage_offset()).reshape(tokens, width)
+    return rotate_native_unchecked(spec, positions, misread(query), misread(key), cache)
+
+
+def rows_as_wide_as_stride(spec, positions, query, key, cache):
+    """Rotates in place every head that fits in a row's stride, not only the row's width: the head
+    count taken from the row stride (stride(0) // head_size) writes past the width, into the gap
+    between strided rows, or a packed tensor's k and V heads; right on rows back to back."""
+    check_rotation_inputs(spec, positions, query, key, cache)
+
+    def as_wide_as_stride(x):
+        if x is None or x.stride(1) != 1 or x.stride(0) <= x.shape[1] or not x.numel():
+            return x
+        tokens = x.shape[0]
+        room = x.untyped_storage().nbytes() // x.element_size() - x.storage_offset() - (tokens - 1) * x.stride(0)
+        heads = min(x.stride(0), room) // spec.head_size       # what fits in the stride and the allocation
+        return x.as_strided((tokens, heads * spec.head_size), (x.stride(0), 1), x.storage_offset())
+    for x in (query, key):
+        if x is not None:
+            wide = as_wide_as_stride(x)
+            wide.copy_(rotate_native_unchecked(spec, positions, wide, None, cache)[0])
+    return query, key
+
+
 def bf16_claiming_fp32(spec, positions, query, key, cache):
     """Computes in bf16 whatever the input dtype, while declaring float32 working precision."""
     bf = torch.bfloat16
@@ -199,13 +235,14 @@ _WARMUP_POSITIONS: dict = {}
 for _fn in (neox_for_gptj, chunked_for_interleaved, chunked_for_two_row, glm_round_robin_without_skip,
             ernie45_h_w_swapped, row_map_shifted_by_one, key_unrotated, touches_pass_through, first_pow2_heads,
             assumes_contiguous, hides_nonfinite, table_clamped_to_unit, skipped_under_compile,
-            wrong_in_half_of_large_calls):
+            wrong_in_half_of_large_calls, heads_at_contiguous_stride, rows_as_wide_as_stride):
     _fn.working_precision = "activation"
 # Like the native path they wrap, they are not captured in a CUDA graph (its checks read values).
 for _fn in (neox_for_gptj, chunked_for_interleaved, chunked_for_two_row, glm_round_robin_without_skip,
             ernie45_h_w_swapped, row_map_shifted_by_one, key_unrotated, touches_pass_through, first_pow2_heads,
             assumes_contiguous, bf16_claiming_fp32, hides_nonfinite, fp32_table_rounded_to_activations,
-            table_clamped_to_unit, skipped_under_compile, wrong_in_half_of_large_calls):
+            table_clamped_to_unit, skipped_under_compile, wrong_in_half_of_large_calls, heads_at_contiguous_stride,
+            rows_as_wide_as_stride):
     _fn.modes = rotate_native.modes
 
 BROKEN_ROTATIONS = {
@@ -226,12 +263,19 @@ BROKEN_ROTATIONS = {
     "fast_math_angles": fast_math_angles,
     "skipped_under_compile": skipped_under_compile,
     "wrong_in_half_of_large_calls": wrong_in_half_of_large_calls,
+    "heads_at_contiguous_stride": heads_at_contiguous_stride,
+    "rows_as_wide_as_stride": rows_as_wide_as_stride,
 }
 # Mutants whose bug a single eager call does not show (or shows only at random), and the property of
 # properties/rotation/test_modes.py that catches each: its diagnosis is the mode's cause label.
 MODE_ONLY = {"skipped_under_compile": "test_rotation_matches_reference_under_compile",
              "wrong_in_half_of_large_calls": "test_the_same_inputs_give_the_same_bits",
              "positions_baked_into_graph": "test_graph_replays_match_reference_of_their_own_inputs"}
+# Mutants of how a view is read or written, and the property of properties/rotation/test_views.py that
+# catches each: heads_at_contiguous_stride only there (the layouts every other property draws have unit
+# column stride), rows_as_wide_as_stride there and on packed qkv.
+VIEW_MUTANTS = {"heads_at_contiguous_stride": "test_views_match_reference",
+                "rows_as_wide_as_stride": "test_views_match_reference"}
 # Rotations wrong only where a GPU runs them (a CUDA graph): the catalogue says what they need.
 GPU_ROTATION_MUTANTS = {"positions_baked_into_graph": positions_baked_into_graph}
 

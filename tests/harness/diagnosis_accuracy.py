@@ -62,7 +62,8 @@ COMMAND = "python -m tests.harness.diagnosis_accuracy --write docs/mutation.md"
 # memory-safety bugs whose values are right on plain inputs; "prefill": prefill-size cases (the
 # prefill property's draws), for a bug on a path chosen by token count; "op": a dispatch op class
 # called twice (test_dispatch.py's check); "scaled": the scaled-table property's draws
-# (properties/rotation/test_scaled_tables.py), for a bug in how the table is read.
+# (properties/rotation/test_scaled_tables.py), for a bug in how the table is read; "view": the cases
+# of the view property (properties/rotation/test_views.py), for a bug only a strided view shows.
 MUTANT_LABELS = {
     "broken_rotations:neox_for_gptj": ("plain", "pairing_swapped"),
     "broken_rotations:chunked_for_interleaved": ("plain", "axis_map_wrong"),
@@ -79,6 +80,8 @@ MUTANT_LABELS = {
     "broken_rotations:fp32_table_rounded_to_activations": ("scaled", "table_misread"),
     "broken_rotations:table_clamped_to_unit": ("scaled", "table_misread"),
     "broken_rotations:fast_math_angles": ("scaled", "angle_error"),
+    "broken_rotations:heads_at_contiguous_stride": ("view", "view_misread"),
+    "broken_rotations:rows_as_wide_as_stride": ("view", "wrote_outside_view"),
     "kernel:neox_for_gptj": ("plain", "pairing_swapped"),
     "kernel:cos_sin_unmasked": ("guarded", "out_of_bounds_read"),
     "kernel:cos_sin_unmasked_head_padded": ("guarded", "out_of_bounds_read"),
@@ -208,6 +211,10 @@ def measure(subject: Subject, *, failures: int, rounds: int, per_variant: int = 
         strategies = [prefill_cases(tokens=st.sampled_from((4096, 4097)), small_heads=True)]
     elif subject.how == "scaled":
         strategies = [scaled_rotation_cases()]
+    elif subject.how == "view":
+        from properties.rotation.views import view_cases
+        strategies = [view_cases(dtype=dtype, kind=kind, is_neox_style=neox, **narrowed)
+                      for dtype, kind, neox, narrowed in _variants(subject)]
     else:
         strategies = [rotation_cases(dtype=dtype, kind=kind, is_neox_style=neox, nonfinite=True, **narrowed)
                       for dtype, kind, neox, narrowed in _variants(subject)]

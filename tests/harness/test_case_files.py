@@ -310,6 +310,10 @@ def test_load_names_a_missing_field(good_case, field):
     (lambda r: r["case"].update(num_tokens=100_000, num_q_heads=1000), r"case: .* elements: must be at most 268435456"),
     (lambda r: r["case"].__setitem__("packed_qkv", 1), "case.packed_qkv=1: must be true or false"),
     (lambda r: r["case"].__setitem__("cache_dtype", "float64"), "case.cache_dtype='float64': must be null or one of"),
+    (lambda r: r["case"].__setitem__("view", "diagonal"), "case.view='diagonal': must be one of"),
+    (lambda r: r["case"].__setitem__("view", "packed-qkv"), "case.view='packed-qkv': must be one of"),
+    (lambda r: r["case"].update(view="row-gaps", packed_qkv=True), "case.view='row-gaps': must be one of .* and "
+                                                                   "'contiguous' with packed_qkv: true"),
     (lambda r: r["case"].__setitem__("extra", 1), r"case: unknown fields \['extra'\]"),
     (lambda r: r["spec"].__setitem__("sections", [8, 12, 11]), r"spec: sections=\(8, 12, 11\): must sum"),
     (lambda r: r.__setitem__("device", "tpu"), "device='tpu': must be one of"),
@@ -440,6 +444,33 @@ def test_nonfinite_round_trips_and_old_files_without_it_load(good_case, tmp_path
     old.write_text(json.dumps(record))
     with pytest.raises(ValueError, match=r"case.nonfinite='yes': must be true or false"):
         case_file.load_case(old)
+
+
+def test_view_round_trips_replays_and_old_files_without_it_load(good_case, case_dir, tmp_path, capsys):
+    # A case on a strided view records it and replays on the same layout; a file written before the
+    # field existed loads as the contiguous case and keeps its id.
+    from properties.mutants.broken_rotations import heads_at_contiguous_stride
+    case = RotationCase(**{**CASE.__dict__, "packed_qkv": False, "view": "heads-major"})
+    _fail("heads_at_contiguous_stride", heads_at_contiguous_stride, case)
+    path = _written(case_dir)
+    record = json.loads(path.read_text())
+    assert record["case"]["view"] == "heads-major" and record["diagnosis"]["label"] == "view_misread"
+    assert record["strides"]["query"]["stride"] == [1, CASE.num_tokens]
+    loaded = case_file.load_case(path)
+    assert loaded.case == case and loaded.id == record["id"]
+    assert cli_main(["repro", str(path), "--impl", MUTANT.replace("neox_for_gptj", "heads_at_contiguous_stride")]) == 1
+    assert "diagnosis: view_misread" in capsys.readouterr().out
+    assert cli_main(["repro", str(path), "--impl", "native"]) == 0
+    assert "warning" not in capsys.readouterr().out            # regenerated on the recorded layout
+    old = json.loads(good_case.read_text())
+    del old["case"]["view"]
+    old_path = tmp_path / "old-view.json"
+    old_path.write_text(json.dumps(old))
+    loaded = case_file.load_case(old_path)
+    assert loaded.case.view == "contiguous" and loaded.id == old["id"] == case_file.case_id(
+        MUTANT, "cpu", loaded.case.to_dict())
+    with pytest.raises(ValueError, match=r"view='diagonal': must be one of \('contiguous', 'packed-qkv'"):
+        RotationCase(**{**CASE.__dict__, "view": "diagonal"})
 
 
 def test_cli_repro_exits_2_when_the_implementation_hangs(good_case, tmp_path, monkeypatch, capsys):

@@ -84,6 +84,10 @@ MUTANT_CASES = {
     "fast_math_angles": (RotationCase(dataclasses.replace(GLM_41V, sections=None, max_position=1 << 17), 5, 3, 2,
                                       "float32", "last_row", False, 11),
                          "angle_error", "do not reduce the argument exactly"),
+    "heads_at_contiguous_stride": (RotationCase(GLM_41V, 5, 3, 2, "float32", "uniform", False, 26, view="heads-major"),
+                                   "view_misread", "each head at the contiguous head stride"),
+    "rows_as_wide_as_stride": (RotationCase(GLM_41V, 5, 3, 2, "float32", "uniform", False, 27, view="row-gaps"),
+                               "wrote_outside_view", "outside q's and k's row-gaps views were modified"),
 }
 MUTANT_CASES_LOW_PRECISION = {
     "neox_for_gptj": (RotationCase(GLM_41V, 11, 4, 2, "bfloat16", "uniform", False, 11), "pairing_swapped"),
@@ -742,6 +746,9 @@ def _own_angles_input(case):
 RULE_INPUTS = {
     "writes_outside": (FP32_CASE, lambda c: _run_context("writes_positions", _writes_positions, c),
                        "writes_outside", "positions were modified"),
+    "wrote_outside_view": (MUTANT_CASES["rows_as_wide_as_stride"][0],
+                           lambda c: _run_context("rows_as_wide_as_stride", BROKEN_ROTATIONS["rows_as_wide_as_stride"], c),
+                           "wrote_outside_view", "the gap after query row 0"),
     "wrong_output": (FP32_CASE, lambda c: _run_context("drops_key", _drops_key, c), "wrong_output", "key"),
     "nonfinite_output": (FP32_CASE, _nan_input, "nan", "query[token 2, head 1, channel 6]"),
     "out_of_bounds_read": (FP32_CASE, _traced_read_input, "out_of_bounds_read", "cos_sin_cache: 96 out-of-bounds"),
@@ -760,6 +767,10 @@ RULE_INPUTS = {
     "row_stride_ignored": (MUTANT_CASES["assumes_contiguous"][0],
                            lambda c: _run_context("assumes_contiguous", BROKEN_ROTATIONS["assumes_contiguous"], c),
                            "row_stride_ignored", "row stride"),
+    "view_misread": (MUTANT_CASES["heads_at_contiguous_stride"][0],
+                     lambda c: _run_context("heads_at_contiguous_stride", BROKEN_ROTATIONS["heads_at_contiguous_stride"],
+                                            c),
+                     "view_misread", "query strides (1, 5)"),
     "partial_rotary_stride": (FP32_CASE, _far_sin_input, "partial_rotary_stride",
                               "sin read at offset head_size/2 + i"),
     "pair_rows_split": (RotationCase(HUNYUAN_OCR, 6, 2, 1, "float32", "uniform", False, 47), _block_layout_input,
@@ -861,7 +872,7 @@ def test_imprecise_neighbour_is_what_names_a_structural_bug_in_low_precision():
 
 
 def test_neighbouring_rules_do_not_fire_on_each_others_inputs():
-    # The neighbouring configurations (rules 5-14) each explain only their own bug's output.
+    # The neighbouring configurations (rules 6-16) each explain only their own bug's output.
     neighbours = RULE_NAMES[RULE_NAMES.index("pairing_swapped"):RULE_NAMES.index("pair_rows_split") + 1]
     assert neighbours == list(diagnosis.NEIGHBOURS)
     for name in neighbours:

@@ -7,8 +7,10 @@ import pytest
 from hypothesis import Phase, given, settings, strategies as st
 
 from rope.harness.rotation.check import assert_matches_reference
-from properties.mutants.broken_rotations import BROKEN_ROTATIONS, MODE_ONLY
+from properties.mutants.broken_rotations import BROKEN_ROTATIONS, MODE_ONLY, VIEW_MUTANTS
+from properties.rotation.views import view_cases
 from properties.strategies import DTYPES, KINDS, RotationCase, rotation_cases
+from rope.native import rotate_native
 from rope.spec import RopeSpec
 
 
@@ -33,7 +35,7 @@ MUTANT_KINDS = {name: ["mapped"] for name in ("chunked_for_two_row", "glm_round_
                                               "ernie45_h_w_swapped", "row_map_shifted_by_one")}
 
 
-@pytest.mark.parametrize("broken", [b for b in BROKEN_ROTATIONS if b not in MODE_ONLY])
+@pytest.mark.parametrize("broken", [b for b in BROKEN_ROTATIONS if b not in MODE_ONLY and b not in VIEW_MUTANTS])
 def test_rotation_property_rejects_broken_implementation(broken, monkeypatch, tmp_path):
     fn = BROKEN_ROTATIONS[broken]
     monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))   # deliberate failures: keep reports/cases clean
@@ -49,6 +51,51 @@ def test_rotation_property_rejects_broken_implementation(broken, monkeypatch, tm
         rotation_matches_reference()
     # Rejected for its own bug: the shrunk counterexample is diagnosed as that bug.
     assert f"diagnosis: {EXPECTED_DIAGNOSIS[broken]}" in str(failure.value), str(failure.value)[:2000]
+
+
+# ------------------------------------------------------------------ views
+def _copies_back_contiguous(spec, positions, query, key, cache):
+    """Rotates out of place and returns the right outputs, then copies them back into the input's
+    buffer as if it were contiguous (a copy-back that ignores the destination's strides: ggml's
+    transposed copy path, llama.cpp#27663): an engine reading the buffer reads garbage."""
+    q, k = rotate_native(spec, positions, query, key, cache)
+    for x, out in ((query, q), (key, k)):
+        if x is not None and x.numel():
+            x.as_strided((x.numel(),), (1,), x.storage_offset()).copy_(out.reshape(-1))
+    return q, k
+
+
+_copies_back_contiguous.working_precision = "activation"
+# The view mutants (test_views.py's property catches them), and a copy-back only the buffer shows.
+VIEW_BUGS = {"heads_at_contiguous_stride": (BROKEN_ROTATIONS["heads_at_contiguous_stride"], "view_misread"),
+             "rows_as_wide_as_stride": (BROKEN_ROTATIONS["rows_as_wide_as_stride"], "wrote_outside_view"),
+             "copies_back_contiguous": (_copies_back_contiguous, "wrote_outside_view")}
+
+
+@pytest.mark.parametrize("broken", list(VIEW_BUGS))
+def test_view_property_rejects_broken_views(broken, monkeypatch, tmp_path):
+    # The draws of test_views_match_reference alone catch each, with its diagnosis.
+    fn, label = VIEW_BUGS[broken]
+    monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))
+
+    @settings(max_examples=50, derandomize=True, database=None, deadline=None, print_blob=False)
+    @given(case=view_cases(dtype="float32", kind="chunked3"))
+    def views_match_reference(case):
+        assert_matches_reference(broken, fn, case, "cpu")
+
+    with pytest.raises(AssertionError, match="does not match the reference") as failure:
+        views_match_reference()
+    assert f"diagnosis: {label}" in str(failure.value), str(failure.value)[:2000]
+
+
+def test_a_copy_back_into_a_heads_major_view_is_seen_in_the_buffer(monkeypatch, tmp_path):
+    # Its outputs are right and nothing outside the views changes: only the buffer shows it.
+    monkeypatch.setenv("ROPE_CASES_DIR", "off")
+    case = RotationCase(RopeSpec(32, 32, True, (4, 6, 6), max_position=64), 4, 2, 1, "float32", view="heads-major")
+    with pytest.raises(AssertionError, match="diagnosis: wrote_outside_view") as failure:
+        assert_matches_reference("copies_back_contiguous", _copies_back_contiguous, case, "cpu")
+    said = " ".join(str(failure.value).split())
+    assert "query's heads-major view holds neither its input nor the output returned for it" in said, said
 
 
 # ------------------------------------------------------------------ the position step

@@ -2,7 +2,7 @@
 and the code that regenerates them.
 
 A :class:`RotationCase` holds a spec, head counts, a token count, a dtype, a position pattern, a
-memory layout and a seed; :func:`build_rotation_inputs` turns it into tensors with a
+memory layout (the view q and k are handed as: :data:`VIEWS`) and a seed; :func:`build_rotation_inputs` turns it into tensors with a
 ``torch.Generator`` on the CPU and then moves them, so a case regenerates bit-identically on any
 device and from a case file.  The Hypothesis strategies that draw it live in the test suite
 (properties.strategies).
@@ -29,6 +29,25 @@ DTYPE_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 POSITION_KINDS = ("uniform", "text", "grid", "last_row")
 
+# How q and k lie in memory, the views an engine hands an implementation that rotates in place.  On the
+# three strided layouts the values are those of the contiguous case of the same seed; only the layout
+# differs.  Every element of the buffer outside q's and k's views holds data of its own, drawn after q
+# and k, and must come back unchanged (rope.harness.rotation.check.outside_view_problems); on the strided
+# layouts each view must afterwards hold its input or exactly the output returned for it (check.in_place_problems).
+#   contiguous   q and k tensors of their own, rows back to back
+#   packed-qkv   column slices of one [T, (Hq + 2 Hkv) * D] qkv tensor: row stride past the width, V after k
+#                (the field ``packed_qkv``, which predates ``view``, says it: view="packed-qkv" is stored so)
+#   row-gaps     as_strided rows of one flat buffer: a gap of D elements before every row of q and k
+#                (row stride = width + D), q's rows, then k's
+#   heads-major  the transposes of a heads-major [(Hq + 2 Hkv) * D, T] qkv buffer (heads, channels, then
+#                tokens): unit row stride, column stride T, V's heads after k's.  The [H, T, D] layout of
+#                attention backends has no [T, H * D] view; this is the heads-major layout the contract's
+#                2-D q and k can take
+#   same-buffer  k then q in every row of one [T, Hkv*D + Hq*D + 3 D] buffer, a D-element gap before k,
+#                between k and q and after q (llama.cpp's in-place rope on a non-contiguous view of its
+#                cache, llama.cpp#20274)
+VIEWS = ("contiguous", "packed-qkv", "row-gaps", "heads-major", "same-buffer")
+
 
 def check_choice(name, value, allowed):
     if value not in allowed:
@@ -47,13 +66,26 @@ class RotationCase:
     packed_qkv: bool = False   # q and k are row-strided views into one [T, (Hq + 2 Hkv) * hs] tensor
     seed: int = 0
     nonfinite: bool = False    # NaN, +inf and -inf planted in q and k (inject_nonfinite)
+    view: str = "contiguous"   # how q and k lie in memory besides packing (VIEWS)
     # The cos/sin cache's dtype when it differs from q's and k's (None: the activation dtype): an
     # fp32 table beside bf16/fp16 activations, as FlashInfer and SGLang take it.
     cache_dtype: str | None = None
 
     def __post_init__(self):
+        check_choice("view", self.view, VIEWS)
+        if self.view == "packed-qkv":      # one spelling per case: the flag that predates `view`
+            object.__setattr__(self, "view", "contiguous")
+            object.__setattr__(self, "packed_qkv", True)
+        elif self.packed_qkv and self.view != "contiguous":
+            raise ValueError(f"view={self.view!r}: packed_qkv=True lays q and k out as slices of a packed qkv "
+                             f"tensor already; view must be 'contiguous' or 'packed-qkv' with it")
         if self.cache_dtype is not None:
             check_choice("cache_dtype", self.cache_dtype, tuple(DTYPES))
+
+    @property
+    def view_kind(self) -> str:
+        """The case's entry of :data:`VIEWS` (``packed-qkv`` where ``packed_qkv`` is set)."""
+        return "packed-qkv" if self.packed_qkv else self.view
 
     @property
     def table_dtype(self) -> str:
@@ -70,6 +102,7 @@ class RotationCase:
         kv = f"{self.num_kv_heads} kv heads" if self.num_kv_heads else "no key"
         return (f"{self.num_tokens} tokens, {self.num_q_heads} q heads, {kv}, {self.dtype}, "
                 f"{self.spec.variant()}" + (", packed qkv" if self.packed_qkv else "")
+                + (f", {self.view} view" if self.view != "contiguous" else "")
                 + (f", {self.cache_dtype} table" if self.cache_dtype not in (None, self.dtype) else ""))
 
     def to_dict(self) -> dict:
@@ -226,7 +259,7 @@ class RotationInputs:
     query: torch.Tensor
     key: torch.Tensor | None
     cache: torch.Tensor
-    storage: torch.Tensor        # the tensor q and k live in (packed qkv or q itself)
+    storage: torch.Tensor        # the tensor q and k live in (packed qkv, the flat buffer of a VIEWS layout, or q)
     pristine_cache: torch.Tensor | None = None   # the shared table ``cache`` was copied from (same device)
     lent_key: tuple | None = None   # ``cache`` is a lent copy (:func:`build_rotation_pair`), to return once checked
 
@@ -262,7 +295,51 @@ def _generate(case: RotationCase) -> RotationInputs:
         for t in (query, key):
             if t is not None:
                 inject_nonfinite(t, gen)
+    if case.view != "contiguous":
+        storage, query, key = lay_out(case.view, query, key, hs, gen)
     return RotationInputs(positions, query, key, shared_table(spec, DTYPES[case.table_dtype], "cpu"), storage)
+
+
+def view_layout(view: str, num_tokens: int, q_width: int, k_width: int, head_size: int):
+    """(elements of the flat buffer, (size, stride, offset) of q, of k or None) of a VIEWS layout other
+    than contiguous and packed-qkv: the numbers :func:`lay_out` builds the views from."""
+    t, gap = num_tokens, head_size
+    k = None
+    if view == "row-gaps":           # [gap | q row] x T, then [gap | k row] x T, then a last gap
+        q_stride, k_stride = q_width + gap, k_width + gap
+        q = ((t, q_width), (q_stride, 1), gap)
+        if k_width:
+            k = ((t, k_width), (k_stride, 1), gap + t * q_stride)
+        total = gap + t * q_stride + (t * k_stride if k_width else 0)
+    elif view == "heads-major":      # [(Hq + 2 Hkv) * D, T]: q's channels, k's, V's; tokens fastest
+        q = ((t, q_width), (1, t), 0)
+        if k_width:
+            k = ((t, k_width), (1, t), q_width * t)
+        total = (q_width + 2 * k_width) * t
+    elif view == "same-buffer":      # per row: gap | k | gap | q | gap
+        row = k_width + q_width + (3 if k_width else 2) * gap
+        q = ((t, q_width), (row, 1), (k_width + 2 * gap) if k_width else gap)
+        if k_width:
+            k = ((t, k_width), (row, 1), gap)
+        total = t * row
+    else:
+        raise ValueError(f"view={view!r}: must be one of {VIEWS[2:]} here")
+    return total, q, k
+
+
+def lay_out(view: str, query: torch.Tensor, key: torch.Tensor | None, head_size: int, gen: torch.Generator):
+    """(flat buffer, q view, k view) holding ``query`` and ``key``'s values in the ``view`` layout
+    (:func:`view_layout`); every other element of the buffer is drawn from ``gen`` (V's heads, gaps)."""
+    k_width = key.shape[1] if key is not None else 0
+    total, q_at, k_at = view_layout(view, query.shape[0], query.shape[1], k_width, head_size)
+    storage = torch.randn(total, generator=gen).to(query.dtype)
+    q_view = storage.as_strided(*q_at)
+    q_view.copy_(query)
+    k_view = None
+    if key is not None:
+        k_view = storage.as_strided(*k_at)
+        k_view.copy_(key)
+    return storage, q_view, k_view
 
 
 def _place(case: RotationCase, x: RotationInputs, device: str, lend: bool = False) -> RotationInputs:
@@ -276,6 +353,10 @@ def _place(case: RotationCase, x: RotationInputs, device: str, lend: bool = Fals
         storage = x.storage.to(dev, copy=True)
         query = storage[:, :q_width]
         key = storage[:, q_width:q_width + k_width] if k_width else None
+    elif case.view != "contiguous":     # the same views into a copy of the flat buffer
+        storage = x.storage.to(dev, copy=True)
+        query = storage.as_strided(x.query.shape, x.query.stride(), x.query.storage_offset())
+        key = storage.as_strided(x.key.shape, x.key.stride(), x.key.storage_offset()) if k_width else None
     else:
         query = x.query.to(dev, copy=True)
         key = x.key.to(dev, copy=True) if x.key is not None else None

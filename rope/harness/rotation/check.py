@@ -227,12 +227,15 @@ def evaluate_case(impl_name: str, fn, case: RotationCase, device: str) -> CaseRu
                                       angles=angles)
     with profiling.phase("checks"):
         result.problems += read_only_problems(case, inputs, ref_in)
+        if failure is None:
+            result.problems += in_place_problems(case, inputs, ref_in, q_out, k_out)
     return CaseRun(inputs, ref_in, q_out, k_out, ref_q, ref_k, result, failure=failure, raised_cause=raised_cause)
 
 
 def read_only_problems(case: RotationCase, inputs: RotationInputs, ref_in: RotationInputs) -> list[str]:
     """What the implementation wrote that it may not: only q and k may be written (in place);
-    positions, the cache and the value slice of a packed qkv tensor are read-only.  The cache
+    positions, the cache and every element of q's and k's buffer outside their views (the value
+    slice of a packed qkv tensor, the gaps of a strided layout: :func:`outside_view_problems`) are read-only.  The cache
     (up to 128 MiB) is compared on its own device with the table it was copied from."""
     problems = []
     if not torch.equal(inputs.positions.cpu(), ref_in.positions):
@@ -245,10 +248,80 @@ def read_only_problems(case: RotationCase, inputs: RotationInputs, ref_in: Rotat
         problems.append("cos_sin_cache was modified by the implementation")
     else:
         return_lent_cache(inputs)
+    return problems + outside_view_problems(case, inputs, ref_in)
+
+
+# The words every problem of a write outside q's and k's views carries (the diagnosis's
+# wrote_outside_view rule looks for them).
+OUTSIDE_VIEW = "write outside q/k"
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s elements as integers of the same width (NaN compares equal to the same NaN)."""
+    return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def outside_view_problems(case: RotationCase, inputs: RotationInputs, ref_in: RotationInputs) -> list[str]:
+    """The elements of the buffer q and k live in that lie outside both views (V's heads, the gaps
+    between rows: rope.harness.rotation.cases.VIEWS) and changed in the call, bit for bit."""
     if case.packed_qkv:
         width = (case.num_q_heads + case.num_kv_heads) * case.spec.head_size
         if not torch.equal(inputs.storage[:, width:].cpu(), ref_in.storage[:, width:]):
-            problems.append("value slice of the packed qkv tensor was modified (write outside q/k)")
+            return [f"value slice of the packed qkv tensor was modified ({OUTSIDE_VIEW})"]
+        return []
+    if case.view == "contiguous":
+        return []
+    before = ref_in.storage
+    inside = torch.zeros(before.numel(), dtype=torch.bool)
+    for view in (ref_in.query, ref_in.key):
+        if view is not None:
+            inside.as_strided(view.shape, view.stride(), view.storage_offset()).fill_(True)
+    changed = (_bits(inputs.storage.cpu()) != _bits(before)) & ~inside
+    count = int(changed.sum())
+    if not count:
+        return []
+    first = int(changed.nonzero()[0, 0])
+    return [f"{count} element(s) of the buffer outside q's and k's {case.view} views were modified "
+            f"({OUTSIDE_VIEW}: {_where_outside(case, ref_in, first)}, its element {first})"]
+
+
+def _where_outside(case: RotationCase, x: RotationInputs, element: int) -> str:
+    """Where buffer ``element`` (outside both views) lies: the gap after which row, or which V head."""
+    if case.view == "heads-major":
+        channel, token = divmod(element, case.num_tokens)
+        channel -= (case.num_q_heads + case.num_kv_heads) * case.spec.head_size
+        head, channel = divmod(channel, case.spec.head_size)
+        return f"value head {head}, channel {channel}, token {token}"
+    for name, view in (("query", x.query), ("key", x.key)):
+        if view is None or not view.numel():
+            continue
+        row, column = divmod(element - view.storage_offset(), view.stride(0))
+        if 0 <= row < view.shape[0] and column >= view.shape[1]:
+            return f"the gap after {name} row {row}, element {column - view.shape[1]} of it"
+        if row == -1 or (row == 0 and element < view.storage_offset()):
+            return f"the gap before {name} row 0"
+    return "the gap before the first row"
+
+
+def in_place_problems(case: RotationCase, inputs: RotationInputs, ref_in: RotationInputs, q_out, k_out) -> list[str]:
+    """A call on views of one strided buffer (the row-gaps, heads-major and same-buffer layouts of
+    rope.harness.rotation.cases.VIEWS) is the in-place call of an engine, which reads the buffer
+    afterwards, not the return value (llama.cpp#20274): each view must hold its input untouched (the
+    call worked out of place) or exactly the output returned for it (it worked in place).  Anything
+    else is a result written to the buffer other than the one returned, e.g. a contiguous copy-back
+    into the strided view.  (Contiguous and packed-qkv cases are held to the returned outputs alone.)"""
+    if case.view == "contiguous":
+        return []
+    problems = []
+    for name, view, before, out in (("query", inputs.query, ref_in.query, q_out), ("key", inputs.key, ref_in.key, k_out)):
+        if view is None or not isinstance(out, torch.Tensor) or out.shape != view.shape or out.dtype != view.dtype:
+            continue         # a missing or malformed output is the comparison's to report
+        now = _bits(view.cpu())
+        if not (torch.equal(now, _bits(before)) or torch.equal(now, _bits(out.detach().cpu()))):
+            wrong = int(((now != _bits(before)) & (now != _bits(out.detach().cpu()))).sum())
+            problems.append(f"{name}'s {case.view} view holds neither its input nor the output returned "
+                            f"for it after the call ({wrong} element(s) modified otherwise: an in-place result "
+                            f"written elsewhere than returned)")
     return problems
 
 

@@ -17,53 +17,56 @@ share, each computed on first use) and walks :data:`RULES`: named functions
 that match the reference are ``match`` before any rule runs (and every rule returns None on them).
 The order is elimination, most specific first (each rule's docstring says why it sits where it
 does; the label it gives follows the rule's name where the two differ):
- 1. ``writes_outside``: positions, the cache, a guard or the value slice of a packed qkv tensor
-    were written.
- 2. ``wrong_output``: a tensor came back with the wrong shape, dtype or device (or None).
- 3. ``nonfinite_output`` (label ``nan``): NaN/inf where the reference is finite (an out-of-bounds
+ 1. ``writes_outside``: positions, the cache or a guard were written.
+ 2. ``wrote_outside_view``: q's and k's own buffer written outside their views (V's heads, the
+    gaps between strided rows), or a same-buffer view holding neither its input nor the output.
+ 3. ``wrong_output``: a tensor came back with the wrong shape, dtype or device (or None).
+ 4. ``nonfinite_output`` (label ``nan``): NaN/inf where the reference is finite (an out-of-bounds
     read from a guard region), or finite where it is NaN/inf (non-finite inputs swallowed).
- 4. ``out_of_bounds_read``: the values are right but the guards' tracer saw reads outside the
+ 5. ``out_of_bounds_read``: the values are right but the guards' tracer saw reads outside the
     inputs (rope/harness/guards.py reports them as problems).
- 5. ``pairing_swapped``: the output is the reference with the other of NeoX / GPT-J pairs.
- 6. ``cos_sin_misused``: ... with sin's sign flipped (a rotation by -theta), or cos and sin swapped.
- 7. ``table_misread``: ... from the table rounded to the activations' dtype (an fp32 table beside
+ 6. ``pairing_swapped``: the output is the reference with the other of NeoX / GPT-J pairs.
+ 7. ``cos_sin_misused``: ... with sin's sign flipped (a rotation by -theta), or cos and sin swapped.
+ 8. ``table_misread``: ... from the table rounded to the activations' dtype (an fp32 table beside
     bf16/fp16 q and k), or with cos and sin clamped to [-1, 1] (a scaled table's attention factor
     takes them past 1).
- 8. ``axis_map_wrong``: ... with another layout's axis map, or the map one frequency off.
- 9. ``section_boundary_shifted``: ... with every section boundary moved by the same offset (+1 or
+ 9. ``axis_map_wrong``: ... with another layout's axis map, or the map one frequency off.
+10. ``section_boundary_shifted``: ... with every section boundary moved by the same offset (+1 or
     -1: the ``<`` / ``<=`` slip of torch.bucketize's default right=False), or one section boundary,
     or one interleaved bound 3*s, moved by one.
-10. ``position_rows_swapped``: ... with the position rows permuted.
-11. ``position_rows_misread``: ... with row d read at a wrong row stride (positions[0, t + d], or
+11. ``position_rows_swapped``: ... with the position rows permuted.
+12. ``position_rows_misread``: ... with row d read at a wrong row stride (positions[0, t + d], or
     row 0 for every frequency).
-12. ``row_stride_ignored``: ... of q/k rows read as if packed back to back.
-13. ``partial_rotary_stride``: ... with head_size/2 where rotary_dim/2 belongs (sin read past its
+13. ``row_stride_ignored``: ... of q/k rows read as if packed back to back.
+14. ``view_misread``: ... of q/k read through another layout than their view (a heads-major
+    view's heads at the contiguous head stride, or its channels as unit-stride).
+15. ``partial_rotary_stride``: ... with head_size/2 where rotary_dim/2 belongs (sin read past its
     row, or the NeoX partner at i + head_size/2).
-14. ``pair_rows_split``: ... with the sections laid over the whole rotary head in blocks of 2*s_i,
+16. ``pair_rows_split``: ... with the sections laid over the whole rotary head in blocks of 2*s_i,
     so the two members of a NeoX pair take different position rows (transformers' HunYuanVL,
     docs/spec.md §2).
-    (5-14 are the neighbouring configurations, NEIGHBOURS: each candidate rotates the inputs by
+    (6-16 are the neighbouring configurations, NEIGHBOURS: each candidate rotates the inputs by
     its own cos/sin and pairs and is held to the same per-element bound, to the declared precision.)
-15. ``pass_through_only`` (label ``pass_through_touched``): channels >= rotary_dim differ from the
+17. ``pass_through_only`` (label ``pass_through_touched``): channels >= rotary_dim differ from the
     input, the rotary ones do not.
-16. ``own_angles_off`` (label ``angle_error``): an implementation computing its own angles is off
+18. ``own_angles_off`` (label ``angle_error``): an implementation computing its own angles is off
     by small angles beyond their float32 error (at frequency-1 pairs: its sine and cosine do not
     reduce the argument exactly, fast-math __sinf).
-17. ``modest_rounding`` (label ``precision_loss``): the worst error/bound ratio is modest
+19. ``modest_rounding`` (label ``precision_loss``): the worst error/bound ratio is modest
     (<= MODEST_RATIO: truncating stores, an extra rounding).
-18. ``lower_working_precision`` (label ``precision_loss``): every error fits the bound of a lower
+20. ``lower_working_precision`` (label ``precision_loss``): every error fits the bound of a lower
     working precision than declared (LOWER_PRECISION_SLACK x).
-19. ``imprecise_neighbour`` (labels of 5-14): a neighbouring configuration again, allowing the
+21. ``imprecise_neighbour`` (labels of 6-16): a neighbouring configuration again, allowing the
     lower precision (a kernel with a structural bug *and* imprecise arithmetic).
     From here only gross errors count (beyond bfloat16 rounding: Context.gross):
-20. ``key_only``: the query is right, the key is not.
-21. ``query_only``: the key is right, the query is not.
-22. ``head_subset``: only some heads are wrong (e.g. only the first power-of-two heads are right).
-23. ``token_subset``: only some tokens are wrong (e.g. only tokens at the last cache row).
-24. ``wrong_positions``: the output is an exact rotation by other positions than given (recovered
+22. ``key_only``: the query is right, the key is not.
+23. ``query_only``: the key is right, the query is not.
+24. ``head_subset``: only some heads are wrong (e.g. only the first power-of-two heads are right).
+25. ``token_subset``: only some tokens are wrong (e.g. only tokens at the last cache row).
+26. ``wrong_positions``: the output is an exact rotation by other positions than given (recovered
     per token and position row from the angles of the output's pairs, matched to cache rows):
     stale cos/sin, another chunk's positions, a wrong positions pointer.
-25. ``pass_through_and_rotary`` (label ``pass_through_touched``): pass-through channels touched and
+27. ``pass_through_and_rotary`` (label ``pass_through_touched``): pass-through channels touched and
     the rotary channels wrong too.
 Else ``unknown``: the location is all there is.
 """

@@ -352,6 +352,43 @@ def row_stride_alternatives(spec: RopeSpec, positions, query, key, cache):
             spec, positions, packed_q, packed_k, cache)
 
 
+def _misread_views(x, head_size: int):
+    """``x`` (a [T, H * D] view with a column stride c != 1) read the ways a kernel that assumes
+    unit-stride heads reads it: (how, misread view) with each head at the contiguous head stride D
+    from its token's start, channels at the column stride (heads after the first read elsewhere:
+    aiter#3841's non-contiguous q), and with the column stride taken as 1 (channels back to back
+    from the token's start); the reinterpretations that stay inside the storage."""
+    if x is None or x.shape[0] == 0 or x.stride(1) == 1 or x.shape[1] == 0:
+        return
+    tokens, width = x.shape
+    heads, size = width // head_size, x.untyped_storage().nbytes() // x.element_size()
+    for how, shape, stride in (
+            ("each head at the contiguous head stride (head h from channel h*head_size of the token's start, "
+             "channels at the column stride)", (tokens, heads, head_size), (x.stride(0), head_size, x.stride(1))),
+            ("channels read back to back (the column stride taken as 1)", (tokens, width), (x.stride(0), 1))):
+        last = x.storage_offset() + sum((n - 1) * s for n, s in zip(shape, stride))
+        if last < size:
+            yield how, x.as_strided(shape, stride, x.storage_offset()).reshape(tokens, width)
+
+
+def view_misread_alternatives(spec: RopeSpec, positions, query, key, cache):
+    """q/k with a column stride (heads-major views) read as if heads or channels were unit-stride."""
+    misread = {name: list(_misread_views(x, spec.head_size)) for name, x in (("query", query), ("key", key))}
+    for i in range(2):
+        q = misread["query"][i] if i < len(misread["query"]) else None
+        k = misread["key"][i] if i < len(misread["key"]) else None
+        if q is None and k is None:
+            continue
+        how = (q or k)[0]
+        strides = ", ".join(f"{n} strides {tuple(x.stride())}" for n, x in (("query", query), ("key", key))
+                            if x is not None)
+        yield _positions_alt(
+            "view_misread",
+            f"the output matches the reference applied to q/k read through another layout than their view "
+            f"({strides}): {how}; the kernel ignores the view's head or column stride",
+            spec, positions, q[1] if q else query, k[1] if k else key, cache)
+
+
 def _rotate_members(spec: RopeSpec, x, cos_a, sin_a, cos_b, sin_b):
     """:func:`reference.rotation.rotate_heads` with member b of each pair rotated by its own
     cos/sin: member a's channels from the rotation by (cos_a, sin_a), b's from (cos_b, sin_b)."""

@@ -13,7 +13,8 @@ from rope.harness.rotation.diagnosis.alternatives import (alternative_result, ax
                                                           table_alternatives,
                                                           pairing_alternatives, partial_rotary_alternatives,
                                                           row_misread_alternatives, row_order_alternatives,
-                                                          row_stride_alternatives, section_boundary_alternatives)
+                                                          row_stride_alternatives, section_boundary_alternatives,
+                                                          view_misread_alternatives)
 from rope.harness.rotation.diagnosis.locations import mismatch_locations
 from rope.harness.rotation.diagnosis.precision import dtype_name, is_read_problem, loose_bound
 from rope.harness.rotation.diagnosis.verdict import Diagnosis, LOWER_PRECISIONS
@@ -42,7 +43,7 @@ class _Lazy:
             i += 1
 
 
-# label -> the neighbouring configurations of that label, for a Context; in rule order (5-14).
+# label -> the neighbouring configurations of that label, for a Context; in rule order (6-16).
 # The positions-level ones use only the cache rows the positions use (Context.used_positions);
 # the partial rotary and pair-split ones the full cache (a sin read past its row lands in the next).
 NEIGHBOURS = {
@@ -56,6 +57,7 @@ NEIGHBOURS = {
     "position_rows_misread": lambda c: row_misread_alternatives(
         c.spec, c.used_positions, c.query, c.key, c.used_cache),
     "row_stride_ignored": lambda c: row_stride_alternatives(c.spec, c.used_positions, c.query, c.key, c.used_cache),
+    "view_misread": lambda c: view_misread_alternatives(c.spec, c.used_positions, c.query, c.key, c.used_cache),
     "partial_rotary_stride": lambda c: partial_rotary_alternatives(c.spec, c.rows, c.query, c.key, c.cache),
     "pair_rows_split": lambda c: pair_rows_split_alternatives(c.spec, c.rows, c.query, c.key, c.cache),
 }
@@ -258,7 +260,7 @@ class Context:
 
     @cached_property
     def gross(self) -> _Gross:
-        """Only errors beyond what the coarsest lower precision explains count (rules 20-25)."""
+        """Only errors beyond what the coarsest lower precision explains count (rules 22-27)."""
         coarse = LOWER_PRECISIONS[-1]
         cos, sin = self.cos_sin
         c, where = self.comparison, self.where

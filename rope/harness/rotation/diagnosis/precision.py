@@ -41,6 +41,13 @@ def is_write_problem(problem: str) -> bool:
     return "modified" in problem or "write(s)" in problem
 
 
+def is_view_write_problem(problem: str) -> bool:
+    """A write to q's and k's buffer outside their views: V's heads, the gaps between rows
+    (rope.harness.rotation.check.outside_view_problems), or a same-buffer view left holding neither its
+    input nor the returned output (check.in_place_problems)."""
+    return "write outside q/k" in problem or "holds neither its input nor the output" in problem
+
+
 def is_read_problem(problem: str) -> bool:
     """A traced read outside an input: guard elements, wild or misaligned reads."""
     return "read(s)" in problem or "misaligned-read" in problem

@@ -10,7 +10,8 @@ import torch
 from rope.harness.rotation.diagnosis.alternatives import alternative_result, explains, wrong_positions_alternative
 from rope.harness.rotation.diagnosis.context import Context, NEIGHBOURS
 from rope.harness.rotation.diagnosis.locations import prev_power_of_2, mismatch_locations, ranges
-from rope.harness.rotation.diagnosis.precision import dtype_name, fitting_precision, is_write_problem
+from rope.harness.rotation.diagnosis.precision import (dtype_name, fitting_precision, is_view_write_problem,
+                                                       is_write_problem)
 from rope.harness.rotation.diagnosis.verdict import Diagnosis, LOWER_PRECISION_SLACK, MODEST_RATIO
 from reference.rotation import exact_frequencies, pair_indices
 
@@ -27,13 +28,30 @@ def _on_mismatch(rule):
 
 @_on_mismatch
 def writes_outside(ctx: Context) -> Diagnosis | None:
-    """Writes outside q/k: positions, the cos/sin cache, a guard or the value slice of a packed qkv
-    tensor modified, or traced out-of-bounds / wild / read-only writes (rope/harness/guards.py).
+    """Writes outside q/k: positions, the cos/sin cache or a guard modified, or traced out-of-bounds /
+    wild / read-only writes (rope/harness/guards.py).
 
-    First: not a numeric question, and a write outside may corrupt what every later rule reads."""
-    outside = [p for p in ctx.comparison.problems if is_write_problem(p)]
+    First: not a numeric question, and a write outside may corrupt what every later rule reads.
+    Writes to q's and k's own buffer outside their views are wrote_outside_view's, next."""
+    outside = [p for p in ctx.comparison.problems if is_write_problem(p) and not is_view_write_problem(p)]
     if outside:
         return ctx.found("writes_outside", "; ".join(outside) + ": the implementation writes memory it may only read")
+    return None
+
+
+@_on_mismatch
+def wrote_outside_view(ctx: Context) -> Diagnosis | None:
+    """Writes to q's and k's buffer outside their views: V's heads of a packed or heads-major qkv
+    buffer, the gaps between strided rows (a store past the row width, a row taken as wide as its
+    stride), or a same-buffer view left holding neither its input nor the returned output (an
+    in-place result written elsewhere than returned, llama.cpp#20274).
+
+    After writes_outside (positions or the cache written is the graver fault); before every value
+    rule: the values the rules would read may be what the stray write left."""
+    outside = [p for p in ctx.comparison.problems if is_view_write_problem(p)]
+    if outside:
+        return ctx.found("wrote_outside_view", "; ".join(outside) + ": the implementation writes its buffer "
+                                                                    "outside the q/k views it was handed")
     return None
 
 
@@ -85,7 +103,7 @@ def nonfinite_output(ctx: Context) -> Diagnosis | None:
 
 
 def _neighbour_explains(ctx: Context) -> bool:
-    """Some neighbouring configuration (rules 5-14) explains the output, NaN/inf included: it
+    """Some neighbouring configuration (rules 6-16) explains the output, NaN/inf included: it
     explains the values and is non-finite exactly where the output is."""
     def same_nonfinite(result) -> bool:
         return all(exp is None or out is None or torch.equal(torch.isfinite(exp),
@@ -150,7 +168,7 @@ def pairing_swapped(ctx: Context) -> Diagnosis | None:
     """The output is the reference with the other pairing style: NeoX pairs (i, i + rotary_dim/2)
     for a GPT-J model or the reverse, the kernel ignoring is_neox_style (docs/spec.md §7.1).
 
-    First of the neighbouring configurations (5-14): they come before the precision and subset
+    First of the neighbouring configurations (6-16): they come before the precision and subset
     rules because an exact alternative explains every error, small ones included (a structural bug
     can look like rounding, or hit only some tokens).  The pairing swap changes every pair, so it
     is tried before the alternatives that move only some frequencies."""
@@ -235,6 +253,17 @@ def row_stride_ignored(ctx: Context) -> Diagnosis | None:
 
 
 @_on_mismatch
+def view_misread(ctx: Context) -> Diagnosis | None:
+    """The output is the reference applied to q/k read through another layout than the view they
+    came in: a heads-major view (column stride T) read with each head at the contiguous head stride,
+    or with unit-stride channels (aiter#3841: heads after the first read outside the view).
+
+    After row_stride_ignored (the row stride is the more common slip); only q/k with a column stride
+    can show it."""
+    return _explained_by(ctx, "view_misread")
+
+
+@_on_mismatch
 def partial_rotary_stride(ctx: Context) -> Diagnosis | None:
     """The output is the reference with head_size/2 where rotary_dim/2 belongs (partial rotary,
     docs/spec.md §7.3): sin read at offset head_size/2 + i of the cache row (past the row's end),
@@ -244,7 +273,7 @@ def partial_rotary_stride(ctx: Context) -> Diagnosis | None:
     unknowable, and the channels it changed tell it: the pass-through channels wrong are exactly
     those of pairs rotated by lanes up to head_size/2 (or a power-of-two block of them).
 
-    After the configurations of the spec's own shape (5-11): it reads the full cache, past the
+    After the configurations of the spec's own shape (6-13): it reads the full cache, past the
     rows the positions use; partial rotary only (rotary_dim < head_size)."""
     return _explained_by(ctx, "partial_rotary_stride") or _partial_rotary_channels(ctx)
 
@@ -402,7 +431,7 @@ def lower_working_precision(ctx: Context) -> Diagnosis | None:
 
 @_on_mismatch
 def imprecise_neighbour(ctx: Context) -> Diagnosis | None:
-    """The labels of rules 5-14: a neighbouring configuration that explains the output only in a
+    """The labels of rules 6-16: a neighbouring configuration that explains the output only in a
     lower working precision than declared (a structural bug *and* imprecise arithmetic: a
     mutant of the float32 path run on fp16/bf16 inputs).
 
@@ -577,9 +606,9 @@ def pass_through_and_rotary(ctx: Context) -> Diagnosis | None:
 
 
 RULES = (
-    writes_outside, wrong_output, nonfinite_output, out_of_bounds_read,
+    writes_outside, wrote_outside_view, wrong_output, nonfinite_output, out_of_bounds_read,
     pairing_swapped, cos_sin_misused, table_misread, axis_map_wrong, section_boundary_shifted, position_rows_swapped,
-    position_rows_misread, row_stride_ignored, partial_rotary_stride, pair_rows_split,
+    position_rows_misread, row_stride_ignored, view_misread, partial_rotary_stride, pair_rows_split,
     pass_through_only, own_angles_off, modest_rounding, lower_working_precision, imprecise_neighbour,
     key_only, query_only, head_subset, token_subset, wrong_positions, pass_through_and_rotary,
 )

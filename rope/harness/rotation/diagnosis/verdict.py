@@ -9,10 +9,11 @@ import torch
 
 
 LABELS = (
-    "match", "wrong_output", "writes_outside", "nan", "out_of_bounds_read", "pairing_swapped",
-    "cos_sin_misused", "table_misread", "axis_map_wrong", "section_boundary_shifted", "position_rows_swapped", "position_rows_misread",
-    "row_stride_ignored", "partial_rotary_stride", "pair_rows_split", "wrong_positions", "pass_through_touched",
-    "precision_loss", "angle_error", "key_only", "query_only", "head_subset", "token_subset", "unknown",
+    "match", "wrong_output", "writes_outside", "wrote_outside_view", "nan", "out_of_bounds_read", "pairing_swapped",
+    "cos_sin_misused", "table_misread", "axis_map_wrong", "section_boundary_shifted", "position_rows_swapped",
+    "position_rows_misread", "row_stride_ignored", "view_misread", "partial_rotary_stride", "pair_rows_split",
+    "wrong_positions", "pass_through_touched", "precision_loss", "angle_error", "key_only", "query_only", "head_subset",
+    "token_subset", "unknown",
 )
 # An alternative configuration explains the output when it leaves at most this share of the
 # original mismatches (1%: a kernel may be wrong in one way and slightly imprecise as well).
