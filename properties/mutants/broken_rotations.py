@@ -274,6 +274,10 @@ MODE_ONLY = {"skipped_under_compile": "test_rotation_matches_reference_under_com
 # Mutants of how a view is read or written, and the property of properties/rotation/test_views.py that
 # catches each: heads_at_contiguous_stride only there (the layouts every other property draws have unit
 # column stride), rows_as_wide_as_stride there and on packed qkv.
+# Mutants of how the table is read, and the property that catches each: an fp32 table beside bf16
+# activations, a table scaled past 1, angles computed at long positions (properties/rotation/test_scaled_tables.py).
+SCALED_TABLE_MUTANTS = {name: "test_scaled_tables_match_reference"
+                        for name in ("fp32_table_rounded_to_activations", "table_clamped_to_unit", "fast_math_angles")}
 VIEW_MUTANTS = {"heads_at_contiguous_stride": "test_views_match_reference",
                 "rows_as_wide_as_stride": "test_views_match_reference"}
 # Rotations wrong only where a GPU runs them (a CUDA graph): the catalogue says what they need.

@@ -17,10 +17,21 @@ from rope.harness.rotation.cases import RotationCase
 from rope.harness.rotation.diagnosis import Diagnosis
 from rope.harness.rotation.modes import compiled_implementation
 from rope.harness.rotation.replay import EXIT_BAD_INPUT, EXIT_FIXED, EXIT_MISMATCH, replay, run_repro
+from rope.native import rotate_native
 from rope.registry import implementation_record
 from rope.spec import RopeSpec
 
 MUTANT = "properties.mutants.broken_rotations:skipped_under_compile"
+ANY_MODE = "tests.harness.test_mode_case_files:native_in_any_mode"
+
+
+def native_in_any_mode(spec, positions, query, key, cache):
+    """The native rotation, declaring every mode (the default): a graph-mode replay of it is refused
+    only for want of a GPU, on any machine."""
+    return rotate_native(spec, positions, query, key, cache)
+
+
+native_in_any_mode.working_precision = "activation"
 CASE = RotationCase(RopeSpec(64, 32, True, max_position=64), 5, 2, 1, "float32", "uniform", False, 3)
 
 
@@ -66,8 +77,8 @@ def test_a_graph_case_file_records_its_replays_and_needs_a_gpu(case_dir):
     loaded = case_file.load_case(path)
     assert (loaded.mode, loaded.replay_tokens) == ("graph", [5, 2, 4])
     with pytest.raises(ValueError, match="recorded in a CUDA graph, and a CUDA/HIP graph needs a GPU"):
-        replay(path, impl="triton")
-    assert run_repro(path, device=None, impl="triton") == EXIT_BAD_INPUT
+        replay(path, impl=ANY_MODE, device="cpu")
+    assert run_repro(path, device="cpu", impl=ANY_MODE) == EXIT_BAD_INPUT
 
 
 @pytest.mark.parametrize("change, problem", [

@@ -7,8 +7,9 @@ import pytest
 from hypothesis import Phase, given, settings, strategies as st
 
 from rope.harness.rotation.check import assert_matches_reference
-from properties.mutants.broken_rotations import BROKEN_ROTATIONS, MODE_ONLY, VIEW_MUTANTS
+from properties.mutants.broken_rotations import BROKEN_ROTATIONS, MODE_ONLY, SCALED_TABLE_MUTANTS, VIEW_MUTANTS
 from properties.rotation.views import view_cases
+from properties.rotation.scaled_cases import scaled_rotation_cases
 from properties.strategies import DTYPES, KINDS, RotationCase, rotation_cases
 from rope.native import rotate_native
 from rope.spec import RopeSpec
@@ -35,7 +36,8 @@ MUTANT_KINDS = {name: ["mapped"] for name in ("chunked_for_two_row", "glm_round_
                                               "ernie45_h_w_swapped", "row_map_shifted_by_one")}
 
 
-@pytest.mark.parametrize("broken", [b for b in BROKEN_ROTATIONS if b not in MODE_ONLY and b not in VIEW_MUTANTS])
+@pytest.mark.parametrize("broken", [b for b in BROKEN_ROTATIONS
+                                    if b not in MODE_ONLY and b not in VIEW_MUTANTS and b not in SCALED_TABLE_MUTANTS])
 def test_rotation_property_rejects_broken_implementation(broken, monkeypatch, tmp_path):
     fn = BROKEN_ROTATIONS[broken]
     monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))   # deliberate failures: keep reports/cases clean
@@ -51,6 +53,28 @@ def test_rotation_property_rejects_broken_implementation(broken, monkeypatch, tm
         rotation_matches_reference()
     # Rejected for its own bug: the shrunk counterexample is diagnosed as that bug.
     assert f"diagnosis: {EXPECTED_DIAGNOSIS[broken]}" in str(failure.value), str(failure.value)[:2000]
+
+
+# ------------------------------------------------------------------ scaled tables
+SCALED_TABLE_DIAGNOSIS = {"fp32_table_rounded_to_activations": "table_misread", "table_clamped_to_unit": "table_misread",
+                          "fast_math_angles": "angle_error"}
+
+
+@pytest.mark.parametrize("broken", list(SCALED_TABLE_MUTANTS))
+def test_scaled_table_property_rejects_broken_implementation(broken, monkeypatch, tmp_path):
+    # The draws of test_scaled_tables_match_reference (every rope type at its admitted length, q and k
+    # beside an fp32 table or in the table's dtype), without its model examples.
+    fn = BROKEN_ROTATIONS[broken]
+    monkeypatch.setenv("ROPE_CASES_DIR", str(tmp_path))
+
+    @settings(max_examples=100, derandomize=True, database=None, deadline=None, print_blob=False)
+    @given(case=scaled_rotation_cases())
+    def scaled_tables_match_reference(case):
+        assert_matches_reference(broken, fn, case, "cpu")
+
+    with pytest.raises(AssertionError, match="does not match the reference") as failure:
+        scaled_tables_match_reference()
+    assert f"diagnosis: {SCALED_TABLE_DIAGNOSIS[broken]}" in str(failure.value), str(failure.value)[:2000]
 
 
 # ------------------------------------------------------------------ views
