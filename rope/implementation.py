@@ -14,10 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Callable
 
-__all__ = ["ANGLE_SOURCES", "CHECKED_THINGS", "DECLARATIONS", "Implementation", "MAX_SWITCH", "MODES",
+__all__ = ["ANGLE_SOURCES", "CHECKED_THINGS", "DECLARATIONS", "FUSED_OPS", "Implementation", "MAX_SWITCH", "MODES",
            "WORKING_PRECISIONS"]
 
-CHECKED_THINGS = ("rotation", "position_step", "position_ids", "table")
+CHECKED_THINGS = ("rotation", "position_step", "position_ids", "table", "fused")
+# The fused contracts (docs/spec.md §10): QK-norm + RoPE, RoPE + KV-cache write, DeepSeek's MLA.
+FUSED_OPS = ("qk_norm_rope", "rope_kv_cache", "mla_rope_kv_cache")
 WORKING_PRECISIONS = ("float32", "activation")
 ANGLE_SOURCES = ("cache", "own-float32")     # the table it is handed, or angles it computes itself
 MAX_SWITCH = 1 << 31
@@ -55,6 +57,9 @@ class Implementation:
     families: tuple[str, ...] | None = None      # the model families it implements (None: every one)
     batch: Callable | None = None                # (family, PromptBatch) -> one result per prompt
     known_deviations: Callable | None = None     # (family, PromptBatch) -> a pinned departure per prompt
+    # Fused ops.
+    fused_op: str | None = None                  # the contract it implements: one of FUSED_OPS
+    rounds_normalized: bool = False              # QK-norm + RoPE: rounds the normalized q/k before rotating
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)
@@ -85,7 +90,10 @@ class Implementation:
             if isinstance(value, str) or not all(isinstance(f, str) for f in _iterable(where + "families", value)):
                 raise ValueError(f"{where}families={value!r}: must be a sequence of family names")
             declared["families"] = tuple(value)
-        for key in ("separate_1d_kernel", "autograd", "cache_grad"):
+        if "fused_op" in declared and declared["fused_op"] not in FUSED_OPS:
+            raise ValueError(f"{where}fused_op={declared['fused_op']!r}: must be one of {FUSED_OPS} (the contract "
+                             f"it implements, docs/implementations.md)")
+        for key in ("separate_1d_kernel", "autograd", "cache_grad", "rounds_normalized"):
             if key in declared and not isinstance(declared[key], bool):
                 raise ValueError(f"{where}{key}={declared[key]!r}: must be True or False")
         for key in ("fullgraph", "deterministic"):

@@ -25,7 +25,7 @@ import sys
 from typing import Callable
 
 from rope.backends import BACKENDS
-from rope.implementation import MAX_SWITCH, WORKING_PRECISIONS, Implementation
+from rope.implementation import FUSED_OPS, MAX_SWITCH, WORKING_PRECISIONS, Implementation
 
 _ROTATIONS = {
     "native": "rope.native:rotate_native",
@@ -219,7 +219,6 @@ def positions_unsupported_reason(name: str, fn: Callable, device: str) -> str | 
 
 # The fused ops (docs/spec.md §10), op by op: contract A ``qk_norm_rope``, B ``rope_kv_cache``, C
 # ``mla_rope_kv_cache`` (MLA: our Triton kernel only; the unfused sequence has none).
-FUSED_OPS = ("qk_norm_rope", "rope_kv_cache", "mla_rope_kv_cache")
 _FUSED = {
     "triton": {"qk_norm_rope": "rope.triton.fused_qk_norm_rope:qk_norm_rope_triton",
                "rope_kv_cache": "rope.triton.rope_kv_cache:rope_kv_cache_triton",
@@ -244,9 +243,9 @@ def get_fused_implementation(name: str, op: str | None = None):
         ops = {key: resolve(path, kind="fused_impl", builtins={}) for key, path in _FUSED[name].items()}
     else:
         fn = resolve(name, kind="fused_impl", builtins={})
-        declared = getattr(fn, "fused_op", None)
-        if declared not in FUSED_OPS:
-            raise ValueError(f"fused_impl={name!r}: fused_op={declared!r}: must be one of {FUSED_OPS} (the contract "
+        declared = Implementation.of(f"fused_impl={name!r}: implementation", fn, "fused").fused_op
+        if declared is None:
+            raise ValueError(f"fused_impl={name!r}: fused_op=None: must be one of {FUSED_OPS} (the contract "
                              f"it implements, docs/implementations.md)")
         ops = {declared: fn}
     return ops if op is None else ops.get(op)

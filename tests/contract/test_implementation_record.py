@@ -58,6 +58,8 @@ def test_built_ins_adapters_and_import_paths_give_records():
     ("families", "qwen2_vl", r"mine\.families='qwen2_vl': must be a sequence of family names"),
     ("version", 3, r"mine\.version=3: must be a string"),
     ("supports", True, r"mine\.supports=True: must be callable"),
+    ("fused_op", "norm_rope", r"mine\.fused_op='norm_rope': must be one of \('qk_norm_rope', 'rope_kv_cache', "),
+    ("rounds_normalized", 1, r"mine\.rounds_normalized=1: must be True or False"),
 ])
 def test_a_malformed_declaration_names_the_implementation_and_the_field(field, value, message):
     def mine(spec, positions, query, key, cos_sin_cache):

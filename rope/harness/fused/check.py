@@ -39,6 +39,7 @@ from rope.harness.fused.diagnosis import diagnose
 from rope.harness.fused.cases import (CacheCase, CacheInputs, MLACase, MLAInputs, QKNormCase, QKNormInputs,
                                       build_cache_case, build_mla_case, build_qk_norm_case)
 from rope.harness.rotation.bound import compare_rotation
+from rope.implementation import Implementation
 
 __all__ = ["FusedCheck", "ImplementationFailed", "assert_mla_rope_kv_cache", "assert_qk_norm_rope", "assert_rope_kv_cache",
            "bad_elements", "bits", "cache_write_problems", "changed_rows", "check_case", "check_mla_rope_kv_cache",
@@ -334,9 +335,7 @@ def _checked(name: str, fn: Callable, case, device, build: Callable, check: Call
 def assert_qk_norm_rope(name: str, fn: Callable, case: QKNormCase, device: str = "cpu") -> FusedCheck:
     """Hold ``fn`` (contract A) to the reference on ``case``: an AssertionError tagged with its cause
     on any departure, the check recorded in the run report."""
-    rounded = getattr(fn, "rounds_normalized", False)
-    if not isinstance(rounded, bool):
-        raise ValueError(f"{name}.rounds_normalized={rounded!r}: must be True or False")
+    rounded = Implementation.of(name, fn, "fused").rounds_normalized
 
     def check(case, inputs, run):
         return check_qk_norm_rope(case, inputs, run, rounded_norm=rounded)
@@ -357,9 +356,9 @@ def check_case(op: str, fn: Callable, case, device: str = "cpu") -> FusedCheck:
     """The verdict of ``fn`` (contract ``op``) on ``case`` without asserting (a replay's): its
     inputs built on ``device``, the check's FusedCheck; ImplementationFailed where it raised."""
     if op == "qk_norm_rope":
-        rounded = getattr(fn, "rounds_normalized", False)
+        rounded = Implementation.of("", fn, "fused").rounds_normalized
         return check_qk_norm_rope(case, build_qk_norm_case(case, device), run_qk_norm_rope(fn, case),
-                                  rounded_norm=rounded is True)
+                                  rounded_norm=rounded)
     if op == "rope_kv_cache":
         return check_rope_kv_cache(case, build_cache_case(case, device), run_rope_kv_cache(fn, case))
     if op == "mla_rope_kv_cache":
