@@ -5,7 +5,6 @@ positions to the table's last row (past 2^17 where the spec reaches it)."""
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import event, example, given
 
 from properties.rotation.scaled_cases import LONG_ROWS, model_scaled_cases, scaled_rotation_cases
@@ -21,7 +20,6 @@ def _with_model_examples(test):
     return test
 
 
-@pytest.mark.table
 @given(case=scaled_rotation_cases())
 @_with_model_examples
 def test_scaled_tables_match_reference(impl_name, device, case):
