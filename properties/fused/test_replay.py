@@ -12,7 +12,7 @@ import pytest
 from rope.harness.fused.case_file import KIND
 from rope.harness.fused.check import assert_mla_rope_kv_cache, assert_qk_norm_rope, assert_rope_kv_cache
 from rope.harness.fused.replay import implementation_of
-from rope.harness.repro import replay_params
+from rope.harness.repro import parametrize_replays
 
 # The replays: run with --rope-repro (or when named), not in a plain run.
 pytestmark = [pytest.mark.replay, pytest.mark.harness_stage, pytest.mark.self_test]
@@ -22,17 +22,7 @@ ASSERTS = {"qk_norm_rope": assert_qk_norm_rope, "rope_kv_cache": assert_rope_kv_
 
 
 def pytest_generate_tests(metafunc):
-    if "fused_repro" not in metafunc.fixturenames:
-        return
-    params = []
-    if metafunc.config.getoption("--rope-repro"):
-        try:
-            params = replay_params(metafunc.config, KIND)
-        except ValueError as exc:
-            raise pytest.UsageError(str(exc) if str(exc).startswith("--rope-repro") else f"--rope-repro: {exc}") from None
-    if not params:
-        params = [pytest.param(None, marks=pytest.mark.skip(reason="no fused case file given"), id="no-case")]
-    metafunc.parametrize("fused_repro", params)
+    parametrize_replays(metafunc, "fused_repro", KIND, "fused")
 
 
 def test_replayed_fused_case_matches(fused_repro):

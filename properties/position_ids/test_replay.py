@@ -14,24 +14,14 @@ from rope.harness.position_ids.case_file import KIND
 from rope.harness.position_ids.check import assert_matches
 from rope.harness.position_ids.implementations import get_position_ids_implementation, unsupported_reason
 from rope.harness.position_ids.replay import resolve_recorded
-from rope.harness.repro import replay_params
+from rope.harness.repro import parametrize_replays
 
 # The replays: run with --rope-repro (or when named), not in a plain run.
 pytestmark = [pytest.mark.replay, pytest.mark.harness_stage, pytest.mark.self_test]
 
 
 def pytest_generate_tests(metafunc):
-    if "position_ids_repro" not in metafunc.fixturenames:
-        return
-    params = []
-    if metafunc.config.getoption("--rope-repro"):
-        try:
-            params = replay_params(metafunc.config, KIND)
-        except ValueError as exc:
-            raise pytest.UsageError(str(exc) if str(exc).startswith("--rope-repro") else f"--rope-repro: {exc}") from None
-    if not params:
-        params = [pytest.param(None, marks=pytest.mark.skip(reason="no position-id case file given"), id="no-case")]
-    metafunc.parametrize("position_ids_repro", params)
+    parametrize_replays(metafunc, "position_ids_repro", KIND, "position-id")
 
 
 def test_replayed_position_ids_case_matches(position_ids_repro):

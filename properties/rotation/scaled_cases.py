@@ -55,9 +55,8 @@ def model_scaled_cases(dtype: str = "bfloat16", cache_dtype: str = "float32") ->
         if spec.max_position * spec.rotary_dim > MODEL_TABLE_ELEMENTS:
             if spec.scaling.rope_type in ("dynamic", "longrope"):
                 continue
-            rows = min(spec.max_position, max(LONG_ROWS * 2 + 1, MODEL_TABLE_ELEMENTS // spec.rotary_dim))
-            if rows * spec.rotary_dim > 4 * MODEL_TABLE_ELEMENTS:
-                rows = MODEL_TABLE_ELEMENTS // spec.rotary_dim
+            past = 2 * LONG_ROWS + 1
+            rows = past if past * spec.rotary_dim <= 4 * MODEL_TABLE_ELEMENTS else MODEL_TABLE_ELEMENTS // spec.rotary_dim
             spec = dataclasses.replace(spec, max_position=rows)
         cases[key] = RotationCase(spec=spec, num_tokens=4, num_q_heads=2, num_kv_heads=1, dtype=dtype,
                                   positions_kind="last_row", seed=0,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pytest
 
-from rope.harness.repro import replay_params
+from rope.harness.repro import parametrize_replays
 from rope.harness.rotation.case_file import KIND
 from rope.harness.rotation.cases import build_rotation_inputs
 from rope.harness.rotation.check import assert_matches_reference, skip_if_unsupported
@@ -31,19 +31,7 @@ pytestmark = [pytest.mark.replay, pytest.mark.harness_stage, pytest.mark.self_te
 
 
 def pytest_generate_tests(metafunc):
-    if "repro" not in metafunc.fixturenames:
-        return
-    if not metafunc.config.getoption("--rope-repro"):
-        metafunc.parametrize("repro", [pytest.param(None, marks=pytest.mark.skip(
-            reason="replays case files: needs --rope-repro CASE"))], ids=["no-case"])
-        return
-    try:
-        params = replay_params(metafunc.config, KIND)
-    except ValueError as exc:
-        raise pytest.UsageError(str(exc) if str(exc).startswith("--rope-repro") else f"--rope-repro: {exc}") from None
-    if not params:
-        params = [pytest.param(None, marks=pytest.mark.skip(reason="no rotation case file given"), id="no-case")]
-    metafunc.parametrize("repro", params)
+    parametrize_replays(metafunc, "repro", KIND, "rotation")
 
 
 def test_replayed_case_matches_reference(repro):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from rope.harness.repro import replay_params
+from rope.harness.repro import parametrize_replays
 from rope.harness.table.case_file import KIND
 from rope.harness.table.check import assert_table_matches
 from rope.harness.table.replay import resolve_recorded, unsupported_reason
@@ -20,17 +20,7 @@ pytestmark = [pytest.mark.replay, pytest.mark.harness_stage, pytest.mark.self_te
 
 
 def pytest_generate_tests(metafunc):
-    if "table_repro" not in metafunc.fixturenames:
-        return
-    params = []
-    if metafunc.config.getoption("--rope-repro"):
-        try:
-            params = replay_params(metafunc.config, KIND)
-        except ValueError as exc:
-            raise pytest.UsageError(str(exc) if str(exc).startswith("--rope-repro") else f"--rope-repro: {exc}") from None
-    if not params:
-        params = [pytest.param(None, marks=pytest.mark.skip(reason="no table case file given"), id="no-case")]
-    metafunc.parametrize("table_repro", params)
+    parametrize_replays(metafunc, "table_repro", KIND, "table")
 
 
 def test_replayed_table_case_matches(table_repro):

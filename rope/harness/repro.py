@@ -72,6 +72,23 @@ def replay_params(config, kind: str) -> list:
     return params
 
 
+def parametrize_replays(metafunc, fixture: str, kind: str, what: str) -> None:
+    """A checked thing's replay test's ``pytest_generate_tests``: ``fixture`` parametrized with
+    :func:`replay_params` of ``kind``, or one skipped param saying why there is nothing to replay
+    (``what``: the thing's name in that reason).  A bad ``--rope-repro`` is a usage error."""
+    import pytest
+    if fixture not in metafunc.fixturenames:
+        return
+    params, reason = [], "replays case files: needs --rope-repro CASE"
+    if metafunc.config.getoption("--rope-repro"):
+        reason = f"no {what} case file given"
+        try:
+            params = replay_params(metafunc.config, kind)
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc) if str(exc).startswith("--rope-repro") else f"--rope-repro: {exc}") from None
+    metafunc.parametrize(fixture, params or [pytest.param(None, marks=pytest.mark.skip(reason=reason), id="no-case")])
+
+
 def add_repro_parser(sub) -> None:
     """Register ``repro`` on the CLI's subparsers."""
     p = sub.add_parser("repro", help="replay a mismatch case file (reports/cases/<id>.json)",
