@@ -101,8 +101,7 @@ def test_graph_replays_match_reference_of_their_own_inputs(impl_name, device, da
             f"without 'graph' if it is not meant to be captured)"), cause="graph_capture_failed", size=case.size,
             case=case.brief()) from None
     if stale is not None:
-        sentence = (f"graph replay {stale.index} of {stale.replays} ({stale.step.num_tokens} real tokens of "
-                    f"{case.num_tokens}) does not match the reference of that replay's inputs")
+        sentence = stale.sentence(case.num_tokens)
         lines = write_mode_case_file(impl_name, impl, case, device, stale.comparison,
                                      Diagnosis("graph_replay_stale", sentence), mode="graph", replay_tokens=tokens)
         raise causes.tag(AssertionError("\n".join([stale.comparison.message(

@@ -66,6 +66,24 @@ def test_a_compile_only_failure_replays_under_compile(case_dir, capsys):
     assert run_repro(eager, device=None, impl=MUTANT) == EXIT_FIXED
 
 
+def test_pytest_rope_repro_replays_a_compile_only_failure_under_compile(case_dir, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    path, _ = _compile_failure(case_dir)
+    root = Path(__file__).resolve().parents[2]
+
+    def run(impl):      # as test_case_files.py's _pytest runs it
+        return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q",
+                               "properties/rotation/test_replay.py", "--rope-repro", str(path), "--rope-impl", impl],
+                              cwd=root, capture_output=True, text=True, timeout=600,
+                              env={**os.environ, case_files.CASES_DIR_ENV: str(tmp_path / "replayed")})
+    # Eagerly the mutant is right: only a replay under torch.compile fails it again.
+    failing = run(MUTANT)
+    assert failing.returncode == 1 and "1 failed" in failing.stdout, failing.stdout + failing.stderr
+
+
 def test_a_graph_case_file_records_its_replays_and_needs_a_gpu(case_dir):
     from rope.harness.rotation.bound import Comparison
     comparison = Comparison(CASE.spec, problems=["stale"])

@@ -213,6 +213,11 @@ class StaleReplay:
     step: ReplayStep
     comparison: object          # rope.harness.rotation.bound.Comparison
 
+    def sentence(self, num_tokens: int) -> str:
+        """What went wrong, in one line (the case had ``num_tokens`` tokens)."""
+        return (f"graph replay {self.index} of {self.replays} ({self.step.num_tokens} real tokens of {num_tokens}) "
+                f"does not match the reference of that replay's inputs")
+
 
 def stale_replay(impl: Implementation, case, replay_tokens, device: str) -> tuple[StaleReplay | None, object]:
     """Capture ``impl`` on the graph case's inputs, replay :func:`graph_replay_steps`, and hold each

@@ -153,9 +153,8 @@ def _replay_graph(case_file: CaseFile, name: str, record, device: str) -> Replay
         raise ValueError(f"replaying case {case_file.id} on {device} failed ({type(exc).__name__}: {exc})") from exc
     if stale is None:
         return Replay(case_file, name, device, last, None, notes)
-    sentence = (f"graph replay {stale.index} of {stale.replays} ({stale.step.num_tokens} real tokens of "
-                f"{case.num_tokens}) does not match the reference of that replay's inputs")
-    return Replay(case_file, name, device, stale.comparison, Diagnosis("graph_replay_stale", sentence), notes)
+    diagnosis = Diagnosis("graph_replay_stale", stale.sentence(case.num_tokens))
+    return Replay(case_file, name, device, stale.comparison, diagnosis, notes)
 
 
 def regenerated(notes: list[str]) -> bool:
