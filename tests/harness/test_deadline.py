@@ -149,7 +149,7 @@ def stuck(spec, positions, query, key, cache):
 @pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="needs POSIX signals")
 @pytest.mark.parametrize("impl, timeout_args, says", [
     ("python_hang", [], "did not return within 5 s"),
-    ("stuck", ["--rope-test-timeout", "30"], "crashed while running '::test_known_bug_triggers_match_reference[hanging_impl:stuck"),
+    ("stuck", ["--rope-test-timeout", "15"], "crashed while running '::test_known_bug_triggers_match_reference[hanging_impl:stuck"),
 ], ids=["interrupted", "uninterruptible"])
 def test_a_hanging_implementation_fails_one_test_and_the_run_goes_on(tmp_path, impl, timeout_args, says):
     (tmp_path / "hanging_impl.py").write_text(textwrap.dedent(_HANGING))
