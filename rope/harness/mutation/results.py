@@ -64,6 +64,16 @@ class SuiteResult:
         d["caught"] = self.caught
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "SuiteResult | None":
+        """The record :meth:`to_dict` wrote (its runs and controls as RunRecord and Control)."""
+        if d is None:
+            return None
+        fields = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        fields["runs"] = [RunRecord(**r) for r in d.get("runs", [])]
+        fields["controls"] = [Control(**c) for c in d.get("controls", [])]
+        return cls(**fields)
+
 
 def describe(s: SuiteResult | None) -> str:
     """One line: caught in how long by which test, or what happened instead."""
@@ -85,6 +95,11 @@ class MutantResult:
         return {**asdict(self.mutant), "dedicated": self.mutant.kind == "dispatch",
                 "harness": self.harness.to_dict(), "baseline": self.baseline.to_dict() if self.baseline else None,
                 "drawn": self.drawn.to_dict() if self.drawn else None}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "MutantResult":
+        return cls(Mutant.from_dict(d), SuiteResult.from_dict(d["harness"]), SuiteResult.from_dict(d.get("baseline")),
+                   SuiteResult.from_dict(d.get("drawn")))
 
 
 @dataclass
@@ -127,6 +142,17 @@ class MutationReport:
                 "confirm": self.confirm,
                 "total_wall_s": round(self.total_wall_s, 2), "summary": self.summary(),
                 "mutants": [r.to_dict() for r in self.results]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "MutationReport":
+        """The report a ``mutants.json`` holds (schema :data:`SCHEMA`): what the markdown is rendered
+        from, so a committed report's table can be recomputed from its JSON."""
+        if not isinstance(d, dict) or d.get("schema") != SCHEMA:
+            raise ValueError(f"schema={d.get('schema') if isinstance(d, dict) else None!r}: expected {SCHEMA!r}")
+        not_run = [(n["mutant"], n["reason"]) for n in d.get("summary", {}).get("not_run", [])]
+        return cls([MutantResult.from_dict(m) for m in d["mutants"]], d["profile"], d["limit_s"], d["budget_s"],
+                   d["jobs"], d["baseline"], d["confirm"], d.get("total_wall_s", 0.0), d.get("created", ""),
+                   not_run, d.get("drawn", False))
 
 
 def exit_code(report: MutationReport) -> int:
