@@ -48,6 +48,8 @@ _TABLES = {
     "ours": "rope.table:cos_sin_table_ours",
     # transformers' ROPE_INIT_FUNCTIONS and rotary-module forward (optional package): by name only.
     "transformers": "rope.backends.transformers.table:cos_sin_table_transformers",
+    # vLLM's get_rope for the spec's config (optional package): by name only.
+    "vllm": "rope.backends.vllm.table:cos_sin_table_vllm",
 }
 BUILTIN_TABLES = ("ours",)
 
