@@ -9,6 +9,7 @@ import torch
 from hypothesis import strategies as st
 
 from properties.strategies import KINDS, RotationCase, as_1d, batches_of, build_rotation_inputs, rotation_cases, supported_shapes
+from rope.harness.rotation.batch import assert_batch_matches_reference
 from rope.harness.rotation.check import assert_matches_reference, call_rotation, checked_run, skip_if_unsupported
 from rope.implementation import Implementation
 from rope.registry import get_implementation
@@ -26,7 +27,9 @@ def supported_variants(impl_name, impl, device, dtypes) -> list[tuple]:
 
 def one_shape_many_batches_match_reference(impl_name, device, dtype, data) -> None:
     """One shape the implementation runs (drawn from ``data``), then 1-12 batches through it (2 on the
-    CPU), each held to the reference (test_rotation.py's test_one_shape_many_batches_match_reference)."""
+    CPU), held to the reference together: one call each, then one float64 reference and one bound over
+    all of them (rope.harness.rotation.batch); a batch that fails is reported by the one-case check
+    (test_rotation.py's test_one_shape_many_batches_match_reference)."""
     impl = get_implementation(impl_name)
     variants = supported_variants(impl_name, impl, device, [dtype])
     _, kind, neox, narrowed = data.draw(st.sampled_from(variants), label="variant")
@@ -36,8 +39,7 @@ def one_shape_many_batches_match_reference(impl_name, device, dtype, data) -> No
     # On the CPU, where the Triton interpreter runs one program at a time, two batches per shape.
     batches = data.draw(st.lists(batches_of(shape), min_size=1, max_size=2 if device == "cpu" else 12),
                         label="batches")
-    for batch in batches:
-        assert_matches_reference(impl_name, impl, batch, device)
+    assert_batch_matches_reference(impl_name, impl, batches, device)
 
 
 def check_text_tokens_reduce_to_1d(impl_name, impl, case: RotationCase, device: str) -> None:

@@ -47,6 +47,10 @@ def test_a_spec_becomes_the_call_a_decoder_makes(stubbed):
     dynamic = RopeSpec(128, 96, max_position=8192, scaling={"rope_type": "dynamic", "factor": 2.0,
                                                             "original_max_position": 4096})
     assert call(dynamic) == (4096, {"rope_theta": 10000.0, "rope_type": "dynamic", "factor": 2.0, "rope_dim": 96})
+    # M-RoPE with YaRN (Qwen3.5's) goes to MRotaryEmbedding, its map named as vLLM's config names it.
+    length, params = call(MODELS["qwen3.5-27b-yarn"].spec)
+    assert params["mrope_section"] == list(MODELS["qwen3.5-27b-yarn"].spec.sections)
+    assert params["mrope_interleaved"] is True and params["rope_type"] == "yarn" and params["rope_dim"] == 64
     # Proportional (Gemma 4): the rotating fraction as partial_rotary_factor, the whole head as the table.
     length, params = call(MODELS["gemma-4-26b-a4b-full"].spec)
     assert params["rope_type"] == "proportional" and params["partial_rotary_factor"] == 0.25

@@ -75,6 +75,10 @@ def vllm_rope_call(spec: RopeSpec) -> tuple[int, dict]:
             params.pop("factor", None)
     if spec.rotary_dim != spec.head_size and (s is None or s.rope_type != "proportional"):
         params["rope_dim"] = spec.rotary_dim          # vLLM 0.33 reads it before partial_rotary_factor
+    if spec.sections is not None and spec.num_dims == 3 and spec.layout in ("chunked", "interleaved"):
+        params["mrope_section"] = list(spec.sections)     # M-RoPE (with YaRN): MRotaryEmbedding's table
+        if spec.layout == "interleaved":
+            params["mrope_interleaved"] = True
     return _config_length(spec), params
 
 
@@ -109,7 +113,9 @@ def _built(spec: RopeSpec, dtype: torch.dtype) -> torch.Tensor:
     object.__setattr__(config, "model_config", SimpleNamespace(max_model_len=spec.max_position))
     _rotary._ROPE_DICT.clear()          # get_rope memoizes ops across dtypes' keys; build afresh
     with _config.set_current_vllm_config(config):
-        op = _rotary.get_rope(spec.head_size, max_position, spec.is_neox_style, params, dtype)
+        # M-RoPE's positions_factor 1: its first max_position rows are those of the default 4x table.
+        op = _rotary.get_rope(spec.head_size, max_position, spec.is_neox_style, params, dtype,
+                              mrope_positions_factor=1)
     if hasattr(op, "long_short_cos_sin_cache"):                  # LongRoPE: [short rows | long rows]
         short_rows = op.original_max_position_embeddings
         table = op.long_short_cos_sin_cache

@@ -209,6 +209,28 @@ class Comparison:
         return "\n".join(lines)
 
 
+def element_errors(spec: RopeSpec, x: torch.Tensor, got: torch.Tensor, exp: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor, precision: str, angle_error: torch.Tensor | None = None,
+                   cache_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 (|got - exp|, bound) per element of ``x`` [T, H * head_size] (any device): the error an
+    implementation made and the most :func:`rotation_bound` allows it, non-finite values matched."""
+    bound = rotation_bound(spec, x, exp, cos, sin, x.dtype, precision, angle_error, cache_dtype)
+    # Non-finite values match exactly: NaN where the reference has NaN, the same infinity where it
+    # has one, finite elsewhere; any other pairing is an infinite error.  The bound of such an
+    # element (made of non-finite inputs) is 0, so a NaN bound can never pass a wrong value.
+    finite = torch.isfinite(exp) & torch.isfinite(got)
+    same_nonfinite = (torch.isnan(exp) & torch.isnan(got)) | (torch.isinf(exp) & (got == exp))
+    if angle_error is not None:
+        # Own angles: where a cos or sin is within the angle error of 0 its sign is not
+        # determined, nor the sign of an infinity it multiplies (inf - inf may turn ±inf):
+        # there any non-finite value answers a non-finite reference.
+        undetermined = _undetermined_sign(spec, cos, sin, angle_error, x.shape)
+        same_nonfinite |= ~torch.isfinite(exp) & ~torch.isfinite(got) & undetermined
+    err = torch.where(finite, (got - exp).abs(),
+                      torch.where(same_nonfinite, torch.zeros_like(exp), torch.full_like(exp, float("inf"))))
+    return err, torch.where(torch.isfinite(bound), bound, torch.zeros_like(bound))
+
+
 def compare_rotation(spec: RopeSpec, positions, query, key, cos_sin_cache, out_q, out_k, ref_q, ref_k,
                      precision: str = "float32", *, device=None, keep: int = 5, angles: str = "cache") -> Comparison:
     """Compare an implementation's (out_q, out_k) with the reference's (ref_q, ref_k).
@@ -254,22 +276,8 @@ def compare_rotation(spec: RopeSpec, positions, query, key, cos_sin_cache, out_q
     widths = [x.shape[1] for _, x, _, _ in compared]
     x, got, exp = (torch.cat([c[i] for c in compared], dim=1) if len(compared) > 1 else compared[0][i]
                    for i in (1, 2, 3))
-    bound = rotation_bound(spec, x, exp, cos, sin, x.dtype, precision, angle_error,
-                           cos_sin_cache.dtype if angles == "cache" else None)
-    # Non-finite values match exactly: NaN where the reference has NaN, the same infinity where it
-    # has one, finite elsewhere; any other pairing is an infinite error.  The bound of such an
-    # element (made of non-finite inputs) is 0, so a NaN bound can never pass a wrong value.
-    finite = torch.isfinite(exp) & torch.isfinite(got)
-    same_nonfinite = (torch.isnan(exp) & torch.isnan(got)) | (torch.isinf(exp) & (got == exp))
-    if angle_error is not None:
-        # Own angles: where a cos or sin is within the angle error of 0 its sign is not
-        # determined, nor the sign of an infinity it multiplies (inf - inf may turn ±inf):
-        # there any non-finite value answers a non-finite reference.
-        undetermined = _undetermined_sign(spec, cos, sin, angle_error, x.shape)
-        same_nonfinite |= ~torch.isfinite(exp) & ~torch.isfinite(got) & undetermined
-    err = torch.where(finite, (got - exp).abs(),
-                      torch.where(same_nonfinite, torch.zeros_like(exp), torch.full_like(exp, float("inf"))))
-    bound = torch.where(torch.isfinite(bound), bound, torch.zeros_like(bound))
+    err, bound = element_errors(spec, x, got, exp, cos, sin, precision, angle_error,
+                                cos_sin_cache.dtype if angles == "cache" else None)
     start = 0
     for (name, *_), width in zip(compared, widths):
         result.errors[name], result.bounds[name] = err[:, start:start + width], bound[:, start:start + width]

@@ -1,0 +1,94 @@
+"""The rotation's batched check (rope.harness.rotation.batch): a verdict per case that agrees with
+the one-case check (passed or not, and the same worst error/bound), whatever else is in the batch;
+a raise, a wrong shape and an unsupported spec each a verdict of its own; a batch that mixes specs
+refused naming ``cases``."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from properties.mutants import broken_rotations
+from properties.strategies import batches_of, rotation_cases
+from rope.harness.rotation.batch import assert_batch_matches_reference, check_batch
+from rope.harness.rotation.check import evaluate_case
+from rope.harness.rotation.cases import RotationCase
+from rope.registry import get_implementation
+from rope.spec import RopeSpec
+
+NATIVE = get_implementation("native")
+SPEC = RopeSpec(64, 48, False, (8, 8, 8))
+
+
+def _batch(n: int, **fields) -> list[RotationCase]:
+    return [RotationCase(SPEC, 3 + i, 2 + i % 3, i % 2, "float32", "uniform", i % 3 == 0, seed=i, **fields)
+            for i in range(n)]
+
+
+@pytest.mark.parametrize("name", ["native", "mutant"])
+@settings(max_examples=15, deadline=None)
+@given(data=st.data())
+def test_verdicts_agree_with_the_one_case_check(name, data):
+    fn = NATIVE if name == "native" else broken_rotations.neox_for_gptj
+    shape = data.draw(rotation_cases(dtype=data.draw(st.sampled_from(["float32", "bfloat16"])), nonfinite=True))
+    cases = data.draw(st.lists(batches_of(shape), min_size=1, max_size=5))
+    for verdict, case in zip(check_batch(name, fn, cases, "cpu"), cases, strict=True):
+        alone = evaluate_case(name, fn, case, "cpu").comparison
+        assert verdict.case == case
+        assert verdict.passed == alone.ok, (verdict, alone.message())
+        if alone.num_elements:
+            assert math.isclose(verdict.worst_ratio, alone.worst_ratio, rel_tol=1e-9, abs_tol=1e-12) or \
+                verdict.worst_ratio == alone.worst_ratio, (verdict.worst_ratio, alone.worst_ratio)
+
+
+def test_one_broken_case_fails_alone_in_its_batch():
+    def wrong_on_third_seed(spec, positions, query, key, cache):
+        q, k = NATIVE(spec, positions, query, key, cache)
+        if q.shape[0] == 5:                       # the case with 5 tokens: one element off
+            q = q.clone()
+            q[0, 0] += 1.0
+        return q, k
+    verdicts = check_batch("wrong", wrong_on_third_seed, _batch(4), "cpu")
+    assert [v.outcome for v in verdicts] == ["passed", "passed", "failed", "passed"]
+    assert "1 of" in verdicts[2].detail and verdicts[2].worst_ratio > 1
+
+
+def test_a_raise_and_a_wrong_shape_are_verdicts_of_their_own():
+    def misbehaves(spec, positions, query, key, cache):
+        if query.shape[0] == 4:
+            raise RuntimeError("boom")
+        q, k = NATIVE(spec, positions, query, key, cache)
+        return (q[:1], k) if query.shape[0] == 5 else (q, k)
+    verdicts = check_batch("misbehaves", misbehaves, _batch(3), "cpu")
+    assert [v.outcome for v in verdicts] == ["passed", "raised", "failed"]
+    assert "RuntimeError: boom" in verdicts[1].detail and "query.shape=(1," in verdicts[2].detail
+
+
+def test_an_unsupported_batch_is_unsupported_with_the_reason():
+    def fp32_only(spec, positions, query, key, cache):
+        return NATIVE(spec, positions, query, key, cache)
+    fp32_only.unsupported_reason = lambda spec, dtype, device: "float32 only" if dtype != torch.float32 else None
+    cases = [dataclasses.replace(c, dtype="bfloat16") for c in _batch(2)]
+    verdicts = check_batch("fp32_only", fp32_only, cases, "cpu")
+    assert [v.outcome for v in verdicts] == ["unsupported"] * 2
+    assert all(v.detail.startswith("unsupported: fp32_only") and v.detail.endswith("float32 only") for v in verdicts)
+
+
+def test_a_batch_shares_one_spec_dtype_and_table():
+    mixed = _batch(2) + [dataclasses.replace(_batch(1)[0], dtype="bfloat16")]
+    with pytest.raises(ValueError, match="cases: a batch shares one dtype"):
+        check_batch("native", NATIVE, mixed, "cpu")
+    with pytest.raises(ValueError, match="cases: view='row-gaps'"):
+        check_batch("native", NATIVE, [RotationCase(SPEC, 3, 2, 1, "float32", view="row-gaps")], "cpu")
+    assert check_batch("native", NATIVE, [], "cpu") == []
+
+
+def test_the_pytest_adapter_reports_the_failing_case_in_full():
+    with pytest.raises(AssertionError, match="does not match the reference"):
+        assert_batch_matches_reference("neox_for_gptj", broken_rotations.neox_for_gptj, _batch(3), "cpu")
+    assert all(v.passed for v in assert_batch_matches_reference("native", NATIVE, _batch(3), "cpu"))
