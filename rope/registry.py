@@ -186,6 +186,12 @@ def get_positions_implementation(name: str) -> Callable:
     return resolve(name, kind="positions_impl", builtins=_POSITIONS)
 
 
+def get_recorded_positions_implementation(name: str, *, source: str, trusted: tuple[str, ...] = ()) -> Callable:
+    """The position-step implementation a case file names (:func:`resolve_recorded`)."""
+    return resolve_recorded(name, source=source, registered=_POSITIONS, get=get_positions_implementation,
+                            option="--rope-position-step-impl", trusted=trusted)
+
+
 def positions_implementations() -> dict[str, Callable]:
     """Every built-in position-step implementation, by name (not the optional vLLM adapter)."""
     return {name: get_positions_implementation(name) for name in BUILTIN_POSITIONS}

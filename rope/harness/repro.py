@@ -1,6 +1,7 @@
 """``rope-harness repro CASE [--device D] [--impl NAME]``: replay a mismatch case file, whatever its
 kind.  The kind's replay does the work: a rotation case file (rope.harness.rotation.replay), a
-position-id one (rope.harness.position_ids.replay), a table's (rope.harness.table.replay) or a fused
+position-id one (rope.harness.position_ids.replay), a position step's
+(rope.harness.position_step.replay), a table's (rope.harness.table.replay) or a fused
 op's (rope.harness.fused.replay, whose implementation ``--fused-impl`` names as ``--impl`` does); this module reads a file's kind with the
 envelope's one header reader (rope.harness.case_files.read_header) and hands the file on, for the
 command line and for ``pytest --rope-repro`` (:func:`replay_params`).
@@ -22,6 +23,8 @@ from rope.harness.fused import case_file as fused_case_file
 from rope.harness.fused import replay as fused_replay
 from rope.harness.position_ids import case_file as position_ids_case_file
 from rope.harness.position_ids import replay as position_ids_replay
+from rope.harness.position_step import case_file as position_step_case_file
+from rope.harness.position_step import replay as position_step_replay
 from rope.harness.rotation import case_file as rotation_case_file
 from rope.harness.rotation import replay as rotation_replay
 from rope.harness.table import case_file as table_case_file
@@ -30,7 +33,8 @@ from rope.harness.table import replay as table_replay
 EXIT_BAD_INPUT = 2
 # Each kind of case file and its replay (every replay module has run_repro and replay_params).
 REPLAYS = {rotation_case_file.KIND: rotation_replay, position_ids_case_file.KIND: position_ids_replay,
-           table_case_file.KIND: table_replay, fused_case_file.KIND: fused_replay}
+           table_case_file.KIND: table_replay, fused_case_file.KIND: fused_replay,
+           position_step_case_file.KIND: position_step_replay}
 # The kinds computed on the host, where --device means nothing.
 HOST_KINDS = (position_ids_case_file.KIND,)
 

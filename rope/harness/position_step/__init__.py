@@ -6,13 +6,15 @@ checked thing's slice has them:
 * check: the call (positionally, ``out`` last), the comparison with ``reference.prepare_positions``
   (the bound is equality), the failure;
 * diagnosis: what differs, and the cause a failure is grouped under;
-* guards: the step inside guard regions and the interpreter's memory tracer.
+* guards: the step inside guard regions and the interpreter's memory tracer;
+* case_file: its kind of case file (a failing plain check writes one); replay: its replay.
 
 The contract and the implementation records are rope.registry's (``get_positions_implementation``);
-the properties an implementation must pass are properties/position_step/.  The position step writes no
-case files yet (a failure prints the whole step).  A slice imports the shared machinery of
-rope.harness, never another slice (pyproject's import-linter contracts).
+the properties an implementation must pass are properties/position_step/.  A failure under guards
+prints the whole step and writes no case file (its replay would run the plain check, which a write
+only the guards see passes).  A slice imports the shared machinery of rope.harness, never another
+slice (pyproject's import-linter contracts).
 """
 
 # Its modules: each is imported by its own name.
-__all__ = ["cases", "check", "diagnosis", "guards"]
+__all__ = ["case_file", "cases", "check", "diagnosis", "guards", "replay"]

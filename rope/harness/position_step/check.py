@@ -12,10 +12,10 @@ import torch
 
 import reference
 from rope.devices import synchronize, torch_device
-from rope.harness import causes, profiling, report
+from rope.harness import case_files, causes, profiling, report
 from rope.harness.case_files import wrap
 from rope.harness.deadline import call_timeout, deadline
-from rope.harness.draws import current_test
+from rope.harness.draws import current_test, hypothesis_example
 from rope.harness.placement import device_label
 from rope.harness.position_step.cases import OUT_SENTINEL, RaggedBatch
 from rope.harness.position_step.diagnosis import cause, wrong_positions
@@ -55,7 +55,7 @@ def assert_positions_match(name: str, fn, batch: RaggedBatch, device: str) -> No
     problems = check_positions(name, device, batch.tensors("cpu"), out[:, :n], past)
     if problems:
         raise positions_failure(f"{name} on {device}: the step's positions are wrong", problems, tokens=n,
-                                requests=len(batch.query_lens))
+                                requests=len(batch.query_lens), written=(name, fn, batch, device))
 
 
 def check_positions(impl_name: str, device: str, args: dict, out: torch.Tensor, more_problems=()) -> list[str]:
@@ -70,14 +70,41 @@ def check_positions(impl_name: str, device: str, args: dict, out: torch.Tensor, 
     return problems
 
 
-def positions_failure(header: str, problems: list[str], *, tokens: int, requests: int) -> AssertionError:
+def positions_failure(header: str, problems: list[str], *, tokens: int, requests: int,
+                      written: tuple | None = None) -> AssertionError:
     """The AssertionError of a position step that failed its check: the header, then each problem
     on lines of its own (wrapped short), tagged with its cause for the run's grouping
-    (rope.harness.position_step.diagnosis.cause)."""
+    (rope.harness.position_step.diagnosis.cause).  ``written``: (name, fn, batch, device) of a step
+    whose case file is written once Hypothesis has shrunk it (rope.harness.position_step.case_file)."""
     lines = [header] + [piece for p in problems for piece in wrap(p)]
-    return causes.tag(AssertionError("\n".join(lines)), cause=cause(problems),
-                      headline=causes.clip(problems[0]), size=tokens,
-                      case=f"{tokens} tokens, {requests} request{'s' if requests != 1 else ''}")
+    failure = {"cause": cause(problems), "headline": causes.clip(problems[0]), "size": tokens,
+               "case": f"{tokens} tokens, {requests} request{'s' if requests != 1 else ''}"}
+    if written is not None:
+        final, hypothesis = hypothesis_example()
+        if final:
+            lines += _write_case(*written, problems, failure, hypothesis)
+    return causes.tag(AssertionError("\n".join(lines)), **failure)
+
+
+def _write_case(name: str, fn, batch: RaggedBatch, device: str, problems: list[str], failure: dict,
+                hypothesis) -> list[str]:
+    """Write the step's case file; the lines to add to the message (never raising: the failure is
+    reported all the same)."""
+    from rope.harness.position_step.case_file import case_record
+    from rope.registry import get_positions_implementation
+    try:
+        implementation = case_files.implementation_path(name, fn, resolve=get_positions_implementation)
+        directory = case_files.cases_dir()
+        if directory is None:
+            return [f"case file: not written ({case_files.CASES_DIR_ENV} is off)"]
+        record = case_record(implementation=implementation, fn=fn, batch=batch, device=device, problems=problems,
+                             label=failure["cause"], hypothesis=hypothesis)
+        shown = case_files.display_path(case_files.write_case(record, directory))
+        command = case_files.replay_command(shown, implementation)
+        failure.update(case_file=shown, replay=command)
+        return [f"case file: {shown}", f"replay: {command}"]
+    except Exception as exc:     # noqa: BLE001 - the mismatch is reported all the same
+        return [f"(case file not written: {type(exc).__name__}: {exc})"]
 
 
 def _record_positions_check(impl_name: str, device: str, num_dims: int, num_tokens: int, wrong: str | None) -> None:

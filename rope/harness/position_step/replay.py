@@ -1,0 +1,83 @@
+"""The position step's replay: a position-step case file (rope.harness.position_step.case_file) run
+again against its recorded implementation (a registered name only: a module path stored in a case file
+is never imported) or the one named on the command line, on its device or another, through the same
+check the suite runs (rope.harness.position_step.check).  ``rope-harness repro FILE``
+(rope.harness.repro dispatches by kind) and ``pytest --rope-repro FILE``
+(properties/position_step/test_replay.py, whose pytest params :func:`replay_params` builds) replay it.
+
+Exit status of :func:`run_repro`: 0 fixed, 1 still differs, 2 cannot replay.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from rope import registry
+from rope.devices import available_devices
+from rope.harness.case_files import display_path
+from rope.harness.position_step.case_file import PositionStepCaseFile, load_case
+from rope.harness.position_step.check import run_positions
+
+__all__ = ["replay", "replay_params", "resolve_recorded", "run_repro"]
+
+
+def resolve_recorded(name: str, source: str, trusted: tuple[str, ...] = ()) -> Callable:
+    """A registered position-step implementation only (``trusted`` packages excepted: the suite's own mutants)."""
+    return registry.get_recorded_positions_implementation(name, source=source, trusted=trusted)
+
+
+def replay(path: Path | str, *, device: str | None = None, impl: str | None = None
+           ) -> tuple[PositionStepCaseFile, str, list[str]]:
+    """Replay a position-step case file against its implementation (or ``impl``) on its device (or
+    ``device``): (the case file, the implementation's name, what is still wrong: empty once fixed).
+    ValueError when it cannot be replayed (bad file, unknown implementation or device, a crash)."""
+    from rope.harness.deadline import ImplementationHung
+    from rope.harness.position_step.check import check_positions
+    from rope.harness.position_step.cases import OUT_SENTINEL
+    loaded = load_case(path)
+    name = impl or loaded.implementation
+    fn = registry.get_positions_implementation(impl) if impl else resolve_recorded(
+        name, f"case file {display_path(loaded.path)}")
+    where = device or loaded.device
+    if where.split(":", 1)[0] not in available_devices():
+        raise ValueError(f"device={where!r}: not available here (rope-harness devices lists them); pass --device")
+    batch = loaded.batch
+    try:
+        out = run_positions(fn, batch, where)
+    except ImplementationHung:
+        raise ValueError(f"{name} did not return on case {loaded.id} within the call deadline "
+                         f"($ROPE_CALL_TIMEOUT, default 120 s)") from None
+    except Exception as exc:    # noqa: BLE001 - a crash of the implementation
+        raise ValueError(f"{name} failed on case {loaded.id} ({type(exc).__name__}: {exc})") from exc
+    n = batch.num_tokens
+    past = [] if bool((out[:, n:] == OUT_SENTINEL).all()) else [f"wrote columns past the step's {n} tokens"]
+    return loaded, name, check_positions(name, where, batch.tensors("cpu"), out[:, :n], past)
+
+
+def run_repro(path: Path | str, *, device: str | None, impl: str | None) -> int:
+    """The ``repro`` subcommand for a position-step case file: 0 fixed, 1 still differs, 2 cannot replay."""
+    try:
+        loaded, name, problems = replay(path, device=device, impl=impl)
+    except ValueError as exc:
+        print(f"rope-harness repro: {exc}", file=sys.stderr)
+        return 2
+    rec = loaded.record
+    print(f"replaying {display_path(loaded.path)}: position step, case {loaded.id}, recorded {rec['implementation']} "
+          f"on {rec['device']} ({rec['created']}), {loaded.batch.brief()}: {rec['diagnosis']['label']}")
+    if not problems:
+        print(f"{name} gives the reference's positions and writes nothing past the step: fixed", flush=True)
+        return 0
+    print(f"{name} still differs:\n" + "\n".join(problems))
+    return 1
+
+
+def replay_params(path: Path, config) -> list:
+    """The pytest params replaying the position-step case file at ``path``: one per implementation, the
+    recorded one (a registered name only) or each ``--rope-position-step-impl`` (the user's word)."""
+    loaded = load_case(path)
+    named = config.getoption("--rope-position-step-impl")
+    return [pytest.param((loaded, impl, bool(named)), id=f"{loaded.id}-{impl}") for impl in named or [loaded.implementation]]
