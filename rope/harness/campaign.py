@@ -37,49 +37,16 @@ from pathlib import Path
 
 from rope.harness import case_files, profiling, report, table_store
 from rope.harness.atomic import atomic_write
+from rope.harness.campaign_settings import CAMPAIGN_ENV, DATABASE_ENV, EXAMPLES_ENV, ROUNDS_ENV, SHARED_DATABASE_ENV
 from rope.harness.suite import NOTHING_COMPARED_EXIT, suite_path
 
-CAMPAIGN_ENV = "ROPE_CAMPAIGN"                 # set in the rounds: conftest records, the campaign merges
-EXAMPLES_ENV = "ROPE_CAMPAIGN_EXAMPLES"        # examples per test outside the rounds (the campaign profile)
-ROUNDS_ENV = "ROPE_CAMPAIGN_ROUNDS"            # a session's rounds: "examples:seed,examples:seed,..."
 ROUNDS_PER_RUN = 8
-DATABASE_ENV = "ROPE_HYPOTHESIS_DB"            # the shared example database directory
-SHARED_DATABASE_ENV = "ROPE_SHARED_DB"         # a Redis URL campaigns on several hosts share (--shared-db)
 # The suite's sub-packages a campaign searches by default, and the tests it leaves out there by
 # marker: the prefill sizes (their float64 reference of a 16k-token batch holds gigabytes of host
 # memory per worker, a campaign's many workers at once).
 DEFAULT_TESTS = ("rotation", "position_step")
 DEFAULT_SELECTION = "not prefill"
 GRACE_S = 30.0                                 # after SIGINT, how long a round may take to wind down
-
-
-def campaign_profile(env) -> dict:
-    """Settings of the ``campaign`` Hypothesis profile (registered by the plugin) for a round's
-    environment: its examples per test, and the example database every worker and round shares."""
-    from hypothesis.database import DirectoryBasedExampleDatabase
-    out = {"max_examples": int(env.get(EXAMPLES_ENV, "200")), "deadline": None, "print_blob": True}
-    if env.get(SHARED_DATABASE_ENV):        # campaigns on several hosts: rope.harness.shared_db
-        from rope.harness.shared_db import shared_database
-        out["database"] = shared_database(env[SHARED_DATABASE_ENV], env.get(DATABASE_ENV))
-    elif env.get(DATABASE_ENV):
-        out["database"] = DirectoryBasedExampleDatabase(env[DATABASE_ENV])
-    return out
-
-
-def campaign_rounds(env) -> list[tuple[int, int]]:
-    """A campaign session's rounds from its environment: (examples per test, seed) each."""
-    raw = env.get(ROUNDS_ENV, "")
-    rounds = []
-    for part in filter(None, (p.strip() for p in raw.split(","))):
-        examples, sep, seed = part.partition(":")
-        try:
-            rounds.append((int(examples), int(seed)))
-            if not sep or rounds[-1][0] < 1:
-                raise ValueError
-        except ValueError:
-            raise ValueError(f"{ROUNDS_ENV}={raw!r}: must be examples:seed pairs with examples >= 1, "
-                             f"comma-separated") from None
-    return rounds
 
 
 def examples_schedule(max_examples: int, start: int = 20, factor: int = 4):

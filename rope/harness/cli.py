@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from rope.harness.plugin.failures import COMPARISONS_PROPERTY
+from rope.harness.suite import COMPARISONS_PROPERTY
 from rope.harness.suite import NOTHING_COMPARED_EXIT, suite_dir
 
 
@@ -222,7 +222,7 @@ def cmd_check(args) -> int:
     import pytest
 
     from rope.devices import available_devices
-    from rope.harness.plugin.compared import PLUGIN_NAME
+    from rope.harness.suite import COMPARED_PLUGIN_NAME
     devices = args.device or available_devices()
     named = [*args.impl, *args.positions_impl, *args.position_ids_impl, *args.table_impl]
     named += args.fused_impl
@@ -240,7 +240,7 @@ def cmd_check(args) -> int:
     class _KeepVerdict:
         @pytest.hookimpl(trylast=True)
         def pytest_configure(self, config):
-            verdicts.append(config.pluginmanager.get_plugin(PLUGIN_NAME))
+            verdicts.append(config.pluginmanager.get_plugin(COMPARED_PLUGIN_NAME))
 
     code = int(pytest.main(_pytest_args(args), plugins=[bar, _KeepVerdict()]))
     from rope.harness.report import reports_dir

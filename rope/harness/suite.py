@@ -25,6 +25,11 @@ NOTHING_COMPARED_EXIT = 5
 # their @example cases (rope.harness.plugin.profiles registers them, rope-harness mutants' drawn-only
 # run loads them, with the tests marked fixed_cases deselected).
 DRAWN_SUFFIX = "-drawn"
+# What a run tells the command that started it (rope-harness check reads both, the plugin writes
+# them): the junit property carrying a test's comparisons, and the name the plugin's per-run
+# verdict registers under (rope.harness.plugin.compared).
+COMPARISONS_PROPERTY = "rope_comparisons"
+COMPARED_PLUGIN_NAME = "rope-harness-compared"
 
 
 def suite_dir() -> Path:

@@ -221,7 +221,7 @@ def test_examples_schedule_deepens_to_the_cap():
 def test_campaign_rounds_share_one_example_database(tmp_path):
     from hypothesis.database import DirectoryBasedExampleDatabase
 
-    from rope.harness.campaign import campaign_profile
+    from rope.harness.campaign_settings import campaign_profile
     kwargs = campaign_profile({"ROPE_CAMPAIGN_EXAMPLES": "320", "ROPE_HYPOTHESIS_DB": str(tmp_path / "db")})
     assert kwargs["max_examples"] == 320 and kwargs["deadline"] is None
     assert isinstance(kwargs["database"], DirectoryBasedExampleDatabase)
@@ -230,7 +230,7 @@ def test_campaign_rounds_share_one_example_database(tmp_path):
 
 
 def test_campaign_rounds_come_from_the_environment():
-    from rope.harness.campaign import ROUNDS_ENV, campaign_rounds
+    from rope.harness.campaign_settings import ROUNDS_ENV, campaign_rounds
     assert campaign_rounds({ROUNDS_ENV: "20:7, 80:9"}) == [(20, 7), (80, 9)]
     assert campaign_rounds({}) == []
     for bad in ("20", "x:1", "0:3", "20:1,80"):
@@ -248,7 +248,7 @@ def test_a_rounds_database_key_is_the_test_without_its_round(nodeid, expected):
 def test_campaign_rounds_run_in_one_session_with_their_own_examples(tmp_path):
     # Two rounds of 3 and 5 examples: each Hypothesis test runs once per round, in round order,
     # with that round's examples (8 comparisons); the fixed cases run once.
-    from rope.harness.campaign import CAMPAIGN_ENV, EXAMPLES_ENV, ROUNDS_ENV
+    from rope.harness.campaign_settings import CAMPAIGN_ENV, EXAMPLES_ENV, ROUNDS_ENV
     run_dir = tmp_path / "records"
     env = {**os.environ, CAMPAIGN_ENV: "1", EXAMPLES_ENV: "3", ROUNDS_ENV: "3:11,5:12", report.RUN_ENV: str(run_dir),
            "ROPE_CASES_DIR": "off"}

@@ -9,7 +9,7 @@ from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase, MultiplexedDatabase
 
-from rope.harness import campaign
+from rope.harness import campaign, campaign_settings
 from rope.harness.shared_db import check_url, shared_database
 
 
@@ -47,10 +47,10 @@ def test_a_failure_one_host_finds_is_replayed_first_on_another(tmp_path, redis_u
 
 
 def test_a_campaign_rounds_database_is_the_shared_one_when_asked(tmp_path, redis_url):
-    env = {campaign.DATABASE_ENV: str(tmp_path / "db"), campaign.SHARED_DATABASE_ENV: redis_url}
-    assert isinstance(campaign.campaign_profile(env)["database"], MultiplexedDatabase)
-    del env[campaign.SHARED_DATABASE_ENV]
-    assert isinstance(campaign.campaign_profile(env)["database"], DirectoryBasedExampleDatabase)
+    env = {campaign_settings.DATABASE_ENV: str(tmp_path / "db"), campaign_settings.SHARED_DATABASE_ENV: redis_url}
+    assert isinstance(campaign_settings.campaign_profile(env)["database"], MultiplexedDatabase)
+    del env[campaign_settings.SHARED_DATABASE_ENV]
+    assert isinstance(campaign_settings.campaign_profile(env)["database"], DirectoryBasedExampleDatabase)
 
 
 @pytest.mark.parametrize("url", ["http://host:6379", "redis:", "host:6379", ""])

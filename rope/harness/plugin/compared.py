@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from rope.harness.suite import NOTHING_COMPARED_EXIT
+from rope.harness.suite import COMPARED_PLUGIN_NAME, NOTHING_COMPARED_EXIT
 
 # The checked things that record their comparisons, and the option naming each one's implementations.
 OPTION_OF_THING = {"rotation": "--rope-impl", "position_step": "--rope-position-step-impl",
@@ -130,4 +130,4 @@ class Verdict:
         return {thing: t.comparisons for thing, t in self.tallies.items()}
 
 
-PLUGIN_NAME = "rope-harness-compared"
+PLUGIN_NAME = COMPARED_PLUGIN_NAME

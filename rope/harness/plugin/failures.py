@@ -9,10 +9,8 @@ from __future__ import annotations
 import re
 
 from rope.harness import causes
-from rope.harness.suite import is_suite_module
+from rope.harness.suite import COMPARISONS_PROPERTY, is_suite_module
 
-# What a test report carries for the progress bar: the comparisons the test made.
-COMPARISONS_PROPERTY = "rope_comparisons"
 
 
 def _keeps_everything(config) -> bool:

@@ -29,7 +29,7 @@ for _name in ("dev", "ci", "deep"):
 if os.environ.get("ROPE_CAMPAIGN"):
     # A rope-harness campaign round: its examples per test and the example database every worker
     # and round shares (rope.harness.campaign), so a failure found anywhere is replayed everywhere.
-    from rope.harness.campaign import campaign_profile
+    from rope.harness.campaign_settings import campaign_profile
 
     settings.register_profile("campaign", **campaign_profile(os.environ), suppress_health_check=_SLOW_OK)
 

@@ -46,7 +46,7 @@ def fail_fast(config) -> bool:
 def hypothesis_rounds(config) -> list[tuple[int | None, int | None]]:
     """(examples, seed) per copy of each Hypothesis test: a campaign's rounds, the fail-fast first
     pass and then the profile's own examples (None: the profile's examples, its own seed), or none."""
-    from rope.harness.campaign import campaign_rounds
+    from rope.harness.campaign_settings import campaign_rounds
     rounds = campaign_rounds(os.environ)
     if rounds:
         return rounds

@@ -1,0 +1,43 @@
+"""A campaign's settings, read by the command that runs it (rope.harness.campaign) and by the plugin
+inside each of its pytest sessions (the ``campaign`` Hypothesis profile, the rounds): the environment
+variables a campaign sets for its sessions, and what a session reads back from them.  The plugin reads
+them here, never from the command."""
+
+from __future__ import annotations
+
+__all__ = ["CAMPAIGN_ENV", "DATABASE_ENV", "EXAMPLES_ENV", "ROUNDS_ENV", "SHARED_DATABASE_ENV", "campaign_profile",
+           "campaign_rounds"]
+
+CAMPAIGN_ENV = "ROPE_CAMPAIGN"                 # set in the rounds: conftest records, the campaign merges
+EXAMPLES_ENV = "ROPE_CAMPAIGN_EXAMPLES"        # examples per test outside the rounds (the campaign profile)
+ROUNDS_ENV = "ROPE_CAMPAIGN_ROUNDS"            # a session's rounds: "examples:seed,examples:seed,..."
+DATABASE_ENV = "ROPE_HYPOTHESIS_DB"            # the shared example database directory
+SHARED_DATABASE_ENV = "ROPE_SHARED_DB"         # a Redis URL campaigns on several hosts share (--shared-db)
+
+def campaign_profile(env) -> dict:
+    """Settings of the ``campaign`` Hypothesis profile (registered by the plugin) for a round's
+    environment: its examples per test, and the example database every worker and round shares."""
+    from hypothesis.database import DirectoryBasedExampleDatabase
+    out = {"max_examples": int(env.get(EXAMPLES_ENV, "200")), "deadline": None, "print_blob": True}
+    if env.get(SHARED_DATABASE_ENV):        # campaigns on several hosts: rope.harness.shared_db
+        from rope.harness.shared_db import shared_database
+        out["database"] = shared_database(env[SHARED_DATABASE_ENV], env.get(DATABASE_ENV))
+    elif env.get(DATABASE_ENV):
+        out["database"] = DirectoryBasedExampleDatabase(env[DATABASE_ENV])
+    return out
+
+
+def campaign_rounds(env) -> list[tuple[int, int]]:
+    """A campaign session's rounds from its environment: (examples per test, seed) each."""
+    raw = env.get(ROUNDS_ENV, "")
+    rounds = []
+    for part in filter(None, (p.strip() for p in raw.split(","))):
+        examples, sep, seed = part.partition(":")
+        try:
+            rounds.append((int(examples), int(seed)))
+            if not sep or rounds[-1][0] < 1:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"{ROUNDS_ENV}={raw!r}: must be examples:seed pairs with examples >= 1, "
+                             f"comma-separated") from None
+    return rounds
