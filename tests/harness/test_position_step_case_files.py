@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from properties.mutants.broken_positions import delta_missing_in_decode
 from properties.position_step.known_steps import CHUNK_2, DECODE, LONG_3D
 from properties.strategies import ragged_batches
+from rope.harness import case_files, causes
 from rope.harness.position_step.case_file import KIND, load_case
 from rope.harness.position_step.cases import RaggedBatch
 from rope.harness.position_step.check import assert_positions_match
@@ -34,8 +35,9 @@ def _failed_case_file(tmp_path, monkeypatch):
     with pytest.raises(AssertionError) as failure:
         assert_positions_match(MUTANT, delta_missing_in_decode, DECODE, "cpu")
     files = sorted(tmp_path.glob("*.json"))
-    assert len(files) == 1 and f"case file: {files[0]}" in str(failure.value), str(failure.value)
-    assert f"replay: rope-harness repro {files[0]} --impl {MUTANT}" in str(failure.value)
+    info = causes.failure_of(failure.value)        # the run's failure block shows them (short message lines)
+    assert len(files) == 1 and info["case_file"] == case_files.display_path(files[0]), (files, info)
+    assert info["replay"] == f"rope-harness repro {info['case_file']} --impl {MUTANT}"
     return files[0]
 
 

@@ -81,15 +81,17 @@ def positions_failure(header: str, problems: list[str], *, tokens: int, requests
                "case": f"{tokens} tokens, {requests} request{'s' if requests != 1 else ''}"}
     if written is not None:
         final, hypothesis = hypothesis_example()
-        if final:
-            lines += _write_case(*written, problems, failure, hypothesis)
+        if final:       # the case file and its replay command go to the failure's block (a path may be long)
+            note = _write_case(*written, problems, failure, hypothesis)
+            lines += [piece for line in note for piece in wrap(line)]
     return causes.tag(AssertionError("\n".join(lines)), **failure)
 
 
 def _write_case(name: str, fn, batch: RaggedBatch, device: str, problems: list[str], failure: dict,
                 hypothesis) -> list[str]:
-    """Write the step's case file; the lines to add to the message (never raising: the failure is
-    reported all the same)."""
+    """Write the step's case file, its path and replay command into ``failure`` (the run's failure
+    block shows them); the lines to add to the message: none once written, else why not (never
+    raising: the failure is reported all the same)."""
     from rope.harness.position_step.case_file import case_record
     from rope.registry import get_positions_implementation
     try:
@@ -102,7 +104,7 @@ def _write_case(name: str, fn, batch: RaggedBatch, device: str, problems: list[s
         shown = case_files.display_path(case_files.write_case(record, directory))
         command = case_files.replay_command(shown, implementation)
         failure.update(case_file=shown, replay=command)
-        return [f"case file: {shown}", f"replay: {command}"]
+        return []
     except Exception as exc:     # noqa: BLE001 - the mismatch is reported all the same
         return [f"(case file not written: {type(exc).__name__}: {exc})"]
 
