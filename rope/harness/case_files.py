@@ -261,6 +261,50 @@ def read_fields(path: Path, kind: str, fields: tuple[str, ...], nullable: tuple[
     return record, bad
 
 
+def read_device(record: dict, bad) -> str:
+    """The record's ``device``: one of rope.devices.DEVICE_NAMES (an index after a colon allowed)."""
+    from rope.devices import DEVICE_NAMES
+    device = record["device"]
+    if not isinstance(device, str) or device.split(":", 1)[0] not in DEVICE_NAMES:
+        raise bad(f"device={device!r}: must be one of {DEVICE_NAMES}")
+    return device
+
+
+# A kind's ``problems``: what its check found, as the failure said it (written clipped to these).
+MAX_PROBLEMS = 20
+MAX_PROBLEM_TEXT = 4000
+
+
+def clipped_problems(problems) -> list[str]:
+    """``problems`` as a record keeps them: at most MAX_PROBLEMS, each at most MAX_PROBLEM_TEXT long."""
+    return [p[:MAX_PROBLEM_TEXT] for p in list(problems)[:MAX_PROBLEMS]]
+
+
+def read_problems(record: dict, bad) -> list[str]:
+    """The record's ``problems``: a list of at most MAX_PROBLEMS strings of at most MAX_PROBLEM_TEXT."""
+    problems = record["problems"]
+    if not isinstance(problems, list) or len(problems) > MAX_PROBLEMS or not all(
+            isinstance(p, str) and len(p) <= MAX_PROBLEM_TEXT for p in problems):
+        raise bad(f"problems: must be a list of at most {MAX_PROBLEMS} strings of at most {MAX_PROBLEM_TEXT} "
+                  f"characters")
+    return problems
+
+
+def read_diagnosis(record: dict, bad, labels) -> dict:
+    """The record's ``diagnosis``: an object whose ``label`` is one of the kind's ``labels``."""
+    diagnosis = record["diagnosis"]
+    if not isinstance(diagnosis, dict) or diagnosis.get("label") not in labels:
+        raise bad(f"diagnosis: must be an object whose label is one of {tuple(labels)}")
+    return diagnosis
+
+
+def replay_params(loaded: LoadedCase, named: list[str]) -> list:
+    """The pytest params replaying a loaded case file: one per implementation, the recorded one (a
+    registered name only) or each one the user named (their word): ``(loaded, name, named?)``."""
+    import pytest
+    return [pytest.param((loaded, impl, bool(named)), id=f"{loaded.id}-{impl}") for impl in named or [loaded.implementation]]
+
+
 # --------------------------------------------------------------------------- message
 def display_path(path: Path | str) -> str:
     """``path`` relative to the working directory when it lies below it, else absolute."""

@@ -92,3 +92,19 @@ def test_the_pytest_adapter_reports_the_failing_case_in_full():
     with pytest.raises(AssertionError, match="does not match the reference"):
         assert_batch_matches_reference("neox_for_gptj", broken_rotations.neox_for_gptj, _batch(3), "cpu")
     assert all(v.passed for v in assert_batch_matches_reference("native", NATIVE, _batch(3), "cpu"))
+
+
+def test_a_case_that_fails_in_its_batch_and_passes_alone_is_nondeterministic():
+    from rope.harness import causes
+    calls = []
+
+    def wrong_the_first_time(spec, positions, query, key, cache):
+        calls.append(1)
+        q, k = NATIVE(spec, positions, query, key, cache)
+        if len(calls) == 1:
+            q = q.clone()
+            q[0, 0] += 1.0
+        return q, k
+    with pytest.raises(AssertionError, match="answers the same inputs differently") as failure:
+        assert_batch_matches_reference("flaky", wrong_the_first_time, _batch(2), "cpu")
+    assert causes.failure_of(failure.value)["cause"] == "nondeterministic"

@@ -12,7 +12,7 @@ Schema version 1 (every key required, ``hypothesis`` and ``test`` may be null)::
                     RopeSpec.to_dict(), every other field an int, float, bool or one of its names);
                     its tensors at most MAX_CASE_ELEMENTS elements
     device          where it ran ("cpu", "cuda", ...)
-    problems        the check's findings: a list of at most MAX_PROBLEMS strings
+    problems        the check's findings: a list of at most case_files.MAX_PROBLEMS strings
     diagnosis       {"label", "sentence"}, label one of rope.harness.fused.diagnosis.LABELS
     hypothesis      {"version", "reproduce_blob", "decorator"} or null
     test            the pytest node id, or null
@@ -36,9 +36,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from rope.devices import DEVICE_NAMES
 from rope.harness import case_files
-from rope.harness.case_files import LoadedCase, is_int, read_fields, versions
+from rope.harness.case_files import (LoadedCase, clipped_problems, is_int, read_device, read_diagnosis, read_fields,
+                                     read_problems, versions)
 from rope.harness.fused.cases import (BLOCK_SIZES, CACHE_KINDS, DTYPES, POSITION_KINDS, Q_LAYOUTS, CacheCase, MLACase,
                                       QKNormCase)
 from rope.harness.fused.diagnosis import LABELS
@@ -56,8 +56,6 @@ NULLABLE = ("hypothesis", "test")
 # Each op's case type.
 CASE_TYPES = {"qk_norm_rope": QKNormCase, "rope_kv_cache": CacheCase, "mla_rope_kv_cache": MLACase}
 MAX_CASE_ELEMENTS = 1 << 28        # what a replay may be asked to build, over all its tensors
-MAX_PROBLEMS = 20
-MAX_TEXT = 4000
 
 # The bounds of each int and float field of the cases ([low, high], inclusive), and the names a
 # string field may take.  A field none lists is refused.
@@ -152,7 +150,7 @@ def case_record(*, implementation: str, fn: Callable, op: str, case, device: str
     return {
         "schema_version": SCHEMA_VERSION, "kind": KIND, "id": case_id(implementation, op, case),
         "implementation": implementation, "op": op, "case": case.to_dict(), "device": device,
-        "problems": [p[:MAX_TEXT] for p in problems[:MAX_PROBLEMS]],
+        "problems": clipped_problems(problems),
         "diagnosis": {"label": label, "sentence": sentence}, "hypothesis": hypothesis,
         "test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0] or None,
         "versions": found, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -178,14 +176,7 @@ def load_case(path: Path | str) -> FusedCaseFile:
         case = case_from_dict(op, record["case"])
     except (ValueError, TypeError) as exc:
         raise bad(str(exc)) from None
-    device = record["device"]
-    if not isinstance(device, str) or device.split(":", 1)[0] not in DEVICE_NAMES:
-        raise bad(f"device={device!r}: must be one of {DEVICE_NAMES}")
-    problems = record["problems"]
-    if not isinstance(problems, list) or len(problems) > MAX_PROBLEMS or not all(
-            isinstance(p, str) and len(p) <= MAX_TEXT for p in problems):
-        raise bad(f"problems: must be a list of at most {MAX_PROBLEMS} strings of at most {MAX_TEXT} characters")
-    diagnosis = record["diagnosis"]
-    if not isinstance(diagnosis, dict) or diagnosis.get("label") not in LABELS:
-        raise bad(f"diagnosis: must be an object whose label is one of {tuple(LABELS)}")
+    device = read_device(record, bad)
+    read_problems(record, bad)
+    read_diagnosis(record, bad, LABELS)
     return FusedCaseFile(path, record, op, case, device)

@@ -15,9 +15,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-import pytest
-
 from rope import registry
+from rope.harness import case_files
 from rope.harness.case_files import display_path
 from rope.harness.fused.case_file import FusedCaseFile, load_case
 from rope.harness.fused.check import FusedCheck, ImplementationFailed, check_case
@@ -81,6 +80,4 @@ def run_repro(path: Path | str, *, device: str | None, impl: str | None) -> int:
 def replay_params(path: Path, config) -> list:
     """The pytest params replaying the fused case file at ``path``: one per implementation, the
     recorded one (a registered name only) or each ``--rope-fused-impl`` (the user's word)."""
-    loaded = load_case(path)
-    named = config.getoption("--rope-fused-impl")
-    return [pytest.param((loaded, impl, bool(named)), id=f"{loaded.id}-{impl}") for impl in named or [loaded.implementation]]
+    return case_files.replay_params(load_case(path), config.getoption("--rope-fused-impl"))

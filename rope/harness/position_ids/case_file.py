@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Callable
 
 from rope.harness import case_files
-from rope.harness.case_files import LoadedCase, is_int, read_fields, versions
+from rope.harness.case_files import LoadedCase, is_int, read_diagnosis, read_fields, versions
 from rope.harness.position_ids.cases import MAX_PROMPTS, MAX_PROMPT_TOKENS, batch_to_dict, prompt_from_dict, prompt_tokens
 from rope.harness.position_ids.diagnosis import LABELS, PositionIdsMismatch
 from rope.implementation import Implementation
@@ -102,7 +102,5 @@ def load_case(path: Path | str) -> PositionIdsCase:
     index = record["prompt_index"]
     if not is_int(index) or not 0 <= index < len(prompts):
         raise bad(f"prompt_index={index!r}: must be an int in [0, {len(prompts)})")
-    diagnosis = record["diagnosis"]
-    if not isinstance(diagnosis, dict) or diagnosis.get("label") not in LABELS:
-        raise bad(f"diagnosis: must be an object whose label is one of {LABELS}")
+    read_diagnosis(record, bad, LABELS)
     return PositionIdsCase(path, record, record["family"], batch)

@@ -14,9 +14,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-import pytest
-
 from rope import registry
+from rope.harness import case_files
 from rope.harness.case_files import display_path
 from rope.harness.position_ids.case_file import PositionIdsCase, load_case
 from rope.harness.position_ids.check import BatchCheck, check
@@ -73,6 +72,4 @@ def run_repro(path: Path | str, impl: str | None) -> int:
 def replay_params(path: Path, config) -> list:
     """The pytest params replaying the position-id case file at ``path``: one per implementation, the
     recorded one (a registered name only) or each ``--rope-position-ids-impl`` (the user's word)."""
-    case = load_case(path)
-    named = config.getoption("--rope-position-ids-impl")
-    return [pytest.param((case, impl, bool(named)), id=f"{case.id}-{impl}") for impl in named or [case.implementation]]
+    return case_files.replay_params(load_case(path), config.getoption("--rope-position-ids-impl"))

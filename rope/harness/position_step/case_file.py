@@ -12,7 +12,7 @@ Schema version 1 (every key required, ``hypothesis`` and ``test`` may be null)::
                     rows of one length), "prefill_delta", "prefill_lens", "num_computed_tokens",
                     "idx_mapping", "query_lens", "padding"}; at most MAX_STEP_ELEMENTS positions
     device          where it ran ("cpu", "cuda", ...)
-    problems        what differed, as the failure said it (strings)
+    problems        what differed, as the failure said it (at most case_files.MAX_PROBLEMS strings)
     diagnosis       {"label", "sentence"}: label one of rope.harness.position_step.diagnosis.LABELS
     hypothesis      {"version", "reproduce_blob", "decorator"} or null
     test            the pytest node id, or null
@@ -30,9 +30,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from rope.devices import DEVICE_NAMES
 from rope.harness import case_files
-from rope.harness.case_files import LoadedCase, read_fields, versions
+from rope.harness.case_files import (LoadedCase, clipped_problems, read_device, read_diagnosis, read_fields,
+                                     read_problems, versions)
 from rope.harness.position_step.cases import RaggedBatch
 from rope.harness.position_step.diagnosis import LABELS
 from rope.implementation import Implementation
@@ -59,7 +59,7 @@ def case_record(*, implementation: str, fn: Callable, batch: RaggedBatch, device
     found["implementation"] = Implementation.of("", fn, "position_step").version
     return {
         "schema_version": SCHEMA_VERSION, "kind": KIND, "id": case_id(implementation, batch),
-        "implementation": implementation, "batch": batch.to_dict(), "device": device, "problems": list(problems),
+        "implementation": implementation, "batch": batch.to_dict(), "device": device, "problems": clipped_problems(problems),
         "diagnosis": {"label": label, "sentence": problems[0] if problems else ""}, "hypothesis": hypothesis,
         "test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0] or None,
         "versions": found, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -81,12 +81,7 @@ def load_case(path: Path | str) -> PositionStepCaseFile:
         batch = RaggedBatch.from_dict(record["batch"])
     except (ValueError, TypeError) as exc:
         raise bad(str(exc)) from None
-    device = record["device"]
-    if not isinstance(device, str) or device.split(":", 1)[0] not in DEVICE_NAMES:
-        raise bad(f"device={device!r}: must be one of {DEVICE_NAMES}")
-    if not isinstance(record["problems"], list) or not all(isinstance(p, str) for p in record["problems"]):
-        raise bad("problems: must be a list of strings")
-    diagnosis = record["diagnosis"]
-    if not isinstance(diagnosis, dict) or diagnosis.get("label") not in LABELS:
-        raise bad(f"diagnosis: must be an object whose label is one of {LABELS}")
+    device = read_device(record, bad)
+    read_problems(record, bad)
+    read_diagnosis(record, bad, LABELS)
     return PositionStepCaseFile(path, record, batch, device)

@@ -14,10 +14,9 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-import pytest
-
 from rope import registry
 from rope.devices import available_devices
+from rope.harness import case_files
 from rope.harness.case_files import display_path
 from rope.harness.position_step.case_file import PositionStepCaseFile, load_case
 from rope.harness.position_step.check import run_positions
@@ -78,6 +77,4 @@ def run_repro(path: Path | str, *, device: str | None, impl: str | None) -> int:
 def replay_params(path: Path, config) -> list:
     """The pytest params replaying the position-step case file at ``path``: one per implementation, the
     recorded one (a registered name only) or each ``--rope-position-step-impl`` (the user's word)."""
-    loaded = load_case(path)
-    named = config.getoption("--rope-position-step-impl")
-    return [pytest.param((loaded, impl, bool(named)), id=f"{loaded.id}-{impl}") for impl in named or [loaded.implementation]]
+    return case_files.replay_params(load_case(path), config.getoption("--rope-position-step-impl"))

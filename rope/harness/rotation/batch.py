@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rope.harness import profiling, report
+from rope.harness import causes, profiling, report
 from rope.harness.draws import current_test, skip_or_reject
 from rope.harness.placement import device_label
 from rope.harness.rotation.bound import Comparison, element_errors, own_angle_error
@@ -174,9 +174,13 @@ def assert_batch_matches_reference(impl_name: str, fn, cases, device: str) -> li
     for verdict in verdicts:
         if verdict.outcome in ("failed", "raised"):
             assert_matches_reference(impl_name, fn, verdict.case, device)      # raises, reported in full
-            raise AssertionError(f"{impl_name} on {device}: the batched check found case {verdict.case} "
-                                 f"{verdict.outcome} ({verdict.detail}), but the case alone matches the reference: "
-                                 f"the implementation answers the same inputs differently from call to call")
+            # The same cause as the modes property's same-inputs-twice check (properties/rotation/test_modes.py).
+            raise causes.tag(AssertionError(
+                f"{impl_name} on {device}: the batched check found case {verdict.case} {verdict.outcome} "
+                f"({verdict.detail}), but the case alone matches the reference: the implementation answers the "
+                f"same inputs differently from call to call"), cause="nondeterministic",
+                headline="the same inputs answered differently in a batch and alone", size=verdict.case.size,
+                case=verdict.case.brief())
     return verdicts
 
 

@@ -28,9 +28,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from rope.devices import DEVICE_NAMES
 from rope.harness import case_files
-from rope.harness.case_files import LoadedCase, read_fields, versions
+from rope.harness.case_files import LoadedCase, read_device, read_diagnosis, read_fields, versions
 from rope.harness.table.cases import TableCase
 from rope.harness.table.diagnosis import LABELS, TableMismatch
 from rope.implementation import Implementation
@@ -85,10 +84,6 @@ def load_case(path: Path | str) -> TableCaseFile:
     elements = case.max_position * case.spec.rotary_dim
     if elements > MAX_TABLE_ELEMENTS:
         raise bad(f"case: max_position x rotary_dim = {elements}: must be at most {MAX_TABLE_ELEMENTS}")
-    device = record["device"]
-    if not isinstance(device, str) or device.split(":", 1)[0] not in DEVICE_NAMES:
-        raise bad(f"device={device!r}: must be one of {DEVICE_NAMES}")
-    diagnosis = record["diagnosis"]
-    if not isinstance(diagnosis, dict) or diagnosis.get("label") not in LABELS:
-        raise bad(f"diagnosis: must be an object whose label is one of {LABELS}")
+    device = read_device(record, bad)
+    read_diagnosis(record, bad, LABELS)
     return TableCaseFile(path, record, case, device)

@@ -13,9 +13,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-import pytest
-
 from rope import registry
+from rope.harness import case_files
 from rope.harness.case_files import display_path
 from rope.harness.table.case_file import TableCaseFile, load_case
 from rope.harness.table.check import TableCheck, check
@@ -78,6 +77,4 @@ def run_repro(path: Path | str, *, device: str | None, impl: str | None) -> int:
 def replay_params(path: Path, config) -> list:
     """The pytest params replaying the table case file at ``path``: one per implementation, the recorded
     one (a registered name only) or each ``--rope-table-impl`` (the user's word)."""
-    loaded = load_case(path)
-    named = config.getoption("--rope-table-impl")
-    return [pytest.param((loaded, impl, bool(named)), id=f"{loaded.id}-{impl}") for impl in named or [loaded.implementation]]
+    return case_files.replay_params(load_case(path), config.getoption("--rope-table-impl"))
