@@ -548,6 +548,7 @@ def test_known_defects_are_checked_unless_avoided(mode, monkeypatch, tmp_path):
         draws.REJECTED_DRAWS.clear()
 
 
+@pytest.mark.needs_no_gpu          # a pytest session pinned to the CPU
 def test_known_defects_mode_is_validated(monkeypatch, tmp_path):
     from tests.fresh_runs import run_pytest
     from rope.harness import draws

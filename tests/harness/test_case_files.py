@@ -28,6 +28,10 @@ from rope.devices import available_devices
 from rope.native import rotate_native
 from rope.spec import RopeSpec
 
+# The harness's own machinery, checked on the CPU (subprocess runs pinned to --rope-device cpu): a GPU
+# run leaves it to CPU CI unless --rope-cpu-work asks (rope.harness.plugin.selection).
+pytestmark = pytest.mark.needs_no_gpu
+
 ROOT = Path(__file__).resolve().parents[2]
 GLM_41V = RopeSpec(head_size=128, rotary_dim=64, is_neox_style=False, sections=(8, 12, 12),
                    layout="chunked", base=10000.0, max_position=4096)

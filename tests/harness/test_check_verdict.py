@@ -10,10 +10,16 @@ from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from rope.harness.cli import build_parser
 from rope.harness.plugin import compared
 from rope.harness.suite import plugin_args
 from tests.fresh_runs import fresh_env
+
+# The harness's own machinery, checked on the CPU (subprocess runs pinned to --rope-device cpu): a GPU
+# run leaves it to CPU CI unless --rope-cpu-work asks (rope.harness.plugin.selection).
+pytestmark = pytest.mark.needs_no_gpu
 
 # A user's kernel module, beside which the command is run: ``rotate`` is the project's torch
 # implementation; ``rotate_nothing`` supports no case at all.

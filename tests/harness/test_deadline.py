@@ -22,6 +22,10 @@ from rope.spec import RopeSpec
 
 from tests.fresh_runs import run_pytest
 
+# The harness's own machinery, checked on the CPU (subprocess runs pinned to --rope-device cpu): a GPU
+# run leaves it to CPU CI unless --rope-cpu-work asks (rope.harness.plugin.selection).
+pytestmark = pytest.mark.needs_no_gpu
+
 SPEC = RopeSpec(64, 64, True, (8, 12, 12), max_position=64)
 CASE = RotationCase(SPEC, 3, 2, 1, "float32", "uniform", False, 5)
 

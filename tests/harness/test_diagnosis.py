@@ -33,6 +33,10 @@ from rope.native import rotate_native
 from rope.registry import working_precision
 from rope.spec import RopeSpec
 
+# The harness's own machinery, checked on the CPU (subprocess runs pinned to --rope-device cpu): a GPU
+# run leaves it to CPU CI unless --rope-cpu-work asks (rope.harness.plugin.selection).
+pytestmark = pytest.mark.needs_no_gpu
+
 # Model shapes with short caches (the diagnosis does not depend on the cache length).
 GLM_41V = RopeSpec(head_size=128, rotary_dim=64, is_neox_style=False, sections=(8, 12, 12),
                    layout="chunked", base=10000.0, max_position=4096)                        # GPT-J, partial

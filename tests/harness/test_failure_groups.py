@@ -14,6 +14,10 @@ import pytest
 from rope.harness import causes
 from rope.harness.suite import plugin_args, subprocess_env, suite_path
 
+# The harness's own machinery, checked on the CPU (subprocess runs pinned to --rope-device cpu): a GPU
+# run leaves it to CPU CI unless --rope-cpu-work asks (rope.harness.plugin.selection).
+pytestmark = pytest.mark.needs_no_gpu
+
 # Two bugs of the field: interleaved sections read as chunked (vllm-gaudi#1437), and a raise on an
 # empty batch.  Line 9 raises: the crash's cause names it.
 _TWO_BUGS = '''\

@@ -11,6 +11,10 @@ from rope.harness.rotation.diagnosis import LABELS
 from tests.harness import diagnosis_accuracy
 from tests.harness.handwritten_bugs import BUGS, CORRECT
 
+# The harness's own machinery, checked on the CPU (subprocess runs pinned to --rope-device cpu): a GPU
+# run leaves it to CPU CI unless --rope-cpu-work asks (rope.harness.plugin.selection).
+pytestmark = pytest.mark.needs_no_gpu
+
 
 def test_at_least_ten_bugs_each_a_different_slip():
     assert len(BUGS) >= 10

@@ -21,6 +21,10 @@ from rope.native import rotate_native
 from rope.registry import implementation_record
 from rope.spec import RopeSpec
 
+# The harness's own machinery, checked on the CPU (subprocess runs pinned to --rope-device cpu): a GPU
+# run leaves it to CPU CI unless --rope-cpu-work asks (rope.harness.plugin.selection).
+pytestmark = pytest.mark.needs_no_gpu
+
 MUTANT = "properties.mutants.broken_rotations:skipped_under_compile"
 ANY_MODE = "tests.harness.test_mode_case_files:native_in_any_mode"
 

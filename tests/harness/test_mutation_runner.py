@@ -27,6 +27,10 @@ from rope.harness.mutation.runner import MutationRunner, RawRun
 from rope.harness.mutation.stages import Stage
 from rope.harness.suite import subprocess_env
 
+# The harness's own machinery, checked on the CPU (subprocess runs pinned to --rope-device cpu): a GPU
+# run leaves it to CPU CI unless --rope-cpu-work asks (rope.harness.plugin.selection).
+pytestmark = pytest.mark.needs_no_gpu
+
 KEY_UNROTATED = "properties.mutants.broken_rotations:key_unrotated"
 DELTA_PER_CHUNK = "properties.mutants.broken_positions:delta_per_chunk"
 STORE_UNMASKED = "properties.mutants.kernel:positions_store_unmasked"

@@ -17,6 +17,10 @@ from rope.harness.suite import is_suite_module, runs_suite, subprocess_env, suit
 from properties.strategies import KINDS
 from tests.fresh_runs import pytest_command, run_pytest
 
+# The harness's own machinery, checked on the CPU (subprocess runs pinned to --rope-device cpu): a GPU
+# run leaves it to CPU CI unless --rope-cpu-work asks (rope.harness.plugin.selection).
+pytestmark = pytest.mark.needs_no_gpu
+
 _FOREIGN_TEST = '''
 import os, sys
 
@@ -481,15 +485,39 @@ def test_a_gpu_run_leaves_the_cpu_work_out_unless_asked(monkeypatch, devices, cp
     assert [i.name for i in config.deselected] == (["bench", "docs"] if left_out else [])
 
 
-def test_the_cpu_work_is_marked():
-    # What the GPU suite leaves out is chosen by the marker: the slow CPU-only tests carry it.
+def _needs_no_gpu_tests() -> dict:
+    """Every test function of tests/ by (file, name): whether it carries ``needs_no_gpu`` (its own
+    decorator or its module's ``pytestmark``), and whether its body pins a pytest or CLI run to the CPU."""
     import ast
-    marked = set()
-    for path in ("harness/test_docs.py", "harness/test_bench.py", "kernels/test_kernel_compiles.py"):
-        tree = ast.parse((Path(__file__).parents[1] / path).read_text())
+    root = Path(__file__).parents[1]
+    found = {}
+    for path in sorted(root.rglob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        module_marked = any(isinstance(node, ast.Assign) and "needs_no_gpu" in ast.unparse(node.value)
+                            and any(getattr(t, "id", None) == "pytestmark" for t in node.targets) for node in tree.body)
         for node in tree.body:
-            if isinstance(node, ast.FunctionDef) and any("needs_no_gpu" in ast.unparse(d) for d in node.decorator_list):
-                marked.add(node.name)
-    assert marked == {"test_the_documents_commands_run_as_written", "test_bench_on_the_cpu_as_a_user_types_it",
-                      "test_every_launch_the_launchers_make_compiles_for_sm90",
-                      "test_every_launch_the_launchers_make_compiles_for_amd_and_intel"}, marked
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                body = ast.unparse(node)
+                marked = module_marked or any("needs_no_gpu" in ast.unparse(d) for d in node.decorator_list)
+                pinned = "'--rope-device', 'cpu'" in body or "'--device', 'cpu'" in body
+                found[(path.relative_to(root).as_posix(), node.name)] = (marked, pinned)
+    return found
+
+
+def test_the_cpu_work_is_marked():
+    # What the GPU suite leaves out is chosen by the marker: the CPU bench, the offline compile sweeps,
+    # the documents' commands, and every test that runs a pytest session or the CLI pinned to the CPU
+    # (the harness's own machinery: minutes of subprocess runs a GPU box runs no faster).
+    tests = _needs_no_gpu_tests()
+    for named in [("harness/test_docs.py", "test_the_documents_commands_run_as_written"),
+                  ("harness/test_bench.py", "test_bench_on_the_cpu_as_a_user_types_it"),
+                  ("kernels/test_kernel_compiles.py", "test_every_launch_the_launchers_make_compiles_for_sm90"),
+                  ("kernels/test_kernel_compiles.py", "test_every_launch_the_launchers_make_compiles_for_amd_and_intel"),
+                  ("harness/test_scale_out.py", "test_campaign_on_cpu_stops_on_time_and_merges_every_workers_records"),
+                  ("harness/test_plugin.py", "test_check_runs_every_test_that_takes_the_implementation_and_no_other")]:
+        assert tests[named][0], named
+    unmarked = [key for key, (marked, pinned) in tests.items() if pinned and not marked]
+    assert unmarked == [], unmarked
+    # What the GPU must run stays in its suite: the GPU placement and the GPU's own checks.
+    assert not tests[("harness/test_scale_out.py", "test_gpu_tests_run_on_the_gpu_in_their_id")][0]
+    assert not tests[("kernels/test_interpreter_agreement.py", "test_gpu_and_interpreter_agree_bit_for_bit")][0]

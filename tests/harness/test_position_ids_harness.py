@@ -30,6 +30,10 @@ from rope.harness.position_ids.diagnosis import LABELS, compare
 from rope.harness.position_ids.implementations import get_position_ids_implementation, unsupported_reason
 from rope.harness.suite import plugin_args, subprocess_env, suite_dir
 
+# The harness's own machinery, checked on the CPU (subprocess runs pinned to --rope-device cpu): a GPU
+# run leaves it to CPU CI unless --rope-cpu-work asks (rope.harness.plugin.selection).
+pytestmark = pytest.mark.needs_no_gpu
+
 MUTANTS = "properties.mutants.broken_position_ids"
 PROMPTS = {name: (family, batch) for name, family, batch in KNOWN_BUG_PROMPTS}
 # mutant -> (the fixed prompt that must catch it, the diagnosis it must get; None: a wrong shape)

@@ -21,6 +21,10 @@ from rope.harness.position_step.replay import run_repro
 from rope.harness.repro import REPLAYS
 from tests.fresh_runs import run_pytest
 
+# The harness's own machinery, checked on the CPU (subprocess runs pinned to --rope-device cpu): a GPU
+# run leaves it to CPU CI unless --rope-cpu-work asks (rope.harness.plugin.selection).
+pytestmark = pytest.mark.needs_no_gpu
+
 MUTANT = "properties.mutants.broken_positions:delta_missing_in_decode"
 
 

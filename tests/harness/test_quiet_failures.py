@@ -10,9 +10,15 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from rope.harness.plugin.failures import quiet_notes, rerun_command
 from rope.harness.suite import plugin_args
 from tests.fresh_runs import fresh_env
+
+# The harness's own machinery, checked on the CPU (subprocess runs pinned to --rope-device cpu): a GPU
+# run leaves it to CPU CI unless --rope-cpu-work asks (rope.harness.plugin.selection).
+pytestmark = pytest.mark.needs_no_gpu
 
 _CASE_REPR = "Draw 1 (case): RotationCase(spec=RopeSpec(head_size=64,\n  rotary_dim=64,\n  base=10000.0),\n seed=0)"
 _EXPLANATION = ("Explanation:\n    These lines were always and only run by failing test cases:\n"

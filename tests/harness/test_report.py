@@ -13,6 +13,10 @@ from properties.strategies import RotationCase, build_rotation_inputs
 from rope.harness import report
 from rope.spec import RopeSpec
 
+# The harness's own machinery, checked on the CPU (subprocess runs pinned to --rope-device cpu): a GPU
+# run leaves it to CPU CI unless --rope-cpu-work asks (rope.harness.plugin.selection).
+pytestmark = pytest.mark.needs_no_gpu
+
 
 @pytest.fixture
 def run_dir(tmp_path, monkeypatch):

@@ -9,7 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rope.harness.suite import plugin_args, subprocess_env, suite_path
+
+# The harness's own machinery, checked on the CPU (subprocess runs pinned to --rope-device cpu): a GPU
+# run leaves it to CPU CI unless --rope-cpu-work asks (rope.harness.plugin.selection).
+pytestmark = pytest.mark.needs_no_gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -49,6 +49,7 @@ def _collect(*args: str) -> list[str]:
     return [line for line in out.stdout.splitlines() if "::" in line]
 
 
+@pytest.mark.needs_no_gpu          # pytest sessions that only collect
 def test_shard_option_runs_every_collected_test_exactly_once():
     everything = _collect()
     shards = [_collect(f"--rope-shard={i}/3") for i in range(3)]
@@ -245,6 +246,7 @@ def test_a_rounds_database_key_is_the_test_without_its_round(nodeid, expected):
     assert plugin.without_round(nodeid) == expected
 
 
+@pytest.mark.needs_no_gpu          # a pytest session pinned to the CPU
 def test_campaign_rounds_run_in_one_session_with_their_own_examples(tmp_path):
     # Two rounds of 3 and 5 examples: each Hypothesis test runs once per round, in round order,
     # with that round's examples (8 comparisons); the fixed cases run once.
@@ -281,6 +283,7 @@ def test_campaign_rejects_bad_budgets():
 
 
 @pytest.mark.slow
+@pytest.mark.needs_no_gpu          # a pytest session pinned to the CPU
 def test_campaign_on_cpu_stops_on_time_and_merges_every_workers_records(tmp_path, monkeypatch):
     from rope.harness import table_store
     from rope.harness.campaign import GRACE_S, run_campaign
@@ -319,6 +322,7 @@ def test_campaign_on_cpu_stops_on_time_and_merges_every_workers_records(tmp_path
     assert (tmp_path / "c" / "campaign.md").read_text().count("| cpu |") == 1
 
 
+@pytest.mark.needs_no_gpu          # a pytest session pinned to the CPU
 def test_a_default_campaign_searches_the_rotation_and_position_step_packages_without_the_prefill_sizes(tmp_path):
     # The defaults are the suite's sub-packages, narrowed by marker (no file list): the prefill sizes
     # are left out in every session, the fixed cases after the first.  A user's own -m replaces both.

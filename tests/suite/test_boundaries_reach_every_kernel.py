@@ -8,6 +8,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from properties.rotation.prefill_cases import (BOUNDARY_KINDS, POWER_OF_TWO_LOG2, boundary_case, power_of_two_counts,
                                               supported_boundary_case, supported_token_head_case)
 from properties.strategies import POWER_OF_TWO_BOUNDARIES
@@ -80,6 +82,7 @@ def test_the_mapped_product_case_takes_a_map_the_kernel_runs():
         assert case.spec.variant().startswith("glmrr"), case.spec.variant()
 
 
+@pytest.mark.needs_no_gpu          # a pytest session pinned to the CPU
 def test_a_slip_only_the_16384_boundary_shows_is_caught_in_a_kernel_without_the_map_of_its_turn(tmp_path):
     _kernel(tmp_path)
     env = fresh_env(keep_pythonpath=False)

@@ -14,6 +14,10 @@ from properties.strategies import DTYPES, KINDS, RotationCase, rotation_cases
 from rope.native import rotate_native
 from rope.spec import RopeSpec
 
+# The harness's own machinery, checked on the CPU (subprocess runs pinned to --rope-device cpu): a GPU
+# run leaves it to CPU CI unless --rope-cpu-work asks (rope.harness.plugin.selection).
+pytestmark = pytest.mark.needs_no_gpu
+
 
 # The bug each broken implementation has, as the diagnosis must name it in the shrunk failure.
 EXPECTED_DIAGNOSIS = {

@@ -104,7 +104,7 @@ MARKERS = (
     "replay: replays case files (--rope-repro)",
     "self_test: runs deliberately broken implementations (the suite checking itself): kept out of the run report",
     "needs_no_gpu: work a GPU does not speed up (the CPU bench, the offline compile sweeps, the documents' "
-    "commands): on a run that checks a GPU it runs only with --rope-cpu-work",
+    "commands, the harness's own runs pinned to the CPU): on a run that checks a GPU it runs only with --rope-cpu-work",
     "fixed_cases: runs hand-written cases only (known-bug triggers, the regression corpus, real models' rows, "
     "boundaries at fixed sizes, bad inputs): left out when the drawn cases alone are measured "
     "(rope-harness mutants' drawn-only column)",
@@ -165,7 +165,8 @@ def pytest_addoption(parser):
                          "profiles; 0: none); --timeout / PYTEST_TIMEOUT take precedence")
     group.addoption("--rope-cpu-work", action="store_true", default=False,
                     help="on a run that checks a GPU, also run the tests marked needs_no_gpu (the CPU bench, the "
-                         "offline compile sweeps, the documents' commands); a run without a GPU always runs them")
+                         "offline compile sweeps, the documents' commands, the harness's own runs pinned to the CPU); a run "
+                         "without a GPU always runs them")
     group.addoption("--rope-known-defects", default=None, choices=("check", "avoid"),
                     help="the measured upstream defects the adapters declare (wrong values or a raise on some calls): "
                          "check them like every call (default), or avoid them, so a long run of an external "
@@ -311,7 +312,7 @@ def pytest_report_header(config):
     lines = []
     if cpu_work_left_out(config):
         lines.append("rope-harness: a GPU run: the tests marked needs_no_gpu (the CPU bench, the offline compile "
-                     "sweeps, the documents' commands) are left out; --rope-cpu-work runs them")
+                     "sweeps, the documents' commands, the harness's own CPU runs) are left out; --rope-cpu-work runs them")
     return lines + [f"rope-harness: call deadline {f'{call:g} s' if call else 'none'}, per-test timeout {per_test}"]
 
 
