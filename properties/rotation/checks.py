@@ -4,9 +4,13 @@ broken implementations): one shape through many batches, and text tokens reducin
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from hypothesis import strategies as st
+
+from rope.harness.campaign_settings import campaign_batches
 
 from properties.strategies import KINDS, RotationCase, as_1d, batches_of, build_rotation_inputs, rotation_cases, supported_shapes
 from rope.harness.rotation.batch import assert_batch_matches_reference
@@ -27,7 +31,7 @@ def supported_variants(impl_name, impl, device, dtypes) -> list[tuple]:
 
 def one_shape_many_batches_match_reference(impl_name, device, dtype, data) -> None:
     """One shape the implementation runs (drawn from ``data``), then 1-12 batches through it (2 on the
-    CPU), held to the reference together: one call each, then one float64 reference and one bound over
+    CPU, more in a campaign), held to the reference together: one call each, then one float64 reference and one bound over
     all of them (rope.harness.rotation.batch); a batch that fails is reported by the one-case check
     (test_rotation.py's test_one_shape_many_batches_match_reference)."""
     impl = get_implementation(impl_name)
@@ -37,8 +41,23 @@ def one_shape_many_batches_match_reference(impl_name, device, dtype, data) -> No
                       label="shape")
     skip_if_unsupported(impl_name, impl, shape.spec, dtype, device)
     # On the CPU, where the Triton interpreter runs one program at a time, two batches per shape.
-    batches = data.draw(st.lists(batches_of(shape), min_size=1, max_size=2 if device == "cpu" else 12),
-                        label="batches")
+    # In a campaign on a GPU, as many as campaign_batches gives a drawn case.
+    most = 2 if device == "cpu" else max(12, campaign_batches(os.environ, device)[1])
+    batches = data.draw(st.lists(batches_of(shape), min_size=1, max_size=most), label="batches")
+    assert_batch_matches_reference(impl_name, impl, batches, device)
+
+
+def more_batches_match_reference(impl_name, impl, case: RotationCase, device, data) -> None:
+    """In a campaign on a GPU, further batches through the drawn case's shape (its spec, head counts and
+    dtypes; rope.harness.campaign_settings.campaign_batches), held to the reference together
+    (rope.harness.rotation.batch) after the case's own one-case check; elsewhere nothing is drawn."""
+    low, high = campaign_batches(os.environ, device)
+    if not high:
+        return
+    shape = RotationCase(**{**case.__dict__, "view": "contiguous", "packed_qkv": False})
+    batches = data.draw(st.lists(batches_of(shape), min_size=low, max_size=high), label="more batches")
+    if shape.cache_dtype is not None:           # batches_of keeps the shape's table dtype too
+        batches = [RotationCase(**{**b.__dict__, "cache_dtype": shape.cache_dtype}) for b in batches]
     assert_batch_matches_reference(impl_name, impl, batches, device)
 
 

@@ -8,8 +8,8 @@ from hypothesis import given, strategies as st
 from rope.harness.rotation.check import assert_matches_reference, skip_if_none_supported, skip_if_unsupported
 from rope.registry import get_implementation
 from properties.known_cases import KNOWN_BUG_CASES
-from properties.rotation.checks import (check_text_tokens_reduce_to_1d, one_shape_many_batches_match_reference,
-                                        supported_variants)
+from properties.rotation.checks import (check_text_tokens_reduce_to_1d, more_batches_match_reference,
+                                        one_shape_many_batches_match_reference, supported_variants)
 from properties.strategies import (DTYPE_SHORT, DTYPES, KINDS, RotationCase, as_1d, probe_specs, rotation_cases,
                                    supported_shapes)
 
@@ -31,6 +31,7 @@ def test_rotation_matches_reference(impl_name, device, dtype, kind, is_neox_styl
                      label="case")
     skip_if_unsupported(impl_name, impl, case.spec, dtype, device)
     assert_matches_reference(impl_name, impl, case, device)
+    more_batches_match_reference(impl_name, impl, case, device, data)
 
 
 def _supported_or_skip(impl_name, impl, kind, is_neox_style, dtype, device) -> dict:

@@ -5,14 +5,20 @@ them here, never from the command."""
 
 from __future__ import annotations
 
-__all__ = ["CAMPAIGN_ENV", "DATABASE_ENV", "EXAMPLES_ENV", "ROUNDS_ENV", "SHARED_DATABASE_ENV", "campaign_profile",
-           "campaign_rounds"]
+__all__ = ["CAMPAIGN_BATCHES", "CAMPAIGN_ENV", "DATABASE_ENV", "EXAMPLES_ENV", "ROUNDS_ENV", "SHARED_DATABASE_ENV",
+           "campaign_batches", "campaign_profile", "campaign_rounds"]
 
 CAMPAIGN_ENV = "ROPE_CAMPAIGN"                 # set in the rounds: conftest records, the campaign merges
 EXAMPLES_ENV = "ROPE_CAMPAIGN_EXAMPLES"        # examples per test outside the rounds (the campaign profile)
 ROUNDS_ENV = "ROPE_CAMPAIGN_ROUNDS"            # a session's rounds: "examples:seed,examples:seed,..."
 DATABASE_ENV = "ROPE_HYPOTHESIS_DB"            # the shared example database directory
 SHARED_DATABASE_ENV = "ROPE_SHARED_DB"         # a Redis URL campaigns on several hosts share (--shared-db)
+# How many more batches a drawn rotation case's shape serves in a campaign on a GPU (min, max): an
+# example's cost is mostly Hypothesis drawing the shape and the one-case check's fixed work; further
+# batches of the same shape cost a few draws and a share of one batched comparison on the device each
+# (rope.harness.rotation.batch), so a campaign checks many cases per example.  Outside a campaign, and
+# on the CPU (the Triton interpreter runs a program at a time), none: the suite's draws are unchanged.
+CAMPAIGN_BATCHES = (15, 63)
 
 def campaign_profile(env) -> dict:
     """Settings of the ``campaign`` Hypothesis profile (registered by the plugin) for a round's
@@ -25,6 +31,14 @@ def campaign_profile(env) -> dict:
     elif env.get(DATABASE_ENV):
         out["database"] = DirectoryBasedExampleDatabase(env[DATABASE_ENV])
     return out
+
+
+def campaign_batches(env, device: str) -> tuple[int, int]:
+    """(min, max) further batches per drawn rotation case: :data:`CAMPAIGN_BATCHES` in a campaign's
+    session on a GPU, (0, 0) elsewhere."""
+    if not env.get(CAMPAIGN_ENV) or device == "cpu" or device.startswith("cpu:"):
+        return (0, 0)
+    return CAMPAIGN_BATCHES
 
 
 def campaign_rounds(env) -> list[tuple[int, int]]:

@@ -108,3 +108,31 @@ def test_a_case_that_fails_in_its_batch_and_passes_alone_is_nondeterministic():
     with pytest.raises(AssertionError, match="answers the same inputs differently") as failure:
         assert_batch_matches_reference("flaky", wrong_the_first_time, _batch(2), "cpu")
     assert causes.failure_of(failure.value)["cause"] == "nondeterministic"
+
+
+def test_more_batches_only_in_a_campaign_on_a_gpu():
+    from rope.harness.campaign_settings import CAMPAIGN_BATCHES, CAMPAIGN_ENV, campaign_batches
+    assert campaign_batches({}, "cuda:0") == (0, 0)                        # the suite's draws stay as they are
+    assert campaign_batches({CAMPAIGN_ENV: "1"}, "cpu") == (0, 0)          # the interpreter: one program at a time
+    assert campaign_batches({CAMPAIGN_ENV: "1"}, "cuda:1") == CAMPAIGN_BATCHES
+    assert CAMPAIGN_BATCHES[0] >= 1
+
+
+def test_a_campaigns_more_batches_catch_what_the_drawn_case_passed(monkeypatch):
+    # The drawn case has no token (any rotation passes it); the further batches through its shape do,
+    # and a wrong pairing in them fails the property with the one-case check's diagnosis.
+    from properties.rotation import checks
+    monkeypatch.setattr(checks, "campaign_batches", lambda env, device: (2, 4))
+    empty = RotationCase(RopeSpec(64, 48, False, (8, 8, 8)), 0, 2, 1, "float32")
+
+    @settings(max_examples=10, deadline=None, database=None)
+    @given(data=st.data())
+    def prop(data):
+        fn = broken_rotations.neox_for_gptj
+        assert evaluate_case("neox_for_gptj", fn, empty, "cpu").comparison.ok
+        checks.more_batches_match_reference("neox_for_gptj", fn, empty, "cpu", data)
+
+    with pytest.raises(AssertionError, match="pairing"):
+        prop()
+    monkeypatch.setattr(checks, "campaign_batches", lambda env, device: (0, 0))
+    prop()                                                                  # nothing drawn, nothing failed
