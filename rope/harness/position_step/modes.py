@@ -143,10 +143,10 @@ def assert_steps_match(name: str, fn, batches, device: str, mode: str = "eager")
     try:
         stale = stale_step(name, fn, batches, device, mode)
     except GraphCaptureFailed as exc:
-        lines = [f"{name} on {device} declares the graph mode, but", *wrap(str(exc)),
+        lines = [f"{name} on {device} declares the graph mode and cannot be captured in a CUDA graph", *wrap(str(exc)),
                  "(declare modes without 'graph' if it is not meant to be captured)"]
-        raise causes.tag(AssertionError("\n".join(lines)), cause=MODE_LABELS["capture"], size=batches[0].num_tokens,
-                         case=brief) from None
+        raise causes.tag(AssertionError("\n".join(lines)), cause=MODE_LABELS["capture"], headline=causes.clip(str(exc)),
+                         size=batches[0].num_tokens, case=brief) from None
     if stale is None:
         return
     batch = stale.batch
@@ -164,6 +164,7 @@ def assert_steps_match(name: str, fn, batches, device: str, mode: str = "eager")
 
 def _step_line(k: int, b: RaggedBatch) -> str:
     """One step of a sequence, as the failure lists it."""
-    return (f"step {k + 1}: {b.num_tokens} tokens; slots {list(b.idx_mapping)}, query lens {list(b.query_lens)}, "
+    tokens = f"{b.num_tokens} token{'s' if b.num_tokens != 1 else ''}"
+    return (f"step {k + 1}: {tokens}; slots {list(b.idx_mapping)}, query lens {list(b.query_lens)}, "
             f"computed {list(b.num_computed_tokens)}, prefill lens {list(b.prefill_lens)}, "
             f"deltas {list(b.prefill_delta)}")
