@@ -8,6 +8,7 @@ import weakref
 
 import torch
 
+from rope.devices import triton_runs_on
 from rope.spec import check_position_inputs
 from rope.runner_positions import check_out
 
@@ -99,15 +100,10 @@ def request_state_cached_per_buffer(prefill_positions, prefill_delta, idx_mappin
                              num_computed_tokens, num_dims, out)
 
 
-def _triton_runs_on(device: str) -> bool:
-    from rope.devices import triton_runs_on
-    return triton_runs_on(device)
-
-
-request_state_cached_per_buffer.supports = _triton_runs_on
-# Mutants no single call on fresh tensors shows: each caught by a property of
-# properties/position_step/test_step_modes.py (eagerly on refilled buffers, on any device; in a CUDA
-# graph's replays, on a GPU), under its mode's cause label (rope.harness.position_step.modes.MODE_LABELS).
+request_state_cached_per_buffer.supports = triton_runs_on     # where the Triton entry underneath runs
+# Mutants no single call on fresh tensors shows, and the property of
+# properties/position_step/test_step_modes.py that catches each on any device, under its mode's cause
+# label (rope.harness.position_step.modes.MODE_LABELS); on a GPU
+# test_graph_replays_match_reference_of_their_own_inputs catches request_state_cached_per_buffer too.
 STEP_MODE_MUTANTS = {"request_state_cached_per_buffer": request_state_cached_per_buffer}
-MODE_ONLY = {"request_state_cached_per_buffer": ("test_steps_on_reused_buffers_match_reference",
-                                                 "test_graph_replays_match_reference_of_their_own_inputs")}
+MODE_ONLY = {"request_state_cached_per_buffer": "test_steps_on_reused_buffers_match_reference"}
