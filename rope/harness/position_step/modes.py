@@ -137,7 +137,8 @@ def assert_steps_match(name: str, fn, batches, device: str, mode: str = "eager")
     """Hold ``fn`` to the reference on every step of ``batches``, run on one set of buffers.  A step
     that is wrong called alone on fresh buffers fails as the one-step check does (its cause, its
     case file); one right alone fails under the mode's stale label (MODE_LABELS), with the steps
-    summarized; a capture that raises under ``graph_capture_failed``."""
+    summarized and no case file (a case file holds one step, which passes alone: Hypothesis'
+    reproduction replays the sequence); a capture that raises under ``graph_capture_failed``."""
     batches = list(batches)
     brief = f"{len(batches)} steps of {batches[0].brief()}" if batches else "no steps"
     try:
