@@ -51,6 +51,8 @@ def _write_positions(prefill_positions, prefill_delta, idx_mapping, query_start_
 
 
 prepare_positions_native.unchecked = launch_positions_native   # hot path for the benchmark
+# It reads the step's values on the host (its checks, the step's length): a CUDA graph cannot capture it.
+prepare_positions_native.modes = ("eager", "compile")
 
 
 def check_out(out, num_dims: int, num_tokens: int | None, device) -> None:

@@ -47,7 +47,7 @@ def _entry(module: str, name: str, kind: str, attribute: str, parent: str | None
 def catalogue() -> list[dict]:
     """Every mutant defined in properties/mutants, in catalogue order."""
     from properties.mutants.broken_position_ids import BROKEN_POSITION_IDS
-    from properties.mutants.broken_positions import BROKEN_POSITIONS
+    from properties.mutants.broken_positions import BROKEN_POSITIONS, STEP_MODE_MUTANTS
     from properties.mutants.broken_tables import BROKEN_TABLES
     from properties.mutants.broken_rotations import BROKEN_ROTATIONS, GPU_ROTATION_MUTANTS
     from properties.mutants.dispatch import BROKEN_OPS
@@ -69,6 +69,9 @@ def catalogue() -> list[dict]:
             for name, m in GPU_DEEP_MUTANTS.items()]
     out += [_entry("broken_positions", name, "positions", name, correct_loop, fn.__doc__)
             for name, fn in BROKEN_POSITIONS.items()]
+    # Right on fresh buffers, stale on refilled ones: the Triton entry underneath is their parent.
+    out += [_entry("broken_positions", name, "positions", name, "triton", fn.__doc__)
+            for name, fn in STEP_MODE_MUTANTS.items()]
     out += [_entry("kernel", name, "positions-kernel", name, "triton", m.__doc__, name in MEMORY_SAFETY)
             for name, m in POSITIONS_MUTANTS.items()]
     reference_ids = f"{PACKAGE}.broken_position_ids:reference_ids"

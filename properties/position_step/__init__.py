@@ -3,4 +3,5 @@ pass, step by step and across a scheduler's sequence of steps; the position kern
 searches (rope-harness mutants) run from here too."""
 
 # Its modules (pytest collects the test modules; the others are case modules the tests import).
-__all__ = ["known_steps", "scheduler", "test_mutant_searches", "test_runner_positions", "test_scheduler_positions"]
+__all__ = ["known_steps", "scheduler", "step_sequences", "test_mutant_searches", "test_runner_positions",
+           "test_scheduler_positions", "test_step_modes"]

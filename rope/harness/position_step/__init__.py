@@ -7,7 +7,8 @@ checked thing's slice has them:
   (the bound is equality), the failure;
 * diagnosis: what differs, and the cause a failure is grouped under;
 * guards: the step inside guard regions and the interpreter's memory tracer;
-* case_file: its kind of case file (a failing plain check writes one); replay: its replay.
+* case_file: its kind of case file (a failing plain check writes one); replay: its replay;
+* modes: steps on one set of buffers refilled in place, eagerly or replayed in a CUDA graph.
 
 The contract and the implementation records are rope.registry's (``get_positions_implementation``);
 the properties an implementation must pass are properties/position_step/.  A failure under guards
@@ -17,4 +18,4 @@ slice (pyproject's import-linter contracts).
 """
 
 # Its modules: each is imported by its own name.
-__all__ = ["case_file", "cases", "check", "diagnosis", "guards", "replay"]
+__all__ = ["case_file", "cases", "check", "diagnosis", "guards", "modes", "replay"]

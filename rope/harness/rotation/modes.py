@@ -16,6 +16,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+# GraphCaptureFailed and mode_words are rope.harness.modes' (shared by the slices), named here for callers.
+from rope.harness.modes import GraphCaptureFailed, capture_graph, declared_mode_reason, graph_device, mode_words
 from rope.harness.rotation.bound import compare_rotation
 from rope.harness.rotation.cases import build_rotation_inputs
 from rope.harness.rotation.check import angle_source, reference_rotation
@@ -29,17 +31,10 @@ __all__ = ["GraphCaptureFailed", "GraphReplay", "ReplayStep", "StaleReplay", "bi
 
 def mode_unsupported_reason(impl: Implementation, mode: str, device: str) -> str | None:
     """Why ``impl`` is not checked in ``mode`` on ``device`` (None: it is)."""
-    if mode not in impl.modes:
-        return f"{impl.name or 'the implementation'} declares modes={impl.modes}: not called {mode_words(mode)}"
-    if mode == "graph" and not device.startswith(("cuda", "rocm")):
-        return f"a CUDA/HIP graph needs a GPU (device {device})"
-    if mode == "compile":
+    reason = declared_mode_reason(impl, mode, device)
+    if reason is None and mode == "compile":
         return compile_unavailable_reason(impl, device)
-    return None
-
-
-def mode_words(mode: str) -> str:
-    return {"eager": "eagerly", "compile": "under torch.compile", "graph": "in a CUDA graph"}[mode]
+    return reason
 
 
 def compile_backend(device: str) -> str:
@@ -120,10 +115,6 @@ def bit_differences(first: torch.Tensor | None, second: torch.Tensor | None, wha
             f"(first at index {tuple(where)}: {a[tuple(where)].item()!r} then {b[tuple(where)].item()!r})"]
 
 
-class GraphCaptureFailed(Exception):
-    """The call raised while being captured (a host sync, an allocation the capture forbids)."""
-
-
 @dataclass
 class ReplayStep:
     """One replay's inputs, on the CPU: the first ``num_tokens`` rows are real tokens, the rest
@@ -144,11 +135,11 @@ class GraphReplay:
 
 def replay_in_graph(fn, spec: RopeSpec, cache: torch.Tensor, steps: list[ReplayStep], device: str,
                     warmups: int = 2) -> list[GraphReplay]:
-    """Warm ``fn`` up eagerly on the first step's inputs (on a side stream, as
-    torch.cuda.graphs.make_graphed_callables does), capture one call in a CUDA graph on static
-    buffers, then for each step copy its inputs into those buffers, replay, and copy the outputs
-    out.  The captured call may work in place (its outputs then alias the buffers)."""
-    dev = torch.device(device if device != "rocm" else "cuda")
+    """Warm ``fn`` up eagerly on the first step's inputs and capture one call in a CUDA graph on
+    static buffers (rope.harness.modes.capture_graph), then for each step copy its inputs into
+    those buffers, replay, and copy the outputs out.  The captured call may work in place (its
+    outputs then alias the buffers)."""
+    dev = graph_device(device)
     first = steps[0]
     positions = first.positions.to(dev).clone()
     query = first.query.to(dev).clone()
@@ -161,21 +152,8 @@ def replay_in_graph(fn, spec: RopeSpec, cache: torch.Tensor, steps: list[ReplayS
         if key is not None:
             key.copy_(step.key)
 
-    side = torch.cuda.Stream(dev)
-    side.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(side):
-        for _ in range(warmups):
-            fill(first)
-            fn(spec, positions, query, key, cache)
-    torch.cuda.current_stream(dev).wait_stream(side)
-    fill(first)
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            q_out, k_out = fn(spec, positions, query, key, cache)
-    except Exception as exc:  # noqa: BLE001 - an implementation that declares the mode and cannot be captured
-        raise GraphCaptureFailed(f"its call cannot be captured in a CUDA graph: {type(exc).__name__}: "
-                                 f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+    graph, (q_out, k_out) = capture_graph(lambda: fn(spec, positions, query, key, cache), lambda: fill(first),
+                                          device, warmups)
     replays = []
     for step in steps:
         fill(step)
