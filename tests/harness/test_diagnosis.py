@@ -17,7 +17,7 @@ import reference
 from properties import known_cases
 from rope.harness.rotation.check import diagnose_run, evaluate_case
 from rope.harness.rotation.guards import diagnose_guarded
-from properties.mutants.broken_positions import BROKEN_POSITIONS
+from properties.mutants.broken_positions import BROKEN_POSITIONS, STEP_MODE_MUTANTS
 from properties.mutants.broken_position_ids import BROKEN_POSITION_IDS
 from properties.mutants.broken_backwards import BACKWARD_ONLY
 from properties.mutants.broken_rotations import BROKEN_ROTATIONS, MODE_ONLY
@@ -426,6 +426,7 @@ MUTANT_LABELS = {
     **{f"broken_backwards:{name}": BACKWARD for name in BACKWARD_ONLY},
     **{name: OWN_SLICE for name in _OWN_SLICE_MUTANTS},
     **{f"broken_positions:{name}": NO_ROTATION for name in BROKEN_POSITIONS},
+    **{f"broken_positions:{name}": NO_ROTATION for name in STEP_MODE_MUTANTS},
     **{f"broken_position_ids:{name}": POSITION_IDS for name in BROKEN_POSITION_IDS},
     "dispatch:mrope_without_xpu_cpu_overrides": (
         "raises", RotationCase(MROPE_CHUNKED, 4, 2, 1, "float32", "uniform", False, 41), "cpu",

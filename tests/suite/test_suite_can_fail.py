@@ -171,6 +171,28 @@ def test_scheduler_machine_rejects_broken_positions(broken):
                                                              phases=[Phase.explicit, Phase.generate]))
 
 
+@pytest.mark.parametrize("broken", ["request_state_cached_per_buffer"])
+def test_step_sequence_property_rejects_state_kept_per_buffer(broken):
+    # Right on every fresh call, stale on buffers a runner refills: the drawn request-state sequences
+    # (no explicit example) find it, under the eager mode's own label.
+    from properties.mutants.broken_positions import STEP_MODE_MUTANTS
+    from properties.position_step.step_sequences import request_state_sequences
+    from rope.harness.position_step.modes import assert_steps_match
+    fn = STEP_MODE_MUTANTS[broken]
+    assert set(STEP_MODE_MUTANTS) == {broken}
+
+    @settings(max_examples=100, derandomize=True, database=None, deadline=None, print_blob=False,
+              phases=[Phase.generate])
+    @given(steps=request_state_sequences())
+    def steps_match_reference(steps):
+        assert_steps_match(broken, fn, steps, "cpu", mode="eager")
+
+    from rope.harness.causes import failure_of
+    with pytest.raises(AssertionError, match="on the same buffers does not match the reference") as failed:
+        steps_match_reference()
+    assert failure_of(failed.value)["cause"] == "reused_buffers_stale"
+
+
 def test_rotation_check_rejects_an_implementation_that_writes_the_cache(monkeypatch, tmp_path):
     from properties.known_cases import KNOWN_BUG_CASES
     from rope.native import rotate_native
