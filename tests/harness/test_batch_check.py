@@ -136,3 +136,30 @@ def test_a_campaigns_more_batches_catch_what_the_drawn_case_passed(monkeypatch):
         prop()
     monkeypatch.setattr(checks, "campaign_batches", lambda env, device: (0, 0))
     prop()                                                                  # nothing drawn, nothing failed
+
+
+@settings(max_examples=10, deadline=None)
+@given(data=st.data())
+def test_inputs_built_together_are_each_cases_own(device, data):
+    # On a GPU the batch's inputs go to the device in one transfer per dtype (pinned), then a copy per
+    # tensor: the same bits, shapes and strides as one case at a time, each tensor its own allocation.
+    from rope.harness.rotation.cases import build_rotation_inputs, build_rotation_inputs_many
+    shape = data.draw(rotation_cases(dtype=data.draw(st.sampled_from(["float32", "bfloat16"])), nonfinite=True))
+    cases = data.draw(st.lists(batches_of(shape), min_size=1, max_size=5))
+    together = build_rotation_inputs_many(cases, device)
+    pointers = set()
+    for case, got in zip(cases, together, strict=True):
+        alone = build_rotation_inputs(case, device)
+        for name in ("positions", "query", "key", "cache"):
+            a, b = getattr(alone, name), getattr(got, name)
+            if a is None:
+                assert b is None, name
+                continue
+            assert (b.device, b.dtype, b.shape, b.stride()) == (a.device, a.dtype, a.shape, a.stride()), name
+            assert torch.equal(a.cpu(), b.cpu()) or (a.is_floating_point() and torch.equal(a.isnan(), b.isnan())
+                                                     and torch.equal(a.nan_to_num(), b.nan_to_num())), name
+            if b.numel():
+                pointers.add(b.untyped_storage().data_ptr())
+        assert got.pristine_cache is not None and got.cache.data_ptr() != got.pristine_cache.data_ptr()
+    expected = sum((c.num_tokens > 0) * (2 if c.num_kv_heads and not c.packed_qkv else 1) + 1 for c in cases)
+    assert len(pointers) >= expected            # q/k (or the packed storage), positions and table: never shared

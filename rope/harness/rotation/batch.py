@@ -26,7 +26,7 @@ from rope.harness import causes, profiling, report
 from rope.harness.draws import current_test, skip_or_reject
 from rope.harness.placement import device_label
 from rope.harness.rotation.bound import Comparison, element_errors, own_angle_error
-from rope.harness.rotation.cases import DTYPES, RotationCase, build_rotation_inputs
+from rope.harness.rotation.cases import DTYPES, RotationCase, build_rotation_inputs_many
 from rope.harness.rotation.check import (RAISED, angle_source, assert_matches_reference, contained_rotation,
                                          reference_rotation)
 from rope.harness.stop import skip_if_stopped
@@ -92,10 +92,11 @@ def check_batch(impl_name: str, fn, cases, device: str) -> list[Verdict]:
         return [Verdict(c, "unsupported", detail=why) for c in cases]
     spec, verdicts = first.spec, [None] * len(cases)
     rows, owners, table = [], [], None     # (positions [D, N], input [N, hs], output [N, hs]), case index
-    for index, case in enumerate(cases):
+    with profiling.phase("inputs"):
+        every_input = build_rotation_inputs_many(cases, device)
+    for index, (case, inputs) in enumerate(zip(cases, every_input)):
         skip_if_stopped()
         with profiling.phase("inputs"):
-            inputs = build_rotation_inputs(case, device)
             query = inputs.query.clone()                       # the untouched inputs (an in-place call rotates its own)
             key = None if inputs.key is None else inputs.key.clone()
         inputs, q_out, k_out, failure, _ = contained_rotation(fn, case, device, inputs=inputs)
@@ -106,7 +107,7 @@ def check_batch(impl_name: str, fn, cases, device: str) -> list[Verdict]:
         if problems:
             verdicts[index] = Verdict(case, "failed", float("inf"), "; ".join(problems))
             continue
-        table = inputs.cache if table is None else table
+        table = inputs.pristine_cache if table is None else table     # never the copy the call was lent
         positions = inputs.positions.reshape(spec.num_dims, -1)
         for x, out, heads in ((query, q_out, case.num_q_heads), (key, k_out, case.num_kv_heads)):
             if x is None or x.numel() == 0:

@@ -387,6 +387,51 @@ def build_rotation_inputs(case: RotationCase, device: str = "cpu") -> RotationIn
     return _place(case, _generate(case), device)
 
 
+def build_rotation_inputs_many(cases, device: str = "cpu") -> list[RotationInputs]:
+    """:func:`build_rotation_inputs` of every case (the same tensors bit for bit, each the caller's
+    own), the cases' q, k and positions carried to a GPU together: one transfer per dtype from pinned
+    memory, then a device copy per tensor, where one case at a time makes three transfers from
+    pageable memory, each of which waits for the device.  Contiguous and packed-qkv cases only (the
+    strided views go one at a time)."""
+    cases = list(cases)
+    cpu = [_generate(c) for c in cases]
+    dev = torch_device(device)
+    if dev.type == "cpu" or len(cases) < 2 or any(c.view != "contiguous" for c in cases):
+        return [_place(c, x, device) for c, x in zip(cases, cpu)]
+    moved = []          # per case: the tensors it needs on the device (packed storage, or q and k), positions last
+    for c, x in zip(cases, cpu):
+        tensors = [x.storage] if c.packed_qkv else [x.query] + ([x.key] if x.key is not None else [])
+        moved.append([t.contiguous() for t in tensors] + [x.positions.contiguous()])
+    placed = iter(_to_device_together([t for ts in moved for t in ts], dev))
+    out = []
+    for c, x, ts in zip(cases, cpu, moved):
+        own = [next(placed) for _ in ts]
+        q_width, k_width = c.num_q_heads * c.spec.head_size, c.num_kv_heads * c.spec.head_size
+        if c.packed_qkv:
+            storage = own[0]
+            query, key = storage[:, :q_width], (storage[:, q_width:q_width + k_width] if k_width else None)
+        else:
+            query, key, storage = own[0], (own[1] if x.key is not None else None), own[0]
+        pristine = shared_table(c.spec, DTYPES[c.table_dtype], device)
+        out.append(RotationInputs(own[-1], query, key, pristine.clone(), storage, pristine, None))
+    return out
+
+
+def _to_device_together(tensors: list[torch.Tensor], dev: torch.device) -> list[torch.Tensor]:
+    """Contiguous CPU ``tensors`` as private contiguous copies on ``dev``, same shapes and dtypes:
+    those of one dtype are packed into one pinned buffer and carried in one transfer."""
+    out: list[torch.Tensor | None] = [None] * len(tensors)
+    for dtype in {t.dtype for t in tensors}:
+        group = [i for i, t in enumerate(tensors) if t.dtype == dtype]
+        flat = torch.cat([tensors[i].reshape(-1) for i in group]).pin_memory().to(dev, non_blocking=True)
+        start = 0
+        for i in group:
+            n = tensors[i].numel()
+            out[i] = flat[start:start + n].clone().view(tensors[i].shape)    # its own allocation
+            start += n
+    return out
+
+
 def build_rotation_pair(case: RotationCase, device: str) -> tuple[RotationInputs, RotationInputs]:
     """(inputs on ``device`` for an implementation, the untouched CPU tensors they were copied
     from, same strides) from one generation.  The CPU side's cache is the shared table: the
