@@ -163,3 +163,17 @@ def test_inputs_built_together_are_each_cases_own(device, data):
         assert got.pristine_cache is not None and got.cache.data_ptr() != got.pristine_cache.data_ptr()
     expected = sum((c.num_tokens > 0) * (2 if c.num_kv_heads and not c.packed_qkv else 1) + 1 for c in cases)
     assert len(pointers) >= expected            # q/k (or the packed storage), positions and table: never shared
+
+
+def test_an_error_the_device_reports_after_the_calls_is_every_cases_raise(monkeypatch):
+    # The batch waits for the device once, after its last call: an error reported there (an illegal
+    # address, a failed launch) cannot be told to one case, and no case passes.
+    from rope.harness.rotation import batch
+
+    def late(device):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(batch, "synchronize", late)
+    verdicts = check_batch("native", NATIVE, _batch(3), "cpu")
+    assert [v.outcome for v in verdicts] == ["raised"] * 3
+    assert all("reported by the device after the batch's calls" in v.detail for v in verdicts)

@@ -18,11 +18,14 @@ the one-case check, which reports it in full (and Hypothesis shrinks a batch to 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
 
+from rope.devices import synchronize
 from rope.harness import causes, profiling, report
+from rope.harness.deadline import call_timeout, deadline
 from rope.harness.draws import current_test, skip_or_reject
 from rope.harness.placement import device_label
 from rope.harness.rotation.bound import Comparison, element_errors, own_angle_error
@@ -99,7 +102,8 @@ def check_batch(impl_name: str, fn, cases, device: str) -> list[Verdict]:
         with profiling.phase("inputs"):
             query = inputs.query.clone()                       # the untouched inputs (an in-place call rotates its own)
             key = None if inputs.key is None else inputs.key.clone()
-        inputs, q_out, k_out, failure, _ = contained_rotation(fn, case, device, inputs=inputs)
+        # No wait per call: one GPU shared by a campaign's many processes answers each wait late.
+        inputs, q_out, k_out, failure, _ = contained_rotation(fn, case, device, inputs=inputs, sync=False)
         if failure is not None:
             verdicts[index] = Verdict(case, "raised" if failure.startswith(RAISED) else "failed", float("inf"), failure)
             continue
@@ -116,6 +120,9 @@ def check_batch(impl_name: str, fn, cases, device: str) -> list[Verdict]:
             rows.append((positions.repeat_interleave(heads, dim=1), x.reshape(-1, spec.head_size),
                          out.detach().reshape(-1, spec.head_size)))
             owners.append(torch.full((x.shape[0] * heads,), index, dtype=torch.long))
+    late = _wait_for_the_calls(device)
+    if late is not None:                   # reported by the device after the calls: no case can be told apart
+        return [v if v is not None else Verdict(c, "raised", float("inf"), late) for c, v in zip(cases, verdicts)]
     worst, mismatched, elements = _compare(fn, spec, rows, owners, table, len(cases))
     for index, case in enumerate(cases):
         if verdicts[index] is not None:
@@ -125,6 +132,19 @@ def check_batch(impl_name: str, fn, cases, device: str) -> list[Verdict]:
                            Verdict(case, "failed", ratio, f"{count} of {int(elements[index])} elements past the bound, "
                                    f"worst error/bound {ratio:.3g}", int(elements[index])))
     return verdicts
+
+
+def _wait_for_the_calls(device: str) -> str | None:
+    """Wait for the batch's calls on the device, under one call deadline; what the device raised, if it did."""
+    start = time.perf_counter()
+    try:
+        with deadline(call_timeout(), what="the batch's calls"):
+            synchronize(device)
+    except Exception as exc:     # noqa: BLE001 - the implementation's failure is the finding
+        return f"{RAISED} {type(exc).__name__}: {exc} (reported by the device after the batch's calls)"
+    finally:
+        profiling.add("call", time.perf_counter() - start)       # the calls' device time, not another call
+    return None
 
 
 def _compare(fn, spec, rows, owners, table, num_cases):

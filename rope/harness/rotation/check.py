@@ -94,20 +94,24 @@ def run_rotation(fn, case: RotationCase, device: str):
 RAISED = "the implementation raised"
 
 
-def contained_rotation(fn, case: RotationCase, device: str, *, on_hang=None, inputs: RotationInputs | None = None):
+def contained_rotation(fn, case: RotationCase, device: str, *, on_hang=None, inputs: RotationInputs | None = None,
+                       sync: bool = True):
     """:func:`run_rotation` for an implementation that is not trusted to behave: returns (inputs,
     q_out, k_out, failure, raised_cause), where ``failure`` says what it raised, or what it returned
     instead of ``(query_out, key_out)``, and the outputs are then None; ``raised_cause``: for a raise,
     its type and the line that raised it (rope.harness.causes.crash_cause), else None.  The call runs under the call
     deadline (rope.harness.deadline): past it ``on_hang()`` runs and ImplementationHung is raised.
-    ``inputs``: the case's tensors on ``device`` when the caller built them already."""
+    ``inputs``: the case's tensors on ``device`` when the caller built them already.  ``sync=False``:
+    the device is not waited for (a caller that makes many calls waits once, after the last: an error
+    the device reports late is then that wait's)."""
     if inputs is None:
         with profiling.phase("inputs"):
             inputs = build_rotation_inputs(case, device)
     try:
         with deadline(call_timeout(), on_hang), profiling.call_phase():
             result = fn(case.spec, inputs.positions, inputs.query, inputs.key, inputs.cache)
-            synchronize(device)
+            if sync:
+                synchronize(device)
     except Exception as exc:     # noqa: BLE001 - the implementation's failure is the finding
         frame = traceback.extract_tb(exc.__traceback__)[-1]
         failure = f"{RAISED} {type(exc).__name__}: {exc} (at {frame.filename}:{frame.lineno})"
