@@ -70,9 +70,20 @@ def test_a_spec_becomes_the_call_a_decoder_makes(stubbed):
         "rope_type": "default", "mrope_section": [16, 24, 24]}
 
 
+def _with_examples(test):
+    """Every catalogued scaled model, a plain M-RoPE spec, vLLM's NTK (a reason) and LongRoPE one past
+    its original length as explicit examples."""
+    for key in SCALED:
+        test = example(case=TableCase(MODELS[key].spec, MODELS[key].spec.max_position))(test)
+    for spec in (RopeSpec(128, 128, sections=(16, 24, 24), max_position=4096),
+                 RopeSpec(128, 128, max_position=16384, scaling={"rope_type": "ntk", "factor": 4.0}),
+                 RopeSpec(8, 8, max_position=4097, scaling=LONGROPE)):
+        test = example(case=TableCase(spec, spec.max_position))(test)
+    return test
+
+
 @given(case=table_cases())
-@example(case=TableCase(RopeSpec(128, 128, max_position=16384, scaling={"rope_type": "ntk", "factor": 4.0}), 16384))
-@example(case=TableCase(RopeSpec(8, 8, max_position=4097, scaling=LONGROPE), 4097))
+@_with_examples
 def test_every_drawn_spec_is_a_call_sglang_reads_back_or_a_reason(stubbed, case):
     """What get_rope reads of the call gives back the spec: the width, the base, the pairs, the length
     SGLang admits, every scaling parameter under SGLang's name, the map for 3-row M-RoPE only."""
