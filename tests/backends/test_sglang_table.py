@@ -92,8 +92,9 @@ def test_every_drawn_spec_is_a_call_sglang_reads_back_or_a_reason(stubbed, case)
         return
     call = stubbed.sglang_rope_call(spec)
     scaling = call["rope_scaling"] or {}
-    assert int(call["rotary_dim"] * call["partial_rotary_factor"]) == (
-        int(spec.head_size * s.partial_rotary_factor) if scaling.get("rope_type") == "proportional" else spec.rotary_dim)
+    proportional = scaling.get("rope_type") == "proportional"
+    rotating = int(spec.head_size * s.partial_rotary_factor) if proportional else spec.rotary_dim
+    assert int(call["rotary_dim"] * call["partial_rotary_factor"]) == rotating
     assert (call["base"], call["is_neox_style"]) == (spec.base, spec.is_neox_style)
     kind = "default" if s is None else s.rope_type
     if kind in ("linear", "dynamic"):
@@ -271,7 +272,9 @@ def test_sglang_yarn_reads_an_mscale_pair_with_a_zero():
 def test_sglang_extends_linear_and_dynamic_tables_with_unscaled_rows(rope_type):
     """The runner's reserve past the built length (a context set past the config's) appends rows from
     the base class's extension: the plain frequencies, unscaled."""
-    fields = {"rope_type": rope_type, "factor": 4.0, **({"original_max_position": 1024} if rope_type == "dynamic" else {})}
+    fields = {"rope_type": rope_type, "factor": 4.0}
+    if rope_type == "dynamic":
+        fields["original_max_position"] = 1024
     spec = RopeSpec(64, 64, max_position=4096, scaling=fields)
     assert check(_sglang()[0], TableCase(spec, 4096), "cpu").ok
     table = _pinned(TableCase(spec, 8192, torch.float32), "frequencies_wrong")
