@@ -29,18 +29,24 @@ LONGROPE = {"rope_type": "longrope", "factor": 2.0, "original_max_position": 409
             "short_factor": [1.0] * 4, "long_factor": [2.0, 3.0, 4.0, 5.0]}
 
 
-@pytest.fixture(scope="module")
-def stubbed():
-    """The adapter imported with SGLang's factory stubbed (it binds the module at import only); the
-    modules and SGLang's CPU switch are restored at once, so the real-SGLang tests import the real one."""
+def _import_stubbed():
+    """(a fresh copy of the adapter imported with SGLang's factory stubbed, that stub factory): the
+    adapter binds the factory at import only, so the modules and SGLang's CPU switch are restored at
+    once and the real-SGLang tests import the real one."""
     with pytest.MonkeyPatch.context() as mp:
         for name in ("sglang", "sglang.srt", "sglang.srt.layers", "sglang.srt.layers.rotary_embedding", _FACTORY):
             mp.setitem(sys.modules, name, types.ModuleType(name))
+        factory = sys.modules[_FACTORY]
         mp.delenv("SGLANG_USE_CPU_ENGINE", raising=False)
         mp.delitem(sys.modules, _ADAPTER, raising=False)
         module = importlib.import_module(_ADAPTER)
         del sys.modules[_ADAPTER]
-    return module
+    return module, factory
+
+
+@pytest.fixture(scope="module")
+def stubbed():
+    return _import_stubbed()[0]
 
 
 def test_a_spec_becomes_the_call_a_decoder_makes(stubbed):
@@ -163,18 +169,16 @@ class _LongRope:
 
 
 @pytest.fixture
-def fake_get_rope(stubbed, monkeypatch):
-    """get_rope replaced by one returning ``ops[-1]``, recording its calls."""
+def fake_get_rope():
+    """A fresh stubbed adapter whose get_rope returns ``ops[-1]``, recording its calls."""
+    adapter, factory = _import_stubbed()
     calls, ops = [], []
 
     def get_rope(head_size, **kwargs):
         calls.append((head_size, kwargs))
         return ops[-1]
-    monkeypatch.setattr(stubbed._factory, "get_rope", get_rope, raising=False)
-    monkeypatch.setattr(stubbed._factory, "_ROPE_DICT", {}, raising=False)
-    stubbed._built.cache_clear()
-    yield stubbed, calls, ops
-    stubbed._built.cache_clear()
+    factory.get_rope, factory._ROPE_DICT = get_rope, {}
+    return adapter, calls, ops
 
 
 def test_the_table_is_the_ops_cache_extended_as_the_runner_extends_it(fake_get_rope):
