@@ -31,9 +31,11 @@ LONGROPE = {"rope_type": "longrope", "factor": 2.0, "original_max_position": 409
 
 def _import_stubbed():
     """(a fresh copy of the adapter imported with SGLang's factory stubbed, that stub factory): the
-    adapter binds the factory at import only, so the modules and SGLang's CPU switch are restored at
-    once and the real-SGLang tests import the real one."""
+    adapter binds the factory at import only, so the modules, the package's ``table`` attribute and
+    SGLang's CPU switch are restored at once and the real-SGLang tests import the real one."""
+    import rope.backends.sglang as package
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(package, "table", None, raising=False)       # the import below rebinds it
         for name in ("sglang", "sglang.srt", "sglang.srt.layers", "sglang.srt.layers.rotary_embedding", _FACTORY):
             mp.setitem(sys.modules, name, types.ModuleType(name))
         factory = sys.modules[_FACTORY]
