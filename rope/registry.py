@@ -50,6 +50,8 @@ _TABLES = {
     "transformers": "rope.backends.transformers.table:cos_sin_table_transformers",
     # vLLM's get_rope for the spec's config (optional package): by name only.
     "vllm": "rope.backends.vllm.table:cos_sin_table_vllm",
+    # SGLang's get_rope for the spec's config (optional package): by name only.
+    "sglang": "rope.backends.sglang.table:cos_sin_table_sglang",
 }
 BUILTIN_TABLES = ("ours",)
 

@@ -1,7 +1,7 @@
 """vLLM's cos/sin table adapter (rope/backends/vllm/table.py): how a spec becomes get_rope's call (no
 vLLM needed: its modules are stubbed), and, where vLLM imports, its tables held to the reference:
-the catalogued models' match, and vllm#55910's NTK and dynamic NTK tables are too short for the
-positions vLLM admits."""
+the catalogued models' match, vllm#55910's NTK and dynamic NTK tables are too short for the
+positions vLLM admits, and its dynamic NTK keeps the base unscaled for a decoder's config."""
 
 from __future__ import annotations
 
@@ -72,7 +72,8 @@ def test_what_get_rope_cannot_build_is_unsupported_with_the_reason(stubbed):
 
 def _vllm_table():
     pytest.importorskip("vllm.model_executor.layers.rotary_embedding",
-                        reason="vLLM is not installed: pip install vllm, or scripts/vllm_cpu_env.sh on a CPU box")
+                        reason="vLLM is not installed: pip install vllm, or PYTHONPATH=SITE after "
+                               "scripts/vllm_cpu_site.sh SITE on a CPU box")
     from rope.registry import get_table_implementation
     return get_table_implementation("vllm")
 
@@ -97,3 +98,20 @@ def test_vllm_55910_ntk_tables_are_too_short_for_what_vllm_admits(rope_type):
     result = check(fn, TableCase(spec, 16384, torch.float32), "cpu")
     assert not result.ok and result.mismatch.label == "table_too_short", result
     assert "4096 rows where positions up to 16383 are admitted" in result.mismatch.sentence
+
+
+def test_vllm_dynamic_ntk_keeps_the_base_unscaled_for_a_decoders_config():
+    """A decoder's config gives no max_trained_positions, so vLLM takes max_position_embeddings for it
+    and the base factor s * L / L_trained - (s - 1) is 1: the rows vLLM builds (the unscaled length,
+    vllm#55910) are the plain table's, where transformers grows the base at the admitted length."""
+    fn = _vllm_table()
+    from rope.registry import get_table_implementation
+    spec = RopeSpec(128, 128, max_position=8192, scaling={"rope_type": "dynamic", "factor": 2.0,
+                                                          "original_max_position": 4096})
+    case = TableCase(spec, 4096, torch.float32)         # the rows vLLM builds: the base alone differs
+    assert check(get_table_implementation("ours"), case, "cpu").ok
+    result = check(fn, case, "cpu")
+    assert not result.ok and result.mismatch.label == "frequencies_wrong", result
+    table = fn(spec, 4096, torch.float32)
+    plain = RopeSpec(128, 128, max_position=4096)
+    assert check(lambda *_: table, TableCase(plain, 4096, torch.float32), "cpu").ok

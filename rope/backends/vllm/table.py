@@ -34,7 +34,7 @@ from rope.table import check_table_call
 
 if not torch.cuda.is_available():       # as rope.backends.vllm.rotation: keep vLLM's real Triton
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-INSTALL = ("pip install vllm (CUDA); on a CPU box scripts/vllm_cpu_env.sh (its own venv): see "
+INSTALL = ("pip install vllm (CUDA); on a CPU box scripts/vllm_cpu_site.sh (PYTHONPATH=SITE): see "
            "docs/implementations.md, \"Serving engines' own code as implementations\"")
 _rotary = require("vllm.model_executor.layers.rotary_embedding", distribution="vllm", install=INSTALL)
 _config = require("vllm.config", distribution="vllm", install=INSTALL)
