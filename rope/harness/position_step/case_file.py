@@ -1,8 +1,8 @@
 """The position step's kind of case file (registered with the envelope, rope.harness.case_files): its
-record and its loader.  The case's own JSON form is RaggedBatch.to_dict / from_dict
-(rope.harness.position_step.cases); the replay is rope.harness.position_step.replay.
+record, its loader and its writer for a step sequence.  The case's own JSON form is RaggedBatch.to_dict /
+from_dict (rope.harness.position_step.cases); the replay is rope.harness.position_step.replay.
 
-Schema version 1 (every key required, ``hypothesis`` and ``test`` may be null)::
+Schema version 1, one step on fresh tensors (every key required, ``hypothesis`` and ``test`` may be null)::
 
     schema_version  1
     kind            "position_step"
@@ -18,6 +18,20 @@ Schema version 1 (every key required, ``hypothesis`` and ``test`` may be null)::
     test            the pytest node id, or null
     versions        python, torch, transformers, hypothesis, rope-harness, the implementation's
     created         ISO 8601 UTC
+
+Schema version 2, a sequence of steps on one set of buffers refilled in place (a step right alone and
+stale after the earlier ones: rope.harness.position_step.modes), is version 1's keys and two more::
+
+    mode            "eager" (a call per step) or "graph" (captured after warm-ups on the first step,
+                    a replay per step; a GPU replays it)
+    steps           the whole sequence, in order: 1 to MAX_STEPS RaggedBatch.to_dict(), every one the
+                    shapes of one set of buffers (as modes.check_same_buffers), at most MAX_STEP_ELEMENTS
+                    positions together; ``batch`` is the first step that went stale, one of them
+    id              sha256 of (implementation, mode, steps)
+    diagnosis       label: also the mode's stale label, STALE_LABELS (modes.MODE_LABELS)
+
+A one-step case is still written as version 1, and a version-1 file reads as it always did; a reader
+of version 1 only refuses a sequence rather than replay one step of it (which passes alone).
 """
 
 from __future__ import annotations
@@ -25,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -33,44 +48,66 @@ from typing import Callable
 from rope.harness import case_files
 from rope.harness.case_files import (LoadedCase, clipped_problems, read_device, read_diagnosis, read_fields,
                                      read_problems, versions)
-from rope.harness.position_step.cases import RaggedBatch
+from rope.harness.position_step.cases import MAX_STEP_ELEMENTS, RaggedBatch
 from rope.harness.position_step.diagnosis import LABELS
 from rope.implementation import Implementation
 
-__all__ = ["KIND", "PositionStepCaseFile", "case_id", "case_record", "load_case"]
+__all__ = ["KIND", "MAX_STEPS", "MODES", "STALE_LABELS", "PositionStepCaseFile", "case_id", "case_record", "load_case",
+           "write_sequence_case"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+ONE_STEP_VERSION = 1        # what a one-step case is written as: readable by every version
 KIND = case_files.register_kind("position_step", SCHEMA_VERSION)
 FIELDS = ("schema_version", "kind", "id", "implementation", "batch", "device", "problems", "diagnosis",
           "hypothesis", "test", "versions", "created")
+SEQUENCE_FIELDS = ("mode", "steps")
 NULLABLE = ("hypothesis", "test")
+# The steps a sequence file may ask a replay to run (the properties draw 2 to 4).
+MAX_STEPS = 16
+# The schema's own words for how a sequence ran and the causes it was grouped under, fixed with its
+# version: rope.harness.position_step.modes' STEP_MODES and stale MODE_LABELS (it imports this module
+# to write a file, so this one does not import it; tests/harness holds the two alike).
+MODES = ("eager", "graph")
+STALE_LABELS = {"eager": "reused_buffers_stale", "graph": "graph_replay_stale"}
 
 
-def case_id(implementation: str, batch: RaggedBatch) -> str:
-    key = json.dumps({"implementation": implementation, "batch": batch.to_dict()}, sort_keys=True,
-                     separators=(",", ":"))
+def case_id(implementation: str, batch: RaggedBatch, steps=None, mode: str | None = None) -> str:
+    """Stable id: (implementation, batch) of one step; (implementation, mode, steps) of a sequence."""
+    if steps is None:
+        content = {"implementation": implementation, "batch": batch.to_dict()}
+    else:
+        content = {"implementation": implementation, "mode": mode, "steps": [s.to_dict() for s in steps]}
+    key = json.dumps(content, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def case_record(*, implementation: str, fn: Callable, batch: RaggedBatch, device: str, problems: list[str],
-                label: str, hypothesis: dict | None) -> dict:
-    """A position-step case file's contents (the position_step kind of the module's docstring)."""
+                label: str, hypothesis: dict | None, steps=None, mode: str | None = None) -> dict:
+    """A position-step case file's contents (the module's docstring): one step (version 1), or with
+    ``steps`` and ``mode`` the sequence ``batch`` went stale in (version 2)."""
     found = versions(device)
     found["implementation"] = Implementation.of("", fn, "position_step").version
-    return {
-        "schema_version": SCHEMA_VERSION, "kind": KIND, "id": case_id(implementation, batch),
+    record = {
+        "schema_version": ONE_STEP_VERSION, "kind": KIND, "id": case_id(implementation, batch, steps, mode),
         "implementation": implementation, "batch": batch.to_dict(), "device": device, "problems": clipped_problems(problems),
         "diagnosis": {"label": label, "sentence": problems[0] if problems else ""}, "hypothesis": hypothesis,
         "test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0] or None,
         "versions": found, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+    if steps is not None:
+        record.update(schema_version=SCHEMA_VERSION, mode=mode, steps=[s.to_dict() for s in steps])
+    return record
 
 
 @dataclass(frozen=True)
 class PositionStepCaseFile(LoadedCase):
-    """A loaded position-step case file: the step it replays and the device it ran on."""
+    """A loaded position-step case file: the step it replays and the device it ran on; for a
+    sequence, every step in order and the mode they ran in (``steps`` empty, ``mode`` None: one step
+    on fresh tensors)."""
     batch: RaggedBatch
     device: str
+    steps: tuple = ()
+    mode: str | None = None
 
 
 def load_case(path: Path | str) -> PositionStepCaseFile:
@@ -83,5 +120,73 @@ def load_case(path: Path | str) -> PositionStepCaseFile:
         raise bad(str(exc)) from None
     device = read_device(record, bad)
     read_problems(record, bad)
-    read_diagnosis(record, bad, LABELS)
-    return PositionStepCaseFile(path, record, batch, device)
+    steps, mode = _read_sequence(record, batch, bad)
+    read_diagnosis(record, bad, (*LABELS, STALE_LABELS[mode]) if steps else LABELS)
+    return PositionStepCaseFile(path, record, batch, device, steps, mode)
+
+
+def _read_sequence(record: dict, batch: RaggedBatch, bad) -> tuple[tuple, str | None]:
+    """A version-2 record's ``steps`` and ``mode`` (none: a one-step file), each field validated."""
+    present = [name for name in SEQUENCE_FIELDS if name in record]
+    if not present:
+        return (), None
+    if record["schema_version"] < SCHEMA_VERSION:
+        raise bad(f"{', '.join(present)}: a step sequence needs schema_version {SCHEMA_VERSION} "
+                  f"(got {record['schema_version']})")
+    if len(present) < len(SEQUENCE_FIELDS):
+        raise bad(f"mode, steps: a step sequence records both (got only {present[0]!r})")
+    mode, raw = record["mode"], record["steps"]
+    if mode not in MODES:
+        raise bad(f"mode={mode!r}: must be one of {MODES}")
+    if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_STEPS:
+        count = len(raw) if isinstance(raw, list) else type(raw).__name__
+        raise bad(f"steps: must be a list of 1 to {MAX_STEPS} steps (got {count})")
+    steps, elements = [], 0
+    for i, step in enumerate(raw):
+        try:
+            steps.append(RaggedBatch.from_dict(step))
+        except (ValueError, TypeError) as exc:      # its messages name batch.<field>: here steps[i].<field>
+            raise bad(re.sub(r"\bbatch\b", f"steps[{i}]", str(exc))) from None
+        elements += len(steps[-1].prefill_positions) + steps[-1].num_tokens
+        if elements > MAX_STEP_ELEMENTS:
+            raise bad(f"steps: more than {MAX_STEP_ELEMENTS} positions to build together")
+    shapes = [_buffer_shapes(s) for s in steps]
+    for i, shape in enumerate(shapes):
+        if shape != shapes[0]:
+            raise bad(f"steps[{i}]: {shape}: every step on one set of buffers has the same shapes (num_dims, "
+                      f"slots, table size, requests, out columns) as steps[0] {shapes[0]}")
+    if batch not in steps:
+        raise bad("batch: must be one of steps (the step that went stale)")
+    return tuple(steps), mode
+
+
+def _buffer_shapes(step: RaggedBatch) -> tuple[int, int, int, int, int]:
+    """What one set of buffers fixes: rows, slots, prefill-table size, requests, output columns."""
+    return (step.num_dims, len(step.prefill_lens), len(step.prefill_positions), len(step.idx_mapping),
+            step.num_tokens + step.padding)
+
+
+def write_sequence_case(name: str, fn: Callable, steps, batch: RaggedBatch, device: str, mode: str,
+                        problems: list[str], failure: dict) -> list[str]:
+    """For a step right alone and stale in the sequence ``steps`` run in ``mode``: write the
+    sequence's case file (in Hypothesis' final example, or outside Hypothesis), its path and replay
+    command into ``failure`` (the run's failure block shows them); the lines to add to the message:
+    none once written or while Hypothesis searches, else why not (never raising: the failure is
+    reported all the same)."""
+    from rope.harness.draws import hypothesis_example
+    from rope.registry import get_positions_implementation
+    final, hypothesis = hypothesis_example()
+    if not final:
+        return []
+    try:
+        implementation = case_files.implementation_path(name, fn, resolve=get_positions_implementation)
+        directory = case_files.cases_dir()
+        if directory is None:
+            return [f"case file: not written ({case_files.CASES_DIR_ENV} is off)"]
+        record = case_record(implementation=implementation, fn=fn, batch=batch, device=device, problems=problems,
+                             label=failure["cause"], hypothesis=hypothesis, steps=list(steps), mode=mode)
+        shown = case_files.display_path(case_files.write_case(record, directory))
+        failure.update(case_file=shown, replay=case_files.replay_command(shown, implementation))
+        return []
+    except Exception as exc:     # noqa: BLE001 - the failure is reported all the same
+        return [f"(case file not written: {type(exc).__name__}: {exc})"]

@@ -26,6 +26,7 @@ from rope.devices import synchronize, torch_device
 from rope.harness import causes
 from rope.harness.case_files import wrap
 from rope.harness.modes import GraphCaptureFailed, capture_graph
+from rope.harness.position_step.case_file import write_sequence_case
 from rope.harness.position_step.cases import OUT_SENTINEL, RaggedBatch
 from rope.harness.position_step.check import (POSITION_ARGUMENTS, assert_positions_match, call_positions,
                                               check_positions)
@@ -137,8 +138,9 @@ def assert_steps_match(name: str, fn, batches, device: str, mode: str = "eager")
     """Hold ``fn`` to the reference on every step of ``batches``, run on one set of buffers.  A step
     that is wrong called alone on fresh buffers fails as the one-step check does (its cause, its
     case file); one right alone fails under the mode's stale label (MODE_LABELS), with the steps
-    summarized and no case file (a case file holds one step, which passes alone: Hypothesis'
-    reproduction replays the sequence); a capture that raises under ``graph_capture_failed``."""
+    summarized and a case file of the whole sequence and its mode (its path and replay command in
+    the failure's block: rope.harness.position_step.case_file); a capture that raises under
+    ``graph_capture_failed``."""
     batches = list(batches)
     brief = f"{len(batches)} steps of {batches[0].brief()}" if batches else "no steps"
     try:
@@ -159,8 +161,12 @@ def assert_steps_match(name: str, fn, batches, device: str, mode: str = "eager")
                    f"{'step' if mode == 'eager' else 'step or of the capture'} was kept (read on the host, or "
                    f"cached per buffer)"),
              *[piece for k, b in enumerate(batches) for piece in wrap(_step_line(k, b))]]
-    raise causes.tag(AssertionError("\n".join(lines)), cause=MODE_LABELS[mode], headline=causes.clip(stale.problems[0]),
-                     size=batch.num_tokens, case=brief)
+    failure = {"cause": MODE_LABELS[mode], "headline": causes.clip(stale.problems[0]), "size": batch.num_tokens,
+               "case": brief}
+    lines += [piece for line in write_sequence_case(name, fn, batches, batch, device, mode,
+                                                          [stale.sentence(mode), *stale.problems], failure)
+              for piece in wrap(line)]
+    raise causes.tag(AssertionError("\n".join(lines)), **failure)
 
 
 def _step_line(k: int, b: RaggedBatch) -> str:

@@ -1,7 +1,9 @@
 """The position step's replay: a position-step case file (rope.harness.position_step.case_file) run
 again against its recorded implementation (a registered name only: a module path stored in a case file
 is never imported) or the one named on the command line, on its device or another, through the same
-check the suite runs (rope.harness.position_step.check).  ``rope-harness repro FILE``
+check the suite runs (rope.harness.position_step.check); a file of a step sequence runs every step
+again on one set of buffers in its recorded mode (rope.harness.position_step.modes: eagerly, or
+captured in a CUDA graph and replayed, which needs a GPU).  ``rope-harness repro FILE``
 (rope.harness.repro dispatches by kind) and ``pytest --rope-repro FILE``
 (properties/position_step/test_replay.py, whose pytest params :func:`replay_params` builds) replay it.
 
@@ -18,10 +20,12 @@ from rope import registry
 from rope.devices import available_devices
 from rope.harness import case_files
 from rope.harness.case_files import display_path
+from rope.harness.modes import declared_mode_reason, mode_words
 from rope.harness.position_step.case_file import PositionStepCaseFile, load_case
 from rope.harness.position_step.check import run_positions
+from rope.harness.position_step.modes import stale_step
 
-__all__ = ["replay", "replay_params", "resolve_recorded", "run_repro"]
+__all__ = ["replay", "replay_params", "replay_steps", "resolve_recorded", "run_repro", "sequence_unrunnable_reason"]
 
 
 def resolve_recorded(name: str, source: str, trusted: tuple[str, ...] = ()) -> Callable:
@@ -42,6 +46,11 @@ def replay(path: Path | str, *, device: str | None = None, impl: str | None = No
     fn = registry.get_positions_implementation(impl) if impl else resolve_recorded(
         name, f"case file {display_path(loaded.path)}")
     where = device or loaded.device
+    if loaded.steps:
+        reason = sequence_unrunnable_reason(loaded, name, fn, where)
+        if reason:
+            raise ValueError(reason)
+        return loaded, name, replay_steps(loaded, name, fn, where)
     if where.split(":", 1)[0] not in available_devices():
         raise ValueError(f"device={where!r}: not available here (rope-harness devices lists them); pass --device")
     batch = loaded.batch
@@ -57,6 +66,41 @@ def replay(path: Path | str, *, device: str | None = None, impl: str | None = No
     return loaded, name, check_positions(name, where, batch.tensors("cpu"), out[:, :n], past)
 
 
+def sequence_unrunnable_reason(loaded: PositionStepCaseFile, name: str, fn: Callable, device: str) -> str | None:
+    """Why a sequence file cannot run ``fn`` on ``device`` here in its recorded mode (None: it can):
+    a graph on a machine without a GPU, a device not here, an implementation that does not run on it
+    or does not declare the mode.  ``rope-harness repro`` exits 2 with it, ``--rope-repro`` skips."""
+    found = available_devices()
+    if loaded.mode == "graph" and not {"cuda", "rocm"} & set(found):
+        reason = f"a CUDA/HIP graph needs a GPU (found {', '.join(found)})"
+    elif device.split(":", 1)[0] not in found:
+        reason = f"device {device!r} is not available here (found {', '.join(found)}; pass --device)"
+    else:
+        reason = registry.positions_unsupported_reason(name, fn, device) or declared_mode_reason(
+            registry.implementation_record(name, "position_step", fn), loaded.mode, device)
+    return f"case {loaded.id} was recorded {mode_words(loaded.mode)}, and {reason}" if reason else None
+
+
+def replay_steps(loaded: PositionStepCaseFile, name: str, fn: Callable, device: str) -> list[str]:
+    """A sequence file's steps run again on one set of buffers in the recorded mode (on a device
+    :func:`sequence_unrunnable_reason` allows), each held to the reference of its own inputs: what is
+    wrong with the first step that is not (empty: none).  ValueError when the call cannot be
+    captured, hangs or crashes."""
+    from rope.harness.deadline import ImplementationHung
+    from rope.harness.modes import GraphCaptureFailed
+    mode = loaded.mode
+    try:
+        stale = stale_step(name, fn, loaded.steps, device, mode)
+    except GraphCaptureFailed as exc:
+        raise ValueError(f"{name} on {device}: {exc}") from None
+    except ImplementationHung:
+        raise ValueError(f"{name} did not return on case {loaded.id} within the call deadline "
+                         f"($ROPE_CALL_TIMEOUT, default 120 s)") from None
+    except Exception as exc:    # noqa: BLE001 - a crash of the implementation
+        raise ValueError(f"{name} failed on case {loaded.id} ({type(exc).__name__}: {exc})") from exc
+    return [] if stale is None else [stale.sentence(mode), *stale.problems]
+
+
 def run_repro(path: Path | str, *, device: str | None, impl: str | None) -> int:
     """The ``repro`` subcommand for a position-step case file: 0 fixed, 1 still differs, 2 cannot replay."""
     try:
@@ -65,10 +109,14 @@ def run_repro(path: Path | str, *, device: str | None, impl: str | None) -> int:
         print(f"rope-harness repro: {exc}", file=sys.stderr)
         return 2
     rec = loaded.record
+    steps = len(loaded.steps)
+    stale = loaded.steps.index(loaded.batch) + 1 if steps else 0
+    what = f"{steps} steps {mode_words(loaded.mode)} on one set of buffers, step {stale} stale: " if steps else ""
     print(f"replaying {display_path(loaded.path)}: position step, case {loaded.id}, recorded {rec['implementation']} "
-          f"on {rec['device']} ({rec['created']}), {loaded.batch.brief()}: {rec['diagnosis']['label']}")
+          f"on {rec['device']} ({rec['created']}), {what}{loaded.batch.brief()}: {rec['diagnosis']['label']}")
     if not problems:
-        print(f"{name} gives the reference's positions and writes nothing past the step: fixed", flush=True)
+        every = "on every step " if steps else ""
+        print(f"{name} gives the reference's positions {every}and writes nothing past the step: fixed", flush=True)
         return 0
     print(f"{name} still differs:\n" + "\n".join(problems))
     return 1
