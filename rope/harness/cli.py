@@ -348,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--position-ids-impl", action="append", default=[], metavar="NAME",
                        help="position-id implementation: transformers, vllm, sglang or module:callable (repeatable)")
     check.add_argument("--table-impl", action="append", default=[], metavar="NAME",
-                       help="cos/sin table implementation: ours, transformers or module:callable (repeatable)")
+                       help="cos/sin table implementation: ours, transformers, vllm, sglang or module:callable (repeatable)")
     check.add_argument("--fused-impl", action="append", default=[], metavar="NAME",
                        help="fused-op implementation: triton, unfused or module:callable declaring fused_op (repeatable)")
     check.add_argument("--profile", default="dev", choices=["dev", "ci", "deep"], help="Hypothesis profile")

@@ -146,7 +146,7 @@ def pytest_addoption(parser):
                          "sglang or package.module:callable; repeatable (default: transformers where installed)")
     group.addoption("--rope-table-impl", action="append", default=[], metavar="NAME",
                     help="cos/sin table implementation, fn(spec, max_position, dtype, device) -> cache: ours, "
-                         "transformers or package.module:callable; repeatable (default: ours)")
+                         "transformers, vllm, sglang or package.module:callable; repeatable (default: ours)")
     group.addoption("--rope-fused-impl", action="append", default=[], metavar="NAME",
                     help="fused-op implementation (docs/spec.md §10): triton, unfused or package.module:callable "
                          "declaring fused_op; repeatable (default: triton)")
