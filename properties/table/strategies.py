@@ -18,7 +18,9 @@ MAX_ELEMENTS = 1 << 22
 _FACTORS = (4.0, 2.0, 8.0, 16.0, 32.0, 40.0, 64.0, 1.0)
 _ORIGINALS = (4096, 256, 2048, 8192, 32768)
 _BASES = (10000.0, 500000.0, 1000000.0, 10000000.0, 150000.0)
-_MSCALES = ((None, None), (1.0, 1.0), (0.707, 0.707), (1.0, 0.707), (0.707, 1.0))
+# A zero in the pair is a config's own way of saying "no ratio" (transformers then takes g(s, 1); an engine
+# that takes the ratio whenever both are given does not).
+_MSCALES = ((None, None), (1.0, 1.0), (0.707, 0.707), (1.0, 0.707), (0.707, 1.0), (0.707, 0.0), (0.0, 1.0))
 
 
 def _factor():
@@ -39,6 +41,7 @@ def scalings(draw, rope_type: str, num_freqs: int) -> dict:
         fields["mscale"], fields["mscale_all_dim"] = draw(st.sampled_from(_MSCALES))
     if rope_type == "yarn":
         fields["truncate"] = draw(st.booleans())
+        fields["attention_factor"] = draw(st.sampled_from((None, None, 1.2)))     # the config's, over the formula
     if rope_type == "deepseek_yarn" and fields["mscale"] is None:
         fields["mscale"], fields["mscale_all_dim"] = 1.0, 1.0
     if rope_type == "llama3":
@@ -71,11 +74,19 @@ def table_cases(draw, rope_types=ROPE_TYPES, dtypes=tuple(DTYPES.values())) -> T
     mpe = draw(st.sampled_from((4096, 8192, 2048, 32768, 300, 131072)))
     probe = draw(scalings(rope_type, 1)) if rope_type not in ("default", "longrope") else None
     scaled = None if probe is None or rope_type == "default" else RopeScaling.from_dict(probe)
+    # LongRoPE served at its switch between the short and long factors: the original length, or one
+    # past it (the longest position then is the original length itself: an engine that switches on a
+    # position past it, not on the length, reads the long table's first row there).
+    at_switch = draw(st.sampled_from((None, 1, 0, 2))) if rope_type == "longrope" else None
+    if at_switch is not None:
+        mpe = max(_ORIGINALS) + 2                  # sizes the width; the length is set once the original is drawn
     length = admitted_length(scaled, mpe) if rope_type != "longrope" else mpe
     length = max(2, min(length, MAX_ROWS))
     widest = max(2, min(128, MAX_ELEMENTS // length // 2))
     half = draw(st.integers(2 if rope_type != "longrope" else 1, widest).filter(lambda h: h >= 1))
     fields = draw(scalings(rope_type, half)) if rope_type in ("longrope", "proportional") else probe
+    if at_switch is not None:
+        length = fields["original_max_position"] + at_switch
     head = 2 * half if rope_type == "proportional" else 2 * half + 2 * draw(st.sampled_from((0, 0, 16)))
     if rope_type == "proportional" and int(fields["partial_rotary_factor"] * head // 2) < 1:
         fields["partial_rotary_factor"] = 1.0
