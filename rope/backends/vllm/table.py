@@ -29,6 +29,7 @@ from types import SimpleNamespace
 import torch
 
 from rope.backends import declare, require
+from rope.backends.config_length import config_length
 from rope.spec import RopeSpec
 from rope.table import check_table_call
 
@@ -46,16 +47,8 @@ _TIMES_FACTOR = ("linear", "dynamic", "ntk")
 
 
 def _config_length(spec: RopeSpec) -> int | None:
-    """The config's ``max_position_embeddings`` whose admitted length is ``spec.max_position``
-    (LongRoPE: the one whose ratio to the original length is the factor, what vLLM reads it from)."""
-    s = spec.scaling
-    if s is not None and s.rope_type == "longrope":
-        length = s.original_max_position * s.factor
-    elif s is None or s.rope_type not in _TIMES_FACTOR:
-        return spec.max_position
-    else:
-        length = spec.max_position / s.factor
-    return int(length) if length == int(length) else None
+    """The config's ``max_position_embeddings`` for ``spec.max_position`` (rope.backends.config_length)."""
+    return config_length(spec, _TIMES_FACTOR)
 
 
 def vllm_rope_call(spec: RopeSpec) -> tuple[int, dict]:

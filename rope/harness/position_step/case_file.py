@@ -53,7 +53,7 @@ from rope.harness.position_step.diagnosis import LABELS
 from rope.implementation import Implementation
 
 __all__ = ["KIND", "MAX_STEPS", "MODES", "STALE_LABELS", "PositionStepCaseFile", "case_id", "case_record", "load_case",
-           "write_sequence_case"]
+           "write_sequence_case", "write_step_case"]
 
 SCHEMA_VERSION = 2
 ONE_STEP_VERSION = 1        # what a one-step case is written as: readable by every version
@@ -166,27 +166,34 @@ def _buffer_shapes(step: RaggedBatch) -> tuple[int, int, int, int, int]:
             step.num_tokens + step.padding)
 
 
-def write_sequence_case(name: str, fn: Callable, steps, batch: RaggedBatch, device: str, mode: str,
-                        problems: list[str], failure: dict) -> list[str]:
-    """For a step right alone and stale in the sequence ``steps`` run in ``mode``: write the
-    sequence's case file (in Hypothesis' final example, or outside Hypothesis), its path and replay
-    command into ``failure`` (the run's failure block shows them); the lines to add to the message:
-    none once written or while Hypothesis searches, else why not (never raising: the failure is
-    reported all the same)."""
-    from rope.harness.draws import hypothesis_example
+def write_step_case(name: str, fn: Callable, batch: RaggedBatch, device: str, problems: list[str], failure: dict,
+                    hypothesis: dict | None, *, steps=None, mode: str | None = None) -> list[str]:
+    """Write the case file of a step that failed (with ``steps`` and ``mode``: the sequence it went stale
+    in), its path and replay command into ``failure`` (the run's failure block shows them); the lines
+    to add to the message: none once written, else why not (never raising: the failure is reported
+    all the same)."""
     from rope.registry import get_positions_implementation
-    final, hypothesis = hypothesis_example()
-    if not final:
-        return []
     try:
         implementation = case_files.implementation_path(name, fn, resolve=get_positions_implementation)
         directory = case_files.cases_dir()
         if directory is None:
             return [f"case file: not written ({case_files.CASES_DIR_ENV} is off)"]
         record = case_record(implementation=implementation, fn=fn, batch=batch, device=device, problems=problems,
-                             label=failure["cause"], hypothesis=hypothesis, steps=list(steps), mode=mode)
+                             label=failure["cause"], hypothesis=hypothesis,
+                             steps=None if steps is None else list(steps), mode=mode)
         shown = case_files.display_path(case_files.write_case(record, directory))
         failure.update(case_file=shown, replay=case_files.replay_command(shown, implementation))
         return []
     except Exception as exc:     # noqa: BLE001 - the failure is reported all the same
         return [f"(case file not written: {type(exc).__name__}: {exc})"]
+
+
+def write_sequence_case(name: str, fn: Callable, steps, batch: RaggedBatch, device: str, mode: str,
+                        problems: list[str], failure: dict) -> list[str]:
+    """:func:`write_step_case` for a step right alone and stale in the sequence ``steps`` run in
+    ``mode``, written in Hypothesis' final example (or outside Hypothesis), not while it searches."""
+    from rope.harness.draws import hypothesis_example
+    final, hypothesis = hypothesis_example()
+    if not final:
+        return []
+    return write_step_case(name, fn, batch, device, problems, failure, hypothesis, steps=steps, mode=mode)

@@ -12,7 +12,7 @@ import torch
 
 import reference
 from rope.devices import synchronize, torch_device
-from rope.harness import case_files, causes, profiling, report
+from rope.harness import causes, profiling, report
 from rope.harness.case_files import wrap
 from rope.harness.deadline import call_timeout, deadline
 from rope.harness.draws import current_test, hypothesis_example
@@ -89,24 +89,9 @@ def positions_failure(header: str, problems: list[str], *, tokens: int, requests
 
 def _write_case(name: str, fn, batch: RaggedBatch, device: str, problems: list[str], failure: dict,
                 hypothesis) -> list[str]:
-    """Write the step's case file, its path and replay command into ``failure`` (the run's failure
-    block shows them); the lines to add to the message: none once written, else why not (never
-    raising: the failure is reported all the same)."""
-    from rope.harness.position_step.case_file import case_record
-    from rope.registry import get_positions_implementation
-    try:
-        implementation = case_files.implementation_path(name, fn, resolve=get_positions_implementation)
-        directory = case_files.cases_dir()
-        if directory is None:
-            return [f"case file: not written ({case_files.CASES_DIR_ENV} is off)"]
-        record = case_record(implementation=implementation, fn=fn, batch=batch, device=device, problems=problems,
-                             label=failure["cause"], hypothesis=hypothesis)
-        shown = case_files.display_path(case_files.write_case(record, directory))
-        command = case_files.replay_command(shown, implementation)
-        failure.update(case_file=shown, replay=command)
-        return []
-    except Exception as exc:     # noqa: BLE001 - the mismatch is reported all the same
-        return [f"(case file not written: {type(exc).__name__}: {exc})"]
+    """The step's case file (rope.harness.position_step.case_file.write_step_case)."""
+    from rope.harness.position_step.case_file import write_step_case
+    return write_step_case(name, fn, batch, device, problems, failure, hypothesis)
 
 
 def _record_positions_check(impl_name: str, device: str, num_dims: int, num_tokens: int, wrong: str | None) -> None:
