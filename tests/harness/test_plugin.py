@@ -521,3 +521,55 @@ def test_the_cpu_work_is_marked():
     # What the GPU must run stays in its suite: the GPU placement and the GPU's own checks.
     assert not tests[("harness/test_scale_out.py", "test_gpu_tests_run_on_the_gpu_in_their_id")][0]
     assert not tests[("kernels/test_interpreter_agreement.py", "test_gpu_and_interpreter_agree_bit_for_bit")][0]
+
+
+class _SchedulingConfig:
+    def __init__(self, dist, args=(), maxfail=0, devices=("cpu",)):
+        from types import SimpleNamespace
+        self.option = SimpleNamespace(dist=dist)
+        self.invocation_params = SimpleNamespace(args=tuple(args))
+        self.maxfail, self.devices = maxfail, list(devices)
+
+    def getini(self, name):
+        return []
+
+    def getoption(self, name, default=None):
+        return {"maxfail": self.maxfail}.get(name, default)
+
+
+@pytest.mark.parametrize("dist, args, maxfail, campaign, expected", [
+    ("load", ["-n", "16"], 0, False, "worksteal"),           # -n alone: an idle worker takes a busy one's tail
+    ("load", ["-n", "16", "--dist", "load"], 0, False, "load"),  # the user's choice is kept
+    ("load", ["-n", "2", "--dist=load"], 0, False, "load"),
+    ("load", ["-n", "2", "-x"], 1, False, "load"),           # a fail-fast run orders its first passes
+    ("load", ["-n", "2"], 0, True, "load"),                  # a campaign runs its rounds in order
+    ("no", [], 0, False, "no"),                              # no xdist
+])
+def test_a_plain_xdist_run_steals_work(monkeypatch, dist, args, maxfail, campaign, expected):
+    # The GPU suite's last minutes were one worker's queue of prefill sizes while 15 waited.
+    from rope.harness.plugin import scheduling
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+    monkeypatch.setenv("ROPE_CAMPAIGN", "1") if campaign else monkeypatch.delenv("ROPE_CAMPAIGN", raising=False)
+    config = _SchedulingConfig(dist, args, maxfail)
+    scheduling.steal_work(config)
+    assert config.option.dist == expected
+
+
+@pytest.mark.parametrize("devices, maxfail, first", [(["cpu", "cuda"], 0, ["p1", "p2"]), (["cpu"], 0, ["a", "p1"]),
+                                                     (["cuda"], 1, ["a", "p1"])])
+def test_a_gpu_run_starts_the_prefill_sizes_first(monkeypatch, devices, maxfail, first):
+    from rope.harness.plugin import scheduling
+    monkeypatch.delenv("ROPE_CAMPAIGN", raising=False)
+    monkeypatch.setattr(scheduling, "selected_devices", lambda config: devices)
+
+    class Item:
+        def __init__(self, name, prefill):
+            self.name, self.prefill = name, prefill
+
+        def get_closest_marker(self, name):
+            return object() if name == "prefill" and self.prefill else None
+
+    items = [Item("a", False), Item("p1", True), Item("b", False), Item("p2", True)]
+    scheduling.longest_first(_SchedulingConfig("load", maxfail=maxfail), items)
+    assert [i.name for i in items][:2] == first
+    assert [i.name for i in items if not i.prefill] == ["a", "b"]           # the rest keeps its order

@@ -58,7 +58,7 @@ from rope.harness.plugin.gpus import gpu_copy_key, keep_one_gpu_per_test, keep_s
 from rope.harness.plugin.profiles import default_profile, kept_out_of_the_report, load_default_profile
 from rope.harness.plugin.rounds import (FAIL_FAST_SHRINK_S, ROUND, apply_round, order_rounds, parametrize_rounds, fail_fast,
                                         rope_round, without_round)
-from rope.harness.plugin import compared, failures, run_end
+from rope.harness.plugin import compared, failures, run_end, scheduling
 from rope.harness.plugin.run_end import (END_STACKS_FILE, LAST_REPORT_AT, arm_end_stacks, arm_stop_file,
                                          note_failure_for_stop,
                                          record_profile)
@@ -296,6 +296,7 @@ def pytest_collection_modifyitems(config, items):
     keep_shard(config, items)
     set_test_timeouts(config, items)
     skip_oracle_tests_without_transformers(items)
+    scheduling.longest_first(config, items)
     order_rounds(items)
 
 
@@ -324,6 +325,7 @@ def pytest_configure(config):
     config.pluginmanager.register(failures.RestoreFailed(), "rope-harness-restore-failed")
     if is_controller(config):
         config.pluginmanager.register(compared.Verdict(config, failures.COMPARISONS_PROPERTY), compared.PLUGIN_NAME)
+        scheduling.steal_work(config)
     _import_named_implementations(config)
     configure_call_timeout(config)
     _configure_known_defects(config)
