@@ -10,9 +10,8 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
-from rope.harness.campaign_settings import campaign_batches
-
 from properties.strategies import KINDS, RotationCase, as_1d, batches_of, build_rotation_inputs, rotation_cases, supported_shapes
+from rope.harness.campaign_settings import campaign_batches
 from rope.harness.rotation.batch import assert_batch_matches_reference
 from rope.harness.rotation.check import assert_matches_reference, call_rotation, checked_run, skip_if_unsupported
 from rope.implementation import Implementation
@@ -31,9 +30,9 @@ def supported_variants(impl_name, impl, device, dtypes) -> list[tuple]:
 
 def one_shape_many_batches_match_reference(impl_name, device, dtype, data) -> None:
     """One shape the implementation runs (drawn from ``data``), then 1-12 batches through it (2 on the
-    CPU, more in a campaign), held to the reference together: one call each, then one float64 reference and one bound over
-    all of them (rope.harness.rotation.batch); a batch that fails is reported by the one-case check
-    (test_rotation.py's test_one_shape_many_batches_match_reference)."""
+    CPU, more in a campaign), held to the reference together: one call each, then one float64
+    reference and one bound over all of them (rope.harness.rotation.batch); a batch that fails is
+    reported by the one-case check (test_rotation.py's test_one_shape_many_batches_match_reference)."""
     impl = get_implementation(impl_name)
     variants = supported_variants(impl_name, impl, device, [dtype])
     _, kind, neox, narrowed = data.draw(st.sampled_from(variants), label="variant")
@@ -56,7 +55,7 @@ def more_batches_match_reference(impl_name, impl, case: RotationCase, device, da
         return
     shape = RotationCase(**{**case.__dict__, "view": "contiguous", "packed_qkv": False})
     batches = data.draw(st.lists(batches_of(shape), min_size=low, max_size=high), label="more batches")
-    if shape.cache_dtype is not None:           # batches_of keeps the shape's table dtype too
+    if shape.cache_dtype is not None:           # batches_of draws the table in q's dtype: keep the case's
         batches = [RotationCase(**{**b.__dict__, "cache_dtype": shape.cache_dtype}) for b in batches]
     assert_batch_matches_reference(impl_name, impl, batches, device)
 

@@ -8,7 +8,10 @@ of each token is a row of ``head_size`` elements whose reference reads only that
 and the table, so the heads of every case are stacked as rows ``[sum T_i x H_i, head_size]``, with
 each token's positions repeated for its heads, and the reference, cos/sin, the bound and the error
 are computed once for the stack (rope.harness.rotation.bound.element_errors, the same per-element
-bound as the one-case check).
+bound as the one-case check).  The inputs go to the device together (rope.harness.rotation.cases.
+build_rotation_inputs_many), and the device is waited for once, after the last call, under one call
+deadline: an error it reports in that wait cannot be told to one case and is every unsettled case's
+raise.  The reference is computed from the pristine table, never from a copy lent to a call.
 
 What the one-case check (rope.harness.rotation.check) adds and this does not: the read-only checks
 of positions and table, the in-place contract, bytes outside a strided view, the diagnosis and the
