@@ -20,7 +20,7 @@ from properties.mutants.broken_positions import delta_missing_in_decode, request
 from properties.position_step.known_steps import DECODE
 from properties.position_step.step_sequences import CHUNKED_THEN_DECODE, request_state_sequences
 from rope.harness import case_files, causes
-from rope.harness.position_step import case_file, modes
+from rope.harness.position_step import case_file
 from rope.harness.position_step.case_file import MAX_STEPS, case_record, load_case
 from rope.harness.position_step.check import assert_positions_match
 from rope.harness.position_step.modes import assert_steps_match
@@ -33,13 +33,6 @@ from tests.fresh_runs import run_pytest
 pytestmark = pytest.mark.needs_no_gpu
 
 MUTANT = "properties.mutants.broken_positions:request_state_cached_per_buffer"
-
-
-def test_the_schema_knows_every_step_mode_and_its_label():
-    # The file format's words are fixed with its version; modes imports the writer, so they are the
-    # schema's own, held here to the modes' ones.
-    assert case_file.MODES == modes.STEP_MODES
-    assert case_file.STALE_LABELS == {mode: modes.MODE_LABELS[mode] for mode in modes.STEP_MODES}
 
 
 @settings(max_examples=25, deadline=None)

@@ -25,10 +25,10 @@ stale after the earlier ones: rope.harness.position_step.modes), is version 1's 
     mode            "eager" (a call per step) or "graph" (captured after warm-ups on the first step,
                     a replay per step; a GPU replays it)
     steps           the whole sequence, in order: 1 to MAX_STEPS RaggedBatch.to_dict(), every one the
-                    shapes of one set of buffers (as modes.check_same_buffers), at most MAX_STEP_ELEMENTS
+                    shapes of one set of buffers (cases.buffer_shape), at most MAX_STEP_ELEMENTS
                     positions together; ``batch`` is the first step that went stale, one of them
     id              sha256 of (implementation, mode, steps)
-    diagnosis       label: also the mode's stale label, STALE_LABELS (modes.MODE_LABELS)
+    diagnosis       label: also the mode's stale label, STALE_LABELS (cases.STALE_LABELS)
 
 A one-step case is still written as version 1, and a version-1 file reads as it always did; a reader
 of version 1 only refuses a sequence rather than replay one step of it (which passes alone).
@@ -48,7 +48,7 @@ from typing import Callable
 from rope.harness import case_files
 from rope.harness.case_files import (LoadedCase, clipped_problems, read_device, read_diagnosis, read_fields,
                                      read_problems, versions)
-from rope.harness.position_step.cases import MAX_STEP_ELEMENTS, RaggedBatch
+from rope.harness.position_step.cases import MAX_STEP_ELEMENTS, STALE_LABELS, STEP_MODES, RaggedBatch, buffer_shape
 from rope.harness.position_step.diagnosis import LABELS
 from rope.implementation import Implementation
 
@@ -64,11 +64,8 @@ SEQUENCE_FIELDS = ("mode", "steps")
 NULLABLE = ("hypothesis", "test")
 # The steps a sequence file may ask a replay to run (the properties draw 2 to 4).
 MAX_STEPS = 16
-# The schema's own words for how a sequence ran and the causes it was grouped under, fixed with its
-# version: rope.harness.position_step.modes' STEP_MODES and stale MODE_LABELS (it imports this module
-# to write a file, so this one does not import it; tests/harness holds the two alike).
-MODES = ("eager", "graph")
-STALE_LABELS = {"eager": "reused_buffers_stale", "graph": "graph_replay_stale"}
+# How a sequence ran and the causes it was grouped under (rope.harness.position_step.cases).
+MODES = STEP_MODES
 
 
 def case_id(implementation: str, batch: RaggedBatch, steps=None, mode: str | None = None) -> str:
@@ -150,7 +147,7 @@ def _read_sequence(record: dict, batch: RaggedBatch, bad) -> tuple[tuple, str | 
         elements += len(steps[-1].prefill_positions) + steps[-1].num_tokens
         if elements > MAX_STEP_ELEMENTS:
             raise bad(f"steps: more than {MAX_STEP_ELEMENTS} positions to build together")
-    shapes = [_buffer_shapes(s) for s in steps]
+    shapes = [buffer_shape(s) for s in steps]
     for i, shape in enumerate(shapes):
         if shape != shapes[0]:
             raise bad(f"steps[{i}]: {shape}: every step on one set of buffers has the same shapes (num_dims, "
@@ -158,12 +155,6 @@ def _read_sequence(record: dict, batch: RaggedBatch, bad) -> tuple[tuple, str | 
     if batch not in steps:
         raise bad("batch: must be one of steps (the step that went stale)")
     return tuple(steps), mode
-
-
-def _buffer_shapes(step: RaggedBatch) -> tuple[int, int, int, int, int]:
-    """What one set of buffers fixes: rows, slots, prefill-table size, requests, output columns."""
-    return (step.num_dims, len(step.prefill_lens), len(step.prefill_positions), len(step.idx_mapping),
-            step.num_tokens + step.padding)
 
 
 def write_step_case(name: str, fn: Callable, batch: RaggedBatch, device: str, problems: list[str], failure: dict,

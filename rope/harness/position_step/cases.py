@@ -10,10 +10,19 @@ import torch
 
 from rope.devices import torch_device
 
-__all__ = ["MAX_STEP_ELEMENTS", "OUT_SENTINEL", "RaggedBatch"]
+__all__ = ["BUFFER_SHAPE_FIELDS", "MAX_STEP_ELEMENTS", "OUT_SENTINEL", "RaggedBatch", "STALE_LABELS", "STEP_MODES",
+           "buffer_shape"]
 
 # What a case file may ask a replay to build: the slots' prefill positions and the step's tokens.
 MAX_STEP_ELEMENTS = 1 << 24
+# A runner calls the step step after step on one set of buffers refilled in place: eagerly, or replayed
+# in a CUDA graph (rope.harness.position_step.modes); a step right alone but stale there is grouped
+# under its mode's label (and a sequence case file records both).
+STEP_MODES = ("eager", "graph")
+STALE_LABELS = {"eager": "reused_buffers_stale", "graph": "graph_replay_stale"}
+# What one set of buffers fixes, in :func:`buffer_shape`'s order.
+BUFFER_SHAPE_FIELDS = ("num_dims", "prefill_lens (slots)", "prefill_positions (table size)", "idx_mapping (requests)",
+                       "num_tokens + padding (out columns)")
 _LISTS = ("prefill_positions", "prefill_delta", "prefill_lens", "num_computed_tokens", "idx_mapping", "query_lens")
 
 
@@ -95,3 +104,9 @@ class RaggedBatch:
 
 OUT_SENTINEL = -7777
 
+
+def buffer_shape(step: RaggedBatch) -> tuple[int, int, int, int, int]:
+    """What one set of buffers fixes for ``step`` (BUFFER_SHAPE_FIELDS): rows, slots, prefill-table size,
+    requests, output columns."""
+    return (step.num_dims, len(step.prefill_lens), len(step.prefill_positions), len(step.idx_mapping),
+            step.num_tokens + step.padding)

@@ -27,19 +27,19 @@ from rope.harness import causes
 from rope.harness.case_files import wrap
 from rope.harness.modes import GraphCaptureFailed, capture_graph
 from rope.harness.position_step.case_file import write_sequence_case
-from rope.harness.position_step.cases import OUT_SENTINEL, RaggedBatch
+from rope.harness.position_step.cases import (BUFFER_SHAPE_FIELDS, OUT_SENTINEL, STALE_LABELS, STEP_MODES,
+                                             RaggedBatch, buffer_shape)
 from rope.harness.position_step.check import (POSITION_ARGUMENTS, assert_positions_match, call_positions,
                                               check_positions)
 
 __all__ = ["MODE_LABELS", "STEP_MODES", "StaleStep", "StepBuffers", "assert_steps_match", "check_same_buffers",
            "run_steps", "stale_step"]
 
-STEP_MODES = ("eager", "graph")
 # The causes a failure of a step sequence is grouped under (beside the slice's own LABELS, which a
 # step that is wrong on fresh buffers too gets): a step on refilled buffers that does not follow
-# their new values, eagerly or in a graph replay; a call that declares the graph mode and cannot be
-# captured.
-MODE_LABELS = {"eager": "reused_buffers_stale", "graph": "graph_replay_stale", "capture": "graph_capture_failed"}
+# their new values, eagerly or in a graph replay (cases.STALE_LABELS); a call that declares the graph
+# mode and cannot be captured.
+MODE_LABELS = {**STALE_LABELS, "capture": "graph_capture_failed"}
 _VECTORS = ("prefill_positions", "prefill_delta", "idx_mapping", "query_start_loc", "prefill_lens",
             "num_computed_tokens")
 
@@ -50,12 +50,9 @@ def check_same_buffers(batches) -> None:
     batches = list(batches)
     if not batches or not all(isinstance(b, RaggedBatch) for b in batches):
         raise ValueError(f"batches: must be one or more RaggedBatch steps (got {len(batches)} items)")
-    fields = {"num_dims": lambda b: b.num_dims, "prefill_lens (slots)": lambda b: len(b.prefill_lens),
-              "prefill_positions (table size)": lambda b: len(b.prefill_positions),
-              "idx_mapping (requests)": lambda b: len(b.idx_mapping),
-              "num_tokens + padding (out columns)": lambda b: b.num_tokens + b.padding}
-    for field, size in fields.items():
-        sizes = [size(b) for b in batches]
+    shapes = [buffer_shape(b) for b in batches]
+    for i, field in enumerate(BUFFER_SHAPE_FIELDS):
+        sizes = [shape[i] for shape in shapes]
         if len(set(sizes)) > 1:
             raise ValueError(f"batches' {field}: {sizes}: every step on one set of buffers must have the same")
 
