@@ -306,6 +306,23 @@ def replay_params(loaded: LoadedCase, named: list[str]) -> list:
 
 
 # --------------------------------------------------------------------------- message
+@contextlib.contextmanager
+def replayed_call(name: str, case_id: str, *, own: tuple[type[BaseException], ...] = ()):
+    """A replay's call of implementation ``name`` on case ``case_id``: a hang past the call deadline
+    or a crash becomes the ValueError a replay reports as "cannot replay" (``rope-harness repro``
+    exits 2).  ``own``: exception types the caller reports itself, let through unchanged."""
+    from rope.harness.deadline import ImplementationHung
+    try:
+        yield
+    except own:
+        raise
+    except ImplementationHung:
+        raise ValueError(f"{name} did not return on case {case_id} within the call deadline "
+                         f"($ROPE_CALL_TIMEOUT, default 120 s)") from None
+    except Exception as exc:    # noqa: BLE001 - a crash of the implementation or a wrong return value
+        raise ValueError(f"{name} failed on case {case_id} ({type(exc).__name__}: {exc})") from exc
+
+
 def display_path(path: Path | str) -> str:
     """``path`` relative to the working directory when it lies below it, else absolute."""
     path = Path(path).resolve()

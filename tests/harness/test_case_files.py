@@ -529,3 +529,20 @@ def test_one_header_reader_for_every_kind_of_case_file(tmp_path):
     with pytest.raises(ValueError, match="schema_version=99: newer than this rope-harness understands"):
         case_files.read_header(tmp_path / "new.json")
     assert case_files.case_kind(tmp_path / "missing.json") is None
+
+
+def test_a_replayed_call_that_hangs_or_crashes_cannot_be_replayed():
+    # Every kind's replay turns a hang or a crash of the implementation into the ValueError that makes
+    # `rope-harness repro` exit 2; an exception the kind reports itself is let through.
+    from rope.harness.deadline import ImplementationHung
+
+    def run(exc, own=()):
+        with case_files.replayed_call("mine", "abc", own=own):
+            raise exc
+
+    with pytest.raises(ValueError, match=r"mine did not return on case abc within the call deadline"):
+        run(ImplementationHung("late"))
+    with pytest.raises(ValueError, match=r"mine failed on case abc \(ZeroDivisionError: boom\)"):
+        run(ZeroDivisionError("boom"))
+    with pytest.raises(KeyError):
+        run(KeyError("own"), own=(KeyError,))

@@ -38,7 +38,6 @@ def replay(path: Path | str, *, device: str | None = None, impl: str | None = No
     """Replay a position-step case file against its implementation (or ``impl``) on its device (or
     ``device``): (the case file, the implementation's name, what is still wrong: empty once fixed).
     ValueError when it cannot be replayed (bad file, unknown implementation or device, a crash)."""
-    from rope.harness.deadline import ImplementationHung
     from rope.harness.position_step.check import check_positions
     from rope.harness.position_step.cases import OUT_SENTINEL
     loaded = load_case(path)
@@ -54,13 +53,8 @@ def replay(path: Path | str, *, device: str | None = None, impl: str | None = No
     if where.split(":", 1)[0] not in available_devices():
         raise ValueError(f"device={where!r}: not available here (rope-harness devices lists them); pass --device")
     batch = loaded.batch
-    try:
+    with case_files.replayed_call(name, loaded.id):
         out = run_positions(fn, batch, where)
-    except ImplementationHung:
-        raise ValueError(f"{name} did not return on case {loaded.id} within the call deadline "
-                         f"($ROPE_CALL_TIMEOUT, default 120 s)") from None
-    except Exception as exc:    # noqa: BLE001 - a crash of the implementation
-        raise ValueError(f"{name} failed on case {loaded.id} ({type(exc).__name__}: {exc})") from exc
     n = batch.num_tokens
     past = [] if bool((out[:, n:] == OUT_SENTINEL).all()) else [f"wrote columns past the step's {n} tokens"]
     return loaded, name, check_positions(name, where, batch.tensors("cpu"), out[:, :n], past)
@@ -86,18 +80,13 @@ def replay_steps(loaded: PositionStepCaseFile, name: str, fn: Callable, device: 
     :func:`sequence_unrunnable_reason` allows), each held to the reference of its own inputs: what is
     wrong with the first step that is not (empty: none).  ValueError when the call cannot be
     captured, hangs or crashes."""
-    from rope.harness.deadline import ImplementationHung
     from rope.harness.modes import GraphCaptureFailed
     mode = loaded.mode
     try:
-        stale = stale_step(name, fn, loaded.steps, device, mode)
+        with case_files.replayed_call(name, loaded.id, own=(GraphCaptureFailed,)):
+            stale = stale_step(name, fn, loaded.steps, device, mode)
     except GraphCaptureFailed as exc:
         raise ValueError(f"{name} on {device}: {exc}") from None
-    except ImplementationHung:
-        raise ValueError(f"{name} did not return on case {loaded.id} within the call deadline "
-                         f"($ROPE_CALL_TIMEOUT, default 120 s)") from None
-    except Exception as exc:    # noqa: BLE001 - a crash of the implementation
-        raise ValueError(f"{name} failed on case {loaded.id} ({type(exc).__name__}: {exc})") from exc
     return [] if stale is None else [stale.sentence(mode), *stale.problems]
 
 

@@ -46,14 +46,8 @@ def replay(path: Path | str, *, device: str | None = None, impl: str | None = No
     reason = unsupported_reason(name, fn, loaded, where)
     if reason:
         raise ValueError(reason)
-    from rope.harness.deadline import ImplementationHung
-    try:
+    with case_files.replayed_call(name, loaded.id):
         result = check(fn, loaded.case, where)
-    except ImplementationHung:
-        raise ValueError(f"{name} did not return on case {loaded.id} within the call deadline "
-                         f"($ROPE_CALL_TIMEOUT, default 120 s)") from None
-    except Exception as exc:    # noqa: BLE001 - a crash of the implementation or a wrong return value
-        raise ValueError(f"{name} failed on case {loaded.id} ({type(exc).__name__}: {exc})") from exc
     return loaded, name, result
 
 
