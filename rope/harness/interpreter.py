@@ -30,17 +30,27 @@ MiB of stack it never touches runs its programs in the rest of that frame's 1 Mi
 mapping per launch (the CPU suite on 2 cores: 763 s -> 342 s).  Upstream
 (python/cpython#142183) newer CPython releases keep one chunk cached per thread; 3.11 and 3.12
 unmap it every time.
+
+:func:`skip_discarded_overflow_checks` drops work whose result the interpreter throws away.  Its
+options ask for integer-overflow sanitizing and not for debug; every integer ``+``, ``-`` and ``*``
+of a kernel then builds the check (the operands widened to 64 bits, the operation again, two
+comparisons) and hands it to ``device_assert``, which returns at once without debug.  That was
+39% of an interpreted rotation (a 4,097-token case on one 16-channel head).  With sanitizing off
+nothing is built and nothing is lost: the check was never asserted.  Under debug (or a Triton whose
+``device_assert`` does not return that way) the options are left as they are.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
 import sys
 import types
 
 _APPLIED = [False]
-_ORIGINALS: dict[str, object] = {}     # Triton's own GridExecutor.__call__ and InterpretedFunction.__call__
+_ORIGINALS: dict[str, object] = {}     # Triton's own GridExecutor.__call__, InterpretedFunction.__call__ and
+                                       # the interpreter builder's options
 
 # InterpretedFunction.__call__ as Triton writes it (whitespace and comments aside).
 _HELPER_CALL = """def __call__(self, *args, **kwargs):
@@ -84,7 +94,7 @@ def skip_repeated_patching() -> bool:
     The grid runs in one stack chunk either way."""
     if _APPLIED[0]:
         return True
-    restore_patching()      # a grid wrapped by an earlier call that found an unknown helper call
+    _restore_calls()        # a grid wrapped by an earlier call that found an unknown helper call
     try:
         from triton.runtime import interpreter
         import triton.language as tl
@@ -146,9 +156,42 @@ def _install_grid_call(interpreter, run) -> None:
     interpreter.GridExecutor.__call__ = grid_executor_call
 
 
+# TritonSemantic.device_assert's first lines as Triton writes them: without debug, nothing is asserted.
+_ASSERT_ONLY_UNDER_DEBUG = "if not self.builder.options.debug:\n    return"
+
+
+def skip_discarded_overflow_checks() -> bool:
+    """Turn off the interpreter's overflow sanitizing where its checks are built only to be
+    discarded (no debug; see the module's docstring); True when turned off (idempotent).  Every
+    result is the same: tests/harness/test_interpreter_speed.py compares the bits."""
+    try:
+        from triton.runtime import interpreter
+        from triton.language.semantic import TritonSemantic
+        builder = interpreter.interpreter_builder
+        options = builder.options
+        discards = (_ASSERT_ONLY_UNDER_DEBUG in _normalized(inspect.getsource(TritonSemantic.device_assert))
+                    and "sanitize_overflow" in {f.name for f in dataclasses.fields(options)})
+    except (ImportError, AttributeError, OSError, TypeError):
+        return False
+    if not discards or options.debug:
+        return False
+    if options.sanitize_overflow:
+        _ORIGINALS.setdefault("options", options)
+        builder.options = dataclasses.replace(options, sanitize_overflow=False)
+    return True
+
+
 def restore_patching() -> None:
-    """Put Triton's own calls back (after :func:`skip_repeated_patching`; for comparisons)."""
-    if not _ORIGINALS:
+    """Put Triton's own calls and options back (after :func:`skip_repeated_patching` and
+    :func:`skip_discarded_overflow_checks`; for comparisons)."""
+    _restore_calls()
+    if "options" in _ORIGINALS:
+        from triton.runtime import interpreter
+        interpreter.interpreter_builder.options = _ORIGINALS.pop("options")
+
+
+def _restore_calls() -> None:
+    if "grid" not in _ORIGINALS and "helper" not in _ORIGINALS:
         return
     from triton.runtime import interpreter
     if "grid" in _ORIGINALS:

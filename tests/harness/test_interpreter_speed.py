@@ -1,6 +1,7 @@
 """rope.harness.interpreter: Triton's interpreter without re-patching triton.language per helper
-call gives the same bits, patches once per grid, and leaves a Triton it does not know alone; every
-grid runs in one chunk of CPython's frame stack, at any stack depth."""
+call and without the overflow checks it discards gives the same bits, patches once per grid, and
+leaves a Triton it does not know alone; every grid runs in one chunk of CPython's frame stack, at
+any stack depth."""
 
 from __future__ import annotations
 
@@ -34,10 +35,25 @@ def _helpers_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, y, mask=mask)
 
 
+def _reinstall() -> None:
+    """Both speed-ups back, as the plugin installs them."""
+    speed.skip_repeated_patching()
+    speed.skip_discarded_overflow_checks()
+
+
+@triton.jit
+def _int_arithmetic_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0)
+    tl.store(out_ptr + offs, x * 3 - offs + n, mask=mask)
+
+
 def _with_and_without(run):
     """run() with the faster helper call and with Triton's own; the faster one is left installed
     as the plugin installed it."""
     installed = speed.skip_repeated_patching()
+    unchecked = speed.skip_discarded_overflow_checks()
     fast = run()
     speed.restore_patching()
     try:
@@ -45,7 +61,9 @@ def _with_and_without(run):
     finally:
         if installed:
             speed.skip_repeated_patching()
-    return installed, fast, slow
+        if unchecked:
+            speed.skip_discarded_overflow_checks()
+    return installed and unchecked, fast, slow
 
 
 def test_rotation_gives_the_same_bits_with_and_without_the_repeated_patching():
@@ -107,7 +125,7 @@ def test_an_unknown_triton_is_left_alone(monkeypatch):
     finally:
         monkeypatch.undo()
         if installed:
-            speed.skip_repeated_patching()
+            _reinstall()
 
 
 def _worst_page_faults(launch) -> int:
@@ -164,4 +182,51 @@ def test_a_grid_runs_in_one_stack_chunk_at_every_depth():
     finally:
         speed.restore_patching()
         if installed:
-            speed.skip_repeated_patching()
+            _reinstall()
+
+
+def test_the_discarded_overflow_checks_are_not_built_and_results_agree(monkeypatch):
+    from triton.runtime import interpreter
+    asserts = []
+    real = interpreter.interpreter_semantic.device_assert     # the class's stays, for the source check
+    monkeypatch.setattr(interpreter.interpreter_semantic, "device_assert",
+                        lambda *a, **k: asserts.append(1) or real(*a, **k), raising=False)
+    x = torch.randint(-1000, 1000, (300,), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
+    counts = []
+
+    def run():
+        asserts.clear()
+        out = torch.empty_like(x)
+        _int_arithmetic_kernel[(triton.cdiv(300, 64),)](x, out, 300, BLOCK=64)
+        counts.append(len(asserts))
+        return out
+
+    installed, fast, slow = _with_and_without(run)
+    assert installed
+    assert torch.equal(fast, slow)
+    assert torch.equal(fast, x * 3 - torch.arange(300, dtype=torch.int32) + 300)
+    # Without debug the interpreter builds an overflow check per integer +, - and * (of the offsets
+    # too) and device_assert drops it; skipped, none is built.
+    assert counts[0] == 0, counts[0]
+    assert counts[1] >= 5 * 3, counts[1]
+
+
+def test_overflow_checks_stay_under_debug(monkeypatch):
+    import dataclasses
+
+    from triton.runtime import interpreter
+    speed.restore_patching()
+    try:
+        debug = dataclasses.replace(interpreter.interpreter_builder.options, debug=True)
+        monkeypatch.setattr(interpreter.interpreter_builder, "options", debug)
+        assert speed.skip_discarded_overflow_checks() is False
+        assert interpreter.interpreter_builder.options is debug
+        monkeypatch.undo()
+        # A Triton whose device_assert asserts whatever the options: left alone as well.
+        monkeypatch.setattr(speed, "_ASSERT_ONLY_UNDER_DEBUG", "no such line")
+        options = interpreter.interpreter_builder.options
+        assert speed.skip_discarded_overflow_checks() is False
+        assert interpreter.interpreter_builder.options is options
+    finally:
+        monkeypatch.undo()
+        _reinstall()

@@ -335,8 +335,9 @@ def pytest_configure(config):
     from rope.devices import configure_triton
     configure_triton()          # before any kernel of the suite is defined (no GPU: the interpreter)
     if os.environ.get("TRITON_INTERPRET") == "1":
-        from rope.harness.interpreter import skip_repeated_patching
+        from rope.harness.interpreter import skip_discarded_overflow_checks, skip_repeated_patching
         skip_repeated_patching()    # most of an interpreted kernel's time (rope/harness/interpreter.py)
+        skip_discarded_overflow_checks()    # and a third of the rest
     else:
         from rope.harness import compile_lock
         compile_lock.install()      # the run's processes compile each new specialization once
