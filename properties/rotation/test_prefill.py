@@ -33,7 +33,7 @@ import time
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 
 from rope.cache import cos_sin_cache
 from rope.devices import torch_device
@@ -75,6 +75,13 @@ pytestmark = pytest.mark.prefill
 # (the explicit boundaries always run); ROPE_PREFILL_BUDGET overrides.
 PREFILL_BUDGET_S = {"cpu": 20.0}
 DEFAULT_PREFILL_BUDGET_S = 120.0
+# Where a drawn prefill failure is reported as drawn, not shrunk: under Triton's interpreter each
+# shrink step is another 1-7 s launch of 1,024-16,384 tokens, and shrinking a token count moves it
+# towards 1,024, below the boundaries where paths switch (a 12,821-token GPT-J failure of a path
+# switched at 4,096 tokens: 20 s of shrinking reached 10,947, and the run reported 44 s later).
+# The failure's diagnosis names the tokens and channels that differ, and its case file replays it
+# on a GPU, where the property shrinks.
+NO_SHRINK_DEVICES = ("cpu",)
 
 
 def _check(impl_name, impl, case, device) -> bool:
@@ -178,8 +185,11 @@ def test_prefill_batches_match_reference(impl_name, device):
     mean_tokens = sum(boundary_token_counts(thresholds)) / len(boundary_token_counts(thresholds))
     affordable = int(_budget(device) / max(per_token * mean_tokens, 1e-9))
     examples = max(3, min(settings.default.max_examples, affordable))
+    phases = settings.default.phases
+    if device in NO_SHRINK_DEVICES:
+        phases = tuple(phase for phase in phases if phase != Phase.shrink)
 
-    @settings(max_examples=examples)
+    @settings(max_examples=examples, phases=phases)
     @given(case=prefill_cases(tokens=prefill_token_counts(thresholds), small_heads=small_heads(device)))
     def prefill_matches_reference(case):
         skip_if_unsupported(impl_name, impl, case.spec, case.dtype, device)
