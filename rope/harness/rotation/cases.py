@@ -427,7 +427,10 @@ def _to_device_together(tensors: list[torch.Tensor], dev: torch.device) -> list[
         start = 0
         for i in group:
             n = tensors[i].numel()
-            out[i] = flat[start:start + n].clone().view(tensors[i].shape)    # its own allocation
+            # Its own allocation, with the source's strides: a view would give a dimension of size 0
+            # or 1 another stride than torch gives the same shape made contiguous (positions of no
+            # token: (0, 1) where build_rotation_inputs has (1, 1)).
+            out[i] = flat[start:start + n].clone().as_strided(tensors[i].shape, tensors[i].stride())
             start += n
     return out
 
