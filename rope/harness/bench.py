@@ -4,7 +4,10 @@ floor.
 Rotary embedding is memory bound.  The floor for one call is the bytes it must move: the
 rotated channels of q and k read and written, one cos and one sin value per frequency per
 token, and the positions.  Each result is reported as time, achieved GB/s over those bytes,
-the fraction of the device's measured copy bandwidth, and the speedup over native eager.
+the fraction of the device's measured copy bandwidth, and the speedup over native eager; on a GPU
+each row also gets its own floor, streams that move the rotated channels in place and do nothing
+else, timed by the same timers (rope.harness.bench_floor), and ours is raced in the peers' chain
+mode (rope.harness.bench.race).  The reports: rope.harness.bench_report.
 
 Timing on CUDA: CUDA graphs for small sizes (``do_bench_cudagraph``: no Python launch
 overhead); above, input rotation: the call cycles through enough copies of its inputs that one
@@ -20,7 +23,6 @@ float64 reference (on a sample of tokens) before it is timed.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import platform
 import statistics
@@ -28,23 +30,22 @@ import time
 import warnings
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
 import reference
-from rope.harness.atomic import atomic_write
 from rope.cache import cos_sin_cache
 from rope.devices import synchronize, torch_device
 from rope.models import load_models
-from rope.harness.bench_contenders import CONTENDERS, contenders, runs_here, timed_here
+from rope.harness.bench_contenders import (CONTENDERS, NO_OVERLAP, contenders, no_overlap_contender, runs_here,
+                                           timed_here)
+from rope.harness.bench_floor import measure_floor
 from rope.spec import RopeSpec
 from rope.harness.rotation.bound import compare_rotation
 from rope.triton.pdl import HAS_PDL
 from rope.triton.targets import pdl_available
-from rope.triton.rotary import ONE_WAVE_TOKENS, PDL_MAX_TOKENS
 
 if HAS_PDL:     # _empty_kernel's PDL variant calls these by their global names
     from rope.triton.pdl import gdc_launch_dependents, gdc_wait  # noqa: F401
@@ -61,6 +62,7 @@ GRAPH_MAX_TOKENS = 256          # CUDA graphs below this size
 HOST_CALLS = 50                 # calls per round of the host-time clock: well inside the GPU's launch queue
 HOST_ROUNDS = 11
 CHECK_TOKENS = 64               # tokens compared with the reference before timing
+COPY_QUOTED_FROM = 16384        # the race quotes the 1 GiB copy's bandwidth from this many tokens
 
 
 @dataclass
@@ -82,6 +84,10 @@ class Result:
     host_us: float = math.nan    # the host's time per call, calls back to back (GPU only)
     eager_ms: float = math.nan   # triton.testing.do_bench: launched from Python, the L2 flushed (GPU only)
     copy_eager_ms: float = math.nan   # the same bytes copied, under the same timer (GPU only): the flush's floor
+    floor_ms: float = math.nan        # the row's in-place floor (rope.harness.bench_floor) under the graph /
+    floor_how: str = ""               # rotating timer, and its timer and variant (GPU only)
+    floor_eager_ms: float = math.nan  # the same floor under the eager timer, and its variant
+    floor_eager_how: str = ""
 
 
 # ------------------------------------------------------------------------------------ bytes
@@ -364,6 +370,8 @@ def run(models=None, tokens=None, dtypes=("bfloat16",), device="cuda", extra_imp
         if not runs_here(c, device):
             absent[c.name] = f"Triton kernels do not run on {device} here (no GPU, TRITON_INTERPRET unset)"
     found = [c for c in found if runs_here(c, device)]
+    if device in ("cuda", "rocm") and "triton" in {c.name for c in found} and pdl_available(torch_device(device)):
+        found.append(no_overlap_contender())    # ours in the peers' chain mode (see race)
     by_name = {c.name: c for c in found}
     for name, why in absent.items():
         progress(f"  not raced: {name}: {why}")
@@ -401,8 +409,12 @@ def run(models=None, tokens=None, dtypes=("bfloat16",), device="cuda", extra_imp
                     for name, us in host.items():
                         row[name].host_us = us
                     copy_eager = eager_ms(same_bytes_copy(device, nbytes))
+                    floor = measure_floor(spec, t, num_q, num_kv, dtype, torch_device(device),
+                                          input_sets(device, nbytes, t), time_fn, eager_ms)
                     for r in row.values():
                         r.copy_eager_ms = copy_eager
+                        r.floor_ms, r.floor_how = floor.ms, floor.how
+                        r.floor_eager_ms, r.floor_eager_how = floor.eager_ms, floor.eager_how
                 base = row.get("native")
                 for r in row.values():
                     r.speedup_vs_native = base.ms / r.ms if base and r.ms == r.ms else None
@@ -425,7 +437,14 @@ def race(results: list[Result]) -> list[dict]:
     """Per model, size and dtype: our unchecked launch against the fastest peer whose output passed
     its check (NaN-timed rows, the interpreter's, take no part), under the graph or rotating timer
     and, where measured (a GPU), launched from Python (``eager_*``: do_bench, the L2 flushed); and
-    the host's time per call of ours (unchecked, public, Triton's own launch path) and of each peer."""
+    the host's time per call of ours (unchecked, public, Triton's own launch path) and of each peer.
+
+    Under the graph or rotating timer the calls run back to back: where ours is launched with
+    programmatic dependent launch it overlaps the call before it, which no peer does.  Where the
+    run has ours without it (``triton-no-pdl``), that is the figure raced (``ours_chain``: "no
+    overlap") and the overlapping one is kept beside it (``ours_pdl_ms``).  Where the row's floor was
+    measured, ``floor_frac`` is the floor's time over ours (1: ours moves the bytes as fast as a
+    stream that does nothing else), under each timer."""
     out = []
     groups: dict[tuple, list[Result]] = {}
     for r in results:
@@ -437,9 +456,16 @@ def race(results: list[Result]) -> list[dict]:
         peers = [r for r in rows if not r.ours and r.ms == r.ms and r.checked.startswith("ok")]
         if ours is None or ours.ms != ours.ms or not peers:
             continue
+        chained = by_name.get(NO_OVERLAP)
+        raced = chained if chained is not None and chained.ms == chained.ms else ours
         best = min(peers, key=lambda r: r.ms)
-        row = {"model": model, "tokens": tokens, "dtype": dtype, "ours_ms": ours.ms, "best_peer": best.impl,
-               "best_peer_ms": best.ms, "ratio": ours.ms / best.ms}
+        row = {"model": model, "tokens": tokens, "dtype": dtype, "ours_ms": raced.ms, "best_peer": best.impl,
+               "best_peer_ms": best.ms, "ratio": raced.ms / best.ms}
+        if raced is not ours:
+            row |= {"ours_chain": "no overlap", "ours_pdl_ms": ours.ms}
+        if ours.floor_ms == ours.floor_ms:
+            row |= {"floor_ms": ours.floor_ms, "floor_how": ours.floor_how, "floor_frac": ours.floor_ms / raced.ms,
+                    "copy_frac": raced.frac_copy}
         eager = [r for r in peers if r.eager_ms == r.eager_ms]
         if ours.eager_ms == ours.eager_ms and eager:
             best_eager = min(eager, key=lambda r: r.eager_ms)
@@ -451,6 +477,9 @@ def race(results: list[Result]) -> list[dict]:
                     "host_us": {name: by_name[name].host_us for name in ("triton", "triton-public", "triton-bare")
                                 if name in by_name},
                     "peers_host_us": {r.impl: r.host_us for r in eager}}
+            if ours.floor_eager_ms == ours.floor_eager_ms:
+                row |= {"floor_eager_ms": ours.floor_eager_ms, "floor_eager_how": ours.floor_eager_how,
+                        "floor_eager_frac": ours.floor_eager_ms / ours.eager_ms}
         out.append(row)
     return out
 
@@ -525,195 +554,3 @@ def _device_name(device: str) -> str:
     if device in ("cuda", "rocm"):
         return torch.cuda.get_device_name()
     return platform.processor() or "cpu"
-
-
-# ------------------------------------------------------------------------------------ reports
-def write_reports(data: dict, out_dir: Path) -> list[Path]:
-    out_dir = Path(out_dir)
-    paths = [out_dir / "bench.json", out_dir / "bench.md", out_dir / "bench.png"]
-    atomic_write(paths[0], json.dumps(data, indent=1).encode())
-    atomic_write(paths[1], markdown(data).encode())
-    atomic_write(paths[2], plot(data))
-    return paths
-
-
-def _pdl_note(data: dict) -> str:
-    pdl = data.get("empty_launch_pdl_ms", float("nan"))
-    if pdl != pdl:                      # NaN: no PDL on this device
-        return ""
-    return (f" ({pdl * 1e3:.1f} us launched with programmatic dependent launch, as the Triton rotation "
-            f"is up to {PDL_MAX_TOKENS} tokens and from {ONE_WAVE_TOKENS[0]} to {ONE_WAVE_TOKENS[1]} here)")
-
-
-def _us(ms: float) -> str:
-    return "-" if ms != ms else f"{ms * 1e3:.1f}"
-
-
-def race_markdown(data: dict) -> list[str]:
-    """Our unchecked launch against the fastest peer, per model and size: under the timer, then
-    launched from Python with the host's time per call."""
-    if not data.get("race"):
-        if data["device"] == "cpu":
-            return ["Our Triton kernels run under the interpreter here: checked, not raced. "
-                    "`rope-harness bench --device cuda` races them.", ""]
-        return []
-    lines = ["## Ours against the fastest peer", "",
-             "`triton` (our unchecked launch) against the fastest other contender whose output passed its "
-             "check, at each size: below 1 we are faster.", "",
-             "| model | tokens | dtype | ours (us) | fastest peer | its time (us) | ours / peer |",
-             "|---|---:|---|---:|---|---:|---:|"]
-    for r in data["race"]:
-        lines.append(f"| {r['model']} | {r['tokens']} | {r['dtype']} | {_us(r['ours_ms'])} | {r['best_peer']} | "
-                     f"{_us(r['best_peer_ms'])} | {r['ratio']:.2f} |")
-    eager = [r for r in data["race"] if "eager_ratio" in r]
-    if eager:
-        peers = sorted({name for r in eager for name in r["peers_host_us"]})
-        lines += ["", "## Launched from Python, and the host's time per call", "",
-                  "Eager: `triton.testing.do_bench` (each call launched from Python after its L2 flush, median), "
-                  "ours unchecked against the fastest peer's; % of copy of ours; the same bytes moved by a device copy "
-                  "under the same timer (`same_bytes_copy`: half read, half written), what the flush leaves any kernel "
-                  "of this size.  Host: microseconds of the "
-                  f"host per call, {HOST_CALLS} calls back to back ({HOST_ROUNDS} rounds in which the contenders of a row "
-                  "take turns, the median): ours "
-                  "unchecked, the public entry, the same kernel through Triton's own `kernel[grid](...)` "
-                  "(`triton-bare`), and each peer.", "",
-                  "| model | tokens | ours eager (us) | % of copy | same bytes copied (us) | its % of copy "
-                  "| fastest peer | its time (us) | ours / peer "
-                  "| host: ours | public | bare | " + " | ".join(peers) + " |",
-                  "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|" + "---:|" * len(peers)]
-        for r in eager:
-            host = r["host_us"]
-            cells = [f"{host[name]:.1f}" if name in host else "-" for name in ("triton", "triton-public", "triton-bare")]
-            cells += [f"{r['peers_host_us'][name]:.1f}" if name in r["peers_host_us"] else "-" for name in peers]
-            copied = r.get("copy_eager_ms", math.nan)
-            copied_frac = f"{100 * r['copy_eager_frac']:.1f}" if copied == copied else "-"
-            lines.append(f"| {r['model']} | {r['tokens']} | {_us(r['ours_eager_ms'])} | "
-                         f"{100 * r['ours_eager_frac']:.1f} | {_us(copied)} | {copied_frac} | "
-                         f"{r['best_eager_peer']} | {_us(r['best_eager_peer_ms'])} | "
-                         f"{r['eager_ratio']:.2f} | " + " | ".join(cells) + " |")
-    return lines + [""]
-
-
-def markdown(data: dict) -> str:
-    lines = [f"# Benchmark on {data['device_name']} ({data['device']})", "",
-             f"Copy bandwidth (measured): {data['copy_gbps']:.0f} GB/s; empty Triton launch: "
-             f"{_us(data['empty_launch_ms'])} us{_pdl_note(data)}; torch {data['torch']}.", "",
-             "Timing: `cudagraph` = triton's do_bench_cudagraph on one input set (<= 256 tokens); "
-             "`rotating+graph` = back-to-back calls cycling through copies of the inputs (one pass moves "
-             "four L2 caches of bytes), one round captured in a CUDA graph (`rotating`: launched from Python where "
-             "capture failed), device events, median of 7; `wall` = host clock (CPU); `interpreter: checked, not "
-             "timed` = a Triton kernel run by the CPU interpreter: its output is checked, its time would mean nothing.", ""]
-    for name, why in data.get("absent", {}).items():
-        lines.append(f"- not raced: `{name}`: {why}")
-    for name, whys in data.get("skipped", {}).items():
-        lines.append(f"- `{name}` skipped {'; '.join(whys)}")
-    lines += ["", *race_markdown(data), "## Every contender", "",
-              "| model | tokens | impl | time (us) | GB/s | % of copy | vs native | eager (us) | host (us/call) "
-              "| timing | check |",
-              "|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|"]
-    for r in data["results"]:
-        sp = f"{r['speedup_vs_native']:.2f}x" if r["speedup_vs_native"] else "-"
-        timed = r["ms"] == r["ms"]
-        gbps, frac = (f"{r['gbps']:.0f}", f"{100 * r['frac_copy']:.1f}") if timed else ("-", "-")
-        timing = r["timing"] + (f"; {r['note']}" if r.get("note") else "")
-        host = r.get("host_us", math.nan)
-        lines.append(f"| {r['model']} | {r['tokens']} | {r['impl']} | {_us(r['ms'])} | {gbps} | "
-                     f"{frac} | {sp} | {_us(r.get('eager_ms', math.nan))} | {'-' if host != host else f'{host:.1f}'} "
-                     f"| {timing} | {r['checked']} |")
-    return "\n".join(lines) + "\n"
-
-
-def _plot_race(ax, race_rows: list[dict]) -> None:
-    """Our time over the fastest peer's, per model against tokens, each point labelled with that peer."""
-    for i, model in enumerate(dict.fromkeys(r["model"] for r in race_rows)):
-        pts = sorted((r["tokens"], r["ratio"], r["best_peer"]) for r in race_rows if r["model"] == model)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=model, color=f"C{i}")
-        for x, y, peer in pts:
-            ax.annotate(peer, (x, y), textcoords="offset points", xytext=(0, 5), fontsize=6, ha="center",
-                        color=f"C{i}")
-        eager = sorted((r["tokens"], r["eager_ratio"]) for r in race_rows if r["model"] == model and "eager_ratio" in r)
-        if eager:
-            ax.plot([p[0] for p in eager], [p[1] for p in eager], marker="x", linestyle=":", color=f"C{i}",
-                    label=f"{model}, launched from Python (do_bench)")
-    ax.axhline(1.0, color="k", linestyle="--", label="as fast as the fastest peer")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("tokens")
-    ax.set_ylabel("our time / fastest peer's time (below 1: faster)")
-    ax.set_title("ours against the fastest peer")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-
-
-def _plot_positions(ax, pos: list[dict], data: dict, colors: dict) -> None:
-    """Time per ragged step, per implementation, against the empty launch: these steps move a few
-    MB at most, so the launch, not the bandwidth, is their floor."""
-    steps = list(dict.fromkeys(r["model"] for r in pos))
-    names = sorted({r["impl"] for r in pos})
-    width = 0.8 / len(names)
-    for i, name in enumerate(names):
-        times = {r["model"]: r["ms"] * 1e3 for r in pos if r["impl"] == name}
-        ax.bar([s + i * width for s in range(len(steps))], [times.get(step, float("nan")) for step in steps],
-               width, label=name, color=colors[name])
-    empty = data.get("empty_launch_ms")
-    if empty is not None and not math.isnan(empty):            # NaN: not measured (CPU)
-        ax.axhline(empty * 1e3, color="k", linestyle=":", label="empty launch")
-    ax.set_xticks([s + width * (len(names) - 1) / 2 for s in range(len(steps))],
-                  [f"{step}\n(requests x tokens)" for step in steps], fontsize=8)
-    ax.set_yscale("log")
-    timed = [r["ms"] * 1e3 for r in pos if r["ms"] == r["ms"]]
-    if timed:
-        ax.set_ylim(top=max(timed) * 8)                        # room for the legend above the bars
-    ax.set_ylabel("us per step")
-    ax.set_title("position step")
-    ax.grid(True, which="both", axis="y", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", ncol=3)
-
-
-def plot(data: dict) -> bytes:
-    import io
-
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rot = [r for r in data["results"] if r["kind"] == "rotation"]
-    pos = [r for r in data["results"] if r["kind"] == "positions"]
-    models = sorted({r["model"] for r in rot})
-    impls = sorted({r["impl"] for r in rot} | {r["impl"] for r in pos})
-    palette = plt.get_cmap("tab20").colors
-    colors = {impl: palette[i % len(palette)] for i, impl in enumerate(impls)}   # one colour per implementation
-    race_rows = data.get("race") or []
-    panels = max(1, len(models) + bool(race_rows) + bool(pos))
-    cols = min(4, panels)                                   # rows of at most four panels
-    rows = math.ceil(panels / cols)
-    fig, grid = plt.subplots(rows, cols, figsize=(5 * cols, 4 * rows), squeeze=False)
-    axes = list(grid.flat)
-    for ax in axes[panels:]:
-        ax.set_visible(False)
-    if pos:
-        _plot_positions(axes[panels - 1], pos, data, colors)
-    if race_rows:
-        _plot_race(axes[len(models)], race_rows)
-    for ax, model in zip(axes, models):
-        for impl in sorted({r["impl"] for r in rot if r["model"] == model}):
-            pts = sorted((r["tokens"], r["gbps"]) for r in rot
-                         if r["model"] == model and r["impl"] == impl and r["ms"] == r["ms"])
-            if pts:                         # interpreter rows are checks without a time
-                ours = any(r["ours"] for r in rot if r["impl"] == impl)
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl, color=colors[impl],
-                        linewidth=2.5 if ours else 1.2)
-        ax.axhline(data["copy_gbps"], color="k", linestyle="--", label="measured copy bandwidth")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("tokens")
-        ax.set_ylabel("achieved GB/s (bytes of the floor / time)")
-        ax.set_title(model)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"Rotary kernels vs the memory floor on {data['device_name']}"
-                 + (" (last: the position step vs the launch floor)" if pos else ""))
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return buf.getvalue()

@@ -73,6 +73,20 @@ def _ours() -> list[Contender]:
             Contender("triton-bare", True, triton_fn.bare_launch, "float32", bare_reason, triton=True)]
 
 
+# Ours launched without programmatic dependent launch: back to back under a graph, each call of the
+# default launch overlaps the one before where it is launched with PDL (up to PDL_MAX_TOKENS tokens
+# and across the one-wave band: rope/triton/rotary_plan.py); no peer's does, so the race times ours
+# this way too, where PDL exists (rope.harness.bench.race).
+NO_OVERLAP = "triton-no-pdl"
+
+
+def no_overlap_contender() -> Contender:
+    triton_fn = get_implementation("triton")
+    bind = lambda spec, positions, q, k, cache: functools.partial(   # noqa: E731
+        triton_fn.unchecked, spec, positions, q, k, cache, pdl=False)
+    return Contender(NO_OVERLAP, True, bind, "float32", _reason("triton", triton_fn), triton=True)
+
+
 # ------------------------------------------------------------------------------------ plain torch
 def rotate_for_the_compiler(spec: RopeSpec, positions, query, key, cos_sin_cache, freq_rows):
     """The rotation in plain torch, written the way a compiler can fuse it: each frequency's cos/sin

@@ -289,7 +289,7 @@ def closing_line(code: int, outcomes, summary_json: Path | None, seconds: float,
 
 
 def cmd_bench(args) -> int:
-    from rope.harness import bench
+    from rope.harness import bench, bench_report
     from rope.devices import available_devices
     device = args.device or available_devices()[-1]
     tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else None    # None: the device's
@@ -304,7 +304,7 @@ def cmd_bench(args) -> int:
     data = bench.run(models=models, tokens=tokens, dtypes=dtypes, device=device, extra_impls=args.impl,
                      positions=() if args.no_positions else None, only=only)
     from rope.harness.report import reports_dir
-    for path in bench.write_reports(data, Path(args.out) if args.out else reports_dir()):
+    for path in bench_report.write_reports(data, Path(args.out) if args.out else reports_dir()):
         print(f"wrote {path}")
     return 0
 

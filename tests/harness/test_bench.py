@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from rope.harness import bench
+from rope.harness import bench, bench_report
 from rope.models import get_model
 
 pytestmark = pytest.mark.stack      # meets the installed torch and Triton: CI runs it on every stack (.ci/run)
@@ -69,7 +69,7 @@ def test_race_takes_the_fastest_peer_that_passed_its_check():
             _row("triton", nan, ours=True, tokens=1), _row("native", 0.1, tokens=1)]
     assert bench.race(rows) == [{"model": "qwen2.5-vl-72b", "tokens": 4096, "dtype": "bfloat16", "ours_ms": 0.040,
                                  "best_peer": "liger", "best_peer_ms": 0.050, "ratio": 0.040 / 0.050}]
-    md = bench.race_markdown({"race": bench.race(rows), "device": "cuda"})
+    md = bench_report.race_markdown({"race": bench.race(rows), "device": "cuda"})
     assert "| qwen2.5-vl-72b | 4096 | bfloat16 | 40.0 | liger | 50.0 | 0.80 |" in md
 
 
@@ -117,8 +117,8 @@ def test_pdl_empty_launch_only_where_pdl_runs():
     assert bench.empty_launch_ms("cpu", pdl=True) != bench.empty_launch_ms("cpu", pdl=True)   # NaN
     data = {"device": "cpu", "device_name": "x", "copy_gbps": 1.0, "empty_launch_ms": 0.001, "torch": "t",
             "results": []}
-    assert "programmatic" not in bench.markdown({**data, "empty_launch_pdl_ms": float("nan")})
-    assert "0.5 us launched with programmatic" in bench.markdown({**data, "empty_launch_pdl_ms": 0.0005})
+    assert "programmatic" not in bench_report.markdown({**data, "empty_launch_pdl_ms": float("nan")})
+    assert "0.5 us launched with programmatic" in bench_report.markdown({**data, "empty_launch_pdl_ms": 0.0005})
 
 
 def test_bench_positions_on_a_cpu_without_the_interpreter_races_native_alone(monkeypatch):
@@ -165,11 +165,11 @@ def test_the_race_compares_eager_times_and_reports_the_hosts():
     assert race["host_us"] == {"triton": 20.0, "triton-public": 25.0, "triton-bare": 30.0}
     assert race["peers_host_us"] == {"fast-timer": 40.0, "fast-eager": 50.0}
     data = {"race": [race], "device": "cuda"}
-    table = "\n".join(bench.race_markdown(data))
+    table = "\n".join(bench_report.race_markdown(data))
     assert ("| m | 4096 | 12.0 | 75.0 | 10.8 | 83.3 | fast-eager | 15.0 | 0.80 | 20.0 | 25.0 | 30.0 | 50.0 | 40.0 |"
             in table)   # peers by name
     del race["copy_eager_ms"], race["copy_eager_frac"]      # a run from before the copy was timed
-    assert "| m | 4096 | 12.0 | 75.0 | - | - | fast-eager |" in "\n".join(bench.race_markdown(data))
+    assert "| m | 4096 | 12.0 | 75.0 | - | - | fast-eager |" in "\n".join(bench_report.race_markdown(data))
 
 
 def test_the_same_bytes_copy_moves_as_many_bytes_as_the_rotation():
@@ -179,3 +179,62 @@ def test_the_same_bytes_copy_moves_as_many_bytes_as_the_rotation():
     nbytes = bench.rotation_bytes(spec, 4096, 64, 8, 2)
     written = bench.same_bytes_copy("cpu", nbytes)()
     assert written.dtype == torch.uint8 and 2 * written.numel() == nbytes
+
+
+def test_the_race_times_ours_in_the_peers_chain_mode_and_against_the_floor():
+    # Under the graph timer the default launch overlaps the call before (PDL) and no peer does: where
+    # the run has ours without PDL, that figure is raced and the overlapping one kept beside it; the
+    # floor (a same-pattern in-place stream, the same timers) is over ours under each timer.
+    import math
+
+    def row(impl, ms, tokens=4096, ours=False, checked="ok", **extra):
+        return bench.Result("rotation", impl, "m", tokens, "bfloat16", ms, 1000, 1.0, 0.8 * 0.010 / ms,
+                            checked=checked, ours=ours, eager_ms=ms * 1.2, host_us=20.0,
+                            floor_ms=0.0096, floor_how="rotating+graph, rows=32", floor_eager_ms=0.0114,
+                            floor_eager_how="mul_", **extra)
+    results = [row("triton", 0.009, ours=True), row("triton-no-pdl", 0.010, ours=True),
+               row("triton-public", 0.010, ours=True), row("peer", 0.0105)]
+    (race,) = bench.race(results)
+    assert race["ours_ms"] == 0.010 and race["ours_chain"] == "no overlap" and race["ours_pdl_ms"] == 0.009
+    assert math.isclose(race["ratio"], 0.010 / 0.0105) and race["best_peer"] == "peer"
+    assert math.isclose(race["floor_frac"], 0.0096 / 0.010) and race["floor_how"] == "rotating+graph, rows=32"
+    # Eagerly ours is the default launch (no call to overlap after a flush) against the eager floor.
+    assert math.isclose(race["floor_eager_frac"], 0.0114 / (0.009 * 1.2)) and race["floor_eager_how"] == "mul_"
+    md = "\n".join(bench_report.race_markdown({"race": [race], "device": "cuda"}))
+    assert "without programmatic dependent launch" in md
+    assert "| m | 4096 | bfloat16 | 10.0 | peer | 10.5 | 0.95 | 9.6 | rotating+graph, rows=32 | 0.960 | - | 9.0 |" in md
+    assert "| m | 4096 | 10.8 | 11.4 | mul_ | 1.056 | peer |" in md
+    # The copy's bandwidth is quoted from 16,384 tokens only; without the no-PDL run, ours as launched.
+    (big,) = bench.race([row("triton", 0.040, tokens=16384, ours=True), row("peer", 0.050, tokens=16384)])
+    assert "ours_chain" not in big and big["ours_ms"] == 0.040
+    md = "\n".join(bench_report.race_markdown({"race": [big], "device": "cuda"}))
+    assert "| m | 16384 | bfloat16 | 40.0 | peer | 50.0 | 0.80 | 9.6 | rotating+graph, rows=32 | 0.240 | 20.0 | - |" in md
+    assert "without programmatic dependent launch" not in md
+
+
+@pytest.mark.parametrize("model", ["qwen2.5-vl-72b", "glm-4.1v-9b"])
+def test_every_floor_variant_moves_the_rotated_channels_in_place_and_nothing_else(model):
+    # The floor's streams touch the bytes a rotation touches: the first rotary_dim channels of every
+    # head row of q and k (GLM-4.1V: 64 of 128), in place; the pass-through channels stay.
+    from rope.devices import is_interpreter
+    from rope.harness.bench_floor import STREAM_ROWS, floor_bytes, floor_calls
+    if not is_interpreter() and not torch.cuda.is_available():
+        pytest.skip("the Triton stream needs a GPU or the interpreter")
+    device = "cuda" if torch.cuda.is_available() and not is_interpreter() else "cpu"
+    spec = get_model(model).spec
+    tokens, num_q, num_kv = 5, 3, 1
+    assert floor_bytes(spec, tokens, num_q, num_kv, 4) == 2 * tokens * 4 * spec.rotary_dim * 4
+    gen = torch.Generator().manual_seed(0)
+    q0 = torch.randn(tokens, num_q * spec.head_size, generator=gen).to(device)
+    k0 = torch.randn(tokens, num_kv * spec.head_size, generator=gen).to(device)
+    names = list(floor_calls(spec, q0.clone(), k0.clone()))
+    for name in names:
+        q, k = q0.clone(), k0.clone()
+        floor_calls(spec, q, k)[name]()
+        for before, after in ((q0, q), (k0, k)):
+            b = before.view(tokens, -1, spec.head_size)
+            a = after.view(tokens, -1, spec.head_size)
+            torch.testing.assert_close(a[..., :spec.rotary_dim], b[..., :spec.rotary_dim] * 1.0000001)
+            assert torch.equal(a[..., spec.rotary_dim:], b[..., spec.rotary_dim:]), name
+            assert not torch.equal(a[..., :spec.rotary_dim], b[..., :spec.rotary_dim]), name
+    assert names == ["mul_", *(f"rows={r}" for r in STREAM_ROWS)]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rope.harness import bench
+from rope.harness import bench_report
 from rope.harness.mutation.report import markdown as mutants_markdown
 from rope.harness.mutation.results import SCHEMA as MUTANTS_SCHEMA, MutationReport
 
@@ -25,7 +25,7 @@ def rendered(data: dict) -> str:
     if data.get("schema") == MUTANTS_SCHEMA:                # rope-harness mutants
         return mutants_markdown(MutationReport.from_dict(data))
     if "results" in data and "copy_gbps" in data:            # rope-harness bench
-        return bench.markdown(data)
+        return bench_report.markdown(data)
     raise ValueError(f"not a report this test renders (schema={data.get('schema')!r}, keys {sorted(data)[:6]})")
 
 

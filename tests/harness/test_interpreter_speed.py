@@ -66,6 +66,22 @@ def _with_and_without(run):
     return installed and unchecked, fast, slow
 
 
+def _launched_with_and_without(kernel, x, seen: list):
+    """``kernel(x, out, n, BLOCK=64)`` over ``x`` with the speed-ups and with Triton's own calls:
+    (installed, out with, out without, what ``seen`` collected during each launch)."""
+    counts = []
+
+    def run():
+        seen.clear()
+        out = torch.empty_like(x)
+        kernel[(triton.cdiv(x.numel(), 64),)](x, out, x.numel(), BLOCK=64)
+        counts.append(list(seen))
+        return out
+
+    installed, fast, slow = _with_and_without(run)
+    return installed, fast, slow, counts
+
+
 def test_rotation_gives_the_same_bits_with_and_without_the_repeated_patching():
     spec = RopeSpec(64, 64, True, (8, 12, 12), "interleaved", max_position=512)
     case = RotationCase(spec, 37, 5, 2, "bfloat16", "grid", True, 3)
@@ -88,16 +104,7 @@ def test_helpers_of_other_modules_are_patched_and_results_agree(monkeypatch):
     real = interpreter._patch_lang
     monkeypatch.setattr(interpreter, "_patch_lang", lambda fn: calls.append(fn.__name__) or real(fn))
     x = torch.randn(1000, generator=torch.Generator().manual_seed(0))
-    counts = []
-
-    def run():
-        calls.clear()
-        out = torch.empty_like(x)
-        _helpers_kernel[(triton.cdiv(1000, 64),)](x, out, 1000, BLOCK=64)
-        counts.append(list(calls))
-        return out
-
-    installed, fast, slow = _with_and_without(run)
+    installed, fast, slow, counts = _launched_with_and_without(_helpers_kernel, x, calls)
     assert installed
     assert torch.equal(fast, slow)
     assert torch.equal(fast, torch.clamp(x * 2.0 + torch.arange(1000).remainder(64).float(), min=0.0) + 16)
@@ -192,16 +199,8 @@ def test_the_discarded_overflow_checks_are_not_built_and_results_agree(monkeypat
     monkeypatch.setattr(interpreter.interpreter_semantic, "device_assert",
                         lambda *a, **k: asserts.append(1) or real(*a, **k), raising=False)
     x = torch.randint(-1000, 1000, (300,), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
-    counts = []
-
-    def run():
-        asserts.clear()
-        out = torch.empty_like(x)
-        _int_arithmetic_kernel[(triton.cdiv(300, 64),)](x, out, 300, BLOCK=64)
-        counts.append(len(asserts))
-        return out
-
-    installed, fast, slow = _with_and_without(run)
+    installed, fast, slow, seen = _launched_with_and_without(_int_arithmetic_kernel, x, asserts)
+    counts = [len(s) for s in seen]
     assert installed
     assert torch.equal(fast, slow)
     assert torch.equal(fast, x * 3 - torch.arange(300, dtype=torch.int32) + 300)
