@@ -75,12 +75,13 @@ pytestmark = pytest.mark.prefill
 # (the explicit boundaries always run); ROPE_PREFILL_BUDGET overrides.
 PREFILL_BUDGET_S = {"cpu": 20.0}
 DEFAULT_PREFILL_BUDGET_S = 120.0
-# Where a drawn prefill failure is reported as drawn, not shrunk: under Triton's interpreter each
-# shrink step is another 1-7 s launch of 1,024-16,384 tokens, and shrinking a token count moves it
-# towards 1,024, below the boundaries where paths switch (a 12,821-token GPT-J failure of a path
-# switched at 4,096 tokens: 20 s of shrinking reached 10,947, and the run reported 44 s later).
-# The failure's diagnosis names the tokens and channels that differ, and its case file replays it
-# on a GPU, where the property shrinks.
+# Where a drawn prefill failure is reported as drawn, not shrunk: on the CPU, where Triton kernels
+# run under the interpreter, each shrink step is another 1-7 s launch of 1,024-16,384 tokens, and
+# shrinking a token count moves it towards 1,024, below the boundaries where paths switch (a
+# 12,821-token GPT-J failure of a path switched at 4,096 tokens: 20 s of shrinking reached 10,947,
+# and the run reported 44 s later).  The device decides, not the implementation: a torch one on the
+# CPU is reported unshrunk too.  The failure's diagnosis names the tokens and channels that differ,
+# and its case file replays it on a GPU, where the property shrinks.
 NO_SHRINK_DEVICES = ("cpu",)
 
 
