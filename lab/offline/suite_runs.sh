@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The GPU suite several times in a row, or beside a cold campaign, on a GPU box: the consecutive green
+# runs the two-minute suite must show, with every failure's name kept (a cut log loses them).
+#
+#   lab/offline/suite_runs.sh [RUNS] [FIRST]            # RUNS runs (default 4), numbered from FIRST (default 1)
+#   lab/offline/suite_runs.sh --beside-campaign [MIN]   # one run beside `rope-harness campaign --minutes MIN` (2)
+#
+# Written under $OUT (the device tool's folder; else /tmp/suite-runs): summary.txt, one line per run
+# (its number, exit status, wall time and pytest's last line), failed.txt (the FAILED lines of every
+# run, by run), and the junit XML and reports/summary.md of a run that failed only (the device tool
+# brings back a few files). Each run starts from an empty Triton cache, as a fresh machine does; the
+# campaign gets a cache and an output folder of its own.
+set -u
+out=${OUT:-/tmp/suite-runs}
+mkdir -p "$out"
+
+one_run() {     # one_run NUMBER: the suite once, its lines appended to the summary
+    local i=$1 log="$out/run-$1.log" started rc
+    started=$(date +%s)
+    TRITON_CACHE_DIR=$(mktemp -d) python3 -m pytest -n auto -p no:cacheprovider -q -rf \
+        --junitxml="$out/junit-$i.xml" > "$log" 2>&1
+    rc=$?
+    echo "run $i: rc=$rc, $(( $(date +%s) - started )) s wall: $(grep -E '(passed|failed)' "$log" | tail -1)" \
+        | tee -a "$out/summary.txt"
+    grep '^FAILED' "$log" | sed "s/^/run $i: /" >> "$out/failed.txt"
+    if [ "$rc" -eq 0 ]; then
+        rm -f "$out/junit-$i.xml"
+    else
+        cp reports/summary.md "$out/summary-$i.md" 2>/dev/null
+    fi
+    rm -f "$log"
+}
+
+if [ "${1:-}" = "--beside-campaign" ]; then
+    minutes=${2:-2}
+    TRITON_CACHE_DIR=$(mktemp -d) python3 -m rope.harness.cli campaign --minutes "$minutes" \
+        --out "$(mktemp -d)" > "$out/campaign.log" 2>&1 &
+    campaign=$!
+    sleep 5                         # the campaign's session under way first
+    one_run beside
+    wait "$campaign"
+    echo "campaign beside it: $(grep '^campaign:' "$out/campaign.log" | tail -1)" | tee -a "$out/summary.txt"
+    exit 0
+fi
+
+runs=${1:-4}
+first=${2:-1}
+for i in $(seq "$first" $(( first + runs - 1 ))); do
+    one_run "$i"
+done
