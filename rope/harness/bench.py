@@ -457,7 +457,8 @@ def race(results: list[Result]) -> list[dict]:
         if ours is None or ours.ms != ours.ms or not peers:
             continue
         chained = by_name.get(NO_OVERLAP)
-        raced = chained if chained is not None and chained.ms == chained.ms else ours
+        timed_and_right = chained is not None and chained.ms == chained.ms and chained.checked.startswith("ok")
+        raced = chained if timed_and_right else ours
         best = min(peers, key=lambda r: r.ms)
         row = {"model": model, "tokens": tokens, "dtype": dtype, "ours_ms": raced.ms, "best_peer": best.impl,
                "best_peer_ms": best.ms, "ratio": raced.ms / best.ms}

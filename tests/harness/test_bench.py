@@ -210,6 +210,10 @@ def test_the_race_times_ours_in_the_peers_chain_mode_and_against_the_floor():
     md = "\n".join(bench_report.race_markdown({"race": [big], "device": "cuda"}))
     assert "| m | 16384 | bfloat16 | 40.0 | peer | 50.0 | 0.80 | 9.6 | rotating+graph, rows=32 | 0.240 | 20.0 | - |" in md
     assert "without programmatic dependent launch" not in md
+    # A no-overlap launch whose output failed its check is not raced: ours as launched is.
+    (bad,) = bench.race([row("triton", 0.009, ours=True), row("triton-no-pdl", 0.010, ours=True, checked="MISMATCH"),
+                         row("peer", 0.0105)])
+    assert bad["ours_ms"] == 0.009 and "ours_chain" not in bad
 
 
 @pytest.mark.parametrize("model", ["qwen2.5-vl-72b", "glm-4.1v-9b"])
