@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from rope.harness.rotation.check import assert_matches_reference, skip_if_none_supported, skip_if_unsupported
+from rope.harness.draws import skip_if_none_supported
+from rope.harness.rotation.check import assert_matches_reference, skip_if_unsupported
 from rope.registry import get_implementation
 from properties.known_cases import KNOWN_BUG_CASES
 from properties.rotation.checks import (check_text_tokens_reduce_to_1d, more_batches_match_reference,

@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, event, example, given, settings
 
 from properties.rotation.scaled_cases import LONG_ROWS, model_scaled_cases, scaled_rotation_cases
 from properties.strategies import probe_specs
-from rope.harness.rotation.check import assert_matches_reference, skip_if_none_supported, skip_if_unsupported
+from rope.harness.draws import skip_if_none_supported
+from rope.harness.rotation.check import assert_matches_reference, skip_if_unsupported
 from rope.registry import get_implementation
 
 MODEL_CASES = model_scaled_cases()

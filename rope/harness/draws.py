@@ -1,5 +1,5 @@
 """What every check knows of the example it runs: a draw it cannot run is rejected (a skip outside
-Hypothesis) with the reason, a test meant for the built-in implementations skips the others,
+Hypothesis) with the reason, a test none of whose shapes it runs skips up front, a test meant for the built-in implementations skips the others,
 whether Hypothesis is in its final replay (the only example a mismatch report and a case file are
 built for), and which test runs.  Shared by the checked things' slices (rope.harness.rotation,
 rope.harness.position_step, rope.harness.position_ids); the plugin reads the rejections."""
@@ -10,9 +10,12 @@ import os
 
 import pytest
 
-from rope.registry import BUILTIN_POSITIONS, BUILTIN_ROTATIONS
+import torch
 
-__all__ = ["REJECTED_DRAWS", "current_test", "hypothesis_example", "skip_or_reject", "skip_unless_builtin"]
+from rope.registry import BUILTIN_POSITIONS, BUILTIN_ROTATIONS, unsupported_reason
+
+__all__ = ["REJECTED_DRAWS", "current_test", "hypothesis_example", "skip_if_none_supported", "skip_or_reject",
+           "skip_unless_builtin"]
 
 # Reasons of the Hypothesis draws rejected in the test running now, with their counts: unsupported,
 # a known fault, or a known defect the run avoids (the plugin turns an all-rejected test into a
@@ -31,6 +34,17 @@ def skip_or_reject(reason: str) -> None:
     from hypothesis import reject
     REJECTED_DRAWS[reason] = REJECTED_DRAWS.get(reason, 0) + 1
     reject()
+
+
+def skip_if_none_supported(impl_name: str, fn, specs, dtype: str, device: str) -> None:
+    """Skip a test up front, with the reasons, when the implementation supports none of ``specs``
+    (the shapes its draws come from; ``dtype`` a torch dtype's name): otherwise Hypothesis draws
+    and rejects example after example until it gives up (for an engine's kernel that pairs
+    NeoX-style only, say, most of a GPT-J test's time)."""
+    reasons = [unsupported_reason(impl_name, fn, spec, getattr(torch, dtype), device) for spec in specs]
+    if reasons and all(reasons):
+        shown = sorted(set(reasons))
+        pytest.skip("; ".join(shown[:3]) + (f" (and {len(shown) - 3} more shapes)" if len(shown) > 3 else ""))
 
 
 def skip_unless_builtin(impl_name: str, *, kind: str = "rotation") -> None:

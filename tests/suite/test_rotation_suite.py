@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from rope.harness import report
-from rope.harness.rotation.check import skip_if_none_supported
+from rope.harness.draws import skip_if_none_supported
 from rope.registry import get_implementation
 from properties.rotation.checks import check_text_tokens_reduce_to_1d, one_shape_many_batches_match_reference
 from properties.strategies import KINDS, RotationCase, probe_specs, rotation_cases, supported_shapes

@@ -8,7 +8,6 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 import torch
 
 import reference
@@ -61,17 +60,6 @@ def skip_if_known_defect(impl_name: str, fn, case: RotationCase, device: str) ->
                           num_heads=case.num_q_heads, num_kv_heads=case.num_kv_heads)
     if reason:
         skip_or_reject(reason)
-
-
-def skip_if_none_supported(impl_name: str, fn, specs, dtype: str, device: str) -> None:
-    """Skip a test up front, with the reasons, when the implementation supports none of ``specs``
-    (the shapes its draws come from): otherwise Hypothesis draws and rejects example after
-    example until it gives up (for an engine's kernel that pairs NeoX-style only, say, most of
-    a GPT-J test's time)."""
-    reasons = [unsupported_reason(impl_name, fn, spec, DTYPES[dtype], device) for spec in specs]
-    if reasons and all(reasons):
-        shown = sorted(set(reasons))
-        pytest.skip("; ".join(shown[:3]) + (f" (and {len(shown) - 3} more shapes)" if len(shown) > 3 else ""))
 
 
 def call_rotation(fn, spec, positions, query, key, cos_sin_cache):
