@@ -37,7 +37,7 @@ _SCALE = 1.0000001              # any factor: the stream's values are never read
 
 
 @triton.jit
-def _scale_rotated_channels(q_ptr, k_ptr, q_rows, k_rows, ROW: tl.constexpr, PREFIX: tl.constexpr,
+def _scale_rotated_channels(q_ptr, k_ptr, q_rows, k_rows, scale, ROW: tl.constexpr, PREFIX: tl.constexpr,
                             PREFIX_P2: tl.constexpr, BLOCK_ROWS: tl.constexpr):
     # Programs [0, cdiv(q_rows, BLOCK_ROWS)) take q's head rows, the rest k's, as a rotation kernel
     # launches one grid over both.  A head row is ROW elements; its first PREFIX are scaled in place
@@ -53,7 +53,7 @@ def _scale_rotated_channels(q_ptr, k_ptr, q_rows, k_rows, ROW: tl.constexpr, PRE
     offs = r[:, None] * ROW + c[None, :]
     mask = (r < rows)[:, None] & (c < PREFIX)[None, :]
     x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
-    tl.store(x_ptr + offs, (x * 1.0000001).to(x_ptr.dtype.element_ty), mask=mask)
+    tl.store(x_ptr + offs, (x * scale).to(x_ptr.dtype.element_ty), mask=mask)
 
 
 def floor_bytes(spec: RopeSpec, tokens: int, num_q: int, num_kv: int, elsize: int) -> int:
@@ -78,7 +78,7 @@ def floor_calls(spec: RopeSpec, query: torch.Tensor, key: torch.Tensor | None) -
         grid = (triton.cdiv(q_rows, block_rows) + triton.cdiv(k_rows, block_rows),)
         calls[f"rows={block_rows}"] = (
             lambda g=grid, b=block_rows: _scale_rotated_channels[g](
-                query, k, q_rows, k_rows, ROW=d, PREFIX=rot, PREFIX_P2=triton.next_power_of_2(rot), BLOCK_ROWS=b))
+                query, k, q_rows, k_rows, _SCALE, ROW=d, PREFIX=rot, PREFIX_P2=triton.next_power_of_2(rot), BLOCK_ROWS=b))
     return calls
 
 

@@ -55,31 +55,42 @@ def race_markdown(data: dict) -> list[str]:
     for r in data["race"]:
         lines.append(f"| {r['model']} | {r['tokens']} | {r['dtype']} | {_us(r['ours_ms'])} | {r['best_peer']} | "
                      f"{_us(r['best_peer_ms'])} | {r['ratio']:.2f} |")
-    eager = [r for r in data["race"] if "eager_ratio" in r]
-    if eager:
-        peers = sorted({name for r in eager for name in r["peers_host_us"]})
-        lines += ["", "## Launched from Python, and the host's time per call", "",
-                  "Eager: `triton.testing.do_bench` (each call launched from Python after its L2 flush, median), "
-                  "ours unchecked against the fastest peer's; % of copy of ours; the same bytes moved by a device copy "
-                  "under the same timer (`same_bytes_copy`: half read, half written), what the flush leaves any kernel "
-                  "of this size.  Host: microseconds of the "
-                  f"host per call, {HOST_CALLS} calls back to back ({HOST_ROUNDS} rounds in which the contenders of a row "
-                  "take turns, the median): ours "
-                  "unchecked, the public entry, the same kernel through Triton's own `kernel[grid](...)` "
-                  "(`triton-bare`), and each peer.", "",
-                  "| model | tokens | ours eager (us) | % of copy | same bytes copied (us) | its % of copy "
-                  "| fastest peer | its time (us) | ours / peer "
-                  "| host: ours | public | bare | " + " | ".join(peers) + " |",
-                  "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|" + "---:|" * len(peers)]
-        for r in eager:
-            cells = _host_cells(r, peers)
-            copied = r.get("copy_eager_ms", math.nan)
-            copied_frac = f"{100 * r['copy_eager_frac']:.1f}" if copied == copied else "-"
-            lines.append(f"| {r['model']} | {r['tokens']} | {_us(r['ours_eager_ms'])} | "
-                         f"{100 * r['ours_eager_frac']:.1f} | {_us(copied)} | {copied_frac} | "
-                         f"{r['best_eager_peer']} | {_us(r['best_eager_peer_ms'])} | "
-                         f"{r['eager_ratio']:.2f} | " + " | ".join(cells) + " |")
+
+    def copied(r):
+        ms = r.get("copy_eager_ms", math.nan)
+        return [_us(ms), f"{100 * r['copy_eager_frac']:.1f}" if ms == ms else "-"]
+    lines += _eager_table(data, "Eager: `triton.testing.do_bench` (each call launched from Python after its L2 flush, "
+                          "median), ours unchecked against the fastest peer's; % of copy of ours; the same bytes moved "
+                          "by a device copy under the same timer (`same_bytes_copy`: half read, half written), what "
+                          "the flush leaves any kernel of this size.",
+                          [("% of copy", "---:", lambda r: [f"{100 * r['ours_eager_frac']:.1f}"]),
+                           ("same bytes copied (us) | its % of copy", "---:|---:", copied)])
     return lines + [""]
+
+
+def _eager_table(data: dict, intro: str, middle) -> list[str]:
+    """The race launched from Python, one row per model and size: ours eagerly, then ``middle``'s
+    columns ((headers, alignments, cells of a row) each, ``|``-joined), the fastest peer eagerly and
+    the host's time per call of ours and of each peer; [] where nothing was timed eagerly."""
+    eager = [r for r in data["race"] if "eager_ratio" in r]
+    if not eager:
+        return []
+    peers = sorted({name for r in eager for name in r["peers_host_us"]})
+    lines = ["", "## Launched from Python, and the host's time per call", "",
+             intro + "  Host: microseconds of the host per call, "
+             f"{HOST_CALLS} calls back to back ({HOST_ROUNDS} rounds in which the contenders of a row take turns, "
+             "the median): ours unchecked, the public entry, the same kernel through Triton's own "
+             "`kernel[grid](...)` (`triton-bare`), and each peer.", "",
+             "| model | tokens | ours eager (us) | " + " | ".join(h for h, _, _ in middle)
+             + " | fastest peer | its time (us) | ours / peer | host: ours | public | bare | " + " | ".join(peers) + " |",
+             "|---|---:|---:|" + "".join(a + "|" for _, a, _ in middle) + "---|---:|---:|---:|---:|---:|"
+             + "---:|" * len(peers)]
+    for r in eager:
+        cells = [c for _, _, row_cells in middle for c in row_cells(r)]
+        lines.append(f"| {r['model']} | {r['tokens']} | {_us(r['ours_eager_ms'])} | " + " | ".join(cells)
+                     + f" | {r['best_eager_peer']} | {_us(r['best_eager_peer_ms'])} | {r['eager_ratio']:.2f} | "
+                     + " | ".join(_host_cells(r, peers)) + " |")
+    return lines
 
 
 def _host_cells(r: dict, peers: list[str]) -> list[str]:
@@ -117,26 +128,12 @@ def floor_race_markdown(data: dict) -> list[str]:
                      f"{_us(r['best_peer_ms'])} | {r['ratio']:.2f} | {_us(r.get('floor_ms', math.nan))} | "
                      f"{r.get('floor_how', '-')} | {_frac(r, 'floor_frac')} | {copy} | "
                      f"{_us(r.get('ours_pdl_ms', math.nan))} |")
-    eager = [r for r in data["race"] if "eager_ratio" in r]
-    if eager:
-        peers = sorted({name for r in eager for name in r["peers_host_us"]})
-        lines += ["", "## Launched from Python, and the host's time per call", "",
-                  "Eager: `triton.testing.do_bench` for every contender and the floor (each call launched from Python "
-                  "after its L2 flush, median): ours unchecked against the fastest peer's, and against the row's floor "
-                  "under the same timer.  Host: microseconds of the host per call, "
-                  f"{HOST_CALLS} calls back to back ({HOST_ROUNDS} rounds in which the contenders of a row take turns, "
-                  "the median): ours unchecked, the public entry, the same kernel through Triton's own "
-                  "`kernel[grid](...)` (`triton-bare`), and each peer.", "",
-                  "| model | tokens | ours eager (us) | floor (us) | floor variant | floor / ours "
-                  "| fastest peer | its time (us) | ours / peer "
-                  "| host: ours | public | bare | " + " | ".join(peers) + " |",
-                  "|---|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---:|" + "---:|" * len(peers)]
-        for r in eager:
-            cells = _host_cells(r, peers)
-            lines.append(f"| {r['model']} | {r['tokens']} | {_us(r['ours_eager_ms'])} | "
-                         f"{_us(r.get('floor_eager_ms', math.nan))} | {r.get('floor_eager_how', '-')} | "
-                         f"{_frac(r, 'floor_eager_frac')} | {r['best_eager_peer']} | {_us(r['best_eager_peer_ms'])} | "
-                         f"{r['eager_ratio']:.2f} | " + " | ".join(cells) + " |")
+    lines += _eager_table(data, "Eager: `triton.testing.do_bench` for every contender and the floor (each call launched "
+                          "from Python after its L2 flush, median): ours unchecked against the fastest peer's, and "
+                          "against the row's floor under the same timer.",
+                          [("floor (us) | floor variant | floor / ours", "---:|---|---:",
+                            lambda r: [_us(r.get("floor_eager_ms", math.nan)), r.get("floor_eager_how", "-"),
+                                       _frac(r, "floor_eager_frac")])])
     return lines + [""]
 
 
