@@ -315,10 +315,10 @@ def boundary_token_counts(thresholds=()) -> tuple[int, ...]:
 def prefill_token_counts(thresholds=()):
     """A prefill token count: a boundary (declared switch or power of two, +-1) or a count of
     one of the octaves from 1,024 to 16,384, each octave its own branch; shrinks towards the
-    smallest boundary.  One range of 1,024-16,384 gave its lower end: Hypothesis favours a range's
-    smallest value, and with the first boundary 1,023-1,025 made half the draws (a path switched at
-    4,096 tokens met in one example of nine); an octave each, every power of two is crossed as
-    often as the next (one in five)."""
+    smallest boundary.  Each octave is a branch because Hypothesis favours a range's smallest
+    value: one range of 1,024-16,384, with the first boundary, makes 1,023-1,025 about half of
+    the draws inside prefill_cases, and a path switched at 4,096 tokens is met in one example of
+    nine; with an octave each, in one of five."""
     octaves = (st.integers(1 << k, (2 << k) - 1) for k in range(10, PREFILL_MAX_TOKENS.bit_length() - 1))
     return st.one_of(st.sampled_from(boundary_token_counts(thresholds)), *octaves)
 

@@ -34,9 +34,9 @@ unmap it every time.
 :func:`skip_discarded_overflow_checks` drops work whose result the interpreter throws away.  Its
 options ask for integer-overflow sanitizing and not for debug; every integer ``+``, ``-`` and ``*``
 of a kernel then builds the check (the operands widened to 64 bits, the operation again, two
-comparisons) and hands it to ``device_assert``, which returns at once without debug.  That was
-39% of an interpreted rotation (a 4,097-token case on one 16-channel head).  With sanitizing off
-nothing is built and nothing is lost: the check was never asserted.  Under debug (or a Triton whose
+comparisons) and hands it to ``device_assert``, which returns at once without debug.  Building
+them is 39% of an interpreted rotation (a 4,097-token case on one 16-channel head).  With
+sanitizing off nothing is built and nothing is lost: the check is never asserted.  Under debug (or a Triton whose
 ``device_assert`` does not return that way) the options are left as they are.
 """
 
