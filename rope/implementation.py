@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Callable
 
-__all__ = ["ANGLE_SOURCES", "CHECKED_THINGS", "DECLARATIONS", "FUSED_OPS", "Implementation", "MAX_SWITCH", "MODES",
+__all__ = ["ANGLE_SOURCES", "CHECKED_THINGS", "DECLARATIONS", "FUSED_DRAWS", "FUSED_OPS", "Implementation", "MAX_SWITCH", "MODES",
            "WORKING_PRECISIONS"]
 
 CHECKED_THINGS = ("rotation", "position_step", "position_ids", "table", "fused")
@@ -25,6 +25,9 @@ ANGLE_SOURCES = ("cache", "own-float32")     # the table it is handed, or angles
 MAX_SWITCH = 1 << 31
 # How an engine calls it: eagerly, inside torch.compile, captured in a CUDA (HIP) graph and replayed.
 MODES = ("eager", "compile", "graph")
+# Narrowed fused-case draws an implementation may declare (``draws``): only 1-D positions, only FP8
+# caches, one scale for k and v, head/rotary/latent widths that are multiples of 16, fp16/bf16 only.
+FUSED_DRAWS = ("1d", "fp8_cache", "one_kv_scale", "dims_of_16", "half_dtypes")
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,8 @@ class Implementation:
     thing: str
     fn: Callable
     # What every checked thing may declare.
-    unsupported_reason: Callable | None = None   # rotation (spec, dtype, device); position ids (family, prompt)
+    unsupported_reason: Callable | None = None   # rotation (spec, dtype, device); position ids (family, prompt);
+    #                                              fused ops (case, device)
     version: str | None = None                   # recorded in case files
     # Rotation.
     working_precision: str = "float32"           # "float32" or "activation" (computes in the input dtype)
@@ -60,6 +64,11 @@ class Implementation:
     # Fused ops.
     fused_op: str | None = None                  # the contract it implements: one of FUSED_OPS
     rounds_normalized: bool = False              # QK-norm + RoPE: rounds the normalized q/k before rotating
+    fp8_query: bool = False                      # cache writes: returns q (q_pe) as FP8 codes of q / the key's scale
+    returns_live_key: bool = True                # cache writes: returns the live rotated k (False: second result None)
+    skips_padding_tokens: bool = False           # cache writes: a token with no slot is skipped whole (q and k unwritten)
+    scales_by_reciprocal: bool = False           # FP8 stores multiply by the scale's fp32 reciprocal (one more rounding)
+    draws: tuple[str, ...] = ()                  # fused ops: the narrowed draws it takes (FUSED_DRAWS)
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)
@@ -93,7 +102,14 @@ class Implementation:
         if "fused_op" in declared and declared["fused_op"] not in FUSED_OPS:
             raise ValueError(f"{where}fused_op={declared['fused_op']!r}: must be one of {FUSED_OPS} (the contract "
                              f"it implements, docs/implementations.md)")
-        for key in ("separate_1d_kernel", "autograd", "cache_grad", "rounds_normalized"):
+        if "draws" in declared:
+            value = declared["draws"]
+            drawn = (value,) if isinstance(value, str) else tuple(_iterable(where + "draws", value))
+            if not set(drawn) <= set(FUSED_DRAWS):
+                raise ValueError(f"{where}draws={value!r}: must be a sequence of {FUSED_DRAWS}")
+            declared["draws"] = drawn
+        for key in ("separate_1d_kernel", "autograd", "cache_grad", "rounds_normalized", "fp8_query",
+                    "returns_live_key", "skips_padding_tokens", "scales_by_reciprocal"):
             if key in declared and not isinstance(declared[key], bool):
                 raise ValueError(f"{where}{key}={declared[key]!r}: must be True or False")
         for key in ("fullgraph", "deterministic"):

@@ -236,6 +236,9 @@ _FUSED = {
     # The sequence an engine runs without the fused op: torch's norm and cache write, our rotation.
     "unfused": {"qk_norm_rope": "rope.triton.unfused:qk_norm_rope_unfused",
                 "rope_kv_cache": "rope.triton.unfused:rope_kv_cache_unfused"},
+    # FlashInfer's FP8 rope + paged append (CUDA, flashinfer-python), as contracts B and C.
+    "flashinfer": {"rope_kv_cache": "rope.backends.flashinfer_fused:rope_kv_cache_flashinfer",
+                   "mla_rope_kv_cache": "rope.backends.flashinfer_fused:mla_rope_kv_cache_flashinfer"},
 }
 BUILTIN_FUSED = ("triton", "unfused")
 # What a run checks when none is named: the fused kernels (the unfused sequence is a bench baseline, by name).

@@ -77,13 +77,31 @@ def qk_norm_cases(draw, *, kinds=KINDS):
                       positions_kind=draw(st.sampled_from(POSITION_KINDS)), seed=draw(st.integers(0, 2**32 - 1)))
 
 
+def _narrowed(spec, draws):
+    """``spec`` within an implementation's declared ``draws`` (rope.implementation.FUSED_DRAWS):
+    with ``dims_of_16`` a 1-D spec's rotary width rounds down to a multiple of 16 (at least 16), so
+    rotating and passed-through widths both are."""
+    if "dims_of_16" in draws and spec.sections is None and spec.rotary_dim % 16:
+        return dataclasses.replace(spec, rotary_dim=max(16, spec.rotary_dim // 16 * 16))
+    return spec
+
+
+def _dtypes(draws):
+    return ["bfloat16", "float16"] if "half_dtypes" in draws else list(DTYPES)
+
+
+def _caches(draws):
+    return [c for c in CACHE_KINDS if c != "activation"] if "fp8_cache" in draws else list(CACHE_KINDS)
+
+
 @st.composite
-def cache_cases(draw, *, kinds=KINDS, big: bool = True, max_tokens: int = 40):
+def cache_cases(draw, *, kinds=KINDS, big: bool = True, max_tokens: int = 40, draws: tuple[str, ...] = ()):
     """A RoPE + KV-cache write; shrinks to 1-D, one token, a bf16 cache, NHD, block 16.  About one
     draw in ten (``big``) has 2080 tokens of 16 heads (32 wide, to keep it cheap): past 2^15 token x
-    head products."""
+    head products.  ``draws``: an implementation's declared narrowing (1-D only, FP8 caches only, one
+    scale for k and v, widths of 16, half dtypes)."""
     num_tokens = draw(token_counts(max_tokens) if big else st.integers(1, max_tokens))
-    spec = draw(_specs(kinds, num_tokens))
+    spec = _narrowed(draw(_specs(("1d",) if "1d" in draws else kinds, num_tokens)), draws)
     if num_tokens > 100:
         num_q, num_kv = draw(st.sampled_from([(14, 2), (12, 4)]))
     else:
@@ -92,12 +110,13 @@ def cache_cases(draw, *, kinds=KINDS, big: bool = True, max_tokens: int = 40):
     block_size = draw(st.sampled_from(BLOCK_SIZES))
     least = -(-num_tokens // block_size)
     return CacheCase(spec=spec, num_tokens=num_tokens, num_q_heads=num_q, num_kv_heads=num_kv,
-                     dtype=draw(st.sampled_from(list(DTYPES))), cache=draw(st.sampled_from(CACHE_KINDS)),
+                     dtype=draw(st.sampled_from(_dtypes(draws))), cache=draw(st.sampled_from(_caches(draws))),
                      layout=draw(st.sampled_from(["NHD", "HND"])), block_size=block_size,
                      num_blocks=draw(st.integers(least, least + 2)),
                      padding=draw(st.sampled_from([0.0, 0.25, 1.0])), short_slots=draw(st.sampled_from([0, 0, 3])),
-                     scale_as_tensor=draw(st.booleans()), k_scale=draw(st.sampled_from(SCALES)),
-                     v_scale=draw(st.sampled_from(SCALES)), packed=draw(st.booleans()),
+                     scale_as_tensor=draw(st.booleans()), k_scale=(k_scale := draw(st.sampled_from(SCALES))),
+                     v_scale=k_scale if "one_kv_scale" in draws else draw(st.sampled_from(SCALES)),
+                     packed=draw(st.booleans()),
                      joint_cache=draw(st.booleans()), positions_kind=draw(st.sampled_from(POSITION_KINDS)),
                      seed=draw(st.integers(0, 2**32 - 1)))
 
@@ -112,9 +131,10 @@ def _mla_specs():
 
 
 @st.composite
-def mla_cases(draw, *, max_tokens: int = 24):
+def mla_cases(draw, *, max_tokens: int = 24, draws: tuple[str, ...] = ()):
     """An MLA RoPE + latent-cache write; shrinks to one token of one head, rope dim 64, GPT-J,
-    kv_lora_rank 512, nope 128, q token-major, a bf16 cache, block 16."""
+    kv_lora_rank 512, nope 128, q token-major, a bf16 cache, block 16.  ``draws`` as
+    :func:`cache_cases` (every drawn MLA width is a multiple of 16 already)."""
     num_tokens = draw(st.integers(1, max_tokens))
     spec = draw(_mla_specs())
     block_size = draw(st.sampled_from(BLOCK_SIZES))
@@ -122,8 +142,8 @@ def mla_cases(draw, *, max_tokens: int = 24):
     return MLACase(spec=spec, num_tokens=num_tokens, num_heads=draw(st.sampled_from([1, 2, 3, 16])),
                    kv_lora_rank=draw(st.sampled_from([512, 16, 48])), nope_dim=draw(st.sampled_from([128, 0, 32])),
                    q_layout=draw(st.sampled_from(Q_LAYOUTS)), packed_kv=draw(st.booleans()),
-                   k_pe_3d=draw(st.booleans()), dtype=draw(st.sampled_from(list(DTYPES))),
-                   cache=draw(st.sampled_from(CACHE_KINDS)), block_size=block_size,
+                   k_pe_3d=draw(st.booleans()), dtype=draw(st.sampled_from(_dtypes(draws))),
+                   cache=draw(st.sampled_from(_caches(draws))), block_size=block_size,
                    num_blocks=draw(st.integers(least, least + 2)), padding=draw(st.sampled_from([0.0, 0.25, 1.0])),
                    short_slots=draw(st.sampled_from([0, 0, 3])), scale_as_tensor=draw(st.booleans()),
                    scale=draw(st.sampled_from(SCALES)), positions_kind=draw(st.sampled_from(POSITION_KINDS)),
@@ -174,8 +194,15 @@ KNOWN_CACHE = {
     "sglang-19636-live-k": cache_case(QWEN2, num_q_heads=7, num_kv_heads=1, num_tokens=5, padding=0.25, short_slots=2),
     # flashinfer#2792: a padding slot (-1) taken as an index writes the cache's last row: every token padding,
     # so any written row shows.
+    # (one scale for k and v, as FlashInfer's op takes.)
     "flashinfer-2792-padding-slots": cache_case(QWEN2, num_tokens=6, num_q_heads=2, num_kv_heads=2,
-                                                cache="float8_e4m3fn", num_blocks=1, padding=1.0, short_slots=2),
+                                                cache="float8_e4m3fn", num_blocks=1, padding=1.0, short_slots=2,
+                                                v_scale=0.3),
+    # FlashInfer's own FP8 tests: GPT-J pairing only, scales of 1, positions below 2048.  Here NeoX, a
+    # scale whose reciprocal is inexact, positions across the whole table, e5m2, HND, a padding slot.
+    "flashinfer-fp8-neox-scaled-long": cache_case(QWEN2, num_tokens=33, num_q_heads=4, num_kv_heads=2,
+                                                  cache="float8_e5m2", layout="HND", block_size=16, num_blocks=3,
+                                                  k_scale=0.3, v_scale=0.3, positions_kind="uniform"),
     # vllm#51049 inside a fused cache write: partial rotary past 10240 token x heads.
     "vllm-51049-partial-rotary-past-10240": cache_case(_partial_1d(), num_tokens=700, num_q_heads=12, num_kv_heads=4,
                                                        block_size=256, num_blocks=3, padding=0.0),

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from properties.fused.fused_cases import KNOWN_CACHE, KNOWN_MLA, KNOWN_QK_NORM, cache_cases, mla_cases, qk_norm_cases
 from rope.devices import triton_runs_on
 from rope.harness.draws import skip_or_reject
 from rope.harness.fused.check import assert_mla_rope_kv_cache, assert_qk_norm_rope, assert_rope_kv_cache
+from rope.implementation import Implementation
 from rope.registry import BUILTIN_FUSED, get_fused_implementation
 
 
@@ -26,6 +28,21 @@ def _implementation(name: str, device: str, op: str):
     return fn
 
 
+def _supported(name: str, fn, case, device: str):
+    """``case`` when the implementation runs it here; else a skip (a rejected draw) with its reason."""
+    reason = Implementation.of(name, fn, "fused").unsupported_reason
+    why = reason(case, device) if reason is not None else None
+    if why:
+        skip_or_reject(f"unsupported: {why}")
+    return case
+
+
+def _drawn(data, name: str, fn, strategy):
+    """A case drawn within the implementation's declared ``draws`` (an engine's op that takes FP8
+    caches only, say, is drawn FP8 caches)."""
+    return data.draw(strategy(draws=Implementation.of(name, fn, "fused").draws), label="case")
+
+
 @settings(deadline=None, max_examples=6)
 @given(case=qk_norm_cases())
 def test_qk_norm_rope_matches_reference(fused_impl_name, device, case):
@@ -34,16 +51,18 @@ def test_qk_norm_rope_matches_reference(fused_impl_name, device, case):
 
 
 @settings(deadline=None, max_examples=6)
-@given(case=cache_cases())
-def test_rope_kv_cache_matches_reference(fused_impl_name, device, case):
+@given(data=st.data())
+def test_rope_kv_cache_matches_reference(fused_impl_name, device, data):
     fn = _implementation(fused_impl_name, device, "rope_kv_cache")
+    case = _supported(fused_impl_name, fn, _drawn(data, fused_impl_name, fn, cache_cases), device)
     assert_rope_kv_cache(fused_impl_name, fn, case, device)
 
 
 @settings(deadline=None, max_examples=6)
-@given(case=mla_cases())
-def test_mla_rope_kv_cache_matches_reference(fused_impl_name, device, case):
+@given(data=st.data())
+def test_mla_rope_kv_cache_matches_reference(fused_impl_name, device, data):
     fn = _implementation(fused_impl_name, device, "mla_rope_kv_cache")
+    case = _supported(fused_impl_name, fn, _drawn(data, fused_impl_name, fn, mla_cases), device)
     assert_mla_rope_kv_cache(fused_impl_name, fn, case, device)
 
 
@@ -60,7 +79,7 @@ def test_known_qk_norm_rope_cases(fused_impl_name, device, known):
 @pytest.mark.parametrize("known", list(KNOWN_CACHE))
 def test_known_rope_kv_cache_cases(fused_impl_name, device, known):
     fn = _implementation(fused_impl_name, device, "rope_kv_cache")
-    assert_rope_kv_cache(fused_impl_name, fn, KNOWN_CACHE[known], device)
+    assert_rope_kv_cache(fused_impl_name, fn, _supported(fused_impl_name, fn, KNOWN_CACHE[known], device), device)
 
 
 @pytest.mark.fixed_cases
@@ -68,4 +87,4 @@ def test_known_rope_kv_cache_cases(fused_impl_name, device, known):
 @pytest.mark.parametrize("known", list(KNOWN_MLA))
 def test_known_mla_rope_kv_cache_cases(fused_impl_name, device, known):
     fn = _implementation(fused_impl_name, device, "mla_rope_kv_cache")
-    assert_mla_rope_kv_cache(fused_impl_name, fn, KNOWN_MLA[known], device)
+    assert_mla_rope_kv_cache(fused_impl_name, fn, _supported(fused_impl_name, fn, KNOWN_MLA[known], device), device)

@@ -60,6 +60,9 @@ def test_built_ins_adapters_and_import_paths_give_records():
     ("supports", True, r"mine\.supports=True: must be callable"),
     ("fused_op", "norm_rope", r"mine\.fused_op='norm_rope': must be one of \('qk_norm_rope', 'rope_kv_cache', "),
     ("rounds_normalized", 1, r"mine\.rounds_normalized=1: must be True or False"),
+    ("fp8_query", "yes", r"mine\.fp8_query='yes': must be True or False"),
+    ("skips_padding_tokens", 0, r"mine\.skips_padding_tokens=0: must be True or False"),
+    ("draws", ("1d", "all"), r"mine\.draws=\('1d', 'all'\): must be a sequence of \('1d', 'fp8_cache'"),
 ])
 def test_a_malformed_declaration_names_the_implementation_and_the_field(field, value, message):
     def mine(spec, positions, query, key, cos_sin_cache):

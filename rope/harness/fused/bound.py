@@ -61,9 +61,12 @@ def fp8_half_spacing(magnitude: torch.Tensor, dtype: torch.dtype) -> torch.Tenso
     return torch.pow(2.0, exponent - mant - 1)
 
 
-def fp8_bound(expected: torch.Tensor, value_error: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def fp8_bound(expected: torch.Tensor, value_error: torch.Tensor, dtype: torch.dtype, *,
+              roundings: int = 1) -> torch.Tensor:
     """The bound of a stored FP8 code (decoded) against ``expected`` = value / scale, saturated, when
     the value the implementation quantizes may be off by ``value_error`` / scale already (both float64,
-    in the stored units; the fp32 division's rounding is added here)."""
-    delta = value_error + U32 * (expected.abs() + value_error)
+    in the stored units; the fp32 division's rounding is added here).  ``roundings=2``: the value is
+    multiplied by the scale's fp32 reciprocal instead (FlashInfer's ``quant_scale``): the reciprocal's
+    rounding and the product's."""
+    delta = value_error + roundings * U32 * (expected.abs() + value_error)
     return fp8_half_spacing(expected.abs() + delta, dtype) + delta

@@ -18,6 +18,12 @@ scale) -> (q_pe, k_pe)``: q_pe and k_pe within the rotation's bound; q's channel
 kv_c untouched; each written latent row ``[kv_c | the live k_pe]``, bit for bit or as FP8 codes
 within :func:`~rope.harness.fused.bound.fp8_bound` (kv_c's channels with no value error); every
 other row keeping its bits.
+
+An implementation of B or C may declare (rope.implementation) ``fp8_query`` (q, or q_pe, returned as
+codes of the cache's FP8 dtype, q / the key's scale, held to the FP8 store's bound),
+``returns_live_key = False`` (the second result is None: only the cache is held),
+``skips_padding_tokens`` (a token with no slot is skipped whole: its q and k are not held) and
+``scales_by_reciprocal`` (FP8 codes of x times the scale's fp32 reciprocal: one rounding more).
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ from rope.harness.fused.compare import bad_elements, bits, changed_rows, kept_ro
 from rope.harness.fused.diagnosis import diagnose
 from rope.harness.fused.cases import (CacheCase, CacheInputs, MLACase, MLAInputs, QKNormCase, QKNormInputs,
                                       build_cache_case, build_mla_case, build_qk_norm_case)
-from rope.harness.rotation.bound import compare_rotation
+from reference.rotation import select_cos_sin
+from rope.harness.rotation.bound import compare_rotation, rotation_bound
 from rope.implementation import Implementation
 
 __all__ = ["FusedCheck", "ImplementationFailed", "assert_mla_rope_kv_cache", "assert_qk_norm_rope", "assert_rope_kv_cache",
@@ -118,9 +125,66 @@ def run_qk_norm_rope(fn: Callable, case: QKNormCase) -> Callable:
     return run
 
 
+# --------------------------------------------------------------- B and C: what an implementation declares
+def _declares_other_results(record: Implementation | None) -> bool:
+    """Whether ``record`` returns other than the contract's (q, k): an FP8 q, no live k, or padding
+    tokens skipped whole."""
+    return record is not None and (record.fp8_query or not record.returns_live_key or record.skips_padding_tokens)
+
+
+def _roundings(record: Implementation | None) -> int:
+    return 2 if record is not None and record.scales_by_reciprocal else 1
+
+
+def _scale_value(scale) -> float:
+    return 1.0 if scale is None else float(scale.reshape(())) if isinstance(scale, torch.Tensor) else float(scale)
+
+
+def _declared_results(spec, positions, cos_sin_cache, pairs, tokens: torch.Tensor, record: Implementation,
+                      cache_dtype: torch.dtype, q_scale) -> tuple[list[str], dict, dict]:
+    """The results of an implementation declaring other results (:func:`_declares_other_results`)
+    held to the reference on ``tokens`` (every token, or the slotted ones where it skips padding):
+    ``pairs`` (name, input [T, W], returned, reference [T, W], returned at all) for q then k.  Returns
+    (problems, {name: bool [T, W] past the bound}, {name: float64 [T, W] rotation bound}); an FP8 q
+    is held to the FP8 store's bound of the reference's q / ``q_scale``."""
+    cos, sin = select_cos_sin(spec, positions[..., tokens.to(positions.device)].cpu(), cos_sin_cache.cpu())
+    problems, bad, bounds = [], {}, {}
+    for name, x, got, exp, returned in pairs:
+        x_cpu, exp_cpu = x.detach().cpu(), exp.detach().cpu().to(torch.float64)
+        bound = torch.zeros(x.shape, dtype=torch.float64)
+        bound[tokens] = rotation_bound(spec, x_cpu[tokens], exp_cpu[tokens], cos, sin, x.dtype, "float32",
+                                       cache_dtype=cos_sin_cache.dtype)
+        bounds[name] = bound
+        bad[name] = torch.zeros(x.shape, dtype=torch.bool)
+        if not returned:
+            continue
+        if not isinstance(got, torch.Tensor):
+            problems.append(f"{name}: the implementation returned {type(got).__name__}, not a tensor")
+            continue
+        want = cache_dtype if name == "q" and record.fp8_query else x.dtype
+        if got.dtype != want:
+            problems.append(f"{name}.dtype={got.dtype}: must be {want}")
+            continue
+        got = _shaped(got, tuple(x.shape))
+        if tuple(got.shape) != tuple(x.shape):
+            problems.append(f"{name}.shape={tuple(got.shape)}: must hold {tuple(x.shape)}")
+            continue
+        value, expected, within = got.detach().cpu().to(torch.float64)[tokens], exp_cpu[tokens], bound[tokens]
+        if name == "q" and record.fp8_query:
+            scale = _scale_value(q_scale)
+            expected = fused_reference.quantized(expected, scale, cache_dtype)
+            within = fp8_bound(expected, within / scale, cache_dtype, roundings=_roundings(record))
+        bad[name][tokens] = bad_elements(value, expected, within)
+        problems += mismatches(name, value, expected, within)
+    return problems, bad, bounds
+
+
 # ------------------------------------------------------------------------------- B: RoPE + KV cache
-def _cache_rows(case: CacheCase, inputs: CacheInputs, before: dict, ref, k_out, bound_k) -> tuple[list, dict]:
-    """The caches' problems: rows kept, written rows' bits (activation cache) or codes (FP8)."""
+def _cache_rows(case: CacheCase, inputs: CacheInputs, before: dict, ref, k_out, bound_k, *,
+                roundings: int = 1) -> tuple[list, dict]:
+    """The caches' problems: rows kept, written rows' bits (activation cache) or codes (FP8).  With
+    no live k (``k_out`` None: an implementation that returns none), the key cache's written rows
+    are held to the reference's rotated k within ``bound_k``."""
     spec, problems, bad = case.spec, [], {}
     tokens, slots = fused_reference.slot_rows(inputs.slot_mapping, case.num_tokens)
     heads = (-1, case.num_kv_heads, spec.head_size)
@@ -129,6 +193,15 @@ def _cache_rows(case: CacheCase, inputs: CacheInputs, before: dict, ref, k_out, 
         cache, old = getattr(inputs, name), before[name]
         problems += kept_rows(name, old, cache, ref.written, case.layout)
         written = rows_mask(ref.written.cpu(), old, case.layout)
+        if not is_fp8(cache.dtype) and rows is None:
+            bound = torch.zeros(old.shape, dtype=torch.float64)
+            fused_reference.scatter_rows(bound, bound_rows.cpu()[tokens].reshape(heads), slots, case.block_size,
+                                         case.layout)
+            found = mismatches(name, cache.cpu().to(torch.float64)[written], ref.caches[name].cpu()[written],
+                               bound[written])
+            bad[name] = bool(found)
+            problems += found
+            continue
         if not is_fp8(cache.dtype):
             # The live k's (and v's) very bits at each written row.
             image = bits(old.cpu()).clone()
@@ -138,21 +211,23 @@ def _cache_rows(case: CacheCase, inputs: CacheInputs, before: dict, ref, k_out, 
             if bad[name]:
                 problems.append(f"{name}: written rows differ from the live {'k' if name == 'key_cache' else 'v'}")
             continue
-        scale_value = float(scale) if not isinstance(scale, torch.Tensor) else float(scale.reshape(()))
+        scale_value = _scale_value(scale)
         error = torch.zeros(old.shape, dtype=torch.float64)
         if bound_rows is not None:
             fused_reference.scatter_rows(error, (bound_rows.cpu()[tokens] / scale_value).reshape(heads), slots,
                                          case.block_size, case.layout)
         expected = ref.caches[name].cpu()
-        bound = fp8_bound(expected[written], error[written], cache.dtype)
+        bound = fp8_bound(expected[written], error[written], cache.dtype, roundings=roundings)
         found = mismatches(name, cache.cpu().to(torch.float64)[written], expected[written], bound)
         bad[name] = bool(found)
         problems += found
     return problems, bad
 
 
-def check_rope_kv_cache(case: CacheCase, inputs: CacheInputs, run: Callable) -> FusedCheck:
-    """Run ``run(inputs)`` (writes the caches, returns (q, k)) and hold the result to the reference."""
+def check_rope_kv_cache(case: CacheCase, inputs: CacheInputs, run: Callable,
+                        record: Implementation | None = None) -> FusedCheck:
+    """Run ``run(inputs)`` (writes the caches, returns (q, k)) and hold the result to the reference;
+    ``record``: what the implementation declares about its results (module docstring)."""
     spec = case.spec
     before = {name: getattr(inputs, name).clone() for name in ("query", "key", "value", "key_cache", "value_cache")}
     ref = fused_reference.rope_kv_cache(spec, inputs.positions, inputs.query, inputs.key, inputs.value,
@@ -165,17 +240,30 @@ def check_rope_kv_cache(case: CacheCase, inputs: CacheInputs, run: Callable) -> 
         result.problems.append(f"result: must be the pair (q, k) (got {type(returned).__name__})")
         return result
     q_out, k_out = returned
-    rotation = compare_rotation(spec, inputs.positions, before["query"], before["key"], inputs.cos_sin_cache, q_out,
-                                k_out, ref.query, ref.key, "float32")
-    if not rotation.ok:
-        result.problems.append(rotation.message("q/k (the live k included):"))
+    evidence = {}
+    if _declares_other_results(record):
+        tokens = (fused_reference.slot_rows(inputs.slot_mapping, case.num_tokens)[0] if record.skips_padding_tokens
+                  else torch.arange(case.num_tokens))
+        pairs = (("q", before["query"], q_out, ref.query, True), ("k", before["key"], k_out, ref.key,
+                                                                  record.returns_live_key))
+        problems, bad, bounds = _declared_results(spec, inputs.positions, inputs.cos_sin_cache, pairs, tokens, record,
+                                                  inputs.key_cache.dtype, inputs.k_scale)
+        result.problems += problems
+        bound_k, k_rows, rotation = bounds["k"], (k_out if record.returns_live_key else None), None
+        evidence = dict(q_bad=bad["q"], k_bad=bad["k"])
+    else:
+        rotation = compare_rotation(spec, inputs.positions, before["query"], before["key"], inputs.cos_sin_cache,
+                                    q_out, k_out, ref.query, ref.key, "float32")
+        if not rotation.ok:
+            result.problems.append(rotation.message("q/k (the live k included):"))
+        bound_k, k_rows = rotation.bounds.get("key"), k_out
     value_touched = not torch.equal(bits(inputs.value.cpu()), bits(before["value"].cpu()))
     if value_touched:
         result.problems.append("value: changed (it must be read only)")
-    cache_problems, cache_bad = _cache_rows(case, inputs, before, ref, k_out, rotation.bounds.get("key"))
+    cache_problems, cache_bad = _cache_rows(case, inputs, before, ref, k_rows, bound_k, roundings=_roundings(record))
     result.problems += cache_problems
     result.evidence = dict(inputs=inputs, before=before, ref=ref, q_out=q_out, k_out=k_out, rotation=rotation,
-                           value_touched=value_touched, cache_bad=cache_bad)
+                           value_touched=value_touched, cache_bad=cache_bad, **evidence)
     return result
 
 
@@ -199,13 +287,24 @@ def _shaped(t, shape):
     return t.reshape(shape) if isinstance(t, torch.Tensor) and t.numel() == math.prod(shape) else t
 
 
-def _latent_rows(case: MLACase, inputs: MLAInputs, before: dict, ref, k_out, bound_k) -> tuple[list, bool]:
+def _latent_rows(case: MLACase, inputs: MLAInputs, before: dict, ref, k_out, bound_k, *,
+                 roundings: int = 1) -> tuple[list, bool]:
     """The latent cache's problems: rows kept; written rows the bits of ``[kv_c | live k_pe]`` (a
-    cache of the activations' dtype) or their FP8 codes within the FP8 store's bound."""
+    cache of the activations' dtype) or their FP8 codes within the FP8 store's bound.  With no live
+    k_pe (``k_out`` None), a cache of the activations' dtype holds kv_c's bits and the reference's
+    k_pe within ``bound_k``."""
     cache, old, lora = inputs.kv_cache, before["kv_cache"], case.kv_lora_rank
     problems = kept_rows("kv_cache", old, cache, ref.written, "NHD")
     tokens, slots = fused_reference.slot_rows(inputs.slot_mapping, case.num_tokens)
     written = rows_mask(ref.written.cpu(), old, "NHD")
+    if not is_fp8(cache.dtype) and k_out is None:
+        bound = torch.zeros(old.shape, dtype=torch.float64)
+        rows = torch.zeros(case.num_tokens, lora + case.spec.head_size, dtype=torch.float64)
+        rows[:, lora:] = bound_k.cpu()
+        fused_reference.scatter_rows(bound, rows[tokens], slots, case.block_size)
+        found = mismatches("kv_cache", cache.cpu().to(torch.float64)[written], ref.caches["kv_cache"].cpu()[written],
+                           bound[written])
+        return problems + found, bool(found)
     if not is_fp8(cache.dtype):
         live = torch.cat((bits(before["kv_c"].cpu()), bits(k_out.detach().cpu())), dim=1)
         image = bits(old.cpu()).clone()
@@ -213,7 +312,7 @@ def _latent_rows(case: MLACase, inputs: MLAInputs, before: dict, ref, k_out, bou
         bad = bool((bits(cache.cpu())[written] != image[written]).any())
         return problems + (["kv_cache: written rows differ from [kv_c | the live k_pe]"] if bad else []), bad
     scale = inputs.scale
-    scale_value = float(scale) if not isinstance(scale, torch.Tensor) else float(scale.reshape(()))
+    scale_value = _scale_value(scale)
     error = torch.zeros(old.shape, dtype=torch.float64)
     if bound_k is not None:
         rows = torch.zeros(case.num_tokens, lora + case.spec.head_size, dtype=torch.float64)
@@ -221,14 +320,16 @@ def _latent_rows(case: MLACase, inputs: MLAInputs, before: dict, ref, k_out, bou
         fused_reference.scatter_rows(error, rows[tokens], slots, case.block_size)
     expected = ref.caches["kv_cache"].cpu()
     found = mismatches("kv_cache", cache.cpu().to(torch.float64)[written], expected[written],
-                       fp8_bound(expected[written], error[written], cache.dtype))
+                       fp8_bound(expected[written], error[written], cache.dtype, roundings=roundings))
     return problems + found, bool(found)
 
 
-def check_mla_rope_kv_cache(case: MLACase, inputs: MLAInputs, run: Callable) -> FusedCheck:
+def check_mla_rope_kv_cache(case: MLACase, inputs: MLAInputs, run: Callable,
+                            record: Implementation | None = None) -> FusedCheck:
     """Run ``run(inputs)`` (rotates, writes the latent cache, returns (q_pe, k_pe)) and hold the
     result to the reference: q_pe and k_pe within the rotation's bound, q's other channels (q_nope)
-    and kv_c bit for bit as they were, the latent cache as :func:`_latent_rows`."""
+    and kv_c bit for bit as they were, the latent cache as :func:`_latent_rows`; ``record`` as
+    :func:`check_rope_kv_cache`."""
     spec, t, h, r = case.spec, case.num_tokens, case.num_heads, case.spec.head_size
     before = {"q": inputs.q.clone(), "q_pe": inputs.q_pe.clone(), "k_pe": inputs.k_pe.reshape(t, r).clone(),
               "kv_c": inputs.kv_c.clone(), "kv_cache": inputs.kv_cache.clone()}
@@ -241,10 +342,27 @@ def check_mla_rope_kv_cache(case: MLACase, inputs: MLAInputs, run: Callable) -> 
         result.problems.append(f"result: must be the pair (q_pe, k_pe) (got {type(returned).__name__})")
         return result
     q_out, k_out = _shaped(returned[0], (t, h * r)), _shaped(returned[1], (t, r))
-    rotation = compare_rotation(spec, inputs.positions, before["q_pe"].reshape(t, h * r), before["k_pe"],
-                                inputs.cos_sin_cache, q_out, k_out, ref.query.reshape(t, h * r), ref.key, "float32")
-    if not rotation.ok:
-        result.problems.append(rotation.message("q_pe/k_pe (every token's):"))
+    evidence = {}
+    if _declares_other_results(record):
+        tokens = (fused_reference.slot_rows(inputs.slot_mapping, t)[0] if record.skips_padding_tokens
+                  else torch.arange(t))
+        pairs = (("q", before["q_pe"].reshape(t, h * r), q_out, ref.query.reshape(t, h * r), True),
+                 ("k", before["k_pe"], k_out, ref.key, record.returns_live_key))
+        problems, bad, bounds = _declared_results(spec, inputs.positions, inputs.cos_sin_cache, pairs, tokens, record,
+                                                  inputs.kv_cache.dtype, inputs.scale)
+        result.problems += problems
+        bound_k, rotation = bounds["k"], None
+        k_rows = (k_out if isinstance(k_out, torch.Tensor) and k_out.shape == (t, r) else before["k_pe"]) \
+            if record.returns_live_key else None
+        evidence = dict(q_bad=bad["q"], k_bad=bad["k"])
+    else:
+        rotation = compare_rotation(spec, inputs.positions, before["q_pe"].reshape(t, h * r), before["k_pe"],
+                                    inputs.cos_sin_cache, q_out, k_out, ref.query.reshape(t, h * r), ref.key,
+                                    "float32")
+        if not rotation.ok:
+            result.problems.append(rotation.message("q_pe/k_pe (every token's):"))
+        bound_k = rotation.bounds.get("key")
+        k_rows = k_out if isinstance(k_out, torch.Tensor) and k_out.shape == (t, r) else before["k_pe"]
     nope = case.nope_dim
     q_nope_touched = not torch.equal(bits(inputs.q[..., :nope].cpu()), bits(before["q"][..., :nope].cpu()))
     if q_nope_touched:
@@ -252,11 +370,11 @@ def check_mla_rope_kv_cache(case: MLACase, inputs: MLAInputs, run: Callable) -> 
     kv_c_touched = not torch.equal(bits(inputs.kv_c.cpu()), bits(before["kv_c"].cpu()))
     if kv_c_touched:
         result.problems.append("kv_c: changed (it must be read only)")
-    k_rows = k_out if isinstance(k_out, torch.Tensor) and k_out.shape == (t, r) else before["k_pe"]
-    cache_problems, cache_bad = _latent_rows(case, inputs, before, ref, k_rows, rotation.bounds.get("key"))
+    cache_problems, cache_bad = _latent_rows(case, inputs, before, ref, k_rows, bound_k,
+                                             roundings=_roundings(record))
     result.problems += cache_problems
     result.evidence = dict(inputs=inputs, before=before, ref=ref, q_out=q_out, k_out=k_out, rotation=rotation,
-                           q_nope_touched=q_nope_touched, kv_c_touched=kv_c_touched, cache_bad=cache_bad)
+                           q_nope_touched=q_nope_touched, kv_c_touched=kv_c_touched, cache_bad=cache_bad, **evidence)
     return result
 
 
@@ -344,12 +462,20 @@ def assert_qk_norm_rope(name: str, fn: Callable, case: QKNormCase, device: str =
 
 def assert_rope_kv_cache(name: str, fn: Callable, case: CacheCase, device: str = "cpu") -> FusedCheck:
     """Hold ``fn`` (contract B) to the reference on ``case``, as :func:`assert_qk_norm_rope`."""
-    return _checked(name, fn, case, device, build_cache_case, check_rope_kv_cache, run_rope_kv_cache(fn, case))
+    record = Implementation.of(name, fn, "fused")
+
+    def check(case, inputs, run):
+        return check_rope_kv_cache(case, inputs, run, record)
+    return _checked(name, fn, case, device, build_cache_case, check, run_rope_kv_cache(fn, case))
 
 
 def assert_mla_rope_kv_cache(name: str, fn: Callable, case: MLACase, device: str = "cpu") -> FusedCheck:
     """Hold ``fn`` (contract C) to the reference on ``case``, as :func:`assert_qk_norm_rope`."""
-    return _checked(name, fn, case, device, build_mla_case, check_mla_rope_kv_cache, run_mla_rope_kv_cache(fn, case))
+    record = Implementation.of(name, fn, "fused")
+
+    def check(case, inputs, run):
+        return check_mla_rope_kv_cache(case, inputs, run, record)
+    return _checked(name, fn, case, device, build_mla_case, check, run_mla_rope_kv_cache(fn, case))
 
 
 def check_case(op: str, fn: Callable, case, device: str = "cpu") -> FusedCheck:
@@ -359,8 +485,9 @@ def check_case(op: str, fn: Callable, case, device: str = "cpu") -> FusedCheck:
         rounded = Implementation.of("", fn, "fused").rounds_normalized
         return check_qk_norm_rope(case, build_qk_norm_case(case, device), run_qk_norm_rope(fn, case),
                                   rounded_norm=rounded)
+    record = Implementation.of("", fn, "fused")
     if op == "rope_kv_cache":
-        return check_rope_kv_cache(case, build_cache_case(case, device), run_rope_kv_cache(fn, case))
+        return check_rope_kv_cache(case, build_cache_case(case, device), run_rope_kv_cache(fn, case), record)
     if op == "mla_rope_kv_cache":
-        return check_mla_rope_kv_cache(case, build_mla_case(case, device), run_mla_rope_kv_cache(fn, case))
+        return check_mla_rope_kv_cache(case, build_mla_case(case, device), run_mla_rope_kv_cache(fn, case), record)
     raise ValueError(f"op={op!r}: must be qk_norm_rope, rope_kv_cache or mla_rope_kv_cache")

@@ -179,6 +179,18 @@ def _key_cache_near_reference(check) -> bool:
     return _within(cache.cpu().to(torch.float64)[mask], exp, bound)
 
 
+def _bad_q_k(ev: dict, ref_q: torch.Tensor, ref_k: torch.Tensor) -> tuple:
+    """(q's, k's elements past their bounds; None where that tensor was not compared): the check's
+    own masks where the implementation declares other results (an FP8 q, no live k), else from the
+    rotation's comparison."""
+    if "q_bad" in ev:
+        return ev["q_bad"], ev["k_bad"]
+    rotation = ev["rotation"]
+    q_bad = bad_elements(ev["q_out"], ref_q, rotation.bounds["query"]) if "query" in rotation.bounds else None
+    k_bad = bad_elements(ev["k_out"], ref_k, rotation.bounds["key"]) if "key" in rotation.bounds else None
+    return q_bad, k_bad
+
+
 def _diagnose_cache(check) -> str:
     case, ev = check.case, check.evidence
     if "rotation" not in ev:
@@ -188,10 +200,8 @@ def _diagnose_cache(check) -> str:
     changed, padding = _kept_changed(check)
     if changed:
         return "padding_slot_written" if changed <= padding else "stale_slot_overwritten"
-    before, rotation = ev["before"], ev["rotation"]
-    k_out, q_out = ev["k_out"], ev["q_out"]
-    q_bad = bad_elements(q_out, ev["ref"].query, rotation.bounds["query"]) if "query" in rotation.bounds else None
-    k_bad = bad_elements(k_out, ev["ref"].key, rotation.bounds["key"]) if "key" in rotation.bounds else None
+    before, k_out = ev["before"], ev["k_out"]
+    q_bad, k_bad = _bad_q_k(ev, ev["ref"].query, ev["ref"].key)
     k_wrong = k_bad is None or bool(k_bad.any())
     q_wrong = q_bad is None or bool(q_bad.any())
     if k_wrong and not q_wrong and _key_cache_near_reference(check):
@@ -247,10 +257,7 @@ def _diagnose_mla(check) -> str:
         slots = inputs.slot_mapping.cpu()
         padding = int((slots == -1).sum()) + case.num_tokens - slots.shape[0]
         return "padding_slot_written" if changed <= padding else "stale_slot_overwritten"
-    rotation, t = ev["rotation"], case.num_tokens
-    q_bad = bad_elements(ev["q_out"], ref.query.reshape(t, -1), rotation.bounds["query"]) \
-        if "query" in rotation.bounds else None
-    k_bad = bad_elements(ev["k_out"], ref.key, rotation.bounds["key"]) if "key" in rotation.bounds else None
+    q_bad, k_bad = _bad_q_k(ev, ref.query.reshape(case.num_tokens, -1), ref.key)
     q_wrong, k_wrong = q_bad is None or bool(q_bad.any()), k_bad is None or bool(k_bad.any())
     kv_c = before["kv_c"].cpu().to(torch.float64)
     if q_wrong and not k_wrong and _heads_read_packed(check, q_bad):
