@@ -253,7 +253,8 @@ def get_fused_implementation(name: str, op: str | None = None):
     if op is not None and op not in FUSED_OPS:
         raise ValueError(f"op={op!r}: must be one of {FUSED_OPS}")
     if name in _FUSED:
-        ops = {key: resolve(path, kind="fused_impl", builtins={}) for key, path in _FUSED[name].items()}
+        ops = {key: resolve(path, kind="fused_impl", builtins={}) for key, path in _FUSED[name].items()
+               if op is None or key == op}     # only the op asked for is imported
     else:
         fn = resolve(name, kind="fused_impl", builtins={})
         declared = Implementation.of(f"fused_impl={name!r}: implementation", fn, "fused").fused_op

@@ -166,6 +166,12 @@ def _time_rotating(fns, target_ms: float = 100.0, repeats: int = 7, graph: bool 
     return statistics.median(times), how
 
 
+def time_launched(fns, target_ms: float = 100.0) -> tuple[float, str]:
+    """Median time per call of ``fns`` (one per input set) launched from Python back to back, device
+    events: the timer of a race whose contenders cannot all be captured in a CUDA graph."""
+    return _time_rotating(fns, target_ms, graph=False)
+
+
 def _timer(device: str, target_ms: float = 50.0):
     """``time_fn(fns, tokens) -> (ms, how)``: ``fns`` are the same call on different input sets
     (see :func:`input_sets`).  CUDA: CUDA graphs at <= GRAPH_MAX_TOKENS (the first set: decode

@@ -137,6 +137,38 @@ def floor_race_markdown(data: dict) -> list[str]:
     return lines + [""]
 
 
+def fused_markdown(data: dict) -> list[str]:
+    """The fused ops' race (rope.harness.bench_fused): per op, model, tokens and cache, each contender's
+    time, the unfused sequence's over the fused kernel's, and the row's memory floor."""
+    rows = data.get("fused") or []
+    if not rows:
+        return []
+    lines = ["## Fused ops against the unfused sequence and the memory floor", "",
+             "Every contender launched from Python back to back (cycling through input sets that leave each "
+             "call's inputs in DRAM), device events, median of 7; each first held to the float64 reference on "
+             "the row's shape (up to 4096 tokens).  `unfused`: torch's norm or cache write beside our rotation "
+             "kernel, one launch after another.  Floor: the row's bytes at the copy bandwidth measured in the "
+             "same run.  `flashinfer` (FP8 caches, 1-D) also quantizes q, so it moves fewer bytes.", "",
+             "| op | model | tokens | cache | ours (us) | unfused (us) | unfused / ours | flashinfer (us) "
+             "| floor (us) | floor / ours | check |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+    keys = []
+    for r in rows:
+        key = (r["op"], r["model"], r["tokens"], r["cache"])
+        if key not in keys:
+            keys.append(key)
+    for key in keys:
+        by = {r["impl"]: r for r in rows if (r["op"], r["model"], r["tokens"], r["cache"]) == key}
+        ours, unfused, fi = (by.get(n, {}).get("ms", math.nan) for n in ("triton", "unfused", "flashinfer"))
+        floor = next(iter(by.values()))["floor_ms"]
+        checks = "; ".join(f"{n}: {r['checked']}" for n, r in by.items() if r["checked"] != "ok") or "all ok"
+        ratio = f"{unfused / ours:.2f}" if ours == ours and unfused == unfused else "-"
+        frac = f"{floor / ours:.3f}" if ours == ours and floor == floor else "-"
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {_us(ours)} | {_us(unfused)} | {ratio} | "
+                     f"{_us(fi)} | {_us(floor)} | {frac} | {checks} |")
+    return lines + [""]
+
+
 def markdown(data: dict) -> str:
     lines = [f"# Benchmark on {data['device_name']} ({data['device']})", "",
              f"Copy bandwidth (measured): {data['copy_gbps']:.0f} GB/s; empty Triton launch: "
@@ -150,7 +182,7 @@ def markdown(data: dict) -> str:
         lines.append(f"- not raced: `{name}`: {why}")
     for name, whys in data.get("skipped", {}).items():
         lines.append(f"- `{name}` skipped {'; '.join(whys)}")
-    lines += ["", *race_markdown(data), "## Every contender", "",
+    lines += ["", *race_markdown(data), *fused_markdown(data), "## Every contender", "",
               "| model | tokens | impl | time (us) | GB/s | % of copy | vs native | eager (us) | host (us/call) "
               "| timing | check |",
               "|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|"]

@@ -4,7 +4,7 @@
                        [--position-ids-impl NAME ...] [--profile dev|ci|deep] [-- PYTEST ARGS]
         Run the equivalence suite (every implementation against the float64 reference) on every
         available device, in parallel workers, and print the outcome.
-    rope-harness bench [--device cuda] [--models K,...] [--tokens N,...] [--dtype bfloat16,...] [--only C,...]
+    rope-harness bench [--device cuda] [--models K,...] [--tokens N,...] [--dtype bfloat16,...] [--only C,...] [--fused]
         Race the rotation kernels against the installed peers (vLLM, Liger, SGLang, FlashInfer,
         torch.compile) and time the position kernels, against the measured copy bandwidth; writes
         reports/bench.json, bench.md and bench.png.
@@ -303,6 +303,10 @@ def cmd_bench(args) -> int:
         return 2
     data = bench.run(models=models, tokens=tokens, dtypes=dtypes, device=device, extra_impls=args.impl,
                      positions=() if args.no_positions else None, only=only)
+    if args.fused:
+        from rope.harness import bench_fused
+        data["fused"] = bench_fused.run_fused(models=models, tokens=tokens, device=device,
+                                              copy_gbps=data["copy_gbps"])
     from rope.harness.report import reports_dir
     for path in bench_report.write_reports(data, Path(args.out) if args.out else reports_dir()):
         print(f"wrote {path}")
@@ -367,6 +371,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--dtype", default="bfloat16", help="comma-separated dtypes (bfloat16, float16, float32)")
     bench.add_argument("--impl", action="append", default=[], help="extra implementation (module:callable)")
     bench.add_argument("--no-positions", action="store_true", help="skip the position-step kernels")
+    bench.add_argument("--fused", action="store_true",
+                       help="also race the fused ops (QK-norm + RoPE, RoPE + KV-cache write) against the unfused "
+                            "sequence and the memory floor of their bytes")
     bench.add_argument("--out", default=None, help="directory for bench.json/.md/.png (default ./reports)")
     bench.set_defaults(func=cmd_bench)
     devices = sub.add_parser("devices", help="list the devices found and the software stack, and whether it is supported")
