@@ -139,9 +139,12 @@ def mla_cases(draw, *, max_tokens: int = 24, draws: tuple[str, ...] = ()):
     spec = draw(_mla_specs())
     block_size = draw(st.sampled_from(BLOCK_SIZES))
     least = -(-num_tokens // block_size)
-    return MLACase(spec=spec, num_tokens=num_tokens, num_heads=draw(st.sampled_from([1, 2, 3, 16])),
+    # A heads-major q of one head is laid out as a token-major one: heads-major draws 2 or more.
+    q_layout = draw(st.sampled_from(Q_LAYOUTS))
+    heads = [1, 2, 3, 16] if q_layout == "token_major" else [2, 3, 16]
+    return MLACase(spec=spec, num_tokens=num_tokens, num_heads=draw(st.sampled_from(heads)),
                    kv_lora_rank=draw(st.sampled_from([512, 16, 48])), nope_dim=draw(st.sampled_from([128, 0, 32])),
-                   q_layout=draw(st.sampled_from(Q_LAYOUTS)), packed_kv=draw(st.booleans()),
+                   q_layout=q_layout, packed_kv=draw(st.booleans()),
                    k_pe_3d=draw(st.booleans()), dtype=draw(st.sampled_from(_dtypes(draws))),
                    cache=draw(st.sampled_from(_caches(draws))), block_size=block_size,
                    num_blocks=draw(st.integers(least, least + 2)), padding=draw(st.sampled_from([0.0, 0.25, 1.0])),
