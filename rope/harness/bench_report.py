@@ -146,7 +146,7 @@ def fused_markdown(data: dict) -> list[str]:
     lines = ["## Fused ops against the unfused sequence and the memory floor", "",
              "Every contender launched from Python back to back (cycling through input sets that leave each "
              "call's inputs in DRAM), device events, median of 7; each first held to the float64 reference on "
-             "the row's shape (up to 4096 tokens).  `unfused`: torch's norm or cache write beside our rotation "
+             "the row's shape (up to 1024 tokens: past 10,240 token x heads on every model).  `unfused`: torch's norm or cache write beside our rotation "
              "kernel, one launch after another.  Floor: the row's bytes at the copy bandwidth measured in the "
              "same run.  `flashinfer` (FP8 caches, 1-D) also quantizes q, so it moves fewer bytes.", "",
              "| op | model | tokens | cache | ours (us) | unfused (us) | unfused / ours | flashinfer (us) "
