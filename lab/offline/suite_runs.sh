@@ -8,7 +8,7 @@
 # Written under $OUT (the device tool's folder; else /tmp/suite-runs): summary.txt, one line per run
 # (its number, exit status, wall time and pytest's last line), failed.txt (the FAILED lines of every
 # run, by run), and the junit XML and reports/summary.md of a run that failed only (the device tool
-# brings back a few files). Each run starts from an empty Triton cache, as a fresh machine does; the
+# brings back a few files); beside a campaign also memory.txt, the GPU's and the host's memory every 5 s. Each run starts from an empty Triton cache, as a fresh machine does; the
 # campaign gets a cache and an output folder of its own.
 set -u
 out=${OUT:-/tmp/suite-runs}
@@ -36,6 +36,12 @@ if [ "${1:-}" = "--beside-campaign" ]; then
     TRITON_CACHE_DIR=$(mktemp -d) python3 -m rope.harness.cli campaign --minutes "$minutes" \
         --out "$(mktemp -d)" > "$out/campaign.log" 2>&1 &
     campaign=$!
+    # Every 5 s the GPU's memory and the host's (a failure beside the campaign may be either running out).
+    ( while kill -0 "$campaign" 2>/dev/null; do
+          echo "$(date +%T) gpu $(nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader 2>/dev/null)" \
+               "host $(free -m | awk '/^Mem:/ {print $3 " MiB used of " $2}')"
+          sleep 5
+      done ) > "$out/memory.txt" 2>&1 &
     sleep 5                         # the campaign's session under way first
     one_run beside
     wait "$campaign"
