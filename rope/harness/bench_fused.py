@@ -15,7 +15,8 @@ the row's shape up to CHECK_TOKENS tokens); a failed check is reported and its t
 contender of a row is timed the same way: launched from Python back to back, cycling through
 enough input sets that each call finds its inputs in DRAM (rope.harness.bench.time_launched), device
 events, the median of 7.  (The unfused cache write picks its slots on the host, so no contender is
-captured in a CUDA graph here.)  The floor is the row's bytes at the copy bandwidth measured in the
+captured in a CUDA graph here.)  Each row also gives every contender's host time per call
+(rope.harness.bench.host_us_per_call): where it passes the timed figure, the call is host-bound.  The floor is the row's bytes at the copy bandwidth measured in the
 same run: q and k read and written (A: every channel, the norm touches them all; B: the rotated
 channels, with k's pass-through read for the cache), v read and the cache rows written (B), the cos
 and sin rows, the positions and slots.
@@ -29,7 +30,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from rope.harness.bench import input_sets, time_launched
+from rope.harness.bench import host_us_per_call, input_sets, time_launched
 from rope.harness.fused.cases import CacheCase, QKNormCase, build_cache_case, build_qk_norm_case, model_spec
 from rope.harness.fused.check import check_case
 from rope.implementation import Implementation
@@ -62,6 +63,7 @@ class FusedResult:
     floor_ms: float             # the bytes at the run's copy bandwidth
     checked: str
     timing: str
+    host_us: float = math.nan   # the host's time per call (GPU): where it passes ms, the row is host-bound
 
 
 def qk_norm_bytes(case: QKNormCase) -> int:
@@ -156,6 +158,7 @@ def run_fused(models=None, tokens=None, device: str = "cuda", copy_gbps: float =
                     case = _case(op, key, t, cache)
                     nbytes = qk_norm_bytes(case) if op == "qk_norm_rope" else cache_write_bytes(case)
                     floor = nbytes / (copy_gbps * 1e9) * 1e3 if copy_gbps == copy_gbps else math.nan
+                    row: dict[str, FusedResult] = {}
                     for name, fn in contenders.items():
                         reason = Implementation.of(name, fn, "fused").unsupported_reason
                         why = reason(case, device) if reason is not None else None
@@ -171,10 +174,15 @@ def run_fused(models=None, tokens=None, device: str = "cuda", copy_gbps: float =
                             del calls
                         elif gpu:
                             how = "not timed: its check failed"
-                        results.append(FusedResult(op, key, t, cache, name, ms, nbytes, floor, checked, how))
-                        shown = f"{ms * 1e3:9.1f} us" if ms == ms else f"({how})"
-                        progress(f"  fused {op:<13} {key:<14} {t:>6} {cache:<14} {name:<10} {shown} "
-                                 f"floor {floor * 1e3:8.1f} us  {checked}")
+                        row[name] = FusedResult(op, key, t, cache, name, ms, nbytes, floor, checked, how)
+                    timed = {n: _bound_call(op, contenders[n], case, device) for n, r in row.items() if r.ms == r.ms}
+                    for name, us in (host_us_per_call(timed, device) if timed else {}).items():
+                        row[name].host_us = us
+                    for r in row.values():
+                        results.append(r)
+                        shown = f"{r.ms * 1e3:9.1f} us, host {r.host_us:6.1f} us" if r.ms == r.ms else f"({r.timing})"
+                        progress(f"  fused {op:<13} {key:<14} {t:>6} {cache:<14} {r.impl:<10} {shown} "
+                                 f"floor {floor * 1e3:8.1f} us  {r.checked}")
     return [asdict(r) for r in results]
 
 
