@@ -30,7 +30,7 @@ from rope.spec import RopeSpec, check_rotation_inputs, checks_values
 
 __all__ = ["FP8_DTYPES", "KV_LAYOUTS", "PADDING_SLOT", "cache_geometry", "check_mla_inputs",
            "check_qk_norm_rope_inputs", "check_rope_kv_cache_inputs", "check_slot_mapping", "fp8_max",
-           "is_fp8", "scale_value"]
+           "is_fp8", "scale_float", "scale_value"]
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 KV_LAYOUTS = ("NHD", "HND")
@@ -110,6 +110,14 @@ def check_qk_norm_rope_inputs(spec: RopeSpec, positions, qkv, num_heads_q, num_h
     if may_write:
         check_no_overlap({"qkv": qkv}, {"q_weight": q_weight, "k_weight": k_weight})
     return query, key
+
+
+def scale_float(scale) -> float:
+    """A checked scale's value on the host: 1.0 for None, a one-element tensor's value (a device
+    sync where it lives on the GPU: for checks and adapters, not for a kernel's hot path)."""
+    if scale is None:
+        return 1.0
+    return float(scale.reshape(())) if isinstance(scale, torch.Tensor) else float(scale)
 
 
 def scale_value(name: str, scale, cache_dtype: torch.dtype) -> float | torch.Tensor | None:

@@ -33,7 +33,7 @@ import sys
 import torch
 
 from rope.backends import require
-from rope.fused import check_mla_inputs, check_rope_kv_cache_inputs, is_fp8
+from rope.fused import check_mla_inputs, check_rope_kv_cache_inputs, is_fp8, scale_float
 from rope.spec import RopeSpec
 
 __all__ = ["mla_rope_kv_cache_flashinfer", "page_table", "rope_kv_cache_flashinfer"]
@@ -60,8 +60,7 @@ def page_table(slot_mapping: torch.Tensor, num_tokens: int, num_blocks: int):
 
 def _reciprocal(scale) -> float:
     """FlashInfer's quant_scale for a contract's scale (stored = x / scale): 1 / scale."""
-    value = 1.0 if scale is None else float(scale.reshape(()) if isinstance(scale, torch.Tensor) else scale)
-    return 1.0 / value
+    return 1.0 / scale_float(scale)
 
 
 def _table(cos_sin_cache: torch.Tensor) -> torch.Tensor:

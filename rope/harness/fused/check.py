@@ -35,7 +35,7 @@ from typing import Callable
 import torch
 
 import reference.fused as fused_reference
-from rope.fused import is_fp8
+from rope.fused import is_fp8, scale_float
 from rope.harness import case_files, causes
 from rope.harness.draws import current_test, hypothesis_example
 from rope.harness.fused.bound import fp8_bound, qk_norm_bound
@@ -132,12 +132,16 @@ def _declares_other_results(record: Implementation | None) -> bool:
     return record is not None and (record.fp8_query or not record.returns_live_key or record.skips_padding_tokens)
 
 
+def _held_tokens(record: Implementation, slot_mapping: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """The tokens whose q and k are held to the reference: every one, or the slotted ones where the
+    implementation skips padding tokens whole."""
+    if record.skips_padding_tokens:
+        return fused_reference.slot_rows(slot_mapping, num_tokens)[0]
+    return torch.arange(num_tokens)
+
+
 def _roundings(record: Implementation | None) -> int:
     return 2 if record is not None and record.scales_by_reciprocal else 1
-
-
-def _scale_value(scale) -> float:
-    return 1.0 if scale is None else float(scale.reshape(())) if isinstance(scale, torch.Tensor) else float(scale)
 
 
 def _declared_results(spec, positions, cos_sin_cache, pairs, tokens: torch.Tensor, record: Implementation,
@@ -171,7 +175,7 @@ def _declared_results(spec, positions, cos_sin_cache, pairs, tokens: torch.Tenso
             continue
         value, expected, within = got.detach().cpu().to(torch.float64)[tokens], exp_cpu[tokens], bound[tokens]
         if name == "q" and record.fp8_query:
-            scale = _scale_value(q_scale)
+            scale = scale_float(q_scale)
             expected = fused_reference.quantized(expected, scale, cache_dtype)
             within = fp8_bound(expected, within / scale, cache_dtype, roundings=_roundings(record))
         bad[name][tokens] = bad_elements(value, expected, within)
@@ -211,7 +215,7 @@ def _cache_rows(case: CacheCase, inputs: CacheInputs, before: dict, ref, k_out, 
             if bad[name]:
                 problems.append(f"{name}: written rows differ from the live {'k' if name == 'key_cache' else 'v'}")
             continue
-        scale_value = _scale_value(scale)
+        scale_value = scale_float(scale)
         error = torch.zeros(old.shape, dtype=torch.float64)
         if bound_rows is not None:
             fused_reference.scatter_rows(error, (bound_rows.cpu()[tokens] / scale_value).reshape(heads), slots,
@@ -242,8 +246,7 @@ def check_rope_kv_cache(case: CacheCase, inputs: CacheInputs, run: Callable,
     q_out, k_out = returned
     evidence = {}
     if _declares_other_results(record):
-        tokens = (fused_reference.slot_rows(inputs.slot_mapping, case.num_tokens)[0] if record.skips_padding_tokens
-                  else torch.arange(case.num_tokens))
+        tokens = _held_tokens(record, inputs.slot_mapping, case.num_tokens)
         pairs = (("q", before["query"], q_out, ref.query, True), ("k", before["key"], k_out, ref.key,
                                                                   record.returns_live_key))
         problems, bad, bounds = _declared_results(spec, inputs.positions, inputs.cos_sin_cache, pairs, tokens, record,
@@ -312,7 +315,7 @@ def _latent_rows(case: MLACase, inputs: MLAInputs, before: dict, ref, k_out, bou
         bad = bool((bits(cache.cpu())[written] != image[written]).any())
         return problems + (["kv_cache: written rows differ from [kv_c | the live k_pe]"] if bad else []), bad
     scale = inputs.scale
-    scale_value = _scale_value(scale)
+    scale_value = scale_float(scale)
     error = torch.zeros(old.shape, dtype=torch.float64)
     if bound_k is not None:
         rows = torch.zeros(case.num_tokens, lora + case.spec.head_size, dtype=torch.float64)
@@ -342,18 +345,17 @@ def check_mla_rope_kv_cache(case: MLACase, inputs: MLAInputs, run: Callable,
         result.problems.append(f"result: must be the pair (q_pe, k_pe) (got {type(returned).__name__})")
         return result
     q_out, k_out = _shaped(returned[0], (t, h * r)), _shaped(returned[1], (t, r))
+    k_rows = k_out if isinstance(k_out, torch.Tensor) and k_out.shape == (t, r) else before["k_pe"]
     evidence = {}
     if _declares_other_results(record):
-        tokens = (fused_reference.slot_rows(inputs.slot_mapping, t)[0] if record.skips_padding_tokens
-                  else torch.arange(t))
+        tokens = _held_tokens(record, inputs.slot_mapping, t)
         pairs = (("q", before["q_pe"].reshape(t, h * r), q_out, ref.query.reshape(t, h * r), True),
                  ("k", before["k_pe"], k_out, ref.key, record.returns_live_key))
         problems, bad, bounds = _declared_results(spec, inputs.positions, inputs.cos_sin_cache, pairs, tokens, record,
                                                   inputs.kv_cache.dtype, inputs.scale)
         result.problems += problems
         bound_k, rotation = bounds["k"], None
-        k_rows = (k_out if isinstance(k_out, torch.Tensor) and k_out.shape == (t, r) else before["k_pe"]) \
-            if record.returns_live_key else None
+        k_rows = k_rows if record.returns_live_key else None
         evidence = dict(q_bad=bad["q"], k_bad=bad["k"])
     else:
         rotation = compare_rotation(spec, inputs.positions, before["q_pe"].reshape(t, h * r), before["k_pe"],
@@ -362,7 +364,6 @@ def check_mla_rope_kv_cache(case: MLACase, inputs: MLAInputs, run: Callable,
         if not rotation.ok:
             result.problems.append(rotation.message("q_pe/k_pe (every token's):"))
         bound_k = rotation.bounds.get("key")
-        k_rows = k_out if isinstance(k_out, torch.Tensor) and k_out.shape == (t, r) else before["k_pe"]
     nope = case.nope_dim
     q_nope_touched = not torch.equal(bits(inputs.q[..., :nope].cpu()), bits(before["q"][..., :nope].cpu()))
     if q_nope_touched:

@@ -36,7 +36,7 @@ import torch
 
 import reference.fused as fused_reference
 from reference.rotation import rotate
-from rope.fused import is_fp8
+from rope.fused import is_fp8, scale_float
 from rope.harness.fused.bound import UNIT_ROUNDOFF, fp8_bound
 from rope.harness.fused.compare import bad_elements, bits, changed_rows, rows_mask
 
@@ -154,7 +154,7 @@ def _scale_multiplied(check) -> bool:
     for name in bad:
         values = ref.key if name == "key_cache" else ev["before"]["value"].cpu().to(torch.float64)
         scale = inputs.k_scale if name == "key_cache" else inputs.v_scale
-        scale = float(scale.reshape(())) if isinstance(scale, torch.Tensor) else float(scale)
+        scale = scale_float(scale)
         cache = getattr(inputs, name)
         expected = torch.zeros(cache.shape, dtype=torch.float64)
         rows = fused_reference.quantized(values.cpu()[tokens], 1.0 / scale, cache.dtype)
@@ -271,8 +271,7 @@ def _diagnose_mla(check) -> str:
     unrotated = torch.cat((kv_c, before["k_pe"].cpu().to(torch.float64)), dim=1)
     if _latent_holds(check, unrotated, inputs.scale):
         return "cache_k_pe_unrotated"
-    scale = inputs.scale
-    scale = 1.0 if scale is None else float(scale.reshape(())) if isinstance(scale, torch.Tensor) else float(scale)
+    scale = scale_float(inputs.scale)
     if is_fp8(inputs.kv_cache.dtype) and _latent_holds(check, torch.cat((kv_c, ref.key.cpu()), dim=1), 1.0 / scale):
         return "fp8_scale_multiplied"
     return "kv_cache_wrong"
