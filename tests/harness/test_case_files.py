@@ -318,6 +318,7 @@ def test_load_names_a_missing_field(good_case, field):
     (lambda r: r["case"].__setitem__("view", "packed-qkv"), "case.view='packed-qkv': must be one of"),
     (lambda r: r["case"].update(view="row-gaps", packed_qkv=True), "case.view='row-gaps': must be one of .* and "
                                                                    "'contiguous' with packed_qkv: true"),
+    (lambda r: r["case"].__setitem__("generator", "mt19937"), "case.generator='mt19937': must be one of"),
     (lambda r: r["case"].__setitem__("extra", 1), r"case: unknown fields \['extra'\]"),
     (lambda r: r["spec"].__setitem__("sections", [8, 12, 11]), r"spec: sections=\(8, 12, 11\): must sum"),
     (lambda r: r.__setitem__("device", "tpu"), "device='tpu': must be one of"),
@@ -475,6 +476,31 @@ def test_view_round_trips_replays_and_old_files_without_it_load(good_case, case_
         MUTANT, "cpu", loaded.case.to_dict())
     with pytest.raises(ValueError, match=r"view='diagonal': must be one of \('contiguous', 'packed-qkv'"):
         RotationCase(**{**CASE.__dict__, "view": "diagonal"})
+
+
+def test_counter_case_round_trips_replays_and_old_files_load_as_torch_cpu(good_case, case_dir, tmp_path, capsys):
+    # A counter case (inputs made on the device from the seed) records its generator and replays the
+    # same bits; a file written before the field existed is the torch-cpu case it was, with its id.
+    case = RotationCase(**{**CASE.__dict__, "generator": "counter", "nonfinite": True})
+    _fail(case=case)
+    path = _written(case_dir)
+    record = json.loads(path.read_text())
+    assert record["case"]["generator"] == "counter"
+    loaded = case_file.load_case(path)
+    assert loaded.case == case and loaded.id == record["id"] != json.loads(good_case.read_text())["id"]
+    assert cli_main(["repro", str(path), "--impl", MUTANT]) == 1
+    assert "warning" not in capsys.readouterr().out            # the very bits regenerated (inputs_sha256)
+    old = json.loads(good_case.read_text())
+    assert "generator" not in old["case"] or old["case"]["generator"] == "torch-cpu"
+    old["case"].pop("generator", None)
+    old_path = tmp_path / "old-generator.json"
+    old_path.write_text(json.dumps(old))
+    loaded = case_file.load_case(old_path)
+    assert loaded.case.generator == "torch-cpu" and loaded.id == old["id"]
+    assert cli_main(["repro", str(old_path), "--impl", MUTANT]) == 1
+    assert "warning" not in capsys.readouterr().out
+    with pytest.raises(ValueError, match=r"generator='philox': must be one of \('counter', 'torch-cpu'\)"):
+        RotationCase(**{**CASE.__dict__, "generator": "philox"})
 
 
 def test_cli_repro_exits_2_when_the_implementation_hangs(good_case, tmp_path, monkeypatch, capsys):

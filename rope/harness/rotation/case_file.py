@@ -12,11 +12,12 @@ and ``test`` may be null)::
     working_precision  the implementation's declared working precision ("float32" | "activation")
     spec               RopeSpec.to_dict()
     case               the rest of the RotationCase: num_tokens, num_q_heads, num_kv_heads, dtype,
-                       positions_kind, packed_qkv, seed, nonfinite, view, cache_dtype (tensors
-                       regenerate from these, bit for bit; nonfinite may be absent: false; view, how q
-                       and k lie in memory, one of rope.harness.rotation.cases.VIEWS but packed-qkv,
-                       may be absent: contiguous; cache_dtype may be absent or null: the activation
-                       dtype), and how the failing call was made: mode ("eager", "compile", "graph";
+                       positions_kind, packed_qkv, seed, nonfinite, view, cache_dtype, generator
+                       (tensors regenerate from these, bit for bit; nonfinite may be absent: false;
+                       view, how q and k lie in memory, one of rope.harness.rotation.cases.VIEWS but
+                       packed-qkv, may be absent: contiguous; cache_dtype may be absent or null: the
+                       activation dtype; generator, what makes the tensors from the seed, one of
+                       rope.harness.rotation.cases.GENERATORS, may be absent: torch-cpu), and how the failing call was made: mode ("eager", "compile", "graph";
                        absent: eager) and, in graph mode, replay_tokens (the real tokens of each
                        replay after the capture)
     strides            {"query": {shape, stride, storage_offset}, "key": {...} | null}, as the
@@ -53,7 +54,7 @@ import torch
 from rope.devices import DEVICE_NAMES
 from rope.harness import case_files
 from rope.harness.case_files import LoadedCase, finite, is_int, read_fields, tensor_digest, versions
-from rope.harness.rotation.cases import DTYPES, POSITION_KINDS, VIEWS, RotationCase, RotationInputs
+from rope.harness.rotation.cases import DTYPES, GENERATORS, POSITION_KINDS, VIEWS, RotationCase, RotationInputs
 from rope.harness.rotation.diagnosis import Diagnosis, channel_location
 from rope.implementation import WORKING_PRECISIONS
 from rope.registry import get_implementation, working_precision
@@ -66,9 +67,9 @@ FIELDS = ("schema_version", "id", "implementation", "device", "working_precision
           "inputs_sha256", "hypothesis", "test", "result", "diagnosis", "versions", "created")
 NULLABLE = ("hypothesis", "test")
 CASE_FIELDS = ("num_tokens", "num_q_heads", "num_kv_heads", "dtype", "positions_kind", "packed_qkv", "seed",
-               "nonfinite", "view", "cache_dtype")
+               "nonfinite", "view", "cache_dtype", "generator")
 # Fields added after schema 1 was first written: a file without them gets the default.
-CASE_FIELD_DEFAULTS = {"nonfinite": False, "view": "contiguous", "cache_dtype": None}
+CASE_FIELD_DEFAULTS = {"nonfinite": False, "view": "contiguous", "cache_dtype": None, "generator": "torch-cpu"}
 # The views a case file records (a packed qkv tensor is packed_qkv: true, view "contiguous").
 RECORDED_VIEWS = tuple(v for v in VIEWS if v != "packed-qkv")
 # How the failing call was made, beside the case (a file without them: eagerly): "compile" under
@@ -220,6 +221,7 @@ def load_case(path: Path | str) -> CaseFile:
                             f"one of {RECORDED_VIEWS}, and 'contiguous' with packed_qkv: true"),
                            ("cache_dtype", c["cache_dtype"] is None or c["cache_dtype"] in DTYPES,
                             f"null or one of {tuple(DTYPES)}"),
+                           ("generator", c["generator"] in GENERATORS, f"one of {GENERATORS}"),
                            ("seed", is_int(c["seed"]) and 0 <= c["seed"] <= MAX_SEED, "an int in [0, 2**64 - 1]")):
         if not ok:
             value = repr(c[name]) if len(repr(c[name])) <= 40 else f"{repr(c[name])[:20]}...({len(repr(c[name]))} chars)"

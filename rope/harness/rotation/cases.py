@@ -2,9 +2,10 @@
 and the code that regenerates them.
 
 A :class:`RotationCase` holds a spec, head counts, a token count, a dtype, a position pattern, a
-memory layout (the view q and k are handed as: :data:`VIEWS`) and a seed; :func:`build_rotation_inputs` turns it into tensors with a
-``torch.Generator`` on the CPU and then moves them, so a case regenerates bit-identically on any
-device and from a case file.  The Hypothesis strategies that draw it live in the test suite
+memory layout (the view q and k are handed as: :data:`VIEWS`), a seed and what turns the seed into
+values (:data:`GENERATORS`); :func:`build_rotation_inputs` turns it into tensors, on the device for a
+``counter`` case (rope.harness.seeded), with a ``torch.Generator`` on the CPU and then copied for a
+``torch-cpu`` one, so a case regenerates bit-identically on any device and from a case file.  The Hypothesis strategies that draw it live in the test suite
 (properties.strategies).
 """
 
@@ -18,6 +19,7 @@ import torch
 
 from rope.cache import cos_sin_cache
 from rope.harness import profiling, table_store
+from rope.harness.seeded import Request, draw_many, scalar
 from rope.devices import torch_device
 from rope.spec import RopeSpec
 
@@ -48,6 +50,13 @@ POSITION_KINDS = ("uniform", "text", "grid", "last_row")
 #                cache, llama.cpp#20274)
 VIEWS = ("contiguous", "packed-qkv", "row-gaps", "heads-major", "same-buffer")
 
+# How a case's seed becomes its tensors, each the same bits on every device:
+#   counter    rope.harness.seeded: every value a hash of (seed, stream, index), made on the device the
+#              case runs on, the cases of a batch in one pass
+#   torch-cpu  a torch.Generator on the host, then copied to the device (every case file written before
+#              the counter, whose ``case`` has no ``generator``)
+GENERATORS = ("counter", "torch-cpu")
+
 
 def check_choice(name, value, allowed):
     if value not in allowed:
@@ -70,9 +79,13 @@ class RotationCase:
     # The cos/sin cache's dtype when it differs from q's and k's (None: the activation dtype): an
     # fp32 table beside bf16/fp16 activations, as FlashInfer and SGLang take it.
     cache_dtype: str | None = None
+    # What makes the tensors from the seed (GENERATORS): "counter" on the device the case runs on,
+    # "torch-cpu" (a case file's absent field, the cases written before) a torch.Generator on the host.
+    generator: str = "torch-cpu"
 
     def __post_init__(self):
         check_choice("view", self.view, VIEWS)
+        check_choice("generator", self.generator, GENERATORS)
         if self.view == "packed-qkv":      # one spelling per case: the flag that predates `view`
             object.__setattr__(self, "view", "contiguous")
             object.__setattr__(self, "packed_qkv", True)
@@ -279,6 +292,8 @@ def inject_nonfinite(t: torch.Tensor, gen: torch.Generator) -> None:
 
 def _generate(case: RotationCase) -> RotationInputs:
     """The case's tensors on the CPU, from its seed (the cache: the shared table, not a copy)."""
+    if case.generator == "counter":
+        return _counter_many([case], "cpu")[0]
     spec, hs = case.spec, case.spec.head_size
     dtype = DTYPES[case.dtype]
     gen = torch.Generator().manual_seed(case.seed)
@@ -298,6 +313,102 @@ def _generate(case: RotationCase) -> RotationInputs:
     if case.view != "contiguous":
         storage, query, key = lay_out(case.view, query, key, hs, gen)
     return RotationInputs(positions, query, key, shared_table(spec, DTYPES[case.table_dtype], "cpu"), storage)
+
+
+# --------------------------------------------------------------------------- counter cases
+# Each tensor of a counter case is its own stream of the seed (rope.harness.seeded).
+_POSITIONS, _ROWS_KEPT, _QUERY, _KEY, _QKV, _PLANTED_Q, _PLANTED_K, _BUFFER = range(8)
+
+
+def _planted(n: int) -> int:
+    """How many NaN/inf a tensor of ``n`` elements gets (inject_nonfinite's count)."""
+    return 1 + n // 50 if n else 0
+
+
+def _counter_requests(case: RotationCase) -> list[Request]:
+    """The draws a counter case's tensors come from, in the order :func:`_counter_assemble` takes them."""
+    spec, seed, t = case.spec, case.seed, case.num_tokens
+    q_width, k_width = case.num_q_heads * spec.head_size, case.num_kv_heads * spec.head_size
+    out = []
+    if case.positions_kind in ("uniform", "last_row"):
+        out.append(Request(seed, _POSITIONS, spec.num_dims * t, 0, spec.max_position))
+    if case.positions_kind == "last_row":
+        out.append(Request(seed, _ROWS_KEPT, spec.num_dims * t, 0, 2))
+    if case.packed_qkv:
+        out.append(Request(seed, _QKV, t * (q_width + 2 * k_width)))
+    else:
+        out += [Request(seed, _QUERY, t * q_width), Request(seed, _KEY, t * k_width)]
+    if case.nonfinite:
+        out += [Request(seed, stream, _planted(t * width), 0, max(1, t * width))
+                for stream, width in ((_PLANTED_Q, q_width), (_PLANTED_K, k_width))]
+    if case.view != "contiguous":
+        out.append(Request(seed, _BUFFER, view_layout(case.view, t, q_width, k_width, spec.head_size)[0]))
+    return out
+
+
+def _counter_positions(case: RotationCase, drawn, dev: torch.device) -> torch.Tensor:
+    """make_positions' patterns from the counter: int64 [T] or [num_dims, T] in [0, spec.max_position)."""
+    spec, seed, t = case.spec, case.seed, case.num_tokens
+    rows, limit, kind = spec.num_dims, spec.max_position, case.positions_kind
+    if kind == "text":          # all rows equal, consecutive from a drawn start
+        start = scalar(seed, _POSITIONS, 0, 0, max(1, limit - t + 1))
+        pos = (start + torch.arange(t, device=dev)).remainder(limit).expand(rows, t).clone()
+    elif kind == "grid":        # one image-like block: t-major, then h, then w from a common base
+        w, h = scalar(seed, _POSITIONS, 0, 1, 6), scalar(seed, _POSITIONS, 1, 1, 6)
+        base = scalar(seed, _POSITIONS, 2, 0, limit)
+        j = torch.arange(t, device=dev)
+        coords = [j // (h * w), (j // w) % h, j % w, j]
+        pos = torch.stack([base + coords[d] for d in range(rows)]).remainder(limit)
+    else:
+        pos = next(drawn).reshape(rows, t).clone()       # its own allocation, not a view of the draws
+        if kind == "last_row":  # the last cache row at about half the places, and at the last token
+            pos = torch.where(next(drawn).reshape(rows, t).bool(), pos, limit - 1)
+            if t:
+                pos[:, -1] = limit - 1
+    return pos[0].contiguous() if rows == 1 else pos
+
+
+def _plant(x: torch.Tensor | None, flat: torch.Tensor) -> None:
+    """NaN, +inf or -inf at the drawn flat indices of ``x``: which one is the index's own (index mod 3),
+    so an index drawn twice gets one value whatever order a device writes in."""
+    if x is None or not flat.numel():
+        return
+    values = torch.tensor([float("nan"), float("inf"), float("-inf")], dtype=x.dtype, device=x.device)
+    x[flat // x.shape[1], flat % x.shape[1]] = values[flat % 3]
+
+
+def _counter_assemble(case: RotationCase, drawn, dev: torch.device) -> RotationInputs:
+    """A counter case's tensors on ``dev`` from its draws (``drawn``: an iterator over them, in
+    :func:`_counter_requests`' order), each an allocation of its own (the draws of a batch are views
+    of one buffer); the cache is the shared table, not a copy."""
+    spec, hs, dtype = case.spec, case.spec.head_size, DTYPES[case.dtype]
+    t, q_width, k_width = case.num_tokens, case.num_q_heads * hs, case.num_kv_heads * hs
+    positions = _counter_positions(case, drawn, dev)
+    if case.packed_qkv:
+        storage = next(drawn).reshape(t, q_width + 2 * k_width).to(dtype, copy=True)
+        query, key = storage[:, :q_width], storage[:, q_width:q_width + k_width] if k_width else None
+    else:
+        query, key = next(drawn).reshape(t, q_width).to(dtype, copy=True), next(drawn)     # k's is empty without k
+        key = key.reshape(t, k_width).to(dtype, copy=True) if k_width else None
+        storage = query
+    if case.nonfinite:
+        for x in (query, key):
+            _plant(x, next(drawn))
+    if case.view != "contiguous":
+        storage = next(drawn).to(dtype, copy=True)
+        _, q_at, k_at = view_layout(case.view, t, q_width, k_width, hs)
+        query = storage.as_strided(*q_at).copy_(query)
+        key = storage.as_strided(*k_at).copy_(key) if key is not None else None
+    return RotationInputs(positions, query, key, shared_table(spec, DTYPES[case.table_dtype], str(dev)), storage)
+
+
+def _counter_many(cases, device: str) -> list[RotationInputs]:
+    """The tensors of counter cases on ``device``, every case's draws made in one pass
+    (rope.harness.seeded.draw_many); the same bits on every device."""
+    dev = torch_device(device)
+    requests = [_counter_requests(c) for c in cases]
+    drawn = iter(draw_many([r for rs in requests for r in rs], dev))
+    return [_counter_assemble(c, iter([next(drawn) for _ in rs]), dev) for c, rs in zip(cases, requests)]
 
 
 def view_layout(view: str, num_tokens: int, q_width: int, k_width: int, head_size: int):
@@ -343,10 +454,13 @@ def lay_out(view: str, query: torch.Tensor, key: torch.Tensor | None, head_size:
 
 
 def _place(case: RotationCase, x: RotationInputs, device: str, lend: bool = False) -> RotationInputs:
-    """A private copy of CPU inputs ``x`` on ``device`` with the same strides (q and k as views
-    of one packed tensor where the case packs them), and a private copy of the cache.  ``lend``:
-    the cache copy may be one an earlier case returned unchanged (:func:`return_lent_cache`)
-    instead of a fresh clone of the table (a clone of up to 128 MiB per case, then a comparison)."""
+    """:func:`_copied` with a private copy of the cache (:func:`_own_cache`)."""
+    return _own_cache(case, _copied(case, x, device), device, lend)
+
+
+def _copied(case: RotationCase, x: RotationInputs, device: str) -> RotationInputs:
+    """A private copy of the tensors of ``x`` on ``device`` with the same strides (q and k as views
+    of one packed tensor where the case packs them); the cache is ``x``'s."""
     dev = torch_device(device)
     q_width, k_width = case.num_q_heads * case.spec.head_size, case.num_kv_heads * case.spec.head_size
     if case.packed_qkv:
@@ -361,14 +475,22 @@ def _place(case: RotationCase, x: RotationInputs, device: str, lend: bool = Fals
         query = x.query.to(dev, copy=True)
         key = x.key.to(dev, copy=True) if x.key is not None else None
         storage = query
-    # The implementation gets its own copy: the memoized table must not be writable by it.
+    return RotationInputs(x.positions.to(dev, copy=True), query, key, x.cache, storage)
+
+
+def _own_cache(case: RotationCase, x: RotationInputs, device: str, lend: bool = False) -> RotationInputs:
+    """``x`` (tensors of the caller's own on ``device``) with a private copy of the cache: the memoized
+    table must not be writable by the implementation.  ``lend``: the copy may be one an earlier case
+    returned unchanged (:func:`return_lent_cache`) instead of a fresh clone of the table (a clone of
+    up to 128 MiB per case, then a comparison)."""
+    dev = torch_device(device)
     dtype = DTYPES[case.table_dtype]
     pristine = shared_table(case.spec, dtype, device)
     lent_key = _table_key(case.spec, dtype, dev) if lend else None
     cache = _LENT.take(lent_key) if lend else None
     if cache is None:
         cache = pristine.clone()
-    return RotationInputs(x.positions.to(dev, copy=True), query, key, cache, storage, pristine, lent_key)
+    return RotationInputs(x.positions, x.query, x.key, cache, x.storage, pristine, lent_key)
 
 
 def return_lent_cache(inputs: RotationInputs) -> None:
@@ -382,17 +504,33 @@ def return_lent_cache(inputs: RotationInputs) -> None:
 
 
 def build_rotation_inputs(case: RotationCase, device: str = "cpu") -> RotationInputs:
-    """Regenerate the case's tensors bit-identically (CPU generator), then copy them to ``device``:
-    every tensor, the cache included, is the caller's own."""
+    """Regenerate the case's tensors bit-identically on ``device`` (a counter case there, a torch-cpu
+    case on the CPU and then copied): every tensor, the cache included, is the caller's own."""
+    if case.generator == "counter":
+        return _own_cache(case, _counter_many([case], device)[0], device)
     return _place(case, _generate(case), device)
 
 
 def build_rotation_inputs_many(cases, device: str = "cpu") -> list[RotationInputs]:
     """:func:`build_rotation_inputs` of every case (the same tensors bit for bit, each the caller's
-    own), the cases' q, k and positions carried to a GPU together: one transfer per dtype from pinned
-    memory, then a device copy per tensor, where one case at a time makes three transfers from
-    pageable memory, each of which waits for the device.  Contiguous and packed-qkv cases only (the
-    strided views go one at a time)."""
+    own).  The counter cases are made on the device together (one pass of draws for all of them).
+    The torch-cpu cases' q, k and positions are carried to a GPU together: one transfer per dtype from
+    pinned memory, then a device copy per tensor, where one case at a time makes three transfers from
+    pageable memory, each of which waits for the device (contiguous and packed-qkv cases; the strided
+    views go one at a time)."""
+    cases = list(cases)
+    out: list[RotationInputs | None] = [None] * len(cases)
+    counter = [i for i, c in enumerate(cases) if c.generator == "counter"]
+    for i, x in zip(counter, _counter_many([cases[i] for i in counter], device)):
+        out[i] = _own_cache(cases[i], x, device)
+    host = [i for i in range(len(cases)) if out[i] is None]
+    for i, x in zip(host, _carried_many([cases[i] for i in host], device)):
+        out[i] = x
+    return out
+
+
+def _carried_many(cases, device: str) -> list[RotationInputs]:
+    """Torch-cpu cases' tensors made on the CPU and carried to ``device`` (together where they can be)."""
     cases = list(cases)
     cpu = [_generate(c) for c in cases]
     dev = torch_device(device)
@@ -436,9 +574,14 @@ def _to_device_together(tensors: list[torch.Tensor], dev: torch.device) -> list[
 
 
 def build_rotation_pair(case: RotationCase, device: str) -> tuple[RotationInputs, RotationInputs]:
-    """(inputs on ``device`` for an implementation, the untouched CPU tensors they were copied
-    from, same strides) from one generation.  The CPU side's cache is the shared table: the
-    harness reads it and never hands it on.  The device side's cache is a lent copy: the caller
-    checks it against ``pristine_cache`` after the call and returns it (:func:`return_lent_cache`)."""
+    """(inputs on ``device`` for an implementation, untouched CPU tensors with the same values and
+    strides) from one generation.  The CPU side's cache is the shared table: the harness reads it
+    and never hands it on.  The device side's cache is a lent copy: the caller checks it against
+    ``pristine_cache`` after the call and returns it (:func:`return_lent_cache`)."""
+    if case.generator == "counter" and torch_device(device).type != "cpu":
+        made = _counter_many([case], device)[0]              # made on the device, copied to the host
+        cpu = _copied(case, made, "cpu")
+        cpu.cache = shared_table(case.spec, DTYPES[case.table_dtype], "cpu")
+        return _own_cache(case, made, device, lend=True), cpu
     cpu = _generate(case)
     return _place(case, cpu, device, lend=True), cpu
