@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from hypothesis import example, given
+from hypothesis import strategies as st
 
 import reference
 from properties.position_step.known_steps import (CHUNK_1, CHUNK_2, DECODE, ERRORS, LONG_1D, LONG_3D, PREFILL_MIXED,
@@ -13,6 +14,7 @@ from properties.position_step.known_steps import (CHUNK_1, CHUNK_2, DECODE, ERRO
 from properties.strategies import OUT_SENTINEL, prefill_steps, ragged_batches
 from rope.devices import torch_device
 from rope.harness.draws import skip_unless_builtin
+from rope.harness.position_step.batch import assert_batch_matches_reference
 from rope.harness.position_step.check import assert_positions_match, call_positions
 from rope.registry import get_positions_implementation, positions_unsupported_reason
 
@@ -42,6 +44,15 @@ STEPS = ragged_batches() | ragged_batches(max_reqs=3, max_model_len=700) | prefi
 def test_prepared_positions_match_reference(positions_impl_name, device, batch):
     fn = positions_impl_or_skip(positions_impl_name, device)
     assert_positions_match(positions_impl_name, fn, batch, device)
+
+
+@given(steps=st.lists(ragged_batches(), min_size=1, max_size=8))
+@example(steps=[CHUNK_1, DECODE, CHUNK_2])
+def test_steps_checked_in_batches_match_reference(positions_impl_name, device, steps):
+    # Steps called back to back with no wait between them, waited for once (the batched check,
+    # rope.harness.position_step.batch): a step must not read what the step before it left behind.
+    fn = positions_impl_or_skip(positions_impl_name, device)
+    assert_batch_matches_reference(positions_impl_name, fn, steps, device)
 
 
 @pytest.mark.guarded

@@ -8,7 +8,9 @@ of two, drawn ones) is held to the float64 reference within the bound of rope.ha
 1. ``test_catalogued_model_tables_match``: every catalogued model with a scaled table (rope/models.yaml)
    at its full length, and the known table bugs' triggers;
 2. ``test_table_matches_reference``: per rope type, drawn specs at their admitted lengths (up to 2^20 rows),
-   every dtype.
+   every dtype;
+3. ``test_tables_checked_in_batches_match_reference``: several drawn tables built back to back and
+   waited for once (the batched check, rope.harness.table.batch).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from hypothesis import strategies as st
 from properties.table.strategies import table_cases
 from rope.harness.draws import skip_or_reject
 from rope.harness.table.cases import TableCase
+from rope.harness.table.batch import assert_batch_matches_reference
 from rope.harness.table.check import assert_table_matches
 from rope.implementation import Implementation
 from rope.models import load_models
@@ -66,3 +69,14 @@ def test_table_matches_reference(table_impl_name, device, rope_type, data):
     case = data.draw(table_cases(rope_types=(rope_type,)), label="case")
     fn = _implementation(table_impl_name, case, device)
     assert_table_matches(table_impl_name, fn, case, device)
+
+
+@settings(deadline=None)
+@given(data=st.data())
+def test_tables_checked_in_batches_match_reference(table_impl_name, device, data):
+    # Tables of any rope types built one after the other with no wait: a build must not depend on
+    # what the one before it left behind (a cached frequency vector, a reused buffer).
+    cases = data.draw(st.lists(table_cases(), min_size=1, max_size=3), label="cases")
+    for case in cases:
+        _implementation(table_impl_name, case, device)
+    assert_batch_matches_reference(table_impl_name, get_table_implementation(table_impl_name), cases, device)

@@ -76,3 +76,73 @@ def test_position_checks_are_profiled_by_phase():
     rows = profiling.markdown_rows(no_calls)
     assert "| record write | 1.0 | 50.0% | - |" in rows
     assert "| between tests (collection, fixtures, scheduling) | 1.0 | - | - |" in rows
+
+
+# --------------------------------------------------------------------------- the batched check
+def _batch_steps():
+    from properties.position_step.known_steps import CHUNK_1, DECODE
+    return [CHUNK_1, CHUNK_2, DECODE, LONG_1D, LONG_3D]
+
+
+def test_batch_verdicts_agree_with_the_one_step_check():
+    from properties.mutants.broken_positions import BROKEN_POSITIONS
+    from rope.harness.position_step.batch import check_batch
+    from rope.harness.position_step.check import run_positions, check_positions
+    import pytest
+    native, caught = get_positions_implementation("native"), 0
+    for name, fn in [("native", native), *BROKEN_POSITIONS.items()]:
+        steps = _batch_steps()
+        verdicts = check_batch(name, fn, steps, "cpu")
+        assert [v.case for v in verdicts] == steps
+        for verdict, step in zip(verdicts, steps):
+            out = run_positions(fn, step, "cpu")
+            alone = check_positions(name, "cpu", step.tensors("cpu"), out[:, :step.num_tokens])
+            assert verdict.passed == (not alone), (name, step.brief(), verdict)
+            assert verdict.elements == step.num_dims * step.num_tokens
+        caught = caught + 1 if not all(v.passed for v in verdicts) else caught
+    assert caught >= len(BROKEN_POSITIONS) // 2               # the verdicts are not all "passed"
+    with pytest.raises(ValueError, match="outcome="):
+        type(verdicts[0])(steps[0], "maybe")
+
+
+def test_batch_raise_write_past_and_nondeterminism_are_each_their_own(monkeypatch):
+    import pytest
+    from rope.harness import causes
+    from rope.harness.position_step.batch import assert_batch_matches_reference, check_batch
+    monkeypatch.setenv(report.DISABLE_ENV, "1")
+    native = get_positions_implementation("native")
+    steps = _batch_steps()
+
+    def writes_past(*args):
+        native(*args)
+        args[-1][:, int(args[3][-1]):] = 0          # the columns past query_start_loc[-1]
+
+    calls = []
+
+    def wrong_in_a_batch(*args):      # right when called alone, wrong after another call
+        native(*args)
+        calls.append(1)
+        if len(calls) == 2:
+            args[-1].add_(1)
+
+    verdicts = check_batch("writes-past", writes_past, steps, "cpu")
+    assert [v.outcome for v in verdicts] == ["passed" if s.padding == 0 else "failed" for s in steps]
+    assert all("past the step" in v.detail for v in verdicts if not v.passed)
+    verdicts = check_batch("wrong-in-a-batch", wrong_in_a_batch, steps, "cpu")
+    assert [v.outcome for v in verdicts] == ["passed", "failed", "passed", "passed", "passed"]
+    calls.clear()
+    with pytest.raises(AssertionError) as info:
+        calls.append(1)                             # the batch's first call is the wrong one; alone, it is right
+        assert_batch_matches_reference("wrong-in-a-batch", wrong_in_a_batch, steps, "cpu")
+    assert causes.failure_of(info.value)["cause"] == "nondeterministic"
+
+    def raises_second(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("launch failed")
+        native(*args)
+    calls.clear()
+    verdicts = check_batch("raises", raises_second, steps, "cpu")
+    assert [v.outcome for v in verdicts] == ["passed", "raised", "passed", "passed", "passed"]
+    assert "RuntimeError: launch failed" in verdicts[1].detail
+    assert check_batch("native", native, [], "cpu") == []

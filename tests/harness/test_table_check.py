@@ -101,3 +101,57 @@ def test_rotation_cases_hand_on_the_scaled_table(scaling):
         assert torch.equal(shared_table(plain, dtype), cos_sin_cache(plain, dtype))
         assert torch.equal(shared_table(scaled, dtype), cos_sin_cache(scaled, dtype))
         assert not torch.equal(shared_table(scaled, dtype), shared_table(plain, dtype))
+
+
+# --------------------------------------------------------------------------- the batched check
+def test_batch_verdicts_agree_with_the_one_case_check(monkeypatch):
+    from rope.harness import report
+    from rope.harness.table.batch import check_batch
+    monkeypatch.setenv(report.DISABLE_ENV, "1")
+    cases = [TableCase(YARN, 65536, torch.float32, 3), TableCase(LLAMA3, 32768, torch.bfloat16, 4),
+             TableCase(RopeSpec(64, 32, max_position=4096), 4096, torch.float16, 5)]
+    for name, fn in (("ours", OURS), ("mscale_missing", mscale_missing), ("mscale_twice", mscale_twice),
+                     ("bf16_frequencies", bf16_frequencies), ("too_short", too_short)):
+        verdicts = check_batch(name, fn, cases, "cpu")
+        assert [v.case for v in verdicts] == cases
+        for verdict, case in zip(verdicts, cases):
+            alone = check(fn, case, "cpu")
+            assert verdict.passed == alone.ok, (name, case.brief(), verdict)
+            assert verdict.worst_ratio == alone.worst_ratio or not alone.ok and not verdict.elements
+        if name != "ours":
+            assert not all(v.passed for v in verdicts), name
+    assert check_batch("ours", OURS, [], "cpu") == []
+
+
+def test_batch_raise_wrong_value_and_nondeterminism_are_each_their_own(monkeypatch):
+    from rope.harness import report
+    from rope.harness.table.batch import assert_batch_matches_reference, check_batch
+    monkeypatch.setenv(report.DISABLE_ENV, "1")
+    cases = [TableCase(YARN, 65536, torch.float32, 3), TableCase(LLAMA3, 32768, torch.float32, 4)]
+    calls = []
+
+    def second_raises(spec, n, dtype, device):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("out of memory")
+        return OURS(spec, n, dtype, device)
+
+    def second_wrong_dtype(spec, n, dtype, device):
+        calls.append(1)
+        return OURS(spec, n, torch.float16 if len(calls) == 2 else dtype, device)
+
+    def wrong_after_another(spec, n, dtype, device):        # right alone, wrong as the second build
+        calls.append(1)
+        return OURS(spec, n, dtype, device) * (1.01 if len(calls) == 2 else 1.0)
+
+    for fn, outcome, says in ((second_raises, "raised", "RuntimeError: out of memory"),
+                              (second_wrong_dtype, "failed", "wrong return value: result: dtype must be"),
+                              (wrong_after_another, "failed", "")):
+        calls.clear()
+        verdicts = check_batch(fn.__name__, fn, cases, "cpu")
+        assert [v.outcome for v in verdicts] == ["passed", outcome] and says in verdicts[1].detail
+    calls.clear()
+    with pytest.raises(AssertionError) as info:
+        calls.append(1)                         # the batch's first build is the wrong one; alone, it is right
+        assert_batch_matches_reference("wrong_after_another", wrong_after_another, cases, "cpu")
+    assert causes.failure_of(info.value)["cause"] == "nondeterministic"

@@ -5,6 +5,7 @@ checked thing's slice has them:
 * cases: the case, one runner step over persistent request slots, and its tensors;
 * check: the call (positionally, ``out`` last), the comparison with ``reference.prepare_positions``
   (the bound is equality), the failure;
+* batch: the check of many steps, called back to back and waited for once, a verdict per step;
 * diagnosis: what differs, and the cause a failure is grouped under;
 * guards: the step inside guard regions and the interpreter's memory tracer;
 * case_file: its kind of case file (a failing plain check writes one); replay: its replay;
@@ -18,4 +19,4 @@ slice (pyproject's import-linter contracts).
 """
 
 # Its modules: each is imported by its own name.
-__all__ = ["case_file", "cases", "check", "diagnosis", "guards", "modes", "replay"]
+__all__ = ["batch", "case_file", "cases", "check", "diagnosis", "guards", "modes", "replay"]

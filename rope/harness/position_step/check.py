@@ -66,7 +66,7 @@ def check_positions(impl_name: str, device: str, args: dict, out: torch.Tensor, 
         expected = reference.prepare_positions(**args)
     wrong = wrong_positions(out, expected)
     problems = ([wrong] if wrong else []) + list(more_problems)
-    _record_positions_check(impl_name, device, args["num_dims"], out.shape[-1], "; ".join(problems) or None)
+    record_positions_check(impl_name, device, args["num_dims"], out.shape[-1], "; ".join(problems) or None)
     return problems
 
 
@@ -94,7 +94,7 @@ def _write_case(name: str, fn, batch: RaggedBatch, device: str, problems: list[s
     return write_step_case(name, fn, batch, device, problems, failure, hypothesis)
 
 
-def _record_positions_check(impl_name: str, device: str, num_dims: int, num_tokens: int, wrong: str | None) -> None:
+def record_positions_check(impl_name: str, device: str, num_dims: int, num_tokens: int, wrong: str | None) -> None:
     """A position step's check in the run report: never lets reporting break it."""
     try:
         with profiling.phase("record"):

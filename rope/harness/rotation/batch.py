@@ -22,7 +22,6 @@ the one-case check, which reports it in full (and Hypothesis shrinks a batch to 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 
@@ -36,27 +35,10 @@ from rope.harness.rotation.cases import DTYPES, RotationCase, build_rotation_inp
 from rope.harness.rotation.check import (RAISED, angle_source, assert_matches_reference, contained_rotation,
                                          reference_rotation)
 from rope.harness.stop import skip_if_stopped
+from rope.harness.verdict import OUTCOMES, Verdict
 from rope.registry import unsupported_reason, working_precision
 
 __all__ = ["OUTCOMES", "Verdict", "assert_batch_matches_reference", "check_batch"]
-
-OUTCOMES = ("passed", "failed", "unsupported", "raised")
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """One case's outcome in a batch: ``worst_ratio`` its largest error/bound (inf where it has no
-    comparable output), ``detail`` the reason (unsupported, as rope.registry.unsupported_reason says
-    it), what was raised, or what failed."""
-    case: RotationCase
-    outcome: str
-    worst_ratio: float = 0.0
-    detail: str = ""
-    elements: int = 0
-
-    @property
-    def passed(self) -> bool:
-        return self.outcome == "passed"
 
 
 def _same(cases: list[RotationCase]) -> None:

@@ -5,6 +5,7 @@ cos_sin_cache`` (docs/spec.md §1.2), one module per part, as every checked thin
 * bound: the per-element bound, derived from the float32 recipe and the cast;
 * check: the call, the validation of what it returned, the comparison with the float64 reference
   (reference.cos_sin_table) and the tagged assertion;
+* batch: the check of many tables, built back to back and waited for once, a verdict per case;
 * diagnosis: the rules naming how the table departs;
 * case_file: its kind of case file; replay: its replay.
 
@@ -14,4 +15,4 @@ rope.harness, never another slice (pyproject's import-linter contracts).
 """
 
 # Its modules: each is imported by its own name.
-__all__ = ["bound", "case_file", "cases", "check", "diagnosis", "replay"]
+__all__ = ["batch", "bound", "case_file", "cases", "check", "diagnosis", "replay"]

@@ -23,14 +23,16 @@ from rope.harness.table.bound import element_bound
 from rope.harness.table.cases import TableCase
 from rope.harness.table.diagnosis import TableMismatch, diagnose
 
-__all__ = ["ImplementationFailed", "TableCheck", "assert_table_matches", "check", "reference_rows"]
+__all__ = ["ImplementationFailed", "TableCheck", "assert_table_matches", "call_table", "check", "compare_rows",
+           "record_table_check", "reference_rows", "validated"]
 
 
 class ImplementationFailed(Exception):
     """The implementation raised: the test fails with what it raised, as a mismatch would."""
 
 
-def _call(fn: Callable, case: TableCase, device: str):
+def call_table(fn: Callable, case: TableCase, device: str):
+    """``fn(spec, max_position, dtype, device)`` under the call deadline; ImplementationFailed if it raised."""
     from rope.harness.deadline import call_timeout, deadline
     with deadline(call_timeout(), what=f"the table implementation {getattr(fn, '__name__', fn)!r}"):
         try:
@@ -60,7 +62,7 @@ class TableCheck:
         return self.mismatch is None
 
 
-def _validated(result, case: TableCase, device: str) -> torch.Tensor | TableMismatch:
+def validated(result, case: TableCase, device: str) -> torch.Tensor | TableMismatch:
     """The returned table, or the shape departure that is a diagnosis (too few rows); ValueError for
     anything else that is not a table of the contract."""
     if not isinstance(result, torch.Tensor):
@@ -80,19 +82,23 @@ def _validated(result, case: TableCase, device: str) -> torch.Tensor | TableMism
 
 def check(fn: Callable, case: TableCase, device: str = "cpu") -> TableCheck:
     """Call ``fn`` on the case and compare its sampled rows with the reference's."""
-    table = _validated(_call(fn, case, device), case, device)
+    table = validated(call_table(fn, case, device), case, device)
     if isinstance(table, TableMismatch):
         return TableCheck(table, 0, float("inf"), [table.sentence])
     rows = case.rows()
-    got = table.index_select(0, rows.to(table.device)).to("cpu", torch.float64)
+    return compare_rows(case, rows, table.index_select(0, rows.to(table.device)).to("cpu", torch.float64), table.dtype)
+
+
+def compare_rows(case: TableCase, rows: torch.Tensor, got: torch.Tensor, returned_dtype: torch.dtype) -> TableCheck:
+    """The returned table's ``rows`` (``got``: float64 on the CPU) against the reference's, within the bound."""
     ref, inv, m = reference_rows(case.spec, rows)
     bound = element_bound(case.spec, rows, inv, m, ref, case.dtype)
     ratio = ((got - ref).abs() / bound.clamp(min=1e-300))
     ratio = torch.where(torch.isfinite(got), ratio, torch.full_like(ratio, float("inf")))
-    worst = float(ratio.max())
+    worst = float(ratio.max()) if ratio.numel() else 0.0
     if worst <= 1.0:
         return TableCheck(None, got.numel(), worst)
-    mismatch = diagnose(rows, got, ref, bound, dtype=case.dtype, returned_dtype=table.dtype, inv_freq=inv, factor=m)
+    mismatch = diagnose(rows, got, ref, bound, dtype=case.dtype, returned_dtype=returned_dtype, inv_freq=inv, factor=m)
     return TableCheck(mismatch, got.numel(), worst, [mismatch.sentence])
 
 
@@ -104,7 +110,7 @@ def assert_table_matches(name: str, fn: Callable, case: TableCase, device: str =
         raise AssertionError(f"{name} on the table {case.brief()} raised {exc}\nspec: {case.spec!r}") from None
     except ValueError as exc:
         raise AssertionError(f"{name} on the table {case.brief()}: wrong return value: {exc}") from None
-    _record(name, case, device, result)
+    record_table_check(name, case, device, result)
     if result.ok:
         return
     m = result.mismatch
@@ -137,7 +143,7 @@ def _write_case(name: str, fn: Callable, case: TableCase, device: str, result: T
         return f"\n(case file not written: {type(exc).__name__}: {exc})"
 
 
-def _record(name: str, case: TableCase, device: str, result: TableCheck) -> None:
+def record_table_check(name: str, case: TableCase, device: str, result: TableCheck) -> None:
     """The check in the run report as one comparison; never lets reporting break the check."""
     from types import SimpleNamespace
 
