@@ -28,7 +28,8 @@ from itertools import accumulate
 
 import torch
 
-__all__ = ["CHUNK", "NORMAL_STD", "Request", "draw_many", "integers", "normals", "scalar"]
+__all__ = ["CHUNK", "NORMAL_STD", "CounterDraws", "HostDraws", "Request", "draw_many", "draws_for", "integers", "normals",
+           "scalar"]
 
 _GOLDEN = 0x9E3779B97F4A7C15          # SplitMix64's increment: element i's counter is start + (i + 1) * golden
 _STREAM = 0xD1B54A32D192ED03          # a stream's offset within a seed
@@ -166,3 +167,69 @@ def _numel(shape: tuple) -> int:
     for s in shape:
         n *= s
     return n
+
+
+# --------------------------------------------------------------------------- draw sources
+class HostDraws:
+    """Draws from a ``torch.Generator`` on the host, in call order (the torch-cpu cases' source:
+    ``normal`` is ``torch.randn``, ``integers`` ``torch.randint``, ``uniform`` ``torch.rand``,
+    ``permutation`` ``torch.randperm``, ``scalar`` one ``torch.randint`` element), the tensors on the CPU."""
+
+    device = "cpu"
+
+    def __init__(self, gen: torch.Generator):
+        self.gen = gen
+
+    def normal(self, shape) -> torch.Tensor:
+        return torch.randn(tuple(shape), generator=self.gen)
+
+    def integers(self, shape, low: int, high: int, dtype=torch.int64) -> torch.Tensor:
+        return torch.randint(low, high, tuple(shape), generator=self.gen, dtype=dtype)
+
+    def uniform(self, shape) -> torch.Tensor:
+        return torch.rand(tuple(shape), generator=self.gen)
+
+    def permutation(self, n: int) -> torch.Tensor:
+        return torch.randperm(n, generator=self.gen)
+
+    def scalar(self, low: int, high: int) -> int:
+        return int(torch.randint(low, high, (1,), generator=self.gen))
+
+
+class CounterDraws:
+    """The same calls from the counter on ``device``: each call the next stream of ``seed`` (so a
+    case's tensors are the same bits on every device), a scalar computed on the host.  ``normal`` has
+    the standard deviation :data:`NORMAL_STD`; ``uniform`` is a multiple of 2^-24 in [0, 1);
+    ``permutation`` sorts drawn 62-bit keys (stably: a tie, never seen, is broken by index)."""
+
+    def __init__(self, seed: int, device="cpu"):
+        self.seed, self.device, self.stream = seed, device, 0
+
+    def _next(self) -> int:
+        self.stream += 1
+        return self.stream - 1
+
+    def normal(self, shape) -> torch.Tensor:
+        return normals(self.seed, self._next(), shape, device=self.device)
+
+    def integers(self, shape, low: int, high: int, dtype=torch.int64) -> torch.Tensor:
+        return integers(self.seed, self._next(), shape, low, high, self.device).to(dtype)
+
+    def uniform(self, shape) -> torch.Tensor:
+        return integers(self.seed, self._next(), shape, 0, 1 << 24, self.device).to(torch.float32).mul_(2.0 ** -24)
+
+    def permutation(self, n: int) -> torch.Tensor:
+        keys = integers(self.seed, self._next(), (n,), 0, 1 << 62, self.device)
+        return torch.sort(keys, stable=True).indices
+
+    def scalar(self, low: int, high: int) -> int:
+        return scalar(self.seed, self._next(), 0, low, high)
+
+
+def draws_for(generator: str, seed: int, device="cpu"):
+    """The draw source of a case's ``generator`` ("counter": on ``device``; "torch-cpu": on the host)."""
+    if generator == "counter":
+        return CounterDraws(seed, device)
+    if generator == "torch-cpu":
+        return HostDraws(torch.Generator().manual_seed(seed))
+    raise ValueError(f"generator={generator!r}: must be 'counter' or 'torch-cpu'")

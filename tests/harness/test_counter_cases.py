@@ -1,12 +1,13 @@
-"""Counter cases (rope.harness.rotation.cases, generator="counter"): made on the device they run on,
-the same bits as on the CPU for every view, position pattern and planted NaN; a batch's cases the
-same as one at a time, the pair's host twin the same as the device's; the position patterns those
-of the torch-cpu cases."""
+"""Counter cases (generator="counter"): made on the device they run on, the same bits as on the CPU
+for every view, position pattern and planted NaN (rotation) and for every fused op's case; a batch's
+cases the same as one at a time, the pair's host twin the same as the device's; the position
+patterns those of the torch-cpu cases, whose bits (and case files) stay as they were."""
 
 from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -92,3 +93,68 @@ def test_nan_planted_the_same_way_whatever_the_order():
     clean = build_rotation_inputs(dataclasses.replace(case, nonfinite=False))
     finite = x.query.isfinite()
     assert torch.equal(x.query[finite], clean.query[finite])        # the finite values are the clean case's
+
+
+# --------------------------------------------------------------------------- the fused ops' cases
+def _fused_cases():
+    from properties.fused.fused_cases import cache_case, mla_case, qk_norm_case
+    from rope.harness.fused.cases import build_cache_case, build_mla_case, build_qk_norm_case
+    q, m = RopeSpec(128, 128, True, (24, 20, 20), max_position=4096), RopeSpec(64, 64, False, max_position=4096)
+    return [("qk", build_qk_norm_case, qk_norm_case(q)),
+            ("qk-last", build_qk_norm_case, qk_norm_case(q, positions_kind="last_row", row_padding=3)),
+            ("cache", build_cache_case, cache_case(q)),
+            ("cache-fp8", build_cache_case, cache_case(q, cache="float8_e4m3fn", layout="HND", joint_cache=True,
+                                                       positions_kind="text")),
+            ("mla", build_mla_case, mla_case(m)),
+            ("mla-fp8", build_mla_case, mla_case(m, cache="float8_e5m2", q_layout="heads_major", packed_kv=False,
+                                                 positions_kind="grid"))]
+
+
+def _digest(inputs) -> str:
+    import hashlib
+    h = hashlib.sha256()
+    for name, value in sorted(vars(inputs).items()):
+        h.update(name.encode())
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous()
+            h.update((t.view(torch.uint8) if t.dtype.is_floating_point else t).numpy().tobytes())
+        else:
+            h.update(repr(value).encode())
+    return h.hexdigest()[:16]
+
+
+# The bits of the fixed fused cases drawn on the host, as they were before cases named their generator:
+# the case files written then must regenerate them.
+HOST_DIGESTS = {"qk": "913f499114153c9b", "qk-last": "b60c1b389f547870", "cache": "779758560ef94f1f",
+                "cache-fp8": "0338a596d2445806", "mla": "1edd08954573ef84", "mla-fp8": "d63aedbb09e708bb"}
+
+
+def test_fused_cases_drawn_on_the_host_keep_their_bits():
+    for name, build, case in _fused_cases():
+        assert case.generator == "torch-cpu" and _digest(build(case, "cpu")) == HOST_DIGESTS[name], name
+
+
+def test_fused_counter_cases_are_the_same_bits_on_every_device(device):
+    for name, build, case in _fused_cases():
+        counter = dataclasses.replace(case, generator="counter")
+        made, on_cpu = build(counter, device), build(counter, "cpu")
+        assert _digest(made) == _digest(on_cpu), name
+        assert _digest(on_cpu) != HOST_DIGESTS[name], name
+        for field, value in vars(made).items():
+            if isinstance(value, torch.Tensor):
+                assert value.device.type == torch.device(device).type or device == "rocm", (name, field)
+                assert value.stride() == getattr(on_cpu, field).stride(), (name, field)
+    with pytest.raises(ValueError, match="generator='numpy': must be one of"):
+        dataclasses.replace(case, generator="numpy")
+
+
+def test_fused_case_files_without_a_generator_load_as_host_cases():
+    from rope.harness.fused.case_file import case_from_dict, case_id
+    for name, _, case in _fused_cases():
+        record = case.to_dict()
+        old = {k: v for k, v in record.items() if k != "generator"}
+        op = {"qk": "qk_norm_rope", "cache": "rope_kv_cache", "mla": "mla_rope_kv_cache"}[name.split("-")[0]]
+        assert case_from_dict(op, old) == case
+        assert case_id("triton", op, case) != case_id("triton", op, dataclasses.replace(case, generator="counter"))
+        with pytest.raises(ValueError, match=r"case.generator='mt': must be one of \('counter', 'torch-cpu'\)"):
+            case_from_dict(op, record | {"generator": "mt"})

@@ -9,7 +9,8 @@ Schema version 1 (every key required, ``hypothesis`` and ``test`` may be null)::
     implementation  registered name (triton, unfused) or "package.module:callable"
     op              "qk_norm_rope" | "rope_kv_cache" | "mla_rope_kv_cache" (the contract, docs/spec.md §10)
     case            the op's case as ``to_dict`` gives it (QKNormCase, CacheCase, MLACase: the spec as
-                    RopeSpec.to_dict(), every other field an int, float, bool or one of its names);
+                    RopeSpec.to_dict(), every other field an int, float, bool or one of its names;
+                    ``generator``, what makes the tensors from the seed, may be absent: torch-cpu);
                     its tensors at most MAX_CASE_ELEMENTS elements
     device          where it ran ("cpu", "cuda", ...)
     problems        the check's findings: a list of at most case_files.MAX_PROBLEMS strings
@@ -39,8 +40,8 @@ from typing import Callable
 from rope.harness import case_files
 from rope.harness.case_files import (LoadedCase, clipped_problems, is_int, read_device, read_diagnosis, read_fields,
                                      read_problems, versions)
-from rope.harness.fused.cases import (BLOCK_SIZES, CACHE_KINDS, DTYPES, POSITION_KINDS, Q_LAYOUTS, CacheCase, MLACase,
-                                      QKNormCase)
+from rope.harness.fused.cases import (BLOCK_SIZES, CACHE_KINDS, DTYPES, GENERATORS, POSITION_KINDS, Q_LAYOUTS,
+                                      CacheCase, MLACase, QKNormCase)
 from rope.harness.fused.diagnosis import LABELS
 from rope.implementation import Implementation
 from rope.spec import RopeSpec
@@ -66,7 +67,7 @@ _INTS = {"num_tokens": (1, 1 << 17), "num_q_heads": (1, 1024), "num_kv_heads": (
 _FLOATS = {"padding": (0.0, 1.0), "k_scale": (1e-30, 1e30), "v_scale": (1e-30, 1e30), "scale": (1e-30, 1e30),
            "eps": (0.0, 1.0)}
 _NAMES = {"dtype": tuple(DTYPES), "cache": CACHE_KINDS, "layout": ("NHD", "HND"), "q_layout": Q_LAYOUTS,
-          "positions_kind": POSITION_KINDS}
+          "positions_kind": POSITION_KINDS, "generator": GENERATORS}
 
 
 def _field(name: str, kind: str, value):
@@ -119,6 +120,8 @@ def case_from_dict(op: str, raw) -> object:
     """The case of ``op`` a case file records, every field checked and the whole bounded."""
     cls = CASE_TYPES[op]
     fields = {f.name: f.type for f in dataclasses.fields(cls)}
+    if isinstance(raw, dict) and "generator" not in raw:      # written before the field: drawn on the host
+        raw = raw | {"generator": "torch-cpu"}
     if not isinstance(raw, dict) or set(raw) != set(fields):
         raise ValueError(f"case: must be an object with the fields {sorted(fields)} of {cls.__name__}")
     case = cls(**{name: _field(name, kind, raw[name]) for name, kind in fields.items()})
@@ -134,7 +137,10 @@ def case_from_dict(op: str, raw) -> object:
 
 
 def case_id(implementation: str, op: str, case) -> str:
-    key = json.dumps({"implementation": implementation, "op": op, "case": case.to_dict()}, sort_keys=True,
+    """Stable id of a mismatch (a case drawn on the host, the generator's default, keeps the id it had
+    before cases recorded their generator)."""
+    record = {k: v for k, v in case.to_dict().items() if not (k == "generator" and v == "torch-cpu")}
+    key = json.dumps({"implementation": implementation, "op": op, "case": record}, sort_keys=True,
                      separators=(",", ":"))
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 

@@ -2,7 +2,8 @@
 a RoPE + KV-cache write (:class:`CacheCase`, contract B) and an MLA RoPE + latent-cache write
 (:class:`MLACase`, contract C), each a frozen description that draws nothing itself (the strategies in
 properties/fused/ do) and regenerates its tensors bit for bit on any device from its seed
-(:func:`build_qk_norm_case`, :func:`build_cache_case`, :func:`build_mla_case`).  ``to_dict`` /
+(:func:`build_qk_norm_case`, :func:`build_cache_case`, :func:`build_mla_case`): on the device for a
+``counter`` case (rope.harness.seeded.CounterDraws), on the host and then copied for a ``torch-cpu`` one.  ``to_dict`` /
 ``from_dict`` give the record form, ``size`` orders a failure group, ``brief`` names the case."""
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import torch
 
 from rope.cache import attention_factor, cos_sin_cache, inv_freq
 from rope.fused import is_fp8
-from rope.harness.rotation.cases import POSITION_KINDS, make_positions
+from rope.harness.rotation.cases import GENERATORS, POSITION_KINDS, make_positions
+from rope.harness.seeded import draws_for
 from rope.models import load_models
 from rope.spec import RopeSpec
 
-__all__ = ["BLOCK_SIZES", "CACHE_KINDS", "DTYPES", "FULL_TABLE_ROWS", "POSITION_KINDS", "Q_LAYOUTS", "SCALES", "CacheCase",
-           "CacheInputs", "MLACase", "MLAInputs", "QKNormCase", "QKNormInputs", "build_cache_case", "build_mla_case",
+__all__ = ["BLOCK_SIZES", "CACHE_KINDS", "DTYPES", "FULL_TABLE_ROWS", "GENERATORS", "POSITION_KINDS", "Q_LAYOUTS",
+           "SCALES", "CacheCase", "CacheInputs", "MLACase", "MLAInputs", "QKNormCase", "QKNormInputs", "build_cache_case", "build_mla_case",
            "build_qk_norm_case", "head_magnitudes", "model_spec", "table", "weights"]
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -58,21 +60,25 @@ def model_spec(name: str, max_rows: int = 1 << 17) -> RopeSpec:
     return dataclasses.replace(spec, max_position=min(spec.max_position, max_rows))
 
 
-def head_magnitudes(num_tokens: int, num_heads: int, gen: torch.Generator) -> torch.Tensor:
+def head_magnitudes(num_tokens: int, num_heads: int, draws) -> torch.Tensor:
     """[T, H, 1] per-head scales: mostly 1, some 1e-3 (a mean square near eps: an implementation
-    that drops eps shows) and some 30."""
-    pick = torch.randint(0, 6, (num_tokens, num_heads, 1), generator=gen)
+    that drops eps shows) and some 30.  ``draws``: a source of rope.harness.seeded."""
+    pick = draws.integers((num_tokens, num_heads, 1), 0, 6)
     return torch.where(pick == 0, 1e-3, torch.where(pick == 1, 30.0, 1.0))
 
 
-def weights(head_size: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+def weights(head_size: int, dtype: torch.dtype, draws) -> torch.Tensor:
     """An RMSNorm weight in [0.25, 2): never uniform, so a norm applied after the rotation (which
     moves channels between weights) shows."""
-    return (0.25 + 1.75 * torch.rand(head_size, generator=gen)).to(dtype)
+    return (0.25 + 1.75 * draws.uniform((head_size,))).to(dtype)
 
 
 class _Record:
-    """to_dict / from_dict of a case dataclass whose ``spec`` is a RopeSpec."""
+    """to_dict / from_dict of a case dataclass whose ``spec`` is a RopeSpec, and its ``generator`` checked."""
+
+    def __post_init__(self):
+        if self.generator not in GENERATORS:
+            raise ValueError(f"{type(self).__name__}: generator={self.generator!r}: must be one of {GENERATORS}")
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
@@ -82,6 +88,8 @@ class _Record:
     @classmethod
     def from_dict(cls, d: dict):
         fields = {f.name for f in dataclasses.fields(cls)}
+        if isinstance(d, dict) and "generator" not in d:       # written before the field: drawn on the host
+            d = d | {"generator": "torch-cpu"}
         if not isinstance(d, dict) or set(d) != fields:
             raise ValueError(f"{cls.__name__}: fields must be {sorted(fields)}")
         return cls(**(d | {"spec": RopeSpec.from_dict(d["spec"])}))
@@ -109,6 +117,7 @@ class CacheCase(_Record):
     joint_cache: bool            # key and value caches as views of one [num_blocks, 2, ...] buffer
     positions_kind: str
     seed: int
+    generator: str = "torch-cpu"   # what makes the tensors from the seed (rope.harness.rotation.cases.GENERATORS)
 
     @property
     def size(self) -> int:
@@ -134,23 +143,23 @@ class CacheInputs:
     v_scale: object
 
 
-def _stale_cache(shape, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+def _stale_cache(shape, dtype: torch.dtype, draws) -> torch.Tensor:
     """Garbage that must survive where no slot writes: random bytes for FP8 (NaN codes included),
     values of either sign and any size for bf16/fp16/fp32."""
     if is_fp8(dtype):
-        return torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8).view(dtype)
-    return (torch.randn(shape, generator=gen) * 100).to(dtype)
+        return draws.integers(shape, 0, 256, dtype=torch.uint8).view(dtype)
+    return (draws.normal(shape) * 100).to(dtype)
 
 
 def _slots(num_tokens: int, short_slots: int, padding: float, num_blocks: int, block_size: int,
-           gen: torch.Generator) -> torch.Tensor:
+           draws) -> torch.Tensor:
     """Distinct slots of the first num_tokens - short_slots tokens, a ``padding`` share of them -1."""
     num_slots = num_blocks * block_size
     n = max(0, num_tokens - short_slots)
     if n > num_slots:
         raise ValueError(f"num_blocks={num_blocks}: {num_slots} slots cannot hold {n} tokens' rows")
-    slots = torch.randperm(num_slots, generator=gen)[:n]
-    slots[torch.rand(n, generator=gen) < padding] = -1
+    slots = draws.permutation(num_slots)[:n]
+    slots[draws.uniform((n,)) < padding] = -1
     return slots
 
 
@@ -162,12 +171,12 @@ def _scale(case: CacheCase, value: float, fp8: bool, device):
 
 def build_cache_case(case: CacheCase, device: str = "cpu") -> CacheInputs:
     """The tensors of ``case``, regenerated bit for bit from its seed."""
-    gen = torch.Generator().manual_seed(case.seed)
+    gen = draws_for(case.generator, case.seed, device)
     spec, t, d = case.spec, case.num_tokens, case.spec.head_size
     dtype = DTYPES[case.dtype]
     cache_dtype = dtype if case.cache == "activation" else getattr(torch, case.cache)
     widths = (case.num_q_heads * d, case.num_kv_heads * d, case.num_kv_heads * d)
-    x = (torch.randn(t, sum(widths), generator=gen) * 4).to(dtype).to(device)
+    x = (gen.normal((t, sum(widths))) * 4).to(dtype).to(device)
     if case.packed:
         q, k, v = x.split(widths, dim=1)
     else:
@@ -203,6 +212,7 @@ class QKNormCase(_Record):
     row_padding: int             # columns past v in each row of the buffer qkv is a view of
     positions_kind: str
     seed: int
+    generator: str = "torch-cpu"   # what makes the tensors from the seed (rope.harness.rotation.cases.GENERATORS)
 
     @property
     def size(self) -> int:
@@ -225,12 +235,12 @@ class QKNormInputs:
 def build_qk_norm_case(case: QKNormCase, device: str = "cpu") -> QKNormInputs:
     """The tensors of ``case``, regenerated bit for bit from its seed: heads of mixed magnitudes
     (:func:`head_magnitudes`), weights never uniform and different for q and k."""
-    gen = torch.Generator().manual_seed(case.seed)
+    gen = draws_for(case.generator, case.seed, device)
     spec, t, d = case.spec, case.num_tokens, case.spec.head_size
     dtype = DTYPES[case.dtype]
     heads = case.num_heads_q + case.num_heads_k + case.num_heads_v
-    x = torch.randn(t, heads, d, generator=gen) * head_magnitudes(t, heads, gen)
-    buffer = torch.zeros(t, heads * d + case.row_padding, dtype=dtype)
+    x = gen.normal((t, heads, d)) * head_magnitudes(t, heads, gen)
+    buffer = torch.zeros(t, heads * d + case.row_padding, dtype=dtype, device=x.device)
     buffer[:, :heads * d] = x.reshape(t, heads * d).to(dtype)
     qkv = buffer[:, :heads * d]
     positions = make_positions(spec, t, case.positions_kind, gen)
@@ -269,6 +279,7 @@ class MLACase(_Record):
     scale: float
     positions_kind: str
     seed: int
+    generator: str = "torch-cpu"   # what makes the tensors from the seed (rope.harness.rotation.cases.GENERATORS)
 
     @property
     def size(self) -> int:
@@ -298,15 +309,15 @@ def build_mla_case(case: MLACase, device: str = "cpu") -> MLAInputs:
     so they keep their strides there)."""
     if case.q_layout not in Q_LAYOUTS:
         raise ValueError(f"q_layout={case.q_layout!r}: must be one of {Q_LAYOUTS}")
-    gen = torch.Generator().manual_seed(case.seed)
+    gen = draws_for(case.generator, case.seed, device)
     spec, t, h, r, lora = case.spec, case.num_tokens, case.num_heads, case.spec.head_size, case.kv_lora_rank
     dtype = DTYPES[case.dtype]
     cache_dtype = dtype if case.cache == "activation" else getattr(torch, case.cache)
     width = case.nope_dim + r
     heads_major = case.q_layout == "heads_major"
-    q_buffer = (torch.randn((h, t, width) if heads_major else (t, h, width), generator=gen) * 4).to(dtype).to(device)
+    q_buffer = (gen.normal((h, t, width) if heads_major else (t, h, width)) * 4).to(dtype).to(device)
     q = q_buffer.transpose(0, 1) if heads_major else q_buffer
-    kv_a = (torch.randn(t, lora + r, generator=gen) * 4).to(dtype).to(device)
+    kv_a = (gen.normal((t, lora + r)) * 4).to(dtype).to(device)
     kv_c, k_pe = kv_a[:, :lora], kv_a[:, lora:]
     if not case.packed_kv:
         kv_c, k_pe = kv_c.contiguous(), k_pe.contiguous()

@@ -19,7 +19,7 @@ import torch
 
 from rope.cache import cos_sin_cache
 from rope.harness import profiling, table_store
-from rope.harness.seeded import Request, draw_many, scalar
+from rope.harness.seeded import HostDraws, Request, draw_many, scalar
 from rope.devices import torch_device
 from rope.spec import RopeSpec
 
@@ -241,25 +241,28 @@ def shared_table(spec: RopeSpec, dtype: torch.dtype, device: str = "cpu") -> tor
     return _TABLES.get(key, lambda: longest[:rows].to(dtype, copy=True))
 
 
-def make_positions(spec: RopeSpec, num_tokens: int, kind: str, gen: torch.Generator) -> torch.Tensor:
-    """int64 [T] or [num_dims, T] with values in [0, spec.max_position)."""
+def make_positions(spec: RopeSpec, num_tokens: int, kind: str, draws) -> torch.Tensor:
+    """int64 [T] or [num_dims, T] with values in [0, spec.max_position), on the draws' device.
+    ``draws``: a source of rope.harness.seeded (a ``torch.Generator`` is drawn from on the host)."""
     check_choice("positions_kind", kind, POSITION_KINDS)
-    rows, limit = spec.num_dims, spec.max_position
+    if isinstance(draws, torch.Generator):
+        draws = HostDraws(draws)
+    rows, limit, dev = spec.num_dims, spec.max_position, torch_device(str(draws.device))
     if kind == "uniform":
-        pos = torch.randint(0, limit, (rows, num_tokens), generator=gen)
+        pos = draws.integers((rows, num_tokens), 0, limit)
     elif kind == "text":        # all rows equal, consecutive from a random start
-        start = int(torch.randint(0, max(1, limit - num_tokens + 1), (1,), generator=gen))
-        pos = (start + torch.arange(num_tokens)).remainder(limit).expand(rows, num_tokens).clone()
+        start = draws.scalar(0, max(1, limit - num_tokens + 1))
+        pos = (start + torch.arange(num_tokens, device=dev)).remainder(limit).expand(rows, num_tokens).clone()
     elif kind == "grid":        # one image-like block: t-major, then h, then w from a common base
-        w = int(torch.randint(1, 6, (1,), generator=gen))
-        h = int(torch.randint(1, 6, (1,), generator=gen))
-        j = torch.arange(num_tokens)
+        w = draws.scalar(1, 6)
+        h = draws.scalar(1, 6)
+        j = torch.arange(num_tokens, device=dev)
         coords = [j // (h * w), (j // w) % h, j % w, j]
-        base = int(torch.randint(0, limit, (1,), generator=gen))
+        base = draws.scalar(0, limit)
         pos = torch.stack([(base + coords[d]) for d in range(rows)]).remainder(limit)
     else:                       # "last_row": the last cache row, mixed with random rows
-        pos = torch.randint(0, limit, (rows, num_tokens), generator=gen)
-        pos[torch.rand(rows, num_tokens, generator=gen) < 0.5] = limit - 1
+        pos = draws.integers((rows, num_tokens), 0, limit)
+        pos[draws.uniform((rows, num_tokens)) < 0.5] = limit - 1
         if num_tokens:
             pos[:, -1] = limit - 1
     pos = pos.to(torch.int64)
