@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from properties.fused.fused_cases import KNOWN_CACHE, KNOWN_MLA, KNOWN_QK_NORM, cache_cases, mla_cases, qk_norm_cases
 from rope.devices import triton_runs_on
 from rope.harness.draws import skip_or_reject
+from rope.harness.fused.batch import OPS, assert_batch_matches_reference
 from rope.harness.fused.check import assert_mla_rope_kv_cache, assert_qk_norm_rope, assert_rope_kv_cache
 from rope.implementation import Implementation
 from rope.registry import BUILTIN_FUSED, get_fused_implementation
@@ -64,6 +65,21 @@ def test_mla_rope_kv_cache_matches_reference(fused_impl_name, device, data):
     fn = _implementation(fused_impl_name, device, "mla_rope_kv_cache")
     case = _supported(fused_impl_name, fn, _drawn(data, fused_impl_name, fn, mla_cases), device)
     assert_mla_rope_kv_cache(fused_impl_name, fn, case, device)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@settings(deadline=None, max_examples=4)
+@given(data=st.data())
+def test_fused_cases_checked_in_batches_match_reference(fused_impl_name, device, op, data):
+    # Cases called back to back with no wait between them, waited for once (the batched check,
+    # rope.harness.fused.batch): a call must not depend on what the call before it left behind.
+    fn = _implementation(fused_impl_name, device, op)
+    # Small cases (the one-case properties draw the big ones): a batch checks how calls follow each other.
+    strategy = {"qk_norm_rope": lambda draws: qk_norm_cases(big=False),
+                "rope_kv_cache": lambda draws: cache_cases(draws=draws, big=False), "mla_rope_kv_cache": mla_cases}[op]
+    cases = [_supported(fused_impl_name, fn, _drawn(data, fused_impl_name, fn, strategy), device)
+             for _ in range(data.draw(st.integers(1, 3), label="cases"))]
+    assert_batch_matches_reference(op, fused_impl_name, fn, cases, device)
 
 
 @pytest.mark.fixed_cases

@@ -167,13 +167,22 @@ def test_inputs_built_together_are_each_cases_own(device, data):
 
 def test_an_error_the_device_reports_after_the_calls_is_every_cases_raise(monkeypatch):
     # The batch waits for the device once, after its last call: an error reported there (an illegal
-    # address, a failed launch) cannot be told to one case, and no case passes.
-    from rope.harness.rotation import batch
+    # address, a failed launch) cannot be told to one case, and no case passes; in every slice.
+    from properties.position_step.known_steps import CHUNK_1, DECODE
+    from rope.harness import verdict
+    from rope.harness.position_step import batch as step_batch
+    from rope.harness.table import batch as table_batch
+    from rope.harness.table.cases import TableCase
+    from rope.registry import get_positions_implementation, get_table_implementation
 
     def late(device):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    monkeypatch.setattr(batch, "synchronize", late)
+    monkeypatch.setattr(verdict, "synchronize", late)
     verdicts = check_batch("native", NATIVE, _batch(3), "cpu")
     assert [v.outcome for v in verdicts] == ["raised"] * 3
     assert all("reported by the device after the batch's calls" in v.detail for v in verdicts)
+    steps = step_batch.check_batch("native", get_positions_implementation("native"), [CHUNK_1, DECODE], "cpu")
+    tables = table_batch.check_batch("ours", get_table_implementation("ours"), [TableCase(SPEC, 64)], "cpu")
+    for v in steps + tables:
+        assert v.outcome == "raised" and "illegal memory access" in v.detail and "reported by the device" in v.detail

@@ -122,3 +122,59 @@ def test_each_mla_rule_names_its_break(label):
     with pytest.raises(AssertionError) as excinfo:
         assert_mla_rope_kv_cache("broken", _mla_broken(label), MLA_RULES[label])
     assert failure_of(excinfo.value).get("cause") == label, str(excinfo.value)
+
+
+# --------------------------------------------------------------------------- the batched check
+def test_batch_verdicts_agree_with_the_one_case_check(monkeypatch):
+    import dataclasses
+
+    from rope.harness import report
+    from rope.harness.fused.batch import check_batch
+    from rope.harness.fused.check import check_case
+    from rope.registry import get_fused_implementation
+    monkeypatch.setenv(report.DISABLE_ENV, "1")
+    # The small known cases (the interpreter runs the kernels) and a counter case; the built-in kernel
+    # and a mutant each known case catches.
+    known = {"qk_norm_rope": (KNOWN_QK_NORM, "norm_after_rotation"), "rope_kv_cache": (KNOWN_CACHE, "live_key_unrotated"),
+             "mla_rope_kv_cache": (KNOWN_MLA, "q_pe_heads_read_packed")}
+    for op, (cases, mutant) in known.items():
+        cases = [c for c in cases.values() if c.num_tokens <= 40]
+        cases.append(dataclasses.replace(cases[0], generator="counter", seed=cases[0].seed + 1))
+        for name, fn in (("triton", get_fused_implementation("triton", op)), (mutant, getattr(broken_fused, mutant))):
+            verdicts = check_batch(op, name, fn, cases, "cpu")
+            assert [v.case for v in verdicts] == cases
+            for verdict, case in zip(verdicts, cases):
+                alone = check_case(op, fn, case, "cpu")
+                assert verdict.passed == alone.ok, (op, name, case.brief(), verdict.detail, alone.problems)
+            assert (name == "triton") == all(v.passed for v in verdicts), (op, name)
+    with pytest.raises(ValueError, match="op='mla'"):
+        check_batch("mla", "unfused", None, [], "cpu")
+
+
+def test_batch_raise_and_nondeterminism_are_each_their_own(monkeypatch):
+    from rope.harness import report
+    from rope.harness.fused.batch import assert_batch_matches_reference, check_batch
+    from rope.registry import get_fused_implementation
+    monkeypatch.setenv(report.DISABLE_ENV, "1")
+    triton = get_fused_implementation("triton", "rope_kv_cache")
+    cases = [KNOWN_CACHE["sglang-19636-live-k"], KNOWN_CACHE["flashinfer-2792-padding-slots"]]
+    calls = []
+
+    def second_raises(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("illegal memory access")
+        return triton(*args, **kwargs)
+
+    def wrong_in_a_batch(*args, **kwargs):          # right alone, its first call in a batch wrong
+        calls.append(1)
+        return broken_fused.live_key_unrotated(*args, **kwargs) if len(calls) == 2 else triton(*args, **kwargs)
+
+    verdicts = check_batch("rope_kv_cache", "raises", second_raises, cases, "cpu")
+    assert [v.outcome for v in verdicts] == ["passed", "raised"]
+    assert "RuntimeError: illegal memory access" in verdicts[1].detail
+    calls.clear()
+    calls.append(1)
+    with pytest.raises(AssertionError) as info:
+        assert_batch_matches_reference("rope_kv_cache", "wrong-in-a-batch", wrong_in_a_batch, cases, "cpu")
+    assert failure_of(info.value)["cause"] == "nondeterministic"

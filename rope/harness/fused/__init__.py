@@ -9,6 +9,7 @@ one module per part, as every checked thing's slice has them:
 * compare: the element-wise comparisons (bounds, bits, rows kept);
 * check: the call under the call deadline, the comparison with the float64 reference
   (reference.fused), the assertion tagged with its cause, the check in the run report;
+* batch: the check of many cases of one op, called back to back and waited for once, a verdict per case;
 * diagnosis: the rules naming how a fused op departs;
 * case_file: the fused kind of case file (the op, its case, the diagnosis), every field validated;
 * replay: a case file run again (``rope-harness repro``, ``pytest --rope-repro``).
@@ -20,4 +21,4 @@ pyproject's contracts allow by name.
 """
 
 # Its modules: each is imported by its own name.
-__all__ = ["bound", "case_file", "cases", "check", "compare", "diagnosis", "replay"]
+__all__ = ["batch", "bound", "case_file", "cases", "check", "compare", "diagnosis", "replay"]

@@ -51,7 +51,8 @@ from rope.implementation import Implementation
 __all__ = ["FusedCheck", "ImplementationFailed", "assert_mla_rope_kv_cache", "assert_qk_norm_rope", "assert_rope_kv_cache",
            "bad_elements", "bits", "cache_write_problems", "changed_rows", "check_case", "check_mla_rope_kv_cache",
            "check_qk_norm_rope", "check_rope_kv_cache", "kept_rows", "mismatches", "mla_cache_write_problems",
-           "qk_norm_problems", "rows_mask", "run_mla_rope_kv_cache", "run_qk_norm_rope", "run_rope_kv_cache"]
+           "qk_norm_problems", "record_fused_check", "rows_mask", "run_mla_rope_kv_cache", "run_qk_norm_rope",
+           "run_rope_kv_cache"]
 
 
 class ImplementationFailed(Exception):
@@ -393,7 +394,7 @@ def run_mla_rope_kv_cache(fn: Callable, case: MLACase) -> Callable:
 
 
 # ------------------------------------------------------------------------------------------ assert
-def _record(name: str, device: str, case, result: FusedCheck) -> None:
+def record_fused_check(name: str, device: str, case, result: FusedCheck) -> None:
     """The check in the run report: one comparison per call, in the activation dtype (its worst ratio 0
     within the bounds, inf past them: the problems name the worst element); never lets reporting
     break the check."""
@@ -445,7 +446,7 @@ def _checked(name: str, fn: Callable, case, device, build: Callable, check: Call
     except ImplementationFailed as exc:
         raise causes.tag(AssertionError(f"{name} raised {exc}\ncase: {case!r}"), cause="raised",
                          headline=str(exc), size=case.size, case=case.brief()) from None
-    _record(name, device, case, result)
+    record_fused_check(name, device, case, result)
     if not result.ok:
         _fail(name, fn, case, device, result)
     return result

@@ -15,24 +15,19 @@ that step).
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 import reference
-from rope.devices import synchronize, torch_device
-from rope.harness import causes, profiling
+from rope.devices import torch_device
+from rope.harness import profiling
 from rope.harness.deadline import call_timeout, deadline
 from rope.harness.position_step.cases import OUT_SENTINEL, RaggedBatch
 from rope.harness.position_step.check import POSITION_ARGUMENTS, assert_positions_match, record_positions_check
 from rope.harness.position_step.diagnosis import wrong_positions
 from rope.harness.stop import skip_if_stopped
-from rope.harness.verdict import Verdict
+from rope.harness.verdict import RAISED, Verdict, answered_two_ways, wait_for_calls
 
 __all__ = ["assert_batch_matches_reference", "check_batch"]
-
-RAISED = "raised"
-
 
 def _carried(steps: list[RaggedBatch], device: str) -> list[tuple[dict, torch.Tensor]]:
     """Each step's arguments and its ``out`` (OUT_SENTINEL) on ``device``, every int32 input of the
@@ -79,7 +74,7 @@ def check_batch(impl_name: str, fn, steps, device: str) -> list[Verdict]:
         raised = _call(fn, args, out)
         if raised is not None:
             verdicts[index] = Verdict(step, "raised", float("inf"), raised)
-    late = _wait(device)
+    late = wait_for_calls(device, "the batch's position-step calls")
     if late is not None:
         return [v if v is not None else Verdict(s, "raised", float("inf"), late) for s, v in zip(steps, verdicts)]
     settled = [i for i, v in enumerate(verdicts) if v is None]
@@ -98,19 +93,6 @@ def check_batch(impl_name: str, fn, steps, device: str) -> list[Verdict]:
     return verdicts
 
 
-def _wait(device: str) -> str | None:
-    """Wait for the batch's calls on the device, under one call deadline; what the device raised, if it did."""
-    start = time.perf_counter()
-    try:
-        with deadline(call_timeout(), what="the batch's position-step calls"):
-            synchronize(device)
-    except Exception as exc:     # noqa: BLE001
-        return f"{RAISED} {type(exc).__name__}: {exc} (reported by the device after the batch's calls)"
-    finally:
-        profiling.add("call", time.perf_counter() - start)
-    return None
-
-
 def assert_batch_matches_reference(impl_name: str, fn, steps, device: str) -> list[Verdict]:
     """:func:`check_batch` as a pytest outcome: every step passed, each recorded in the run report as
     the one-step check records it; the first step that did not pass goes to the one-step check, which
@@ -123,10 +105,5 @@ def assert_batch_matches_reference(impl_name: str, fn, steps, device: str) -> li
     for verdict in verdicts:
         if not verdict.passed:
             assert_positions_match(impl_name, fn, verdict.case, device)       # raises, reported in full
-            raise causes.tag(AssertionError(
-                f"{impl_name} on {device}: the batched check found step {verdict.case.brief()} {verdict.outcome} "
-                f"({verdict.detail}), but the step alone matches the reference: the implementation answers the "
-                f"same step differently from call to call"), cause="nondeterministic",
-                headline="the same step answered differently in a batch and alone", size=verdict.case.num_tokens,
-                case=verdict.case.brief())
+            raise answered_two_ways(impl_name, device, verdict, f"step {verdict.case.brief()}", verdict.case.num_tokens)
     return verdicts

@@ -21,13 +21,9 @@ the one-case check, which reports it in full (and Hypothesis shrinks a batch to 
 
 from __future__ import annotations
 
-import time
-
 import torch
 
-from rope.devices import synchronize
-from rope.harness import causes, profiling, report
-from rope.harness.deadline import call_timeout, deadline
+from rope.harness import profiling, report
 from rope.harness.draws import current_test, skip_or_reject
 from rope.harness.placement import device_label
 from rope.harness.rotation.bound import Comparison, element_errors, own_angle_error
@@ -35,7 +31,7 @@ from rope.harness.rotation.cases import DTYPES, RotationCase, build_rotation_inp
 from rope.harness.rotation.check import (RAISED, angle_source, assert_matches_reference, contained_rotation,
                                          reference_rotation)
 from rope.harness.stop import skip_if_stopped
-from rope.harness.verdict import OUTCOMES, Verdict
+from rope.harness.verdict import OUTCOMES, Verdict, answered_two_ways, wait_for_calls
 from rope.registry import unsupported_reason, working_precision
 
 __all__ = ["OUTCOMES", "Verdict", "assert_batch_matches_reference", "check_batch"]
@@ -105,7 +101,7 @@ def check_batch(impl_name: str, fn, cases, device: str) -> list[Verdict]:
             rows.append((positions.repeat_interleave(heads, dim=1), x.reshape(-1, spec.head_size),
                          out.detach().reshape(-1, spec.head_size)))
             owners.append(torch.full((x.shape[0] * heads,), index, dtype=torch.long))
-    late = _wait_for_the_calls(device)
+    late = wait_for_calls(device, "the batch's calls")
     if late is not None:                   # reported by the device after the calls: no case can be told apart
         return [v if v is not None else Verdict(c, "raised", float("inf"), late) for c, v in zip(cases, verdicts)]
     worst, mismatched, elements = _compare(fn, spec, rows, owners, table, len(cases))
@@ -117,19 +113,6 @@ def check_batch(impl_name: str, fn, cases, device: str) -> list[Verdict]:
                            Verdict(case, "failed", ratio, f"{count} of {int(elements[index])} elements past the bound, "
                                    f"worst error/bound {ratio:.3g}", int(elements[index])))
     return verdicts
-
-
-def _wait_for_the_calls(device: str) -> str | None:
-    """Wait for the batch's calls on the device, under one call deadline; what the device raised, if it did."""
-    start = time.perf_counter()
-    try:
-        with deadline(call_timeout(), what="the batch's calls"):
-            synchronize(device)
-    except Exception as exc:     # noqa: BLE001 - the implementation's failure is the finding
-        return f"{RAISED} {type(exc).__name__}: {exc} (reported by the device after the batch's calls)"
-    finally:
-        profiling.add("call", time.perf_counter() - start)       # the calls' device time, not another call
-    return None
 
 
 def _compare(fn, spec, rows, owners, table, num_cases):
@@ -181,12 +164,7 @@ def assert_batch_matches_reference(impl_name: str, fn, cases, device: str) -> li
         if verdict.outcome in ("failed", "raised"):
             assert_matches_reference(impl_name, fn, verdict.case, device)      # raises, reported in full
             # The same cause as the modes property's same-inputs-twice check (properties/rotation/test_modes.py).
-            raise causes.tag(AssertionError(
-                f"{impl_name} on {device}: the batched check found case {verdict.case} {verdict.outcome} "
-                f"({verdict.detail}), but the case alone matches the reference: the implementation answers the "
-                f"same inputs differently from call to call"), cause="nondeterministic",
-                headline="the same inputs answered differently in a batch and alone", size=verdict.case.size,
-                case=verdict.case.brief())
+            raise answered_two_ways(impl_name, device, verdict, f"case {verdict.case.brief()}", verdict.case.size)
     return verdicts
 
 

@@ -11,24 +11,17 @@ that case).
 
 from __future__ import annotations
 
-import time
-
 import torch
 
-from rope.devices import synchronize
-from rope.harness import causes, profiling
-from rope.harness.deadline import call_timeout, deadline
+from rope.harness import profiling
 from rope.harness.stop import skip_if_stopped
 from rope.harness.table.cases import TableCase
 from rope.harness.table.check import (ImplementationFailed, TableCheck, assert_table_matches, call_table,
                                       compare_rows, record_table_check, validated)
 from rope.harness.table.diagnosis import TableMismatch
-from rope.harness.verdict import Verdict
+from rope.harness.verdict import RAISED, Verdict, answered_two_ways, wait_for_calls
 
 __all__ = ["assert_batch_matches_reference", "check_batch"]
-
-RAISED = "raised"
-
 
 def check_batch(impl_name: str, fn, cases, device: str) -> list[Verdict]:
     """A verdict per case, in order: passed (every sampled element within its bound), failed (a
@@ -52,7 +45,7 @@ def check_batch(impl_name: str, fn, cases, device: str) -> list[Verdict]:
             continue
         rows = case.rows()
         picked[index] = (rows, table.index_select(0, rows.to(table.device)), table.dtype)
-    late = _wait(device)
+    late = wait_for_calls(device, "the batch's table builds")
     if late is not None:
         return [v if v is not None else Verdict(c, RAISED, float("inf"), late) for c, v in zip(cases, verdicts)]
     if picked:
@@ -68,19 +61,6 @@ def check_batch(impl_name: str, fn, cases, device: str) -> list[Verdict]:
     return verdicts
 
 
-def _wait(device: str) -> str | None:
-    """Wait for the batch's tables on the device, under one call deadline; what the device raised, if it did."""
-    start = time.perf_counter()
-    try:
-        with deadline(call_timeout(), what="the batch's table builds"):
-            synchronize(device)
-    except Exception as exc:     # noqa: BLE001 - the implementation's failure is the finding
-        return f"{RAISED} {type(exc).__name__}: {exc} (reported by the device after the batch's tables)"
-    finally:
-        profiling.add("call", time.perf_counter() - start)
-    return None
-
-
 def assert_batch_matches_reference(impl_name: str, fn, cases, device: str) -> list[Verdict]:
     """:func:`check_batch` as a pytest outcome: every case passed (each recorded in the run report as
     the one-case check records it); the first case that did not pass goes to the one-case check,
@@ -93,10 +73,5 @@ def assert_batch_matches_reference(impl_name: str, fn, cases, device: str) -> li
     for v in verdicts:
         if not v.passed:
             assert_table_matches(impl_name, fn, v.case, device)         # raises, reported in full
-            raise causes.tag(AssertionError(
-                f"{impl_name} on {device}: the batched check found the table {v.case.brief()} {v.outcome} "
-                f"({v.detail}), but the case alone matches the reference: the implementation builds the same "
-                f"table differently from call to call"), cause="nondeterministic",
-                headline="the same table built differently in a batch and alone", size=v.case.size,
-                case=v.case.brief())
+            raise answered_two_ways(impl_name, device, v, f"the table {v.case.brief()}", v.case.size)
     return verdicts
