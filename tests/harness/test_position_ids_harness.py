@@ -348,3 +348,26 @@ def test_video_segment_spans_follow_the_layout():
     spans = segment_spans("qwen3_vl", prompt)
     assert spans == [(0, 2), (2, 10), (10, 10), (10, 13)]
     assert spans[-1][1] == prompt_positions("qwen3_vl", prompt).length
+
+
+# --------------------------------------------------------------------------- a verdict per prompt
+def test_batch_verdicts_are_the_checks_prompt_by_prompt():
+    from rope.harness.position_ids.batch import check_batch
+    text = Prompt((Text(5),))
+    video = Prompt((Text(2), Video((2, 4, 4), second_per_grid=0.5), Text(1)))
+    batch = PromptBatch((text, video, text))
+    assert [v.outcome for v in check_batch("reference", broken.reference_ids, "qwen2_5_vl", batch)] == ["passed"] * 3
+    verdicts = check_batch("temporal_scale_truncated", broken.temporal_scale_truncated, "qwen2_5_vl", batch)
+    assert [v.outcome for v in verdicts] == ["passed", "failed", "passed"]       # the video prompt only
+    assert [v.case for v in verdicts] == [text, video, text] and verdicts[1].detail
+    result = position_ids_check.check(broken.temporal_scale_truncated, "qwen2_5_vl", batch)
+    assert [i for i, _, _ in result.mismatches] == [1]
+
+    def raises(family, prompt):
+        raise RuntimeError("no processor")
+
+    def malformed(family, prompt):
+        return "ids"
+    assert [v.outcome for v in check_batch("raises", raises, "qwen2_5_vl", batch)] == ["raised"] * 3
+    assert all("RuntimeError: no processor" in v.detail for v in check_batch("raises", raises, "qwen2_5_vl", batch))
+    assert [v.outcome for v in check_batch("malformed", malformed, "qwen2_5_vl", batch)] == ["failed"] * 3

@@ -6,6 +6,7 @@
 * cases: the case, a batch of prompt descriptions, and its record form;
 * check: the call, the validation of what it returned, the comparison with the expected ids (the
   float64 reference is ``reference.prompt_positions``; the bound is equality);
+* batch: the same check as a verdict per prompt (a case is a batch of prompts already);
 * diagnosis: the rules naming how the ids depart;
 * case_file: its kind of case file; replay: its replay.
 
@@ -14,4 +15,4 @@ machinery of rope.harness, never another slice (pyproject's import-linter contra
 """
 
 # Its modules: each is imported by its own name.
-__all__ = ["case_file", "cases", "check", "diagnosis", "implementations", "replay"]
+__all__ = ["batch", "case_file", "cases", "check", "diagnosis", "implementations", "replay"]
