@@ -106,30 +106,39 @@ def _draw_group(requests: list[Request], integer: bool, device) -> list[torch.Te
             bases.append(_signed(_start(r.seed, r.stream) - offset * _GOLDEN))
             ranges.append(0 if r.high is None else r.high - r.low)
             offset += r.count
-        table = torch.tensor([list(accumulate(counts)), bases, ranges, [r.low for r in requests]],
-                             dtype=torch.int64).to(device)           # one copy to the device
-        ends, base, span, low = table
+        one = len(requests) == 1          # then the request's numbers are scalars: nothing to copy to the device
+        if not one:
+            table = torch.tensor([list(accumulate(counts)), bases, ranges, [r.low for r in requests]],
+                                 dtype=torch.int64)
+            if torch.device(device).type == "cuda":    # pinned, not waited for: the calls before it go on
+                table = table.pin_memory().to(device, non_blocking=True)
+            else:
+                table = table.to(device)
+            ends, base, span, low = table
         chunk = min(CHUNK, total)
         z = torch.empty(chunk, dtype=torch.int64, device=device)
         tmp = torch.empty_like(z)
-        owner = torch.empty_like(z)
+        owner = None if one else torch.empty_like(z)
         lanes = None if integer else torch.empty(chunk, dtype=torch.int32, device=device)
         for start in range(0, total, chunk):
             n = min(chunk, total - start)
-            zz, tt, oo = z[:n], tmp[:n], owner[:n]
+            zz, tt = z[:n], tmp[:n]
             torch.arange(start, start + n, dtype=torch.int64, device=device, out=zz)
-            if len(requests) > 1:        # the request each element belongs to
+            if not one:                     # the request each element belongs to
+                oo = owner[:n]
                 torch.searchsorted(ends, zz, right=True, out=oo)
-            else:
-                oo.zero_()
-            zz.add_(1).mul_(_signed(_GOLDEN)).add_(base[oo])
+            zz.add_(1).mul_(_signed(_GOLDEN)).add_(bases[0] if one else base[oo])
             _hashes_(zz, tt)
             piece = out[start:start + n]
             if integer:
                 torch.bitwise_right_shift(zz, 2, out=tt)
                 tt.bitwise_and_((1 << 62) - 1)
-                torch.remainder(tt, span[oo], out=piece)
-                piece.add_(low[oo])
+                if one:
+                    torch.remainder(tt, ranges[0], out=piece)
+                    piece.add_(requests[0].low)
+                else:
+                    torch.remainder(tt, span[oo], out=piece)
+                    piece.add_(low[oo])
             else:
                 torch.sum(zz.view(torch.int16).view(n, 4), 1, dtype=torch.int32, out=lanes[:n])
                 piece.copy_(lanes[:n])

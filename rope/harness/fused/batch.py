@@ -4,7 +4,9 @@ reference by the one-case check's comparison, and a verdict per case.
 
 The one-case checks (rope.harness.fused.check) snapshot the inputs, compute the reference, call and
 compare in one go.  Here each case's inputs are built twice (they regenerate bit for bit from the
-seed): the implementation is called on the first set with no wait; after the one wait, the
+seed): every case's first set is built before the first call (a copy to the device, the cos/sin
+table's say, would wait for the calls queued before it), and the implementation is called on each
+first set with no wait; after the one wait, the
 comparison runs on the second set, whose call is a replay that copies what the first call left in
 every input tensor and returns what it returned.  So the comparison sees exactly the call's effects,
 and the device is waited for once per batch, not once per case.
@@ -68,10 +70,10 @@ def check_batch(op: str, impl_name: str, fn, cases, device: str) -> list[Verdict
     cases = list(cases)
     verdicts: list[Verdict | None] = [None] * len(cases)
     called: dict[int, tuple] = {}
-    for index, case in enumerate(cases):
+    with profiling.phase("inputs"):      # every case's inputs before the first call: a copy to the device waits
+        built = [build(case, device) for case in cases]      # for the calls queued before it
+    for index, (case, inputs) in enumerate(zip(cases, built)):
         skip_if_stopped()
-        with profiling.phase("inputs"):
-            inputs = build(case, device)
         try:
             with profiling.call_phase():
                 returned = call(fn, case)(inputs)

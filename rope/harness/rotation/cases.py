@@ -350,7 +350,9 @@ def _counter_requests(case: RotationCase) -> list[Request]:
 
 
 def _counter_positions(case: RotationCase, drawn, dev: torch.device) -> torch.Tensor:
-    """make_positions' patterns from the counter: int64 [T] or [num_dims, T] in [0, spec.max_position)."""
+    """make_positions' patterns from the counter: int64 [T] or [num_dims, T] in [0, spec.max_position).
+    Its draws are made with the batch's others in one pass (make_positions with a CounterDraws would
+    draw per case: a dozen launches each on a GPU)."""
     spec, seed, t = case.spec, case.seed, case.num_tokens
     rows, limit, kind = spec.num_dims, spec.max_position, case.positions_kind
     if kind == "text":          # all rows equal, consecutive from a drawn start
