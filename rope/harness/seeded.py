@@ -18,7 +18,9 @@ one pass over their concatenated elements: a fixed number of elementwise kernels
 requests, where a ``torch.Generator`` on the host draws each tensor and then copies it.  Elements go
 through in chunks of :data:`CHUNK` (cache-sized int64 temporaries, reused).  :func:`scalar` is one
 integer element computed with Python integers on the host (a position pattern's start), with no
-device round trip.
+device round trip.  :class:`CounterDraws` and :class:`HostDraws` are the two draw sources a case's
+builder takes (``draws_for(case.generator, seed, device)``): the same calls, from the counter on a
+device, or from a ``torch.Generator`` on the host in call order (the cases written before the counter).
 """
 
 from __future__ import annotations
