@@ -61,8 +61,7 @@ def _mix(z: int) -> int:
 
 def scalar(seed: int, stream: int, index: int, low: int, high: int) -> int:
     """Element ``index`` of the integers of ``Request(seed, stream, ..., low, high)``, on the host."""
-    if high <= low:
-        raise ValueError(f"high={high}: must exceed low={low}")
+    Request(seed, stream, index + 1, low, high)            # the same bounds, the same ValueErrors
     z = _mix((_start(seed, stream) + (index + 1) * _GOLDEN) & _MASK64)
     return low + (z >> 2) % (high - low)
 
@@ -80,8 +79,8 @@ class Request:
     def __post_init__(self):
         if self.count < 0:
             raise ValueError(f"count={self.count}: must be >= 0")
-        if self.high is not None and self.high <= self.low:
-            raise ValueError(f"high={self.high}: must exceed low={self.low}")
+        if self.high is not None and not self.low < self.high <= self.low + (1 << 62):
+            raise ValueError(f"high={self.high}: must exceed low={self.low} by at most 2**62 (the hash's bits)")
 
 
 def _hashes_(z: torch.Tensor, tmp: torch.Tensor) -> torch.Tensor:

@@ -58,7 +58,8 @@ def test_ranges_and_moments():
     assert not torch.equal(seeded.normals(3, 0, (8,)), seeded.normals(4, 0, (8,)))     # seeds differ
 
 
-@pytest.mark.parametrize("bad, field", [(dict(count=-1), "count"), (dict(low=3, high=3), "high")])
+@pytest.mark.parametrize("bad, field", [(dict(count=-1), "count"), (dict(low=3, high=3), "high"),
+                                        (dict(low=0, high=(1 << 62) + 1), "high")])
 def test_bad_requests_name_the_field(bad, field):
     with pytest.raises(ValueError, match=field):
         Request(**{"seed": 0, "stream": 0, "count": 1, **bad})
