@@ -5,8 +5,8 @@ A :class:`RotationCase` holds a spec, head counts, a token count, a dtype, a pos
 memory layout (the view q and k are handed as: :data:`VIEWS`), a seed and what turns the seed into
 values (:data:`GENERATORS`); :func:`build_rotation_inputs` turns it into tensors, on the device for a
 ``counter`` case (rope.harness.seeded), with a ``torch.Generator`` on the CPU and then copied for a
-``torch-cpu`` one, so a case regenerates bit-identically on any device and from a case file.  The Hypothesis strategies that draw it live in the test suite
-(properties.strategies).
+``torch-cpu`` one, so a case regenerates bit-identically on any device and from a case file.  The
+Hypothesis strategies that draw it live in the test suite (properties.strategies).
 """
 
 from __future__ import annotations
@@ -247,22 +247,33 @@ def make_positions(spec: RopeSpec, num_tokens: int, kind: str, draws) -> torch.T
     check_choice("positions_kind", kind, POSITION_KINDS)
     if isinstance(draws, torch.Generator):
         draws = HostDraws(draws)
-    rows, limit, dev = spec.num_dims, spec.max_position, torch_device(str(draws.device))
+    shape = (spec.num_dims, num_tokens)
+    return position_pattern(spec, num_tokens, kind, torch_device(str(draws.device)),
+                            pick=lambda index, low, high: draws.scalar(low, high),
+                            drawn=lambda: draws.integers(shape, 0, spec.max_position),
+                            replaced=lambda: draws.uniform(shape) < 0.5)
+
+
+def position_pattern(spec: RopeSpec, num_tokens: int, kind: str, dev, *, pick, drawn, replaced) -> torch.Tensor:
+    """The positions of ``kind`` on ``dev`` from a source's draws, taken in this order: ``pick(index,
+    low, high)`` an int (the pattern's index-th scalar), ``drawn()`` a fresh [num_dims, T] tensor of
+    positions, ``replaced()`` a bool [num_dims, T] mask of the positions the last row replaces."""
+    rows, limit = spec.num_dims, spec.max_position
     if kind == "uniform":
-        pos = draws.integers((rows, num_tokens), 0, limit)
+        pos = drawn()
     elif kind == "text":        # all rows equal, consecutive from a random start
-        start = draws.scalar(0, max(1, limit - num_tokens + 1))
+        start = pick(0, 0, max(1, limit - num_tokens + 1))
         pos = (start + torch.arange(num_tokens, device=dev)).remainder(limit).expand(rows, num_tokens).clone()
     elif kind == "grid":        # one image-like block: t-major, then h, then w from a common base
-        w = draws.scalar(1, 6)
-        h = draws.scalar(1, 6)
+        w = pick(0, 1, 6)
+        h = pick(1, 1, 6)
         j = torch.arange(num_tokens, device=dev)
         coords = [j // (h * w), (j // w) % h, j % w, j]
-        base = draws.scalar(0, limit)
+        base = pick(2, 0, limit)
         pos = torch.stack([(base + coords[d]) for d in range(rows)]).remainder(limit)
     else:                       # "last_row": the last cache row, mixed with random rows
-        pos = draws.integers((rows, num_tokens), 0, limit)
-        pos[draws.uniform((rows, num_tokens)) < 0.5] = limit - 1
+        pos = drawn()
+        pos[replaced()] = limit - 1
         if num_tokens:
             pos[:, -1] = limit - 1
     pos = pos.to(torch.int64)
@@ -287,7 +298,7 @@ def inject_nonfinite(t: torch.Tensor, gen: torch.Generator) -> None:
     rows, cols = t.shape
     if not t.numel():
         return
-    count = 1 + t.numel() // 50
+    count = _planted(t.numel())
     flat = torch.randint(0, t.numel(), (count,), generator=gen)
     values = torch.tensor([float("nan"), float("inf"), float("-inf")], dtype=t.dtype)
     t[flat // cols, flat % cols] = values[torch.randint(0, 3, (count,), generator=gen)]
@@ -314,7 +325,7 @@ def _generate(case: RotationCase) -> RotationInputs:
             if t is not None:
                 inject_nonfinite(t, gen)
     if case.view != "contiguous":
-        storage, query, key = lay_out(case.view, query, key, hs, gen)
+        storage, query, key = lay_out(case.view, query, key, hs, lambda n: torch.randn(n, generator=gen))
     return RotationInputs(positions, query, key, shared_table(spec, DTYPES[case.table_dtype], "cpu"), storage)
 
 
@@ -350,27 +361,13 @@ def _counter_requests(case: RotationCase) -> list[Request]:
 
 
 def _counter_positions(case: RotationCase, drawn, dev: torch.device) -> torch.Tensor:
-    """make_positions' patterns from the counter: int64 [T] or [num_dims, T] in [0, spec.max_position).
-    Its draws are made with the batch's others in one pass (make_positions with a CounterDraws would
-    draw per case: a dozen launches each on a GPU)."""
-    spec, seed, t = case.spec, case.seed, case.num_tokens
-    rows, limit, kind = spec.num_dims, spec.max_position, case.positions_kind
-    if kind == "text":          # all rows equal, consecutive from a drawn start
-        start = scalar(seed, _POSITIONS, 0, 0, max(1, limit - t + 1))
-        pos = (start + torch.arange(t, device=dev)).remainder(limit).expand(rows, t).clone()
-    elif kind == "grid":        # one image-like block: t-major, then h, then w from a common base
-        w, h = scalar(seed, _POSITIONS, 0, 1, 6), scalar(seed, _POSITIONS, 1, 1, 6)
-        base = scalar(seed, _POSITIONS, 2, 0, limit)
-        j = torch.arange(t, device=dev)
-        coords = [j // (h * w), (j // w) % h, j % w, j]
-        pos = torch.stack([base + coords[d] for d in range(rows)]).remainder(limit)
-    else:
-        pos = next(drawn).reshape(rows, t).clone()       # its own allocation, not a view of the draws
-        if kind == "last_row":  # the last cache row at about half the places, and at the last token
-            pos = torch.where(next(drawn).reshape(rows, t).bool(), pos, limit - 1)
-            if t:
-                pos[:, -1] = limit - 1
-    return pos[0].contiguous() if rows == 1 else pos
+    """make_positions' patterns from the counter, its draws made with the batch's others in one pass
+    (make_positions with a CounterDraws would draw per case: a dozen launches each on a GPU)."""
+    shape = (case.spec.num_dims, case.num_tokens)
+    return position_pattern(case.spec, case.num_tokens, case.positions_kind, dev,
+                            pick=lambda index, low, high: scalar(case.seed, _POSITIONS, index, low, high),
+                            drawn=lambda: next(drawn).reshape(shape).clone(),     # its own allocation
+                            replaced=lambda: next(drawn).reshape(shape) == 0)
 
 
 def _plant(x: torch.Tensor | None, flat: torch.Tensor) -> None:
@@ -400,10 +397,8 @@ def _counter_assemble(case: RotationCase, drawn, dev: torch.device) -> RotationI
         for x in (query, key):
             _plant(x, next(drawn))
     if case.view != "contiguous":
-        storage = next(drawn).to(dtype, copy=True)
-        _, q_at, k_at = view_layout(case.view, t, q_width, k_width, hs)
-        query = storage.as_strided(*q_at).copy_(query)
-        key = storage.as_strided(*k_at).copy_(key) if key is not None else None
+        filler = next(drawn)
+        storage, query, key = lay_out(case.view, query, key, hs, lambda n: filler)
     return RotationInputs(positions, query, key, shared_table(spec, DTYPES[case.table_dtype], str(dev)), storage)
 
 
@@ -443,12 +438,12 @@ def view_layout(view: str, num_tokens: int, q_width: int, k_width: int, head_siz
     return total, q, k
 
 
-def lay_out(view: str, query: torch.Tensor, key: torch.Tensor | None, head_size: int, gen: torch.Generator):
+def lay_out(view: str, query: torch.Tensor, key: torch.Tensor | None, head_size: int, filler) -> tuple:
     """(flat buffer, q view, k view) holding ``query`` and ``key``'s values in the ``view`` layout
-    (:func:`view_layout`); every other element of the buffer is drawn from ``gen`` (V's heads, gaps)."""
+    (:func:`view_layout`); every other element of the buffer (V's heads, gaps) is ``filler(total)``'s."""
     k_width = key.shape[1] if key is not None else 0
     total, q_at, k_at = view_layout(view, query.shape[0], query.shape[1], k_width, head_size)
-    storage = torch.randn(total, generator=gen).to(query.dtype)
+    storage = filler(total).to(query.dtype, copy=True)
     q_view = storage.as_strided(*q_at)
     q_view.copy_(query)
     k_view = None
