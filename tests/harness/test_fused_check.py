@@ -47,6 +47,18 @@ needs_triton_on_cpu = pytest.mark.skipif(not triton_runs_on("cpu"),
                                                 "interpreter (TRITON_INTERPRET=1)")
 
 
+@pytest.fixture
+def kernel_device():
+    """Where the built-in kernels and their mutants run: the CPU under Triton's interpreter, else
+    the GPU (a GPU box checks the batch machinery on cuda)."""
+    import torch
+    if triton_runs_on("cpu"):
+        return "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    pytest.skip("Triton runs neither on the CPU (TRITON_INTERPRET unset) nor on a GPU here")
+
+
 @pytest.fixture(autouse=True)
 def _no_case_files(monkeypatch):
     """The failures here are wanted: no case file for them (tests/harness/test_fused_replay.py checks the files)."""
@@ -125,7 +137,7 @@ def test_each_mla_rule_names_its_break(label):
 
 
 # --------------------------------------------------------------------------- the batched check
-def test_batch_verdicts_agree_with_the_one_case_check(monkeypatch):
+def test_batch_verdicts_agree_with_the_one_case_check(monkeypatch, kernel_device):
     import dataclasses
 
     from rope.harness import report
@@ -141,17 +153,17 @@ def test_batch_verdicts_agree_with_the_one_case_check(monkeypatch):
         cases = [c for c in cases.values() if c.num_tokens <= 40]
         cases.append(dataclasses.replace(cases[0], generator="counter", seed=cases[0].seed + 1))
         for name, fn in (("triton", get_fused_implementation("triton", op)), (mutant, getattr(broken_fused, mutant))):
-            verdicts = check_batch(op, name, fn, cases, "cpu")
+            verdicts = check_batch(op, name, fn, cases, kernel_device)
             assert [v.case for v in verdicts] == cases
             for verdict, case in zip(verdicts, cases):
-                alone = check_case(op, fn, case, "cpu")
+                alone = check_case(op, fn, case, kernel_device)
                 assert verdict.passed == alone.ok, (op, name, case.brief(), verdict.detail, alone.problems)
             assert (name == "triton") == all(v.passed for v in verdicts), (op, name)
     with pytest.raises(ValueError, match="op='mla'"):
         check_batch("mla", "unfused", None, [], "cpu")
 
 
-def test_batch_raise_and_nondeterminism_are_each_their_own(monkeypatch):
+def test_batch_raise_and_nondeterminism_are_each_their_own(monkeypatch, kernel_device):
     from rope.harness import report
     from rope.harness.fused.batch import assert_batch_matches_reference, check_batch
     from rope.registry import get_fused_implementation
@@ -170,11 +182,11 @@ def test_batch_raise_and_nondeterminism_are_each_their_own(monkeypatch):
         calls.append(1)
         return broken_fused.live_key_unrotated(*args, **kwargs) if len(calls) == 2 else triton(*args, **kwargs)
 
-    verdicts = check_batch("rope_kv_cache", "raises", second_raises, cases, "cpu")
+    verdicts = check_batch("rope_kv_cache", "raises", second_raises, cases, kernel_device)
     assert [v.outcome for v in verdicts] == ["passed", "raised"]
     assert "RuntimeError: illegal memory access" in verdicts[1].detail
     calls.clear()
     calls.append(1)
     with pytest.raises(AssertionError) as info:
-        assert_batch_matches_reference("rope_kv_cache", "wrong-in-a-batch", wrong_in_a_batch, cases, "cpu")
+        assert_batch_matches_reference("rope_kv_cache", "wrong-in-a-batch", wrong_in_a_batch, cases, kernel_device)
     assert failure_of(info.value)["cause"] == "nondeterministic"
