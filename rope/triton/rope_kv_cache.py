@@ -34,7 +34,8 @@ import triton.language as tl
 
 from rope.devices import device_name, triton_runs_on
 from rope.fused import check_mla_inputs, check_rope_kv_cache_inputs
-from rope.spec import RopeSpec
+from rope.spec import RopeSpec, checks_values
+from rope.triton.checked import CheckedCalls
 from rope.triton.fused_qk_norm_rope import tile
 from rope.triton.fused_tiles import head_tile, program_heads, rotate_pairs, store_pairs, to_fp8
 from rope.triton.grid import cdiv, next_power_of_2
@@ -244,6 +245,23 @@ def _check_launchable(named: dict, device) -> None:
         raise ValueError(f"{first}.device={device}: Triton needs a GPU tensor here, or TRITON_INTERPRET=1")
 
 
+# Calls whose metadata passed the entries' checks (rope/triton/checked.py): an engine's steady state,
+# the same buffers every step, pays for the checks once (they cost about 100 us of host time a call,
+# more than the kernel below a few thousand tokens).
+_CHECKED = CheckedCalls()
+
+
+def _signature(scalars: tuple, tensors: tuple, scales: tuple):
+    """The call's signature for the cache of checked calls; None (check everything) where values
+    are checked (the CPU, or ROPE_CHECK_VALUES=1: positions, slots and scale tensors are read) or
+    where an argument has none.  A float scale is a scalar of the signature, a tensor one a tensor."""
+    if checks_values(tensors[0]):
+        return None
+    floats = tuple(None if isinstance(s, torch.Tensor) else s for s in scales)
+    return CheckedCalls.signature((*scalars, *floats),
+                                  (*tensors, *(s if isinstance(s, torch.Tensor) else None for s in scales)))
+
+
 def rope_kv_cache_triton(spec: RopeSpec, positions, query, key, value, key_cache, value_cache, slot_mapping,
                          cos_sin_cache, *, kv_layout: str = "NHD", k_scale=None, v_scale=None):
     """RoPE + KV-cache write; returns (query, key), rotated in place; ``key_cache`` and
@@ -257,10 +275,13 @@ def rope_kv_cache_triton(spec: RopeSpec, positions, query, key, value, key_cache
         slot_mapping: int32/int64 [<= T]: block * block_size + offset, or -1.
         k_scale, v_scale: FP8 caches only: None (1.0), a float or a one-element tensor; stored = x / scale.
     """
-    k_scale, v_scale = check_rope_kv_cache_inputs(spec, positions, query, key, value, key_cache, value_cache,
-                                                  slot_mapping, cos_sin_cache, kv_layout=kv_layout,
-                                                  k_scale=k_scale, v_scale=v_scale)
-    _check_launchable({"query": query, "key": key}, query.device)
+    signature = _signature((spec, kv_layout), (positions, query, key, value, key_cache, value_cache, slot_mapping,
+                                               cos_sin_cache), (k_scale, v_scale))
+    if _CHECKED.get(signature) is None:
+        check_rope_kv_cache_inputs(spec, positions, query, key, value, key_cache, value_cache, slot_mapping,
+                                   cos_sin_cache, kv_layout=kv_layout, k_scale=k_scale, v_scale=v_scale)
+        _check_launchable({"query": query, "key": key}, query.device)
+        _CHECKED.add(signature)
     positions, cos_sin_cache, slot_mapping = _prepared(positions, cos_sin_cache, slot_mapping)
     return launch_rope_kv_cache(spec, positions, query, key, value, key_cache, value_cache, slot_mapping,
                                 cos_sin_cache, kv_layout=kv_layout, k_scale=k_scale, v_scale=v_scale)
@@ -305,9 +326,14 @@ def mla_rope_kv_cache_triton(spec: RopeSpec, positions, q_pe, k_pe, kv_c, kv_cac
         slot_mapping: int32/int64 [<= T]: block * block_size + offset, or -1.
         scale: FP8 caches only: None (1.0), a float or a one-element tensor; stored = x / scale.
     """
-    k_pe, scale = check_mla_inputs(spec, positions, q_pe, k_pe, kv_c, kv_cache, slot_mapping, cos_sin_cache,
-                                   scale=scale)
-    _check_launchable({"q_pe": q_pe, "k_pe": k_pe, "kv_c": kv_c}, q_pe.device)
+    signature = _signature((spec,), (positions, q_pe, k_pe, kv_c, kv_cache, slot_mapping, cos_sin_cache), (scale,))
+    if _CHECKED.get(signature) is None:
+        check_mla_inputs(spec, positions, q_pe, k_pe, kv_c, kv_cache, slot_mapping, cos_sin_cache, scale=scale)
+        _check_launchable({"q_pe": q_pe, "k_pe": k_pe[:, 0] if k_pe.dim() == 3 else k_pe, "kv_c": kv_c},
+                          q_pe.device)
+        _CHECKED.add(signature)
+    if k_pe.dim() == 3:             # [T, 1, R]: the checks passed it as [T, R]
+        k_pe = k_pe[:, 0]
     positions, cos_sin_cache, slot_mapping = _prepared(positions, cos_sin_cache, slot_mapping)
     q, k = launch_mla_rope_kv_cache(spec, positions, q_pe, k_pe, kv_c, kv_cache, slot_mapping, cos_sin_cache,
                                     scale=scale)
