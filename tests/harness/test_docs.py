@@ -128,10 +128,11 @@ def test_the_documents_commands_run_as_written(tmp_path):
     env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.pop("TRITON_INTERPRET", None)
-    # `-n auto` (and `rope-harness check`, which passes it) as written, but two workers each: on a
-    # 16-core GPU host whose cores the suite's own workers hold, 16 more per command, each importing
-    # torch and initialising the device to run a few tests, take this test past 240 s.
-    env["PYTEST_XDIST_AUTO_NUM_WORKERS"] = "2"
+    # `-n auto` (and `rope-harness check`, which passes it) as written, but one worker each: the
+    # suite's own workers hold the cores (16 more per command on a GPU host, each importing torch
+    # and initialising the device to run a few tests, took this test past 240 s), and on CI's 2
+    # cores a second worker per command cost 29 s of CPU time (150 -> 121 s) for no coverage.
+    env["PYTEST_XDIST_AUTO_NUM_WORKERS"] = "1"
     case_id, ran = None, []
     for document in ("docs/implementations.md", "README.md"):
         for line, command in shell_commands(document, skip_first=document == "README.md"):
