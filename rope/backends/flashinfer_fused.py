@@ -23,7 +23,10 @@ whose FP8 copy is thrown away.
 
 FlashInfer checks its own constraints (fp16/bf16 inputs, FP8 caches, one scale for k and v, widths that
 are multiples of 16, rows on 16-byte boundaries); the adapters declare them as draws
-(``draws``) and as reasons (``unsupported_reason(case, device)``).
+(``draws``) and as reasons (``unsupported_reason(case, device)``).  One shape its check lets through
+answers wrongly, NeoX with rotary_dim an odd multiple of 16 (rope.backends.known_faults.
+flashinfer_fused_straddle): a reason too, "known defect", pinned on a GPU by
+tests/backends/test_flashinfer_fused.py so that a fix upstream shows.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import sys
 import torch
 
 from rope.backends import require
+from rope.backends.known_faults import flashinfer_fused_straddle
 from rope.fused import check_mla_inputs, check_rope_kv_cache_inputs, is_fp8, scale_float
 from rope.spec import RopeSpec
 
@@ -141,7 +145,7 @@ def _cache_reason(case, device: str) -> str | None:
                 f"(rotary {spec.rotary_dim} of {spec.head_size})")
     if case.k_scale != case.v_scale:
         return "FlashInfer's rope + append takes one scale for k and v"
-    return None
+    return flashinfer_fused_straddle(spec)
 
 
 def _mla_reason(case, device: str) -> str | None:
@@ -149,7 +153,7 @@ def _mla_reason(case, device: str) -> str | None:
     if common is None and not _multiple_of_16(case.spec.head_size, case.kv_lora_rank):
         return f"FlashInfer's rope + append needs widths that are multiples of 16 (rope {case.spec.head_size}, " \
                f"kv_lora_rank {case.kv_lora_rank})"
-    return common
+    return common or flashinfer_fused_straddle(case.spec)
 
 
 for _fn, _op, _reason in ((rope_kv_cache_flashinfer, "rope_kv_cache", _cache_reason),

@@ -79,6 +79,30 @@ def flashinfer_expected(spec: RopeSpec) -> str:
     return "race" if why == FLASHINFER_RACE else "wrong" if why else "ok"
 
 
+# FlashInfer 0.7.4's fused rope_quantize_fp8_append_paged_kv_cache (csrc/rope.cu ->
+# include/flashinfer/pos_enc.cuh, RopeQuantizeAppendPagedKVCacheKernel) has no head-specialised
+# path: every head size runs vec_size = 32 bytes / 2 = 16 channels per thread (float16/bfloat16),
+# and a thread rotates its 16 consecutive rope channels as one unit, NeoX picking its partner vector
+# at +-rope_dim/2 and the sign once per thread, as the unfused RopeQuantizeKernel above does.  Its
+# own check asks for rope_dim a multiple of 16 only, so NeoX with rope_dim an odd multiple of 16
+# (16, 48, 80, 112) passes it and straddles: the vector [16k, 16k + 16) that holds the half boundary
+# takes the first half's sign (and its partner's loads) for all 16 channels, and the cos/sin rows are
+# read at the same shifted offsets.  GPT-J pairs stay inside a vector.  The same for the MLA form
+# (rope_dim is q_pe's width).  Measured on the H100 through the harness (docs/findings.md, "FlashInfer's
+# fused FP8 rope + paged append"); pinned by tests/backends/test_flashinfer_fused.py on a GPU.
+FLASHINFER_FUSED_VEC = 16
+
+
+def flashinfer_fused_straddle(spec: RopeSpec) -> str | None:
+    """Why FlashInfer 0.7.4's fused FP8 rope + paged append answers wrongly on ``spec`` (NeoX with
+    rotary_dim / 2 not a multiple of its 16-channel vector), or None."""
+    if not spec.is_neox_style or (spec.rotary_dim // 2) % FLASHINFER_FUSED_VEC == 0:
+        return None
+    return (f"known defect: FlashInfer's fused rope + append rotates 16 channels per thread as a unit and "
+            f"NeoX's half boundary at {spec.rotary_dim // 2} falls inside one (rotary_dim {spec.rotary_dim}; "
+            f"wrong values, docs/findings.md)")
+
+
 # Shapes measured wrong on the H200 every time they ran (bf16 and fp16; the probe, the map and the
 # property runs; max |diff| in bf16), pinned through the harness by
 # test_backend_known_wrong_shapes_still_mismatch.
