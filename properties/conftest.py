@@ -21,9 +21,12 @@ def pytest_configure(config):
 # (marked boundary) next, where a path switched at a prefill-size token count fails in under a minute
 # under the interpreter instead of after minutes of the rotation searches, and the sweeps (every
 # catalogued model, marked sweep; the other prefill sizes) last, after the searches: one wrong kernel
-# fails a search in seconds and a sweep of 118 fixed cases in half a minute.  A full run keeps them
-# in file order: started first, the long interpreter cases measured 55 s slower on 2 cores (xdist's
-# load balancing).
+# fails a search in seconds and a sweep of 118 fixed cases in half a minute.  The properties that
+# call the implementation inside torch.compile (marked traced) go after even those: each drawn spec
+# is a Dynamo trace, and an eager bug fails the eager properties at least as soon (a Triton kernel
+# mutant under the interpreter spent 17 s there before the prefill batches caught it, 66.8 s in all).
+# A full run keeps them in file order: started first, the long interpreter cases measured 55 s slower
+# on 2 cores (xdist's load balancing).
 def _fixed_rank(item, fail_fast: bool) -> int:
     if item.get_closest_marker("known_bug") is not None:
         return 0
@@ -31,6 +34,8 @@ def _fixed_rank(item, fail_fast: bool) -> int:
         return 2
     if item.get_closest_marker("boundary") is not None:
         return 1
+    if item.get_closest_marker("traced") is not None:
+        return 4
     return 3 if item.get_closest_marker("sweep") or item.get_closest_marker("prefill") else 2
 
 

@@ -62,6 +62,7 @@ def test_the_same_inputs_give_the_same_bits(impl_name, device, data):
 
 
 # Few examples: every drawn spec is a recompile (Dynamo guards on the spec), seconds each on the CPU.
+@pytest.mark.traced
 @given(data=st.data())
 @settings(max_examples=3)
 def test_rotation_matches_reference_under_compile(impl_name, device, data):

@@ -100,6 +100,8 @@ MARKERS = (
     "boundary: a prefill-size boundary case, run right after the known bugs in a run that stops at its first failure",
     "sweep: a fixed sweep over a catalogue (every model at every TP size), run after the searches in a run that "
     "stops at its first failure",
+    "traced: calls the implementation inside torch.compile (a Dynamo trace per drawn spec, seconds each on the "
+    "CPU): run last in a run that stops at its first failure",
     "stack: meets the installed torch and Triton directly; CI runs it on every stack it supports",
     "replay: replays case files (--rope-repro)",
     "self_test: runs deliberately broken implementations (the suite checking itself): kept out of the run report",
