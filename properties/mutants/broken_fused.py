@@ -13,7 +13,7 @@ from rope.triton.rope_kv_cache import mla_rope_kv_cache_triton, rope_kv_cache_tr
 from rope.triton.rotary import rotate_triton
 
 __all__ = ["BROKEN_FUSED", "fp8_scale_multiplied", "latent_k_pe_unrotated", "live_key_unrotated",
-           "norm_after_rotation", "padding_slots_written", "partner_lost_past_10240",
+           "norm_after_rotation", "padding_slots_written", "partner_lost_past_10240", "pos_ids_swapped_with_slots",
            "partner_lost_past_10240_in_cache_write", "q_pe_heads_read_packed"]
 
 PARTNER_SWITCH = 10240
@@ -125,6 +125,21 @@ def padding_slots_written(spec, positions, query, key, value, key_cache, value_c
     return q, k
 
 
+@_fused("rope_kv_cache")
+def pos_ids_swapped_with_slots(spec, positions, query, key, value, key_cache, value_cache, slot_mapping,
+                               cos_sin_cache, *, kv_layout="NHD", k_scale=None, v_scale=None):
+    """FlashInfer's op takes two index arrays, ``pos_ids`` (the rotation's positions) and
+    ``positions`` (a token's place in its request's pages: its cache slot here); passed the other way
+    round, q and k rotate by each token's slot (within the table) while the cache write still lands
+    at the slot.  Tokens with no slot keep their positions."""
+    slots = slot_mapping.to(positions.dtype)
+    n = slots.shape[0]
+    swapped = positions.clone()
+    swapped[..., :n] = torch.where(slots >= 0, slots % cos_sin_cache.shape[0], swapped[..., :n])
+    return rope_kv_cache_triton(spec, swapped, query, key, value, key_cache, value_cache, slot_mapping,
+                                cos_sin_cache, kv_layout=kv_layout, k_scale=k_scale, v_scale=v_scale)
+
+
 def _inverse(scale):
     if scale is None:
         return None
@@ -188,6 +203,7 @@ def latent_k_pe_unrotated(spec, positions, q_pe, k_pe, kv_c, kv_cache, slot_mapp
 
 
 BROKEN_FUSED = {fn.__name__: fn for fn in (live_key_unrotated, padding_slots_written, fp8_scale_multiplied,
+                                            pos_ids_swapped_with_slots,
                                             norm_after_rotation, partner_lost_past_10240,
                                             partner_lost_past_10240_in_cache_write, q_pe_heads_read_packed,
                                             latent_k_pe_unrotated)}

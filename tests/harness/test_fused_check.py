@@ -27,6 +27,8 @@ CASES = [
     ("live_key_unrotated", KNOWN_CACHE["sglang-19636-live-k"], "live_key_unrotated"),
     ("padding_slots_written", KNOWN_CACHE["flashinfer-2792-padding-slots"], "padding_slot_written"),
     ("fp8_scale_multiplied", FP8_CASE, "fp8_scale_multiplied"),
+    ("pos_ids_swapped_with_slots", KNOWN_CACHE["sglang-19636-live-k"], "rotated_by_slots"),
+    ("pos_ids_swapped_with_slots", FP8_CASE, "rotated_by_slots"),
     ("partner_lost_past_10240_in_cache_write", KNOWN_CACHE["vllm-51049-partial-rotary-past-10240"],
      "partner_lost_past_10240"),
     ("norm_after_rotation", SMALL_QK, "norm_after_rotation"),

@@ -18,10 +18,10 @@ from __future__ import annotations
 import torch
 
 from reference.rotation import pair_indices, select_cos_sin
-from rope.harness.rotation.bound import SUBNORMAL_SPACING, UNIT_ROUNDOFF
+from rope.harness.rotation.bound import SUBNORMAL_SPACING, UNIT_ROUNDOFF, compare_rotation
 from rope.spec import RopeSpec
 
-__all__ = ["U32", "UNIT_ROUNDOFF", "fp8_bound", "fp8_half_spacing", "qk_norm_bound"]
+__all__ = ["U32", "UNIT_ROUNDOFF", "fp8_bound", "fp8_half_spacing", "qk_norm_bound", "rotation_within_bound"]
 
 U32 = UNIT_ROUNDOFF[torch.float32]
 # FP8: (mantissa bits, smallest normal exponent).
@@ -70,3 +70,10 @@ def fp8_bound(expected: torch.Tensor, value_error: torch.Tensor, dtype: torch.dt
     rounding and the product's."""
     delta = value_error + roundings * U32 * (expected.abs() + value_error)
     return fp8_half_spacing(expected.abs() + delta, dtype) + delta
+
+
+def rotation_within_bound(spec: RopeSpec, positions, query, key, cos_sin_cache, q_out, k_out, ref_q, ref_k) -> bool:
+    """Whether q_out and k_out (None: not compared) are within the rotation's bound of ``ref_q`` and
+    ``ref_k``, the float64 rotation of query and key at ``positions`` (float32 working precision):
+    the q and k of a fused op held as a rotation, against a reference of the diagnosis' choosing."""
+    return compare_rotation(spec, positions, query, key, cos_sin_cache, q_out, k_out, ref_q, ref_k, "float32").ok

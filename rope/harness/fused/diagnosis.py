@@ -18,6 +18,9 @@ eps_dropped                     q and k normalized without eps
 weights_swapped                 q normalized with k's weight and k with q's
 partner_lost_past_10240         partial rotary wrong only at token x head indices past 10240 (a warp
                                 handling several heads loses a pair's partner there, vllm#51049)
+rotated_by_slots                q and k rotated by each token's cache slot instead of its position (an
+                                op taking both arrays, as FlashInfer's pos_ids and positions, handed
+                                them swapped)
 q_wrong, k_wrong, qk_wrong      the rotated heads wrong some other way
 key_cache_wrong                 the key cache's written rows wrong (the live k right)
 value_cache_wrong               the value cache's written rows wrong
@@ -37,7 +40,7 @@ import torch
 import reference.fused as fused_reference
 from reference.rotation import rotate
 from rope.fused import is_fp8, scale_float
-from rope.harness.fused.bound import UNIT_ROUNDOFF, fp8_bound
+from rope.harness.fused.bound import UNIT_ROUNDOFF, fp8_bound, rotation_within_bound
 from rope.harness.fused.compare import bad_elements, bits, changed_rows, rows_mask
 
 __all__ = ["LABELS", "PARTNER_SWITCH", "diagnose"]
@@ -55,6 +58,8 @@ LABELS = {
     "eps_dropped": "q and k match the norm without eps",
     "weights_swapped": "q and k match the norm with q's and k's weights swapped",
     "partner_lost_past_10240": "partial rotary wrong only past 10240 token x head products",
+    "rotated_by_slots": "q and k match the rotation at each token's cache slot instead of its position "
+                        "(the positions and the slots swapped)",
     "q_wrong": "the rotated q is wrong",
     "k_wrong": "the rotated k is wrong",
     "qk_wrong": "the rotated q and k are wrong",
@@ -191,6 +196,29 @@ def _bad_q_k(ev: dict, ref_q: torch.Tensor, ref_k: torch.Tensor) -> tuple:
     return q_bad, k_bad
 
 
+def _rotated_by_slots(check, q_bad, k_bad) -> bool:
+    """q and k (where compared) within their bounds of the rotation at each slotted token's cache
+    slot (within the table) in place of its position."""
+    case, ev = check.case, check.evidence
+    rotation, inputs, before = ev["rotation"], ev["inputs"], ev["before"]
+    if rotation is None or "query" not in rotation.bounds:
+        return False
+    positions = inputs.positions.cpu()
+    slots = inputs.slot_mapping.cpu().to(positions.dtype)
+    n = slots.shape[0]
+    if not n or bool((slots[slots >= 0] == positions[..., :n][..., slots >= 0]).all()):
+        return False
+    swapped = positions.clone()
+    swapped[..., :n] = torch.where(slots >= 0, slots % inputs.cos_sin_cache.shape[0], swapped[..., :n])
+    key = before["key"].cpu() if k_bad is not None else None
+    table = inputs.cos_sin_cache.cpu()
+    alt_q, alt_k = rotate(case.spec, swapped, before["query"].cpu(), key, table)
+    k_out = ev["k_out"].cpu() if key is not None else None
+    # Held to the bound of the rotation at the slots (a bound follows the values it bounds).
+    return rotation_within_bound(case.spec, swapped, before["query"].cpu(), key, table, ev["q_out"].cpu(), k_out,
+                                 alt_q, alt_k)
+
+
 def _diagnose_cache(check) -> str:
     case, ev = check.case, check.evidence
     if "rotation" not in ev:
@@ -213,6 +241,8 @@ def _diagnose_cache(check) -> str:
     if q_bad is not None and k_bad is not None and _partner_lost(case.spec, [(q_bad, 0), (k_bad, case.num_q_heads)],
                                                                   case.num_tokens, total):
         return "partner_lost_past_10240"
+    if q_wrong and _rotated_by_slots(check, q_bad, k_bad):
+        return "rotated_by_slots"
     if q_wrong or k_wrong:
         return "qk_wrong" if q_wrong and k_wrong else "q_wrong" if q_wrong else "k_wrong"
     return "key_cache_wrong" if ev["cache_bad"].get("key_cache") else "value_cache_wrong"
