@@ -62,28 +62,27 @@ def test_a_cache_write_checks_its_metadata_once_per_signature(monkeypatch):
     assert len(cache_module._CHECKED) == 1
 
 
-def test_an_mla_write_checks_its_metadata_once_per_signature(monkeypatch):
-    monkeypatch.setenv("ROPE_CHECK_VALUES", "0")
-    cache_module._CHECKED.clear()
-    i = build_mla_case(MLA)
-    _mla_call(i)
-    _mla_call(i)
-    assert len(cache_module._CHECKED) == 1
-    with pytest.raises(ValueError, match="k_pe"):           # k_pe is q_pe's first head: refused
-        _mla_call(i, k_pe=i.q_pe[:, 0])
-    assert len(cache_module._CHECKED) == 1
+# (entry's module, inputs, call, the refused change, the message it is refused with)
+ONCE_PER_SIGNATURE = {
+    "mla": (cache_module, lambda: build_mla_case(MLA), _mla_call,
+            lambda i: dict(k_pe=i.q_pe[:, 0]), "k_pe"),                    # k_pe is q_pe's first head
+    "qk_norm": (qk_module, lambda: build_qk_norm_case(QK), _qk_call,
+                lambda i: dict(qkv=i.qkv[:1].expand(i.qkv.shape[0], -1)), "overlap"),   # one row three times
+}
 
 
-def test_a_qk_norm_call_checks_its_metadata_once_per_signature(monkeypatch):
+@pytest.mark.parametrize("entry", list(ONCE_PER_SIGNATURE))
+def test_the_other_fused_entries_check_their_metadata_once_per_signature(monkeypatch, entry):
+    module, build, call, refused, message = ONCE_PER_SIGNATURE[entry]
     monkeypatch.setenv("ROPE_CHECK_VALUES", "0")
-    qk_module._CHECKED.clear()
-    i = build_qk_norm_case(QK)
-    _qk_call(i)
-    _qk_call(i)
-    assert len(qk_module._CHECKED) == 1
-    with pytest.raises(ValueError, match="overlap"):        # expanded rows: one row rotated three times
-        _qk_call(i, qkv=i.qkv[:1].expand(i.qkv.shape[0], -1))
-    assert len(qk_module._CHECKED) == 1
+    module._CHECKED.clear()
+    i = build()
+    call(i)
+    call(i)
+    assert len(module._CHECKED) == 1
+    with pytest.raises(ValueError, match=message):
+        call(i, **refused(i))
+    assert len(module._CHECKED) == 1
 
 
 @pytest.mark.parametrize("switch", ["", "1"])
