@@ -116,3 +116,40 @@ def test_nonfinite_values_must_match_exactly():
     nan_for_finite = ref_q.float().clone()
     nan_for_finite[torch.isfinite(ref_q).nonzero()[0].tolist()[0], torch.isfinite(ref_q).nonzero()[0].tolist()[1]] = float("nan")
     assert not compare(nan_for_finite).ok
+
+
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("head_size, rotary_dim", [(128, 128), (128, 64), (64, 16), (80, 80), (32, 8)])
+def test_the_bounds_pair_slices_are_the_references_pairs(neox, head_size, rotary_dim):
+    # rotation_bound reads a pair's channels through slices (views) where the reference gathers them
+    # by index: the same channels, in the same order.
+    import dataclasses
+
+    from reference.rotation import pair_indices
+    from rope.harness.rotation.bound import pair_slices
+    from rope.models import get_model
+    spec = dataclasses.replace(get_model("qwen2-7b").spec, head_size=head_size, rotary_dim=rotary_dim,
+                               is_neox_style=neox)
+    channels = torch.arange(head_size)
+    for sliced, indexed in zip(pair_slices(spec), pair_indices(spec)):
+        assert torch.equal(channels[sliced], indexed)
+
+
+@given(data=st.data())
+def test_the_all_finite_shortcut_gives_the_masked_errors(data):
+    # element_errors skips its non-finite masks on CPU tensors that are all finite: the error and the
+    # bound are the masked path's, bit for bit (|got - exp|, the bound where finite, else 0).
+    from reference.rotation import select_cos_sin
+    from rope.harness.rotation.bound import element_errors
+    case = data.draw(rotation_cases(max_tokens=8))
+    inputs = build_rotation_inputs(case)
+    exp, _ = reference.rotate(case.spec, inputs.positions, inputs.query.clone(), None, inputs.cache)
+    got = exp + exp * 1e-6                        # above the reference where it is positive, below elsewhere
+    cos, sin = select_cos_sin(case.spec, inputs.positions, inputs.cache)
+    finite = torch.isfinite(exp) & torch.isfinite(got)
+    bound = rotation_bound(case.spec, inputs.query, exp, cos, sin, inputs.query.dtype, "float32")
+    same_nonfinite = (torch.isnan(exp) & torch.isnan(got)) | (torch.isinf(exp) & (got == exp))
+    masked = (torch.where(finite, (got - exp).abs(), torch.where(same_nonfinite, 0.0, float("inf"))),
+              torch.where(torch.isfinite(bound), bound, torch.zeros_like(bound)))
+    for a, b in zip(element_errors(case.spec, inputs.query, got, exp, cos, sin, "float32"), masked):
+        assert torch.equal(a.view(torch.int64), b.view(torch.int64))
