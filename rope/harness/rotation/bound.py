@@ -324,3 +324,59 @@ def compare_rotation(spec: RopeSpec, positions, query, key, cos_sin_cache, out_q
     result.worst = [m for m in candidates[:keep] if m.ratio > 0]
     result.worst_ratio = candidates[0].ratio if candidates else 0.0
     return result
+
+
+# Elements (q and k side by side) per slice of tokens in :func:`passes_on_device`: a slice's float64
+# temporaries (input, output, reference, cos/sin, bound, error: about ten of them) stay near 1 GiB,
+# so 16 workers sharing one GPU never hold a 16,384-token case's several GiB at once.
+DEVICE_SLICE_ELEMENTS = 1 << 23
+
+
+def passes_on_device(spec: RopeSpec, positions, query, key, cos_sin_cache, out_q, out_k, precision: str,
+                     reference_fn, *, slice_elements: int = DEVICE_SLICE_ELEMENTS) -> tuple[int, float] | None:
+    """:func:`compare_rotation`'s verdict of a call whose every element is within its bound,
+    computed where the outputs are (a GPU: the float64 reference, cos/sin, the bound and the error of
+    a 16,384-token case take milliseconds there and many seconds on one CPU thread), a slice of tokens
+    at a time, with one wait at the end: ``(elements compared, worst error/bound)``.
+
+    None where it cannot say "passed": an element past its bound, an output that is not a tensor of
+    the input's dtype, shape and device, or a key returned for none.  The caller then runs
+    :func:`compare_rotation` on the CPU, which explains the failure (the worst elements, the
+    per-element errors the diagnosis reads), so the device never decides a failure's report.
+
+    ``query``/``key``/``positions``/``cos_sin_cache``: the untouched inputs (any device);
+    ``reference_fn(spec, positions, query, key, cache)``: the float64 reference the implementation
+    is held to, from the cache it was handed (angles computed by the implementation itself are
+    compared on the CPU).  Every step is elementwise or a gather, the same float64 operations as on
+    the CPU, so the worst ratio is the CPU's to the bit (tests/harness/test_device_compare.py)."""
+    device = out_q.device if isinstance(out_q, torch.Tensor) else None
+    pairs = [(query, out_q)] + ([(key, out_k)] if key is not None or out_k is not None else [])
+    for x, out in pairs:
+        if (x is None or not isinstance(out, torch.Tensor) or out.dtype != x.dtype
+                or tuple(out.shape) != tuple(x.shape) or out.device != device):
+            return None
+    width = sum(x.shape[1] for x, _ in pairs)
+    num_tokens = query.shape[0]
+    if num_tokens == 0 or width == 0:
+        return 0, 0.0
+    rows_per_slice = max(1, slice_elements // width)
+    table = cos_sin_cache.to(device)
+    positions = positions.to(device)
+    worst = torch.zeros((), dtype=torch.float64, device=device)
+    past = torch.zeros((), dtype=torch.int64, device=device)
+    for start in range(0, num_tokens, rows_per_slice):
+        rows = slice(start, start + rows_per_slice)
+        p = positions[..., rows]
+        xs = [x[rows].to(device) for x, _ in pairs]
+        refs = reference_fn(spec, p, xs[0], xs[1] if len(xs) > 1 else None, table)
+        x = torch.cat(xs, dim=1) if len(xs) > 1 else xs[0]
+        got = torch.cat([out[rows].detach().to(torch.float64) for _, out in pairs], dim=1)
+        exp = torch.cat([r.to(torch.float64) for r in refs[:len(xs)]], dim=1)
+        cos, sin = select_cos_sin(spec, p, table)
+        err, bound = element_errors(spec, x, got, exp, cos, sin, precision, None, table.dtype)
+        ratio = torch.where(bound > 0, err / bound, torch.where(err == 0, 0.0, float("inf")))
+        worst = torch.maximum(worst, ratio.max())
+        past += (err > bound).sum()
+    if int(past):              # the one wait
+        return None
+    return num_tokens * width, float(worst)
