@@ -7,7 +7,7 @@
 #
 # Written under $OUT (the device tool's folder; else /tmp/suite-runs): summary.txt, one line per run
 # (its number, exit status, wall time and pytest's last line), failed.txt (the FAILED lines of every
-# run, by run), and the junit XML and reports/summary.md of a run that failed only (the device tool
+# run, by run), durations-N.txt (each run's 25 slowest test phases: the poles of its wall time), and the junit XML and reports/summary.md of a run that failed only (the device tool
 # brings back a few files); beside a campaign also memory.txt, the GPU's and the host's memory every 5 s. Each run starts from an empty Triton cache, as a fresh machine does; the
 # campaign gets a cache and an output folder of its own.
 set -u
@@ -17,12 +17,13 @@ mkdir -p "$out"
 one_run() {     # one_run NUMBER: the suite once, its lines appended to the summary
     local i=$1 log="$out/run-$1.log" started rc
     started=$(date +%s)
-    TRITON_CACHE_DIR=$(mktemp -d) python3 -m pytest -n auto -p no:cacheprovider -q -rf \
+    TRITON_CACHE_DIR=$(mktemp -d) python3 -m pytest -n auto -p no:cacheprovider -q -rf --durations=25 \
         --junitxml="$out/junit-$i.xml" > "$log" 2>&1
     rc=$?
     echo "run $i: rc=$rc, $(( $(date +%s) - started )) s wall: $(grep -E '(passed|failed)' "$log" | tail -1)" \
         | tee -a "$out/summary.txt"
     grep '^FAILED' "$log" | sed "s/^/run $i: /" >> "$out/failed.txt"
+    sed -n '/slowest 25 durations/,/^$/p' "$log" > "$out/durations-$i.txt"
     if [ "$rc" -eq 0 ]; then
         rm -f "$out/junit-$i.xml"
     else
