@@ -5,9 +5,13 @@ A call's signature is its scalars and, for each tensor, its dtype, shape, stride
 address: everything the entries' checks read but the values (the overlap checks read addresses,
 sizes and strides only: rope/overlap.py).  A call with a signature seen before passes them again,
 and finds what the entry derived from them the first time (whether it must copy a strided input).
+An entry that reads values as well (rope.spec.checks_values: the CPU, or ROPE_CHECK_VALUES=1) has no
+signature: every call of it is checked whole, as it reads the values anyway.
 """
 
 from __future__ import annotations
+
+from rope.spec import checks_values
 
 __all__ = ["CheckedCalls"]
 
@@ -25,13 +29,17 @@ class CheckedCalls:
         self._seen: dict = {}
 
     @staticmethod
-    def signature(scalars: tuple, tensors: tuple):
+    def signature(scalars: tuple, tensors: tuple, *, values_read_from=None):
         """The call's signature, or None where there is none to trust (an argument that is not a
-        tensor, a tensor without storage such as a fake one while tracing)."""
+        tensor, a tensor without storage such as a fake one while tracing) or where the entry reads
+        values: ``values_read_from``, the tensor whose device decides whether it does
+        (rope.spec.checks_values, asked at every call: ROPE_CHECK_VALUES may be set at any time)."""
         try:
             signature = (*scalars, *map(_metadata, tensors))
             hash(signature)
         except (AttributeError, TypeError, RuntimeError, NotImplementedError):
+            return None
+        if values_read_from is not None and checks_values(values_read_from):
             return None
         return signature
 

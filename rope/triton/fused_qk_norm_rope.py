@@ -28,7 +28,7 @@ import triton.language as tl
 
 from rope.devices import device_name, triton_runs_on
 from rope.fused import check_qk_norm_rope_inputs
-from rope.spec import RopeSpec, checks_values
+from rope.spec import RopeSpec
 from rope.triton.checked import CheckedCalls
 from rope.triton.fused_tiles import head_tile, inverse_rms, program_heads, rotate_pairs, store_pairs
 from rope.triton.grid import cdiv, next_power_of_2
@@ -158,8 +158,8 @@ def qk_norm_rope_triton(spec: RopeSpec, positions, qkv, num_heads_q: int, num_he
         q_weight, k_weight: [head_size], qkv's dtype.  eps: the RMSNorm epsilon (passed as fp32).
         cos_sin_cache: [>= max position + 1, rotary_dim], cos | sin.
     """
-    signature = None if checks_values(positions) else CheckedCalls.signature(
-        (spec, num_heads_q, num_heads_k, num_heads_v, eps), (positions, qkv, q_weight, k_weight, cos_sin_cache))
+    signature = CheckedCalls.signature((spec, num_heads_q, num_heads_k, num_heads_v, eps),
+                                       (positions, qkv, q_weight, k_weight, cos_sin_cache), values_read_from=positions)
     if _CHECKED.get(signature) is None:      # values read (the CPU), or metadata not seen: every check
         check_qk_norm_rope_inputs(spec, positions, qkv, num_heads_q, num_heads_k, num_heads_v, q_weight, k_weight,
                                   eps, cos_sin_cache)

@@ -18,7 +18,7 @@ import functools
 import triton
 import triton.language as tl
 
-from rope.spec import check_position_inputs, checks_values
+from rope.spec import check_position_inputs
 from rope.devices import device_name, triton_runs_on
 from rope.runner_positions import check_out
 from rope.triton.checked import CheckedCalls
@@ -100,9 +100,7 @@ def _check_inputs(prefill_positions, prefill_delta, idx_mapping, query_start_loc
     """The step's checks, the metadata's once per signature; returns whether a 1-D input must be
     copied to unit stride."""
     tensors = (prefill_positions, prefill_delta, idx_mapping, query_start_loc, prefill_lens, num_computed_tokens, out)
-    signature = CheckedCalls.signature((num_dims,), tensors)
-    if signature is not None and checks_values(idx_mapping):
-        signature = None      # values checked: never from the cache (ROPE_CHECK_VALUES may be set at any time)
+    signature = CheckedCalls.signature((num_dims,), tensors, values_read_from=idx_mapping)
     strided = _CHECKED.get(signature)
     if strided is not None:
         return strided

@@ -34,7 +34,7 @@ import triton.language as tl
 
 from rope.devices import device_name, triton_runs_on
 from rope.fused import check_mla_inputs, check_rope_kv_cache_inputs
-from rope.spec import RopeSpec, checks_values
+from rope.spec import RopeSpec
 from rope.triton.checked import CheckedCalls
 from rope.triton.fused_qk_norm_rope import tile
 from rope.triton.fused_tiles import head_tile, program_heads, rotate_pairs, store_pairs, to_fp8
@@ -255,11 +255,10 @@ def _signature(scalars: tuple, tensors: tuple, scales: tuple):
     """The call's signature for the cache of checked calls; None (check everything) where values
     are checked (the CPU, or ROPE_CHECK_VALUES=1: positions, slots and scale tensors are read) or
     where an argument has none.  A float scale is a scalar of the signature, a tensor one a tensor."""
-    if checks_values(tensors[0]):
-        return None
     floats = tuple(None if isinstance(s, torch.Tensor) else s for s in scales)
     return CheckedCalls.signature((*scalars, *floats),
-                                  (*tensors, *(s if isinstance(s, torch.Tensor) else None for s in scales)))
+                                  (*tensors, *(s if isinstance(s, torch.Tensor) else None for s in scales)),
+                                  values_read_from=tensors[0])
 
 
 def rope_kv_cache_triton(spec: RopeSpec, positions, query, key, value, key_cache, value_cache, slot_mapping,
