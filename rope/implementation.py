@@ -26,8 +26,9 @@ MAX_SWITCH = 1 << 31
 # How an engine calls it: eagerly, inside torch.compile, captured in a CUDA (HIP) graph and replayed.
 MODES = ("eager", "compile", "graph")
 # Narrowed fused-case draws an implementation may declare (``draws``): only 1-D positions, only FP8
-# caches, one scale for k and v, head/rotary/latent widths that are multiples of 16, fp16/bf16 only.
-FUSED_DRAWS = ("1d", "fp8_cache", "one_kv_scale", "dims_of_16", "half_dtypes")
+# caches, one scale for k and v, head/rotary/latent widths that are multiples of 16, fp16/bf16 only,
+# only caches in the activation dtype, only head sizes 64/128/256 (a kernel dispatched on them).
+FUSED_DRAWS = ("1d", "fp8_cache", "one_kv_scale", "dims_of_16", "half_dtypes", "activation_cache", "append_heads")
 
 
 @dataclass(frozen=True)

@@ -239,6 +239,8 @@ _FUSED = {
     # FlashInfer's FP8 rope + paged append (CUDA, flashinfer-python), as contracts B and C.
     "flashinfer": {"rope_kv_cache": "rope.backends.flashinfer_fused:rope_kv_cache_flashinfer",
                    "mla_rope_kv_cache": "rope.backends.flashinfer_fused:mla_rope_kv_cache_flashinfer"},
+    # FlashInfer's unfused pair: apply_rope_with_cos_sin_cache_inplace, then append_paged_kv_cache (B).
+    "flashinfer-unfused": {"rope_kv_cache": "rope.backends.flashinfer_unfused:rope_kv_cache_flashinfer_unfused"},
 }
 BUILTIN_FUSED = ("triton", "unfused")
 # What a run checks when none is named: the fused kernels (the unfused sequence is a bench baseline, by name).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# FlashInfer's flashinfer.rope.apply_rope_with_cos_sin_cache for a GPU box with no network:
+# FlashInfer's rope ops (flashinfer.rope) and its paged append (flashinfer.page) for a GPU box with no network:
 #
 #   lab/offline/flashinfer_carry.sh [WHEEL_DIR] [--local-check]      # WHEEL_DIR default /tmp/fi
 #   (carry .fi to the box, then there:) lab/offline/flashinfer_gpu_check.sh
@@ -7,7 +7,7 @@
 # Builds .fi/site/ (git-ignored), to be put first on PYTHONPATH on the box (Python 3.12, x86_64):
 #   flashinfer/        flashinfer-python 0.7.4 trimmed to what the rope path loads: the Python
 #                      modules of lab/offline/flashinfer_keep.txt (the real package __init__, kept as it
-#                      is), the rope JIT sources named in flashinfer/jit/rope.py and every header
+#                      is), the JIT sources named in flashinfer/jit/rope.py and jit/page.py and every header
 #                      they #include, found recursively with the include dirs flashinfer passes to
 #                      nvcc (flashinfer/jit/cpp_ext.py).  Dropped: the other 2900 Python modules,
 #                      the other csrc/ sources, cutlass/, spdlog/, most of cccl/ (715 MB -> ~20 MB).
@@ -79,11 +79,15 @@ keep = set(keep)
 # dist-info (metadata, entry points, licences); RECORD would list the dropped files.
 keep |= {n for n in fi_names if '.dist-info/' in n and not n.endswith('/RECORD')}
 
-# The rope JIT sources, as gen_rope_module() names them.
-rope_py = fi.read('flashinfer/jit/rope.py').decode()
-sources = ['flashinfer/data/csrc/' + s for s in re.findall(r'FLASHINFER_CSRC_DIR\s*/\s*"([^"]+)"', rope_py)]
-if not sources or any(s not in fi_names for s in sources):
-    sys.exit(f'rope sources not found in flashinfer/jit/rope.py: {sources}')
+# The JIT sources, as gen_rope_module() and gen_page_module() name them (the rotation and the fused
+# FP8 ops; the paged append of the unfused pair).
+sources = []
+for module in ('rope', 'page'):
+    text = fi.read(f'flashinfer/jit/{module}.py').decode()
+    found = ['flashinfer/data/csrc/' + s for s in re.findall(r'FLASHINFER_CSRC_DIR\s*/\s*"([^"]+)"', text)]
+    if not found or any(s not in fi_names for s in found):
+        sys.exit(f'{module} sources not found in flashinfer/jit/{module}.py: {found}')
+    sources += found
 
 # Include search as flashinfer/jit/cpp_ext.py sets it up: -I vendored CCCL first, then -isystem
 # (python, $cuda_home/include: not ours), tvm_ffi include, data/include, data/csrc, cutlass, spdlog.
@@ -121,7 +125,7 @@ tvm.extractall(f'{out}/site')          # apache-tvm-ffi whole: its Python packag
 total = sum(fi.getinfo(p).file_size for p in headers)
 tvm_headers = sorted(p for p in seen if seen[p] is tvm)
 with open(f'{out}/rope_headers.txt', 'w') as f:
-    f.write(f'# rope JIT sources and every file they #include from flashinfer/data and tvm_ffi/include\n'
+    f.write(f'# rope and page JIT sources and every file they #include from flashinfer/data and tvm_ffi/include\n'
             f'# flashinfer: {len(headers)} files, {total} bytes; tvm_ffi: {len(tvm_headers)} files\n')
     for p in headers:
         f.write(f'{fi.getinfo(p).file_size:9d} {p}\n')
@@ -129,7 +133,7 @@ with open(f'{out}/rope_headers.txt', 'w') as f:
         f.write(f'{tvm.getinfo(p).file_size:9d} {p}\n')
     f.write('# resolved outside (CUDA toolkit / C++ library): ' + ' '.join(sorted(external)) + '\n')
 py = sum(1 for n in keep if n.endswith('.py'))
-print(f'flashinfer {len(keep)} files kept ({py} .py; rope sources + {len(headers) - len(sources)} headers, '
+print(f'flashinfer {len(keep)} files kept ({py} .py; rope and page sources + {len(headers) - len(sources)} headers, '
       f'{total / 1e6:.2f} MB) of {len([n for n in fi_names if not n.endswith("/")])}; '
       f'tvm_ffi headers used: {len(tvm_headers)}')
 PY
@@ -185,6 +189,11 @@ from flashinfer.jit.rope import gen_rope_module
 spec = gen_rope_module()
 print('rope JitSpec sources:', *[os.path.relpath(s, site) for s in spec.sources])
 assert all(s.exists() for s in spec.sources)
+import flashinfer.page                              # the unfused pair's append
+from flashinfer.jit.page import gen_page_module
+page_spec = gen_page_module()
+print('page JitSpec sources:', *[os.path.relpath(s, site) for s in page_spec.sources])
+assert all(s.exists() for s in page_spec.sources)
 
 if os.environ['FI_NVCC']:
     q, k = torch.randn(3, 256, dtype=torch.bfloat16), torch.randn(3, 128, dtype=torch.bfloat16)
@@ -209,6 +218,10 @@ if os.environ['FI_NVCC']:
     print(f'nvcc opened {len(deps)} files: {len(ours)} from .fi/site, {len(tvm)} tvm_ffi headers '
           f'(missing from .fi/site/tvm_ffi: {absent or "none"})')
     assert not absent
+    t = time.perf_counter()
+    page_so = page_spec.build_and_load() and page_spec.jit_library_path   # the append's module, built alike
+    print(f'JIT build of the page module: {time.perf_counter() - t:.1f} s -> {page_so.name} '
+          f'({page_so.stat().st_size} bytes)')
 else:
     print('no nvcc here: JIT build not tried')
 

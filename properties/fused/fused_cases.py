@@ -48,9 +48,19 @@ def _partial_specs():
                      st.sampled_from([8, 16, 24]), st.booleans(), st.sampled_from(MAX_POSITIONS))
 
 
-def _specs(kinds, num_tokens: int):
+# Head sizes of ``append_heads`` (a kernel dispatched on 64, 128, 256: FlashInfer's paged append).
+APPEND_HEAD_SIZES = (64, 128, 256)
+
+
+def _specs(kinds, num_tokens: int, draws: tuple[str, ...] = ()):
     """A spec of every kind; a big draw (past 10240 and 2^15 token x heads) has head 32, and two
-    times in three partial rotary on 1-D positions (where vllm#51049's warps lose a pair's partner)."""
+    times in three partial rotary on 1-D positions (where vllm#51049's warps lose a pair's partner).
+    With ``append_heads`` (an implementation's declared draws) every head is 64, 128 or 256 wide (64
+    in a big draw, with the rotary width drawn as for any other)."""
+    if "append_heads" in draws:
+        heads = (64,) if num_tokens > 100 else APPEND_HEAD_SIZES
+        return st.sampled_from(kinds).flatmap(
+            lambda kind: rope_specs(kind=kind, head_sizes=heads, max_positions=MAX_POSITIONS))
     drawn = st.sampled_from(kinds).flatmap(
         lambda kind: rope_specs(kind=kind, head_sizes=(32,) if num_tokens > 100 else HEAD_SIZES,
                                 max_positions=MAX_POSITIONS))
@@ -92,6 +102,8 @@ def _dtypes(draws):
 
 
 def _caches(draws):
+    if "activation_cache" in draws:
+        return ["activation"]
     return [c for c in CACHE_KINDS if c != "activation"] if "fp8_cache" in draws else list(CACHE_KINDS)
 
 
@@ -102,7 +114,7 @@ def cache_cases(draw, *, kinds=KINDS, big: bool = True, max_tokens: int = 40, dr
     head products.  ``draws``: an implementation's declared narrowing (1-D only, FP8 caches only, one
     scale for k and v, widths of 16, half dtypes)."""
     num_tokens = draw(token_counts(max_tokens) if big else st.integers(1, max_tokens))
-    spec = _narrowed(draw(_specs(("1d",) if "1d" in draws else kinds, num_tokens)), draws)
+    spec = _narrowed(draw(_specs(("1d",) if "1d" in draws else kinds, num_tokens, draws)), draws)
     if num_tokens > 100:
         num_q, num_kv = draw(st.sampled_from([(14, 2), (12, 4)]))
     else:

@@ -8,7 +8,9 @@ Per model and token count: QK-norm + RoPE on a packed qkv (contract A) and RoPE 
 * ``unfused``: torch's norm or cache write beside the project's rotation kernel, one launch after
   another (rope/triton/unfused.py): what the fused kernel saves;
 * ``flashinfer``: FlashInfer's FP8 rope + paged append where it imports (B, FP8 caches, 1-D): it also
-  quantizes q, so it moves fewer bytes than the contract's in-place q.
+  quantizes q, so it moves fewer bytes than the contract's in-place q;
+* ``flashinfer-unfused``: FlashInfer's own unfused pair where it imports (B, activation-dtype caches,
+  1-D, heads of 64-512): its in-place rotation, then its paged append of k and v.
 
 Each contender's result is first held to the float64 reference (rope.harness.fused.check, on a case of
 the row's shape up to CHECK_TOKENS tokens); a failed check is reported and its time left out.  Every
@@ -48,7 +50,7 @@ CACHES = ("activation", "float8_e4m3fn")
 SCALE = 0.3                               # FP8 caches: one scale for k and v (FlashInfer takes one)
 BLOCK_SIZE = 16
 OPS = ("qk_norm_rope", "rope_kv_cache")
-CONTENDERS = ("triton", "unfused", "flashinfer")
+CONTENDERS = ("triton", "unfused", "flashinfer", "flashinfer-unfused")
 
 
 @dataclass

@@ -137,6 +137,10 @@ def floor_race_markdown(data: dict) -> list[str]:
     return lines + [""]
 
 
+# The fused race's contenders in its table's column order (rope.harness.bench_fused.CONTENDERS).
+FUSED_COLUMNS = ("triton", "unfused", "flashinfer", "flashinfer-unfused")
+
+
 def fused_markdown(data: dict) -> list[str]:
     """The fused ops' race (rope.harness.bench_fused): per op, model, tokens and cache, each contender's
     time, the unfused sequence's over the fused kernel's, and the row's memory floor."""
@@ -148,11 +152,14 @@ def fused_markdown(data: dict) -> list[str]:
              "call's inputs in DRAM), device events, median of 7; each first held to the float64 reference on "
              "the row's shape (up to 1024 tokens: past 10,240 token x heads on every model).  `unfused`: torch's norm or cache write beside our rotation "
              "kernel, one launch after another.  Floor: the row's bytes at the copy bandwidth measured in the "
-             "same run.  `flashinfer` (FP8 caches, 1-D) also quantizes q, so it moves fewer bytes.  The host's "
-             "time per call beside: where it passes the timed figure the row measures the host, not the kernel.", "",
+             "same run.  `flashinfer` (FP8 caches, 1-D) also quantizes q, so it moves fewer bytes; `flashinfer "
+             "unfused` (activation-dtype caches, 1-D, heads of 64-512) is FlashInfer's in-place rotation then its "
+             "paged append.  The host's time per call beside: where it passes the timed figure the row measures "
+             "the host, not the kernel.", "",
              "| op | model | tokens | cache | ours (us) | unfused (us) | unfused / ours | flashinfer (us) "
-             "| floor (us) | floor / ours | host, ours / unfused / flashinfer (us per call) | check |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|"]
+             "| flashinfer unfused (us) | floor (us) | floor / ours "
+             "| host, ours / unfused / flashinfer / flashinfer unfused (us per call) | check |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     keys = []
     for r in rows:
         key = (r["op"], r["model"], r["tokens"], r["cache"])
@@ -160,15 +167,15 @@ def fused_markdown(data: dict) -> list[str]:
             keys.append(key)
     for key in keys:
         by = {r["impl"]: r for r in rows if (r["op"], r["model"], r["tokens"], r["cache"]) == key}
-        ours, unfused, fi = (by.get(n, {}).get("ms", math.nan) for n in ("triton", "unfused", "flashinfer"))
+        ours, unfused, fi, fi_unfused = (by.get(n, {}).get("ms", math.nan) for n in FUSED_COLUMNS)
         floor = next(iter(by.values()))["floor_ms"]
         checks = "; ".join(f"{n}: {r['checked']}" for n, r in by.items() if r["checked"] != "ok") or "all ok"
         ratio = f"{unfused / ours:.2f}" if ours == ours and unfused == unfused else "-"
         frac = f"{floor / ours:.3f}" if ours == ours and floor == floor else "-"
-        hosts = (by.get(n, {}).get("host_us", math.nan) for n in ("triton", "unfused", "flashinfer"))
+        hosts = (by.get(n, {}).get("host_us", math.nan) for n in FUSED_COLUMNS)
         host = " / ".join("-" if us != us else f"{us:.1f}" for us in hosts)
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {_us(ours)} | {_us(unfused)} | {ratio} | "
-                     f"{_us(fi)} | {_us(floor)} | {frac} | {host} | {checks} |")
+                     f"{_us(fi)} | {_us(fi_unfused)} | {_us(floor)} | {frac} | {host} | {checks} |")
     return lines + [""]
 
 

@@ -30,6 +30,8 @@ from rope.harness.fused.diagnosis import diagnose
 from rope.implementation import FUSED_DRAWS, Implementation
 
 _ADAPTER = "rope.backends.flashinfer_fused"
+# What the adapters declare (``draws``): 1-D, FP8 caches with one scale, widths of 16, half dtypes.
+FP8_DRAWS = ("1d", "fp8_cache", "one_kv_scale", "dims_of_16", "half_dtypes")
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool) -> torch.Tensor:
@@ -136,11 +138,12 @@ def test_the_adapters_declare_how_their_results_differ_from_the_contracts(adapte
         record = Implementation.of("flashinfer", fn, "fused")
         assert record.fused_op == op and record.fp8_query and record.skips_padding_tokens
         assert record.scales_by_reciprocal and not record.returns_live_key
-        assert set(record.draws) <= set(FUSED_DRAWS) and record.version == "0.7.4-stand-in"
+        assert record.draws == FP8_DRAWS and set(record.draws) <= set(FUSED_DRAWS)
+        assert record.version == "0.7.4-stand-in"
 
 
 @settings(deadline=None, max_examples=8)
-@given(case=cache_cases(draws=FUSED_DRAWS, max_tokens=12, big=False))
+@given(case=cache_cases(draws=FP8_DRAWS, max_tokens=12, big=False))
 def test_drawn_cache_writes_pass_through_the_adapter(adapter, case):
     fn = adapter.rope_kv_cache_flashinfer
     # Within the declared draws nothing is unsupported but the real op's known NeoX straddle (the
@@ -152,7 +155,7 @@ def test_drawn_cache_writes_pass_through_the_adapter(adapter, case):
 
 
 @settings(deadline=None, max_examples=8)
-@given(case=mla_cases(draws=FUSED_DRAWS, max_tokens=8))
+@given(case=mla_cases(draws=FP8_DRAWS, max_tokens=8))
 def test_drawn_mla_writes_pass_through_the_adapter(adapter, case):
     why = Implementation.of("flashinfer", adapter.mla_rope_kv_cache_flashinfer, "fused").unsupported_reason(
         case, "cuda")
