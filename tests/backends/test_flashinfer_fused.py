@@ -13,9 +13,6 @@ Where FlashInfer imports (the GPU box), the real op runs through properties/fuse
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import sys
-import types
 
 import pytest
 import torch
@@ -28,6 +25,7 @@ from rope.harness.fused.check import (check_mla_rope_kv_cache, check_rope_kv_cac
                                       run_rope_kv_cache)
 from rope.harness.fused.diagnosis import diagnose
 from rope.implementation import FUSED_DRAWS, Implementation
+from tests.backends.stand_in_flashinfer import import_over_stand_in, real_adapter
 
 _ADAPTER = "rope.backends.flashinfer_fused"
 # What the adapters declare (``draws``): 1-D, FP8 caches with one scale, widths of 16, half dtypes.
@@ -97,19 +95,8 @@ def stand_in(*, invert_nothing: bool = False, write_padding: bool = False, q_sca
 
 @pytest.fixture(scope="module")
 def adapter():
-    """The adapter module imported over a stand-in ``flashinfer.rope``; the modules are restored at
-    once (the adapter binds ``flashinfer.rope`` at import), so a real FlashInfer imports as before."""
-    package, rope_module = types.ModuleType("flashinfer"), types.ModuleType("flashinfer.rope")
-    package.__version__ = "0.7.4-stand-in"
-    package.rope = rope_module
-    rope_module.rope_quantize_fp8_append_paged_kv_cache = stand_in()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(sys.modules, "flashinfer", package)
-        mp.setitem(sys.modules, "flashinfer.rope", rope_module)
-        mp.delitem(sys.modules, _ADAPTER, raising=False)
-        module = importlib.import_module(_ADAPTER)
-        del sys.modules[_ADAPTER]
-    return module
+    """The adapter module imported over a stand-in ``flashinfer.rope`` (tests/backends/stand_in_flashinfer.py)."""
+    return import_over_stand_in(_ADAPTER, {"rope": {"rope_quantize_fp8_append_paged_kv_cache": stand_in()}})
 
 
 def _cache_check(module, case):
@@ -235,15 +222,6 @@ STRADDLE_SHAPES = [  # (head_size, rotary_dim, is_neox_style)
 ]
 
 
-def _real_adapter():
-    if not torch.cuda.is_available():
-        pytest.skip("FlashInfer's fused op runs on CUDA only")
-    try:
-        return importlib.import_module(_ADAPTER)
-    except ImportError as exc:
-        pytest.skip(f"FlashInfer is not importable here ({exc}); on the GPU box: . lab/offline/gpu_peers_env.sh")
-
-
 @pytest.mark.parametrize("head, rotary, neox", STRADDLE_SHAPES)
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_the_fused_ops_neox_straddle_is_declared_exactly(head, rotary, neox, layout):
@@ -252,7 +230,7 @@ def test_the_fused_ops_neox_straddle_is_declared_exactly(head, rotary, neox, lay
     from properties.fused.fused_cases import QWEN2, cache_case
     from rope.backends.known_faults import flashinfer_fused_straddle
     from rope.harness.fused.check import check_case
-    module = _real_adapter()
+    module = real_adapter(_ADAPTER)
     spec = dataclasses.replace(QWEN2, head_size=head, rotary_dim=rotary, is_neox_style=neox)
     case = cache_case(spec, cache="float8_e4m3fn", k_scale=0.3, v_scale=0.3, layout=layout)
     verdict = check_case("rope_kv_cache", module.rope_kv_cache_flashinfer, case, "cuda")
@@ -270,7 +248,7 @@ def test_the_fused_mla_form_straddles_alike(rope_dim, neox):
     from properties.fused.fused_cases import DEEPSEEK_V3, mla_case
     from rope.backends.known_faults import flashinfer_fused_straddle
     from rope.harness.fused.check import check_case
-    module = _real_adapter()
+    module = real_adapter(_ADAPTER)
     spec = dataclasses.replace(DEEPSEEK_V3, head_size=rope_dim, rotary_dim=rope_dim, is_neox_style=neox)
     case = mla_case(spec, kv_lora_rank=512, cache="float8_e4m3fn")
     verdict = check_case("mla_rope_kv_cache", module.mla_rope_kv_cache_flashinfer, case, "cuda")

@@ -14,9 +14,6 @@ FlashInfer imports (the GPU box), the real pair runs through properties/fused wi
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import sys
-import types
 
 import pytest
 import torch
@@ -27,6 +24,7 @@ from rope.harness.fused.cases import build_cache_case
 from rope.harness.fused.check import check_rope_kv_cache, run_rope_kv_cache
 from rope.harness.fused.diagnosis import diagnose
 from rope.implementation import FUSED_DRAWS, Implementation
+from tests.backends.stand_in_flashinfer import import_over_stand_in, real_adapter
 
 _ADAPTER = "rope.backends.flashinfer_unfused"
 
@@ -83,21 +81,9 @@ def append_stand_in(*, nothing: bool = False):
 
 @pytest.fixture(scope="module")
 def adapter():
-    """The adapter imported over stand-in ``flashinfer.rope`` and ``flashinfer.page``, restored at once."""
-    package = types.ModuleType("flashinfer")
-    rope_module, page_module = types.ModuleType("flashinfer.rope"), types.ModuleType("flashinfer.page")
-    package.__version__ = "0.7.4-stand-in"
-    package.rope, package.page = rope_module, page_module
-    rope_module.apply_rope_with_cos_sin_cache_inplace = rope_stand_in()
-    page_module.append_paged_kv_cache = append_stand_in()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(sys.modules, "flashinfer", package)
-        mp.setitem(sys.modules, "flashinfer.rope", rope_module)
-        mp.setitem(sys.modules, "flashinfer.page", page_module)
-        mp.delitem(sys.modules, _ADAPTER, raising=False)
-        module = importlib.import_module(_ADAPTER)
-        del sys.modules[_ADAPTER]
-    return module
+    """The adapter imported over stand-in ``flashinfer.rope`` and ``flashinfer.page``."""
+    return import_over_stand_in(_ADAPTER, {"rope": {"apply_rope_with_cos_sin_cache_inplace": rope_stand_in()},
+                                           "page": {"append_paged_kv_cache": append_stand_in()}})
 
 
 def _check(module, case):
@@ -185,21 +171,12 @@ def test_the_adapter_refuses_what_the_append_would_misread(adapter):
 
 
 # ------------------------------------------------------------- the real pair, where FlashInfer runs
-def _real_adapter():
-    if not torch.cuda.is_available():
-        pytest.skip("FlashInfer's kernels run on CUDA only")
-    try:
-        return importlib.import_module(_ADAPTER)
-    except ImportError as exc:
-        pytest.skip(f"FlashInfer is not importable here ({exc}); on the GPU box: . lab/offline/gpu_peers_env.sh")
-
-
 @pytest.mark.parametrize("head, rotary, neox", [(128, 128, True), (128, 64, False), (64, 32, True), (256, 64, True)])
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("block_size", [16, 64])
 def test_the_real_pair_matches_the_reference(head, rotary, neox, layout, block_size):
     from rope.harness.fused.check import check_case
-    module = _real_adapter()
+    module = real_adapter(_ADAPTER)
     spec = dataclasses.replace(QWEN2, head_size=head, rotary_dim=rotary, is_neox_style=neox)
     case = dataclasses.replace(cache_case(spec, cache="activation", layout=layout), block_size=block_size,
                                num_blocks=4, padding=0.25)
