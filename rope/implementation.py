@@ -58,6 +58,7 @@ class Implementation:
     separate_1d_kernel: bool = False             # one kernel for [rows, T] positions, another for [T]
     autograd: bool = False                       # torch.autograd differentiates its outputs w.r.t. query and key
     cache_grad: bool = False                     # ... and w.r.t. the cos/sin cache (with autograd)
+    backward_defect: str | None = None           # a measured upstream defect of its backward (with autograd): why
     # Position ids.
     families: tuple[str, ...] | None = None      # the model families it implements (None: every one)
     batch: Callable | None = None                # (family, PromptBatch) -> one result per prompt
@@ -122,8 +123,9 @@ class Implementation:
             if not modes or not set(modes) <= set(MODES):
                 raise ValueError(f"{where}modes={value!r}: must be a non-empty sequence of {MODES}")
             declared["modes"] = modes
-        if "version" in declared and not isinstance(declared["version"], str):
-            raise ValueError(f"{where}version={declared['version']!r}: must be a string")
+        for key in ("version", "backward_defect"):
+            if key in declared and not isinstance(declared[key], str):
+                raise ValueError(f"{where}{key}={declared[key]!r}: must be a string")
         for key in _CALLABLES:
             if key in declared and not callable(declared[key]):
                 raise ValueError(f"{where}{key}={declared[key]!r}: must be callable")

@@ -273,6 +273,15 @@ LIGER_SPILL_SHAPES = ((96, 41, 160), (96, 42, 160), (96, 41, 192))   # (query he
 LIGER_SPILL_FIXED = (13, 0)
 
 
+# Liger 0.8.5's rope backwards (LigerRopeFunction, LigerQwen2VLMRopeFunction): the backward kernel
+# rotates ``dq.transpose(1, 2).contiguous()`` in place, which is the upstream gradient itself whenever
+# its storage is [B, L, heads, head_dim]-contiguous (every [T, heads * head_size] output's gradient
+# is).  Its gradients are right; the tensor autograd handed in is overwritten.  Measured on the H100
+# and under the interpreter; pinned both ways by tests/backends/test_liger_backward.py.
+LIGER_BACKWARD_DEFECT = ("known defect: Liger's backward rotates the upstream gradient in its own storage (the "
+                         "tensor autograd handed in is overwritten; its gradients are right: docs/findings.md)")
+
+
 def liger_mrope_defect(spec: RopeSpec, num_tokens: int, dtype: torch.dtype, device: str, *, num_heads: int,
                        num_kv_heads: int) -> str | None:
     """Liger 0.8.5 ``liger_multimodal_rotary_pos_emb``: the float32 launches ptxas < 13 miscompiles

@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from rope.backends import declare, require, triton_reason
-from rope.backends.known_faults import liger_mrope_defect
+from rope.backends.known_faults import LIGER_BACKWARD_DEFECT, liger_mrope_defect
 from rope.spec import RopeSpec, check_rotation_inputs
 
 _mrope = require("liger_kernel.transformers.qwen2vl_mrope", distribution="liger-kernel",
@@ -96,6 +96,7 @@ def _reason(spec: RopeSpec, dtype, device: str) -> str | None:
 
 rotate_liger = declare(rotate_liger, working_precision="activation", reason=_reason, defect=liger_mrope_defect)
 rotate_liger.autograd = True
+rotate_liger.backward_defect = LIGER_BACKWARD_DEFECT
 
 
 def rotate_liger_1d(spec: RopeSpec, positions, query, key, cos_sin_cache):
@@ -120,3 +121,4 @@ def _reason_1d(spec: RopeSpec, dtype, device: str) -> str | None:
 
 rotate_liger_1d = declare(rotate_liger_1d, working_precision="activation", reason=_reason_1d)
 rotate_liger_1d.autograd = True
+rotate_liger_1d.backward_defect = LIGER_BACKWARD_DEFECT

@@ -127,3 +127,21 @@ def test_another_consumer_of_the_gradient_gets_it_rotated_by_liger_only(name, de
         assert not right, f"Liger's backward no longer writes the upstream gradient: {LIGER_WRITES_UPSTREAM}"
         pytest.xfail(LIGER_WRITES_UPSTREAM)
     assert right
+
+
+@pytest.mark.parametrize("mode, held", [("check", True), ("avoid", False)])
+def test_the_declared_write_is_held_unless_the_run_avoids_known_defects(mode, held, device, monkeypatch):
+    # The adapters declare the write (backward_defect): a default run fails on it (an upstream fix shows),
+    # a run avoiding known defects holds the gradients alone and says what it let through.
+    name, model = MODEL_ROWS[1]
+    fn = _liger_or_skip(name)
+    assert Implementation.of(name, fn).backward_defect.startswith("known defect")
+    monkeypatch.setenv("ROPE_KNOWN_DEFECTS", mode)
+    case = model_cases(_dtypes(name, fn, device)[0], keys=[model], num_q_heads=4, num_kv_heads=2)[0]
+    verdict = check_rotation_backward(name, fn, case, device)
+    assert verdict.forward.ok and verdict.backward.ok
+    assert (verdict.diagnosis().label == "upstream_gradient_written") is held
+    assert verdict.ok is not held and (verdict.avoided is None) is held
+    undeclared = lambda *args: fn(*args)                       # noqa: E731 - the same call, nothing declared
+    undeclared.autograd, undeclared.working_precision = True, "activation"
+    assert not check_rotation_backward("undeclared", undeclared, case, device).ok     # avoid needs the declaration

@@ -57,6 +57,7 @@ def test_built_ins_adapters_and_import_paths_give_records():
     ("switch_token_heads", "64", r"mine\.switch_token_heads='64': must be token x head products"),
     ("families", "qwen2_vl", r"mine\.families='qwen2_vl': must be a sequence of family names"),
     ("version", 3, r"mine\.version=3: must be a string"),
+    ("backward_defect", True, r"mine\.backward_defect=True: must be a string"),
     ("supports", True, r"mine\.supports=True: must be callable"),
     ("fused_op", "norm_rope", r"mine\.fused_op='norm_rope': must be one of \('qk_norm_rope', 'rope_kv_cache', "),
     ("rounds_normalized", 1, r"mine\.rounds_normalized=1: must be True or False"),
