@@ -64,8 +64,9 @@ def assert_liger_backward(name: str, fn, case, device: str, *, writes: bool | No
     written = [p for p in verdict.problems if "wrote the upstream gradient" in p]
     assert verdict.forward.ok and verdict.backward.ok and verdict.problems == written, \
         verdict.message(f"{name} on {device}: {case.brief()}, seed {case.seed}")
-    if writes is not None:
-        assert bool(written) == writes, f"{name} no longer writes the upstream gradient: {LIGER_WRITES_UPSTREAM}"
+    if writes is not None:        # held (the default run) or let through as declared (--rope-known-defects avoid)
+        assert bool(written or verdict.avoided) == writes, \
+            f"{name} no longer writes the upstream gradient: {LIGER_WRITES_UPSTREAM}"
 
 
 @pytest.mark.parametrize("name", list(ADAPTERS))
