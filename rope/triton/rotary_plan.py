@@ -17,7 +17,7 @@ from rope.spec import RopeSpec
 from rope.triton.grid import cdiv, next_power_of_2
 
 __all__ = [
-    "EVICT_FIRST_MAX_BYTES", "EVICT_FIRST_TOKENS", "FEW_TOKENS", "KEY_HEAD_BLOCK_TOKENS", "MAX_TILE", "MIN_BLOCK_F",
+    "EVICT_FIRST_MAX_BYTES", "EVICT_FIRST_TOKENS", "FEW_TOKENS", "INTERPRETED_TILE", "KEY_HEAD_BLOCK_TOKENS", "MAX_TILE", "MIN_BLOCK_F",
     "ONE_WAVE_PROGRAMS", "ONE_WAVE_TOKENS", "PDL_MAX_TOKENS", "PER_LANE_TILE_TOKENS", "PER_LANE_WIDE_TOKENS",
     "SMALL_BATCH_TOKENS", "SMALL_GRID_PROGRAMS", "SPECULATE_MAX_TOKENS",
     "cache_offsets_need_64", "check_guesses", "default_plan", "kernel_arguments", "lane_block", "map_table", "plan",
@@ -25,6 +25,7 @@ __all__ = [
 ]
 
 MAX_TILE = 1024            # tokens x heads x frequency pairs handled by one program at large batch sizes
+INTERPRETED_TILE = 1 << 16  # ... under Triton's interpreter, whose cost is per program (_interpreted_block_t)
 SMALL_BATCH_TOKENS = 128   # below this, split heads over more programs (decode latency)
 PDL_MAX_TOKENS = 64        # up to this, launch with programmatic dependent launch
                            # (docs/launch-defaults.md, PDL_MAX_TOKENS: 127 tokens lost 3%)
@@ -165,6 +166,8 @@ def plan(spec: RopeSpec, num_tokens: int, num_q: int, num_k: int, has_key: bool,
         speculate_positions = pdl and not positions_before_wait and num_tokens <= SPECULATE_MAX_TOKENS
     speculate = bool(speculate_positions)
     speculating = speculate and pdl     # the tile's band; the kernel reads the guesses whenever speculate is set
+    if block_t is None and not target.compiled:
+        block_t = _interpreted_block_t(spec, num_tokens, num_q, num_k)
     block_t, block_h, num_warps = _tile(spec, num_tokens, num_q, num_k, split_qk, gather_3d, speculating,
                                         block_t, block_h, num_warps)
     if evict_first is None:
@@ -220,6 +223,16 @@ def check_guesses(positions, position_guesses, speculate_positions, positions_be
         raise ValueError("speculate_positions=True with positions_before_wait=True: the early read is trusted, "
                          "there is nothing to verify")
     return speculate_positions
+
+
+def _interpreted_block_t(spec: RopeSpec, num_tokens: int, num_q: int, num_k: int) -> int:
+    """The interpreter's token block: its cost is per program (each a Python-level run of numpy
+    operations), so a program there takes as many tokens as fill INTERPRETED_TILE elements of its
+    heads, up to the batch.  Every element is computed alone (no reduction, no order), so the bits
+    do not depend on the tile (tests/kernels/test_interpreter_agreement.py holds them to a GPU's);
+    the GPU's own tiles are what its tests and a caller's block_t run."""
+    per_token = lane_block(spec) * next_power_of_2(max(num_q, num_k, 1))
+    return max(1, min(next_power_of_2(num_tokens), INTERPRETED_TILE // per_token))
 
 
 def _tile(spec: RopeSpec, num_tokens: int, num_q: int, num_k: int, split_qk: bool, gather_3d: bool,
