@@ -498,3 +498,16 @@ def test_the_position_steps_metadata_checks_are_cached_where_values_are_not_read
     with pytest.raises(ValueError, match="idx_mapping"):   # the cached signature, values checked all the same
         positions_module.prepare_positions_triton(*args, out)
     assert len(positions_module._CHECKED) == 1             # a checked-values call is never cached
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 300, 4096, 16384])
+def test_the_interpreter_takes_as_many_tokens_as_fill_its_tile_and_a_gpu_keeps_its_own(tokens):
+    # The interpreter's cost is per program: its token block fills INTERPRETED_TILE elements of the
+    # heads (a power of two, never past the batch); a GPU's tile is the measured default, unchanged.
+    from rope.triton.rotary_plan import INTERPRETED_TILE, lane_block
+    spec = RopeSpec(128, 128, True, (16, 24, 24), "interleaved", 1e6, 32768)
+    args = (spec, tokens, 28, 4, True, torch.bfloat16, 32768, 128)
+    interpreted = default_plan(*args, INTERPRETER)[1]["BLOCK_T"]
+    per_token = lane_block(spec) * next_power_of_2(28)
+    assert interpreted == min(next_power_of_2(tokens), INTERPRETED_TILE // per_token)
+    assert default_plan(*args, cuda_target((9, 0)))[1]["BLOCK_T"] <= 8
