@@ -25,7 +25,7 @@ __all__ = [
 ]
 
 MAX_TILE = 1024            # tokens x heads x frequency pairs handled by one program at large batch sizes
-INTERPRETED_TILE = 1 << 16  # ... under Triton's interpreter, whose cost is per program (_interpreted_block_t)
+INTERPRETED_TILE = 1 << 18  # ... under Triton's interpreter, whose cost is per program (_interpreted_block_t)
 SMALL_BATCH_TOKENS = 128   # below this, split heads over more programs (decode latency)
 PDL_MAX_TOKENS = 64        # up to this, launch with programmatic dependent launch
                            # (docs/launch-defaults.md, PDL_MAX_TOKENS: 127 tokens lost 3%)
