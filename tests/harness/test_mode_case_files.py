@@ -8,6 +8,7 @@ import json
 import re
 
 import pytest
+import torch
 
 from properties.mutants.broken_rotations import BROKEN_ROTATIONS
 from rope.harness import case_files
@@ -129,3 +130,59 @@ def test_a_file_without_a_mode_is_eager(case_dir):
     old = path.with_name("old.json")
     old.write_text(json.dumps(record))
     assert case_file.load_case(old).mode == "eager"
+
+
+NONDETERMINISTIC = "properties.mutants.broken_rotations:wrong_in_half_of_large_calls"
+
+
+@pytest.mark.parametrize("calls_before", [0, 1])
+def test_a_bug_wrong_on_some_calls_only_fails_its_replay_too(case_dir, calls_before, capsys):
+    # The mutant is wrong on every other call of 4 tokens or more: its case file replays in a fresh
+    # count of calls, whichever call comes first.  The replay calls twice, as the properties do, so
+    # the wrong call, or the two calls' different bits, is in it either way.
+    from properties.mutants import broken_rotations
+    fn = BROKEN_ROTATIONS["wrong_in_half_of_large_calls"]
+    with pytest.raises(AssertionError):
+        for _ in range(2):                         # one of two consecutive calls is the wrong one
+            checked_run(NONDETERMINISTIC, fn, CASE, "cpu")
+    (path,) = sorted(case_dir.glob("*.json"))
+    broken_rotations._LARGE_CALLS[0] = calls_before          # a fresh process starts at 0
+    assert run_repro(path, device=None, impl=NONDETERMINISTIC) == EXIT_MISMATCH
+    out = capsys.readouterr().out
+    if calls_before == 0:            # the first call is the right one: the second fails the replay
+        assert "the second call of the same inputs did not" in out, out
+    assert run_repro(path, device=None, impl="native") == EXIT_FIXED
+
+
+_CALLS = [0]
+WITH_NAN = RotationCase(RopeSpec(64, 32, True, max_position=64), 5, 2, 1, "float32", "uniform", seed=3, nonfinite=True)
+
+
+def other_nan_on_every_other_call(spec, positions, query, key, cache):
+    """The native rotation, its NaN outputs with another payload on every other call: each call
+    matches the reference (a NaN where it has one), the bits differ from call to call."""
+    q, k = rotate_native(spec, positions, query, key, cache)
+    _CALLS[0] += 1
+    if _CALLS[0] % 2 == 0:
+        q = q.clone()
+        bits = q.view(torch.int32)
+        bits[torch.isnan(q)] ^= 1                  # 0x7fc00000 -> 0x7fc00001: still a quiet NaN
+    return q, k
+
+
+def test_other_bits_from_the_same_inputs_fail_the_replay_unless_declared(case_dir, capsys):
+    name = "tests.harness.test_mode_case_files:other_nan_on_every_other_call"
+    run = checked_run(name, native_in_any_mode, WITH_NAN, "cpu")
+    assert run.comparison.ok and bool(torch.isnan(run.q_out).any())
+    write_mode_case_file(name, native_in_any_mode, WITH_NAN, "cpu", run.comparison,
+                         Diagnosis("nondeterministic", "staged"), mode="eager")
+    (path,) = sorted(case_dir.glob("*.json"))
+    _CALLS[0] = 0
+    assert run_repro(path, device=None, impl=name) == EXIT_MISMATCH
+    assert "nondeterministic" in capsys.readouterr().out
+    other_nan_on_every_other_call.deterministic = False        # declared: each call held to the bound alone
+    try:
+        _CALLS[0] = 0
+        assert run_repro(path, device=None, impl=name) == EXIT_FIXED
+    finally:
+        del other_nan_on_every_other_call.deterministic

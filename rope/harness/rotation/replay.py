@@ -18,6 +18,9 @@ the user's word), ``--device`` on another device.
 
 A case recorded in another mode than eager (its ``mode``) replays in it: under torch.compile, or
 captured in a CUDA graph and replayed with the recorded sequence of real tokens (a GPU is needed).
+Eagerly and under compile the case is called twice, as the properties call it: a second call that
+mismatches, or (for an implementation that does not declare ``deterministic=False``) gives other bits
+than the first, still mismatches (``nondeterministic``), so a bug wrong on some calls only replays.
 
 A replay writes no case file; ``pytest --rope-repro CASE`` is the same replay inside pytest, where
 a remaining mismatch is reported like any other.
@@ -39,8 +42,8 @@ from rope.harness.rotation.case_file import CaseFile, input_digests, input_layou
 from rope.harness.rotation.cases import DTYPES, build_rotation_inputs
 from rope.harness.rotation.check import diagnose_run, evaluate_case, format_mismatch
 from rope.harness.rotation.diagnosis import Diagnosis
-from rope.harness.rotation.modes import (GraphCaptureFailed, compiled_implementation, mode_unsupported_reason,
-                                         mode_words, stale_replay)
+from rope.harness.rotation.modes import (GraphCaptureFailed, bit_differences, compiled_implementation,
+                                         mode_unsupported_reason, mode_words, stale_replay)
 from rope.registry import get_implementation, get_recorded_implementation, implementation_record, unsupported_reason
 
 EXIT_FIXED, EXIT_MISMATCH, EXIT_BAD_INPUT = 0, 1, 2
@@ -121,8 +124,32 @@ def replay(path: Path | str, *, device: str | None = None, impl: str | None = No
         return _replay_graph(case_file, name, record, device)
     if case_file.mode == "compile":
         fn = compiled_implementation(record, device)
+    run = _replayed_run(name, fn, case_file, device)
+    notes = regeneration_notes(case_file, run.ref_in, run.inputs)
+    if not regenerated(notes):
+        raise ValueError(f"case file {display_path(case_file.path)}: {notes[0]}")
+    if run.comparison.ok:
+        # As the properties call it: a second time on fresh copies of the same inputs, held to the
+        # reference and, for a deterministic implementation, to the first call's bits.  An
+        # intermittent bug (wrong on some calls only) then fails its replay too, not only its test.
+        again = _replayed_run(name, fn, case_file, device)
+        if not again.comparison.ok:
+            notes.append("the first call matched; the second call of the same inputs did not")
+            run = again
+        elif record.deterministic:
+            differ = bit_differences(run.q_out, again.q_out, "query") + bit_differences(run.k_out, again.k_out, "key")
+            if differ:
+                run.comparison.problems += [f"a second call of the same inputs gave other bits: {d}" for d in differ]
+                return Replay(case_file, name, device, run.comparison, Diagnosis(
+                    "nondeterministic", "the same inputs give other bits from call to call"), notes)
+    diagnosis = None if run.comparison.ok else diagnose_run(fn, case, run)
+    return Replay(case_file, name, device, run.comparison, diagnosis, notes)
+
+
+def _replayed_run(name: str, fn, case_file: CaseFile, device: str):
+    """One run of the case (rope.harness.rotation.check.evaluate_case), its hang or crash a ValueError."""
     try:
-        run = evaluate_case(name, fn, case, device)
+        run = evaluate_case(name, fn, case_file.case, device)
     except ImplementationHung:
         raise ValueError(f"{name} on {device} did not return on case {case_file.id} within the call deadline "
                          f"($ROPE_CALL_TIMEOUT, default 120 s)") from None
@@ -130,11 +157,7 @@ def replay(path: Path | str, *, device: str | None = None, impl: str | None = No
         raise ValueError(f"replaying case {case_file.id} on {device} failed ({type(exc).__name__}: {exc})") from exc
     if run.raised:
         raise ValueError(f"{name} on {device} crashed on case {case_file.id}: {run.failure}")
-    notes = regeneration_notes(case_file, run.ref_in, run.inputs)
-    if not regenerated(notes):
-        raise ValueError(f"case file {display_path(case_file.path)}: {notes[0]}")
-    diagnosis = None if run.comparison.ok else diagnose_run(fn, case, run)
-    return Replay(case_file, name, device, run.comparison, diagnosis, notes)
+    return run
 
 
 def _replay_graph(case_file: CaseFile, name: str, record, device: str) -> Replay:
