@@ -764,3 +764,13 @@ def test_end_to_end_key_unrotated_is_caught(tmp_path):
     assert 0 < harness["pytest_s"] <= harness["wall_s"]
     assert harness["runs"][0]["summary"] == "1 failed" and harness["runs"][0]["tests_run"] == 1
     assert "| `broken_rotations:key_unrotated` | rotation | yes |" in (tmp_path / "mutants.md").read_text()
+
+
+def test_the_markdown_is_what_the_json_renders_whatever_the_rounding(tmp_path):
+    # The JSON keeps a total wall time to 0.01 s; the markdown shows it to 0.1 s.  737.849 s is 737.85
+    # in the JSON: the markdown must say what that renders, not what the unrounded figure does.
+    rep = _two_results()
+    rep.total_wall_s = 737.849
+    json_path, md_path = report.write_reports(rep, tmp_path)
+    rendered = report.markdown(mutation.MutationReport.from_dict(json.loads(json_path.read_text())))
+    assert md_path.read_text() == rendered and "total wall time 737.9 s" in rendered
