@@ -37,7 +37,8 @@ from reference.rotation import pair_indices
 from rope.harness import causes, report
 from rope.harness.draws import current_test
 from rope.harness.placement import device_label
-from rope.harness.rotation.bound import SUBNORMAL_SPACING, Comparison, compare_rotation, unit_roundoff, working_dtype
+from rope.harness.rotation.bound import (SUBNORMAL_SPACING, Comparison, compare_rotation, element_ratios,
+                                         unit_roundoff, working_dtype)
 from rope.harness.rotation.cases import RotationCase, build_rotation_inputs, inject_nonfinite
 from rope.harness.rotation.check import known_defects_mode
 from rope.harness.rotation.diagnosis import Diagnosis, diagnose
@@ -277,7 +278,7 @@ def _cache_problems(spec: RopeSpec, x, pristine: list, got: torch.Tensor | None,
     past = error > bound
     if not past.any():
         return []
-    ratio = torch.where(bound > 0, error / bound, torch.where(error == 0, 0.0, float("inf")))
+    ratio = element_ratios(error, bound)
     row, col = divmod(int(ratio.argmax()), got.shape[1])
     return [("gradient_wrong",
              f"gradient of cos_sin_cache: {int(past.sum())} of {past.numel()} elements past the bound; worst "

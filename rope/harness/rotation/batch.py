@@ -26,7 +26,7 @@ import torch
 from rope.harness import profiling, report
 from rope.harness.draws import current_test, skip_or_reject
 from rope.harness.placement import device_label
-from rope.harness.rotation.bound import Comparison, element_errors, own_angle_error
+from rope.harness.rotation.bound import Comparison, element_errors, element_ratios, own_angle_error
 from rope.harness.rotation.cases import DTYPES, RotationCase, build_rotation_inputs_many
 from rope.harness.rotation.check import (RAISED, angle_source, assert_matches_reference, contained_rotation,
                                          reference_rotation)
@@ -139,7 +139,7 @@ def _compare(fn, spec, rows, owners, table, num_cases):
             angle_error, cache_dtype = own_angle_error(spec, pos), None
         err, bound = element_errors(spec, x, got, exp, cos.to(x.device), sin.to(x.device), working_precision(fn),
                                     None if angle_error is None else angle_error.to(x.device), cache_dtype)
-        ratio = torch.where(bound > 0, err / bound, torch.where(err == 0, 0.0, float("inf"))).amax(dim=1)
+        ratio = element_ratios(err, bound).amax(dim=1)
         past = (err > bound).sum(dim=1).to(torch.float64)
         worst = torch.zeros(num_cases, dtype=torch.float64, device=x.device).scatter_reduce(
             0, owner, ratio, reduce="amax", include_self=True)

@@ -218,6 +218,12 @@ class Comparison:
         return "\n".join(lines)
 
 
+def element_ratios(err: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
+    """error / bound per element: 0 where both are 0, infinite where the bound is 0 and the error is not
+    (a pass-through channel changed, a non-finite value mismatched)."""
+    return torch.where(bound > 0, err / bound, torch.where(err == 0, 0.0, float("inf")))
+
+
 def element_errors(spec: RopeSpec, x: torch.Tensor, got: torch.Tensor, exp: torch.Tensor, cos: torch.Tensor,
                    sin: torch.Tensor, precision: str, angle_error: torch.Tensor | None = None,
                    cache_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -299,7 +305,7 @@ def compare_rotation(spec: RopeSpec, positions, query, key, cos_sin_cache, out_q
     result.num_elements = err.numel()
     if err.numel() == 0:
         return result
-    ratio = torch.where(bound > 0, err / bound, torch.where(err == 0, 0.0, float("inf")))
+    ratio = element_ratios(err, bound)
     mismatched = err > bound
     result.num_mismatched = int(mismatched.sum())
     if not result.num_mismatched:      # a pass (nearly every example of a search): its worst ratio is all it reports
@@ -374,7 +380,7 @@ def passes_on_device(spec: RopeSpec, positions, query, key, cos_sin_cache, out_q
         exp = torch.cat([r.to(torch.float64) for r in refs[:len(xs)]], dim=1)
         cos, sin = select_cos_sin(spec, p, table)
         err, bound = element_errors(spec, x, got, exp, cos, sin, precision, None, table.dtype)
-        ratio = torch.where(bound > 0, err / bound, torch.where(err == 0, 0.0, float("inf")))
+        ratio = element_ratios(err, bound)
         worst = torch.maximum(worst, ratio.max())
         past += (err > bound).sum()
     if int(past):              # the one wait
