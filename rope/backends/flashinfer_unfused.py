@@ -11,7 +11,7 @@ take a case, the adapter says why (``unsupported_reason``) instead of calling it
   cache's): caches in the activation dtype only, no FP8;
 * its kernel is dispatched for head sizes 64, 128, 256 and 512 only (``DISPATCH_HEAD_DIM``);
 * the rotation's own limits and measured faults and defects, as the rotation adapter declares them
-  (rope/backends/flashinfer.py; rope.backends.known_faults): 1-D positions, float16/bfloat16.
+  (rope/backends/flashinfer.py, whose reasons it asks): 1-D positions, float16/bfloat16, CUDA.
 
 Addressing: one request owning every block in order, as for the fused op (rope.backends.
 flashinfer_fused.page_table), so a token's ``positions`` entry is its slot.  The append has no skip
@@ -28,8 +28,9 @@ import torch
 
 from rope.backends import require
 from rope.backends.flashinfer_fused import page_table
-from rope.backends.known_faults import flashinfer_defect, flashinfer_fault
+from rope.backends.flashinfer import rotate_flashinfer
 from rope.fused import check_rope_kv_cache_inputs
+from rope.implementation import Implementation
 from rope.spec import RopeSpec
 
 __all__ = ["APPEND_HEAD_SIZES", "rope_kv_cache_flashinfer_unfused"]
@@ -70,23 +71,24 @@ def rope_kv_cache_flashinfer_unfused(spec: RopeSpec, positions, query, key, valu
 
 
 def _reason(case, device: str) -> str | None:
+    """The pair's cache and head limits, then the rotation adapter's own reasons, known faults and
+    known defects (rope/backends/flashinfer.py), which the pair's first call shares."""
     spec = case.spec
-    if not str(device).startswith("cuda"):
-        return f"FlashInfer's kernels are CUDA only (device {device})"
-    if case.dtype not in ("bfloat16", "float16"):
-        return f"FlashInfer's rope kernels dispatch float16/bfloat16 q/k only (dtype {case.dtype})"
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(case.dtype, torch.float32)
+    where = "cuda" if str(device).startswith("cuda") else str(device)
+    rotation = Implementation.of("flashinfer", rotate_flashinfer)
+    why = rotation.unsupported_reason(spec, dtype, where)
+    if why:
+        return why
     if case.cache != "activation":
         return "FlashInfer's append_paged_kv_cache copies k and v in the cache's dtype: no FP8 cache"
-    if spec.num_dims != 1:
-        return "apply_rope_with_cos_sin_cache takes 1-D positions only (no M-RoPE / XD-RoPE)"
     if spec.head_size not in APPEND_HEAD_SIZES:
         return f"FlashInfer's append_paged_kv_cache runs head sizes {APPEND_HEAD_SIZES} only (head {spec.head_size})"
-    dtype = torch.bfloat16 if case.dtype == "bfloat16" else torch.float16
-    fault = flashinfer_fault(spec, dtype, "cuda")
+    fault = rotation.known_fault(spec, dtype, where)
     if fault:
         return f"known fault: {fault}"
-    defect = flashinfer_defect(spec, case.num_tokens, dtype, "cuda", num_heads=case.num_q_heads,
-                               num_kv_heads=case.num_kv_heads)
+    defect = rotation.known_defect(spec, case.num_tokens, dtype, where, num_heads=case.num_q_heads,
+                                   num_kv_heads=case.num_kv_heads)
     return f"known defect: {defect}" if defect else None
 
 

@@ -29,8 +29,13 @@ def import_over_stand_in(adapter: str, callables: dict[str, dict]):
         for name, module in modules.items():
             mp.setitem(sys.modules, name, module)
         mp.delitem(sys.modules, adapter, raising=False)
+        before = set(sys.modules)
         imported = importlib.import_module(adapter)
-        del sys.modules[adapter]
+        # The adapter and every adapter it imported bound the stand-in: none of them stays importable
+        # (rope.backends.flashinfer, say, would report FlashInfer installed to the tests after these).
+        for name in set(sys.modules) - before:
+            if name.startswith("rope.backends."):
+                del sys.modules[name]
     return imported
 
 
