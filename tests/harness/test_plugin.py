@@ -450,21 +450,23 @@ def test_the_harness_names_a_distribution_sharing_our_package(tmp_path, monkeypa
 
 
 class _Item:
-    def __init__(self, name, marked):
+    def __init__(self, name, marked, device=None):
         self.name, self._marked = name, marked
+        if device is not None:
+            self.callspec = type("CallSpec", (), {"params": {"device": device, "impl_name": "native"}})()
 
     def get_closest_marker(self, name):
         return object() if name == "needs_no_gpu" and self._marked else None
 
 
 class _Config:
-    def __init__(self, cpu_work):
-        self.cpu_work, self.deselected = cpu_work, []
+    def __init__(self, cpu_work, named_devices=()):
+        self.cpu_work, self.named_devices, self.deselected = cpu_work, list(named_devices), []
         self.hook = type("Hook", (), {"pytest_deselected": lambda _, items: self.deselected.extend(items)})()
 
     def getoption(self, name):
-        assert name == "--rope-cpu-work", name
-        return self.cpu_work
+        assert name in ("--rope-cpu-work", "--rope-device"), name
+        return self.cpu_work if name == "--rope-cpu-work" else self.named_devices
 
 
 @pytest.mark.parametrize("devices, cpu_work, left_out", [
@@ -483,6 +485,25 @@ def test_a_gpu_run_leaves_the_cpu_work_out_unless_asked(monkeypatch, devices, cp
     assert selection.cpu_work_left_out(config) is left_out
     assert [i.name for i in items] == (["property"] if left_out else ["bench", "property", "docs"])
     assert [i.name for i in config.deselected] == (["bench", "docs"] if left_out else [])
+
+
+@pytest.mark.parametrize("devices, named, cpu_work, kept", [
+    (["cpu", "cuda"], [], False, ["on cuda", "no device"]),              # found, not named: the GPU's checks
+    (["cpu", "cuda"], ["cpu", "cuda"], False, ["on cpu", "on cuda", "no device"]),   # the CPU named: kept
+    (["cpu", "cuda"], ["cpu:0", "cuda:1"], False, ["on cpu", "on cuda", "no device"]),
+    (["cpu", "cuda"], [], True, ["on cpu", "on cuda", "no device"]),     # --rope-cpu-work: everything
+    (["cpu"], [], False, ["on cpu", "on cuda", "no device"]),            # a CPU run (CI): everything
+])
+def test_a_gpu_run_leaves_the_cpu_checks_to_cpu_ci(monkeypatch, devices, named, cpu_work, kept):
+    # On a GPU box, the CPU parametrization of a device-parametrized test is CPU CI's work: a plain
+    # `pytest -n auto` there checks the GPU; naming the CPU beside it (or --rope-cpu-work) runs both.
+    from rope.harness.plugin import selection
+    monkeypatch.setattr(selection, "selected_devices", lambda config: devices)
+    items = [_Item("on cpu", False, "cpu"), _Item("on cuda", False, "cuda:0"), _Item("no device", False)]
+    config = _Config(cpu_work, named)
+    selection.keep_cpu_work_off_gpu_runs(config, items)
+    assert [i.name for i in items] == kept
+    assert [i.name for i in config.deselected] == [n for n in ("on cpu", "on cuda", "no device") if n not in kept]
 
 
 def _needs_no_gpu_tests() -> dict:

@@ -315,7 +315,8 @@ def pytest_report_header(config):
     lines = []
     if cpu_work_left_out(config):
         lines.append("rope-harness: a GPU run: the tests marked needs_no_gpu (the CPU bench, the offline compile "
-                     "sweeps, the documents' commands, the harness's own CPU runs) are left out; --rope-cpu-work runs them")
+                     "sweeps, the documents' commands, the harness's own CPU runs) and the CPU's parametrizations "
+                     "are left out; --rope-cpu-work runs them (--rope-device cpu beside the GPU, the CPU's checks)")
     return lines + [f"rope-harness: call deadline {f'{call:g} s' if call else 'none'}, per-test timeout {per_test}"]
 
 

@@ -63,13 +63,23 @@ GPU_KINDS = ("cuda", "rocm", "xpu")
 def keep_cpu_work_off_gpu_runs(config, items):
     """On a run that checks a GPU, the tests marked ``needs_no_gpu`` (the CPU bench, the offline
     compile sweeps, the documents' commands: minutes of CPU work that a GPU box runs no faster) are
-    deselected unless --rope-cpu-work asks for them; CPU CI runs them.  The report header says so."""
+    deselected unless --rope-cpu-work asks for them; CPU CI runs them.  So are the tests' CPU
+    parametrizations (``device`` = ``cpu``) where the devices were found, not named: the CPU's checks
+    are CPU CI's, and ``--rope-device cpu`` (beside the GPU's) or --rope-cpu-work asks for them on a
+    GPU box.  The report header says so."""
     if not cpu_work_left_out(config):
         return
-    dropped = [item for item in items if item.get_closest_marker("needs_no_gpu") is not None]
+    named_cpu = "cpu" in [label.partition(":")[0] for label in (config.getoption("--rope-device") or [])]
+
+    def cpu_work(item) -> bool:
+        if item.get_closest_marker("needs_no_gpu") is not None:
+            return True
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        return not named_cpu and params.get("device") == "cpu"
+    dropped = [item for item in items if cpu_work(item)]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-        items[:] = [item for item in items if item.get_closest_marker("needs_no_gpu") is None]
+        items[:] = [item for item in items if not cpu_work(item)]
 
 
 def cpu_work_left_out(config) -> bool:
