@@ -455,7 +455,7 @@ def check_rotation_inputs(spec: RopeSpec, positions, query, key, cos_sin_cache,
 def check_position_range(positions: torch.Tensor, rows: int) -> None:
     """Every position in [0, rows), the cache's rows (reads the values: a host sync on a GPU)."""
     if positions.numel():
-        lo, hi = int(positions.min()), int(positions.max())
+        lo, hi = torch.stack(torch.aminmax(positions)).tolist()     # one host sync, not two
         if lo < 0 or hi >= rows:
             raise ValueError(
                 f"positions=[{lo}..{hi}]: must lie in [0, {rows}) = cos_sin_cache rows (got min {lo}, max {hi})")

@@ -165,6 +165,37 @@ def test_inputs_built_together_are_each_cases_own(device, data):
     assert len(pointers) >= expected            # q/k (or the packed storage), positions and table: never shared
 
 
+def test_a_batch_shares_one_table_copy_and_the_reference_reads_the_pristine_table(device):
+    # One private copy of the table for the batch's calls (a clone per case held them all at once),
+    # never the memoized table itself.
+    from rope.harness.rotation.cases import build_rotation_inputs_many
+    cases = _batch(4)
+    made = build_rotation_inputs_many(cases, device, one_table_copy=True)
+    assert len({x.cache.data_ptr() for x in made}) == 1
+    assert made[0].cache.data_ptr() != made[0].pristine_cache.data_ptr()
+    assert torch.equal(made[0].cache, made[0].pristine_cache)
+    alone = build_rotation_inputs_many(cases, device)
+    assert len({x.cache.data_ptr() for x in alone}) == len(cases)
+
+
+@pytest.mark.parametrize("rows", ["read", "unread"])
+def test_a_call_that_writes_the_lent_table_fails_the_batch_and_is_found_alone(rows):
+    # The third case's call writes the table (a row the batch reads, or one no position reaches):
+    # the copy differs from the table after the calls, so no case is settled, and the one-case
+    # checks of the cases in order find the call that wrote, with its read-only diagnosis.
+    def writes_at_five_tokens(spec, positions, query, key, cache):
+        if query.shape[0] == 5:                   # the third case of _batch
+            cache[0 if rows == "read" else -1].add_(1.0)
+        return NATIVE(spec, positions, query, key, cache)
+    cases = _batch(4)
+    verdicts = check_batch("writer", writes_at_five_tokens, cases, "cpu")
+    assert [v.outcome for v in verdicts] == ["failed"] * 4
+    assert all("table lent to the batch's calls was written" in v.detail for v in verdicts)
+    with pytest.raises(AssertionError, match="cos_sin_cache") as failure:
+        assert_batch_matches_reference("writer", writes_at_five_tokens, cases, "cpu")
+    assert "5 tokens" in str(failure.value) and "answers the same inputs differently" not in str(failure.value)
+
+
 def test_an_error_the_device_reports_after_the_calls_is_every_cases_raise(monkeypatch):
     # The batch waits for the device once, after its last call: an error reported there (an illegal
     # address, a failed launch) cannot be told to one case, and no case passes; in every slice.

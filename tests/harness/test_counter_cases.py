@@ -67,6 +67,31 @@ def test_a_batch_is_its_cases_one_at_a_time(device, data):
         _same(together, build_rotation_inputs(case, device))
 
 
+@settings(max_examples=10, deadline=None)
+@given(data=st.data())
+def test_a_batch_is_made_on_a_gpu_without_waiting_for_it(device, data):
+    # A campaign's processes share one GPU: a wait for the device while a batch's inputs are made (a
+    # copy from pageable memory, a boolean-mask index) stalls on every call queued before it.  The
+    # batch's cases cover every position pattern, planted non-finite values and packing; the table is
+    # built before the check (its first build may wait; later cases map it).
+    if torch.device(device).type != "cuda":
+        pytest.skip("a host sync is a GPU's (torch.cuda.set_sync_debug_mode)")
+    shape = data.draw(_cases("bfloat16"))
+    cases = [dataclasses.replace(shape, seed=shape.seed + i, generator="counter", nonfinite=i % 2 == 0,
+                                 positions_kind=("uniform", "text", "grid", "last_row")[i % 4],
+                                 num_tokens=data.draw(st.integers(1, 6)))
+             for i in range(8)]
+    build_rotation_inputs_many(cases, device)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        made = build_rotation_inputs_many([dataclasses.replace(c, seed=c.seed + 100) for c in cases], device)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert len(made) == len(cases)
+
+
 def test_position_patterns():
     spec = RopeSpec(64, 64, True, (16, 8, 8), max_position=100)
     made = {kind: build_rotation_inputs(RotationCase(spec, 40, 1, 0, "float32", kind, seed=3, generator="counter"))

@@ -11,7 +11,9 @@ are computed once for the stack (rope.harness.rotation.bound.element_errors, the
 bound as the one-case check).  The inputs go to the device together (rope.harness.rotation.cases.
 build_rotation_inputs_many), and the device is waited for once, after the last call, under one call
 deadline: an error it reports in that wait cannot be told to one case and is every unsettled case's
-raise.  The reference is computed from the pristine table, never from a copy lent to a call.
+raise.  The reference is computed from the pristine table, never from the copy the calls are lent: one copy
+for the batch (a clone per case held them all at once), compared with the table once after the wait;
+a written copy fails every case, and the one-case check of the first finds the call that wrote.
 
 What the one-case check (rope.harness.rotation.check) adds and this does not: the read-only checks
 of positions and table, the in-place contract, bytes outside a strided view, the diagnosis and the
@@ -77,7 +79,7 @@ def check_batch(impl_name: str, fn, cases, device: str) -> list[Verdict]:
     spec, verdicts = first.spec, [None] * len(cases)
     rows, owners, table = [], [], None     # (positions [D, N], input [N, hs], output [N, hs]), case index
     with profiling.phase("inputs"):
-        every_input = build_rotation_inputs_many(cases, device)
+        every_input = build_rotation_inputs_many(cases, device, one_table_copy=True)
     for index, (case, inputs) in enumerate(zip(cases, every_input)):
         skip_if_stopped()
         with profiling.phase("inputs"):
@@ -104,6 +106,9 @@ def check_batch(impl_name: str, fn, cases, device: str) -> list[Verdict]:
     late = wait_for_calls(device, "the batch's calls")
     if late is not None:                   # reported by the device after the calls: no case can be told apart
         return [v if v is not None else Verdict(c, "raised", float("inf"), late) for c, v in zip(cases, verdicts)]
+    written = _table_written(every_input)
+    if written is not None:                # every later call read another table: none of them is settled
+        return [v if v is not None else Verdict(c, "failed", float("inf"), written) for c, v in zip(cases, verdicts)]
     worst, mismatched, elements = _compare(fn, spec, rows, owners, table, len(cases))
     for index, case in enumerate(cases):
         if verdicts[index] is not None:
@@ -113,6 +118,19 @@ def check_batch(impl_name: str, fn, cases, device: str) -> list[Verdict]:
                            Verdict(case, "failed", ratio, f"{count} of {int(elements[index])} elements past the bound, "
                                    f"worst error/bound {ratio:.3g}", int(elements[index])))
     return verdicts
+
+
+TABLE_WRITTEN = ("the cos/sin table lent to the batch's calls was written (it is read-only); the one-case check "
+                 "of each call finds which")
+
+
+def _table_written(every_input) -> str | None:
+    """What the batch's calls did to the one copy of the table they were lent (read-only: the reference
+    reads the pristine table, so a call that wrote the copy left every later call a table of its own)."""
+    x = every_input[0]
+    if x.cache is x.pristine_cache or torch.equal(x.cache, x.pristine_cache):
+        return None
+    return TABLE_WRITTEN
 
 
 def _compare(fn, spec, rows, owners, table, num_cases):
@@ -163,6 +181,9 @@ def assert_batch_matches_reference(impl_name: str, fn, cases, device: str) -> li
     for verdict in verdicts:
         if verdict.outcome in ("failed", "raised"):
             assert_matches_reference(impl_name, fn, verdict.case, device)      # raises, reported in full
+            if verdict.detail == TABLE_WRITTEN:    # the call that wrote may be a later one: each alone, in order
+                for later in verdicts[verdicts.index(verdict) + 1:]:
+                    assert_matches_reference(impl_name, fn, later.case, device)
             # The same cause as the modes property's same-inputs-twice check (properties/rotation/test_modes.py).
             raise answered_two_ways(impl_name, device, verdict, f"case {verdict.case.brief()}", verdict.case.size)
     return verdicts

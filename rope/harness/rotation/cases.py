@@ -273,7 +273,7 @@ def position_pattern(spec: RopeSpec, num_tokens: int, kind: str, dev, *, pick, d
         pos = torch.stack([(base + coords[d]) for d in range(rows)]).remainder(limit)
     else:                       # "last_row": the last cache row, mixed with random rows
         pos = drawn()
-        pos[replaced()] = limit - 1
+        pos.masked_fill_(replaced(), limit - 1)      # not pos[mask] = ...: a mask index waits for the device
         if num_tokens:
             pos[:, -1] = limit - 1
     pos = pos.to(torch.int64)
@@ -370,13 +370,19 @@ def _counter_positions(case: RotationCase, drawn, dev: torch.device) -> torch.Te
                             replaced=lambda: next(drawn).reshape(shape) == 0)
 
 
+@functools.lru_cache(maxsize=None)
+def _nonfinite_values(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[NaN, +inf, -inf] in ``dtype`` on ``device``, made once: a tensor from a list is a copy from
+    pageable host memory, which waits for everything queued on the device before it."""
+    return torch.tensor([float("nan"), float("inf"), float("-inf")], dtype=dtype, device=device)
+
+
 def _plant(x: torch.Tensor | None, flat: torch.Tensor) -> None:
     """NaN, +inf or -inf at the drawn flat indices of ``x``: which one is the index's own (index mod 3),
     so an index drawn twice gets one value whatever order a device writes in."""
     if x is None or not flat.numel():
         return
-    values = torch.tensor([float("nan"), float("inf"), float("-inf")], dtype=x.dtype, device=x.device)
-    x[flat // x.shape[1], flat % x.shape[1]] = values[flat % 3]
+    x[flat // x.shape[1], flat % x.shape[1]] = _nonfinite_values(x.dtype, x.device)[flat % 3]
 
 
 def _counter_assemble(case: RotationCase, drawn, dev: torch.device) -> RotationInputs:
@@ -511,31 +517,56 @@ def build_rotation_inputs(case: RotationCase, device: str = "cpu") -> RotationIn
     return _place(case, _generate(case), device)
 
 
-def build_rotation_inputs_many(cases, device: str = "cpu") -> list[RotationInputs]:
+def build_rotation_inputs_many(cases, device: str = "cpu", *, one_table_copy: bool = False) -> list[RotationInputs]:
     """:func:`build_rotation_inputs` of every case (the same tensors bit for bit, each the caller's
     own).  The counter cases are made on the device together (one pass of draws for all of them).
     The torch-cpu cases' q, k and positions are carried to a GPU together: one transfer per dtype from
     pinned memory, then a device copy per tensor, where one case at a time makes three transfers from
     pageable memory, each of which waits for the device (contiguous and packed-qkv cases; the strided
-    views go one at a time)."""
+    views go one at a time).  ``one_table_copy``: the cases of one table share one private copy of it
+    (a batch's calls, made one after another; rope.harness.rotation.batch checks the copy once after
+    them) instead of a clone each, which a batch of large tables would hold all at once."""
     cases = list(cases)
     out: list[RotationInputs | None] = [None] * len(cases)
+    table_copy = _table_copies(device, one_table_copy)
     counter = [i for i, c in enumerate(cases) if c.generator == "counter"]
     for i, x in zip(counter, _counter_many([cases[i] for i in counter], device)):
-        out[i] = _own_cache(cases[i], x, device)
+        out[i] = _with_table(x, *table_copy(cases[i]))
     host = [i for i in range(len(cases)) if out[i] is None]
-    for i, x in zip(host, _carried_many([cases[i] for i in host], device)):
+    for i, x in zip(host, _carried_many([cases[i] for i in host], device, table_copy)):
         out[i] = x
     return out
 
 
-def _carried_many(cases, device: str) -> list[RotationInputs]:
-    """Torch-cpu cases' tensors made on the CPU and carried to ``device`` (together where they can be)."""
+def _with_table(x: RotationInputs, cache: torch.Tensor, pristine: torch.Tensor) -> RotationInputs:
+    return RotationInputs(x.positions, x.query, x.key, cache, x.storage, pristine)
+
+
+def _table_copies(device: str, shared: bool):
+    """(case) -> (a private copy of the case's table on ``device``, the shared table it copies): a fresh
+    clone each, or with ``shared`` one clone per table for every case asking."""
+    copies: dict = {}
+
+    def copy_for(case: RotationCase) -> tuple[torch.Tensor, torch.Tensor]:
+        pristine = shared_table(case.spec, DTYPES[case.table_dtype], device)
+        if not shared:
+            return pristine.clone(), pristine
+        key = (case.spec, case.table_dtype)
+        if key not in copies:
+            copies[key] = (pristine.clone(), pristine)
+        return copies[key]
+    return copy_for
+
+
+def _carried_many(cases, device: str, table_copy) -> list[RotationInputs]:
+    """Torch-cpu cases' tensors made on the CPU and carried to ``device`` (together where they can be);
+    ``table_copy``: :func:`_table_copies`' function."""
     cases = list(cases)
     cpu = [_generate(c) for c in cases]
     dev = torch_device(device)
     if dev.type == "cpu" or len(cases) < 2 or any(c.view != "contiguous" for c in cases):
-        return [_place(c, x, device) for c, x in zip(cases, cpu)]
+        placed = [_copied(c, x, device) for c, x in zip(cases, cpu)]
+        return [_with_table(x, *table_copy(c)) for c, x in zip(cases, placed)]
     moved = []          # per case: the tensors it needs on the device (packed storage, or q and k), positions last
     for c, x in zip(cases, cpu):
         tensors = [x.storage] if c.packed_qkv else [x.query] + ([x.key] if x.key is not None else [])
@@ -550,8 +581,7 @@ def _carried_many(cases, device: str) -> list[RotationInputs]:
             query, key = storage[:, :q_width], (storage[:, q_width:q_width + k_width] if k_width else None)
         else:
             query, key, storage = own[0], (own[1] if x.key is not None else None), own[0]
-        pristine = shared_table(c.spec, DTYPES[c.table_dtype], device)
-        out.append(RotationInputs(own[-1], query, key, pristine.clone(), storage, pristine, None))
+        out.append(_with_table(RotationInputs(own[-1], query, key, None, storage), *table_copy(c)))
     return out
 
 
