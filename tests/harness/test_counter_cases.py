@@ -71,7 +71,7 @@ def test_a_batch_is_its_cases_one_at_a_time(device, data):
 @given(data=st.data())
 def test_a_batch_is_made_on_a_gpu_without_waiting_for_it(device, data):
     # A campaign's processes share one GPU: a wait for the device while a batch's inputs are made (a
-    # copy from pageable memory, a boolean-mask index) stalls on every call queued before it.  The
+    # tensor from a Python list is a copy from pageable memory) stalls on every call queued before it.  The
     # batch's cases cover every position pattern, planted non-finite values and packing; the table is
     # built before the check (its first build may wait; later cases map it).
     if torch.device(device).type != "cuda":

@@ -455,6 +455,22 @@ def test_hunyuan_ocr_batched_image_ordinal_pinned_value():
     assert second[3].tolist() == [0, 1, 2, 1, 1, 1, 6, 7]
 
 
+@needs_oracle("hunyuan_ocr")
+@_skip_unless_active("image_ordinal_across_batch")
+@pytest.mark.parametrize("family", ["hunyuan_ocr", "hunyuan_ocr_3d"])
+def test_hunyuan_ocr_ordinal_past_the_prompt_pinned_delta(family):
+    # Found by a random draw on a GPU box: a lone image (6 tokens with <start>/<end>) after six images
+    # in the prompt before it gets ordinal 6 > its last position 5, and transformers' delta, max + 1 - L
+    # over every row, becomes 1; the pin said 0.
+    many = Prompt(tuple(Image((1, 2, 2)) for _ in range(6)), spatial_merge_size=2)
+    lone = Prompt((Image((1, 2, 2)),), spatial_merge_size=2)
+    got = hf.position_ids_transformers.batch(family, PromptBatch((many, lone)))
+    for before, prompt, (positions, delta) in zip((0, 6), (many, lone), got):
+        pinned, pinned_delta, _ = hf.pinned_value(family, prompt, images_before=before)
+        assert (positions.tolist(), delta) == (pinned.tolist(), pinned_delta)
+    assert got[1][1] == 1
+
+
 @pytest.mark.skipif(hf is None, reason="needs transformers installed")
 def test_known_mismatch_table_is_well_formed():
     from packaging.version import Version

@@ -295,7 +295,10 @@ def pinned_value(family: str, prompt: Prompt, images_before: int = 0, version: V
         for i, j, kind in runs(ref.modality):
             if kind == IMAGE:                      # grid = the image span less ViT begin/end tokens
                 positions[-1, i + 1:j - 1] += images_before
-    delta = 0 if family in XDROPE_FAMILIES else int(positions.max()) + 1 - ref.length
+    # transformers' delta is max + 1 - L over every row, the ordinal's too: XD-RoPE's is 0 (the reference's)
+    # until the ordinal carried from earlier prompts passes the prompt's last position.
+    xdrope_as_is = family in XDROPE_FAMILIES and "image_ordinal_across_batch" not in hit
+    delta = 0 if xdrope_as_is else int(positions.max()) + 1 - ref.length
     return positions, delta, hit
 
 

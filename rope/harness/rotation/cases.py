@@ -273,7 +273,7 @@ def position_pattern(spec: RopeSpec, num_tokens: int, kind: str, dev, *, pick, d
         pos = torch.stack([(base + coords[d]) for d in range(rows)]).remainder(limit)
     else:                       # "last_row": the last cache row, mixed with random rows
         pos = drawn()
-        pos.masked_fill_(replaced(), limit - 1)      # not pos[mask] = ...: a mask index waits for the device
+        pos.masked_fill_(replaced(), limit - 1)
         if num_tokens:
             pos[:, -1] = limit - 1
     pos = pos.to(torch.int64)
