@@ -33,6 +33,10 @@ KNOWN_BUG_PROMPTS = [
     # HunYuanVL's image ordinal per prompt, not per batch (3 and 4 rows).
     ("hunyuan-ordinal-per-prompt", "hunyuan_ocr", PromptBatch((ONE_IMAGE, ONE_IMAGE))),
     ("hunyuan3d-ordinal-per-prompt", "hunyuan_ocr_3d", PromptBatch((ONE_IMAGE, Prompt((Image((1, 4, 2)), Text(1)))))),
+    # A lone image after six in the prompt before it: an ordinal carried across the batch past the prompt's
+    # last position changes a delta computed as max + 1 - L.
+    ("hunyuan-ordinal-past-the-prompt", "hunyuan_ocr", PromptBatch((
+        Prompt(tuple(Image((1, 2, 2)) for _ in range(6))), Prompt((Image((1, 2, 2)),))))),
     # The delta is one constant of the whole prompt, not of its first prefill chunk (vllm#10403).
     ("vllm#10403-delta-whole-prompt", "qwen2_vl", one_prompt(Text(4), Image((1, 8, 8)), Text(2))),
     # A position 0 is a position (rtp-llm#1213): an image opening the prompt, an XD-RoPE grid.
