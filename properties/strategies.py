@@ -27,6 +27,7 @@ from rope.harness.rotation.cases import (  # noqa: F401  (the case model the str
     check_choice,
     make_positions,
 )
+from rope.harness.seeded import scalar
 from rope.spec import RopeSpec
 
 
@@ -297,6 +298,41 @@ def batches_of(shape: RotationCase):
     token count (0-48), positions, packing, seed, and NaN/infinities planted or not; shrinks to one
     uniform, contiguous, finite token.  (The composite is defined once, as for head_counts.)"""
     return _batch_of(shape)
+
+
+# The counter streams of a seeded batch list's fields (rope.harness.seeded.scalar under the list's seed).
+_EDGE, _TOKENS, _KIND, _PACKED, _NONFINITE, _CASE_SEED, _LIST = range(7)
+_EDGE_TOKENS = (0, 1, 48)                  # the token counts a batch meets 1 time in 16 each
+
+
+@st.composite
+def seeded_batches_of(draw, shape: RotationCase, min_size: int, max_size: int):
+    """``min_size``-``max_size`` further batches through ``shape``, as :func:`batches_of` draws them (the
+    same fields and ranges), derived from one drawn seed: two draws for the list where ``st.lists(
+    batches_of(shape))`` makes five per batch, the cost of a campaign's many batches per example (about
+    70 us a draw on a 2-core box, three to four times that on a GPU host's cores).  Shrinks by count and
+    seed; a batch that fails is reported alone, in full, by the one-case check."""
+    count = draw(_ints(min_size, max_size))
+    seed = draw(_SEEDS)
+    return [_derived_batch(shape, seed, i) for i in range(count)]
+
+
+def _derived_batch(shape: RotationCase, seed: int, i: int) -> RotationCase:
+    # Counters run seed * golden + i: seeds s and s + 1 would share all but one index, and Hypothesis
+    # draws small seeds often, so the list's counters start from a hash of its seed.
+    base = scalar(seed, _LIST, 0, 0, 1 << 62)
+
+    def pick(stream: int, low: int, high: int) -> int:
+        return scalar(base, stream, i, low, high)
+    edge = pick(_EDGE, 0, 16)
+    num_tokens = _EDGE_TOKENS[edge] if edge < len(_EDGE_TOKENS) else pick(_TOKENS, 0, 49)
+    if shape.num_q_heads * shape.spec.head_size * max(1, num_tokens) > 64 * 1024:     # as rotation_cases
+        num_tokens = min(num_tokens, 4)
+    return RotationCase(spec=shape.spec, num_tokens=num_tokens, num_q_heads=shape.num_q_heads,
+                        num_kv_heads=shape.num_kv_heads, dtype=shape.dtype,
+                        positions_kind=POSITION_KINDS[pick(_KIND, 0, len(POSITION_KINDS))],
+                        packed_qkv=bool(pick(_PACKED, 0, 2)), seed=pick(_CASE_SEED, 0, 2 ** 32),
+                        nonfinite=bool(pick(_NONFINITE, 0, 2)), generator="counter")
 
 
 # Prefill: an engine's max batched tokens (2,048 to 16,384) is where kernels switch tiles, grids
