@@ -75,7 +75,10 @@ def _pytest_args(args) -> list[str]:
                    "-W", "ignore::pytest.PytestAssertRewriteWarning"]
     if args.workers != "0":
         out += ["-n", args.workers]
-    for d in args.device:
+    # Every device found, named: the main job checks the CPU beside a GPU (a plain GPU-box pytest run
+    # leaves the CPU's parametrizations to CPU CI; naming the CPU keeps them).
+    from rope.devices import available_devices
+    for d in args.device or available_devices():
         out += ["--rope-device", d]
     for name in args.impl:
         out += ["--rope-impl", name]

@@ -369,6 +369,18 @@ def test_check_takes_the_position_step_flag_and_its_alias():
         assert args.positions_impl == ["native"] and "--rope-position-step-impl" in cli._pytest_args(args)
 
 
+def test_check_names_every_device_found(monkeypatch):
+    # The main job checks every device found: on a GPU box the CPU too, which a plain pytest run there
+    # leaves to CPU CI unless the CPU is named.
+    from rope import devices
+    from rope.harness import cli
+    monkeypatch.setattr(devices, "available_devices", lambda: ["cpu", "cuda"])
+    args = cli._pytest_args(cli.build_parser().parse_args(["check"]))
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--rope-device"] == ["cpu", "cuda"]
+    args = cli._pytest_args(cli.build_parser().parse_args(["check", "--device", "cuda"]))
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--rope-device"] == ["cuda"]
+
+
 def test_check_ends_with_one_closing_line_of_counts_and_time(tmp_path):
     # The user's verdict in one line: tests passed / failed / skipped, the report's comparisons and
     # failures, the seconds.
