@@ -314,10 +314,11 @@ def seeded_batches_of(draw, shape: RotationCase, min_size: int, max_size: int):
     seed; a batch that fails is reported alone, in full, by the one-case check."""
     count = draw(_ints(min_size, max_size))
     seed = draw(_SEEDS)
-    return [_derived_batch(shape, seed, i) for i in range(count)]
+    return [seeded_batch(shape, seed, i) for i in range(count)]
 
 
-def _derived_batch(shape: RotationCase, seed: int, i: int) -> RotationCase:
+def seeded_batch(shape: RotationCase, seed: int, i: int) -> RotationCase:
+    """Batch ``i`` of :func:`seeded_batches_of`'s list drawn with ``seed``."""
     # Counters run seed * golden + i: seeds s and s + 1 would share all but one index, and Hypothesis
     # draws small seeds often, so the list's counters start from a hash of its seed.
     base = scalar(seed, _LIST, 0, 0, 1 << 62)

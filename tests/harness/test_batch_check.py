@@ -223,9 +223,9 @@ def test_seeded_batches_cover_what_batches_of_draws():
     # A campaign's further batches come from one drawn seed (two draws a list): the same fields and
     # ranges as batches_of, every position pattern, packing and planted values met, the edge token
     # counts too, and the same list for the same seed.
-    from properties.strategies import _derived_batch, seeded_batches_of
+    from properties.strategies import seeded_batch, seeded_batches_of
     shape = RotationCase(SPEC, 5, 3, 1, "bfloat16")
-    made = [_derived_batch(shape, seed, i) for seed in range(40) for i in range(16)]
+    made = [seeded_batch(shape, seed, i) for seed in range(40) for i in range(16)]
     assert {c.positions_kind for c in made} == {"uniform", "text", "grid", "last_row"}
     assert {c.packed_qkv for c in made} == {c.nonfinite for c in made} == {False, True}
     tokens = {c.num_tokens for c in made}
@@ -233,9 +233,9 @@ def test_seeded_batches_cover_what_batches_of_draws():
     assert all((c.spec, c.num_q_heads, c.num_kv_heads, c.dtype, c.generator) ==
                (SPEC, 3, 1, "bfloat16", "counter") for c in made)
     assert len({c.seed for c in made}) == len(made)
-    assert _derived_batch(shape, 7, 3) == _derived_batch(shape, 7, 3)
+    assert seeded_batch(shape, 7, 3) == seeded_batch(shape, 7, 3)
     big = RotationCase(RopeSpec(128, 128, True, None), 5, 128, 8, "bfloat16")    # 128 heads of 128: at most 4 tokens
-    assert max(_derived_batch(big, seed, 0).num_tokens for seed in range(200)) == 4
+    assert max(seeded_batch(big, seed, 0).num_tokens for seed in range(200)) == 4
 
     @settings(max_examples=30, deadline=None, database=None)
     @given(st.data())

@@ -13,7 +13,7 @@ build_rotation_inputs_many), and the device is waited for once, after the last c
 deadline: an error it reports in that wait cannot be told to one case and is every unsettled case's
 raise.  The reference is computed from the pristine table, never from the copy the calls are lent: one copy
 for the batch (a clone per case held them all at once), compared with the table once after the wait;
-a written copy fails every case, and the one-case check of the first finds the call that wrote.
+a written copy fails every case, and the one-case checks of the cases, in order, find the call that wrote.
 
 What the one-case check (rope.harness.rotation.check) adds and this does not: the read-only checks
 of positions and table, the in-place contract, bytes outside a strided view, the diagnosis and the
