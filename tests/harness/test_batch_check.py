@@ -243,3 +243,21 @@ def test_seeded_batches_cover_what_batches_of_draws():
         batch = data.draw(seeded_batches_of(shape, 3, 9))
         assert 3 <= len(batch) <= 9
     sizes()
+
+
+def test_a_call_that_hangs_in_a_batch_ends_it_at_the_deadline(monkeypatch):
+    # The batch's calls share one call deadline (one per call cost two signal handler swaps and the
+    # watchdog's lock, a sixth of a small case's check): a hang in any of them still ends the batch.
+    import time as clock
+    from rope.harness.deadline import CALL_TIMEOUT_ENV, ImplementationHung
+    monkeypatch.setenv(CALL_TIMEOUT_ENV, "0.5")
+    calls = []
+
+    def hangs_on_its_third_call(spec, positions, query, key, cache):
+        calls.append(1)
+        if len(calls) == 3:
+            clock.sleep(30)
+        return NATIVE(spec, positions, query, key, cache)
+    with pytest.raises(ImplementationHung, match="the batch's calls did not return within 0.5 s"):
+        check_batch("hangs", hangs_on_its_third_call, _batch(4), "cpu")
+    assert len(calls) == 3

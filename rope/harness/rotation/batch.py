@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from rope.harness import profiling, report
+from rope.harness.deadline import call_timeout, deadline
 from rope.harness.draws import current_test, skip_or_reject
 from rope.harness.placement import device_label
 from rope.harness.rotation.bound import Comparison, element_errors, element_ratios, own_angle_error
@@ -77,32 +78,13 @@ def check_batch(impl_name: str, fn, cases, device: str) -> list[Verdict]:
     if why is not None:
         return [Verdict(c, "unsupported", detail=why) for c in cases]
     spec, verdicts = first.spec, [None] * len(cases)
-    rows, owners, table = [], [], None     # (positions [D, N], input [N, hs], output [N, hs]), case index
+    rows, owners = [], []     # (positions [D, N], input [N, hs], output [N, hs]), case index
     with profiling.phase("inputs"):
         every_input = build_rotation_inputs_many(cases, device, one_table_copy=True)
-    for index, (case, inputs) in enumerate(zip(cases, every_input)):
-        skip_if_stopped()
-        with profiling.phase("inputs"):
-            query = inputs.query.clone()                       # the untouched inputs (an in-place call rotates its own)
-            key = None if inputs.key is None else inputs.key.clone()
-        # No wait per call: one GPU shared by a campaign's many processes answers each wait late.
-        inputs, q_out, k_out, failure, _ = contained_rotation(fn, case, device, inputs=inputs, sync=False)
-        if failure is not None:
-            verdicts[index] = Verdict(case, "raised" if failure.startswith(RAISED) else "failed", float("inf"), failure)
-            continue
-        problems = _output_problems("query", query, q_out) + _output_problems("key", key, k_out)
-        if problems:
-            verdicts[index] = Verdict(case, "failed", float("inf"), "; ".join(problems))
-            continue
-        table = inputs.pristine_cache if table is None else table     # never the copy the call was lent
-        positions = inputs.positions.reshape(spec.num_dims, -1)
-        for x, out, heads in ((query, q_out, case.num_q_heads), (key, k_out, case.num_kv_heads)):
-            if x is None or x.numel() == 0:
-                continue
-            # Row t * heads + h is token t's head h: its positions are token t's, repeated per head.
-            rows.append((positions.repeat_interleave(heads, dim=1), x.reshape(-1, spec.head_size),
-                         out.detach().reshape(-1, spec.head_size)))
-            owners.append(torch.full((x.shape[0] * heads,), index, dtype=torch.long))
+    table = every_input[0].pristine_cache        # the reference's: never the copy the calls were lent
+    with deadline(call_timeout(), what="the batch's calls"):     # one for the calls, one for the wait after them
+        for index, (case, inputs) in enumerate(zip(cases, every_input)):
+            _call_one(fn, spec, index, case, inputs, device, verdicts, rows, owners)
     late = wait_for_calls(device, "the batch's calls")
     if late is not None:                   # reported by the device after the calls: no case can be told apart
         return [v if v is not None else Verdict(c, "raised", float("inf"), late) for c, v in zip(cases, verdicts)]
@@ -122,6 +104,33 @@ def check_batch(impl_name: str, fn, cases, device: str) -> list[Verdict]:
 
 TABLE_WRITTEN = ("the cos/sin table lent to the batch's calls was written (it is read-only); the one-case check "
                  "of each call finds which")
+
+
+def _call_one(fn, spec, index: int, case: RotationCase, inputs, device: str, verdicts, rows, owners) -> None:
+    """Case ``index``'s call, not waited for: its verdict where the call already tells it (a raise, an
+    output of the wrong kind), else its rows for the batch's comparison."""
+    skip_if_stopped()
+    with profiling.phase("inputs"):
+        query = inputs.query.clone()                       # the untouched inputs (an in-place call rotates its own)
+        key = None if inputs.key is None else inputs.key.clone()
+    # No wait per call: one GPU shared by a campaign's many processes answers each wait late.
+    inputs, q_out, k_out, failure, _ = contained_rotation(fn, case, device, inputs=inputs, sync=False,
+                                                          own_deadline=False)
+    if failure is not None:
+        verdicts[index] = Verdict(case, "raised" if failure.startswith(RAISED) else "failed", float("inf"), failure)
+        return
+    problems = _output_problems("query", query, q_out) + _output_problems("key", key, k_out)
+    if problems:
+        verdicts[index] = Verdict(case, "failed", float("inf"), "; ".join(problems))
+        return
+    positions = inputs.positions.reshape(spec.num_dims, -1)
+    for x, out, heads in ((query, q_out, case.num_q_heads), (key, k_out, case.num_kv_heads)):
+        if x is None or x.numel() == 0:
+            continue
+        # Row t * heads + h is token t's head h: its positions are token t's, repeated per head.
+        rows.append((positions.repeat_interleave(heads, dim=1), x.reshape(-1, spec.head_size),
+                     out.detach().reshape(-1, spec.head_size)))
+        owners.append(torch.full((x.shape[0] * heads,), index, dtype=torch.long))
 
 
 def _table_written(every_input) -> str | None:

@@ -83,7 +83,7 @@ RAISED = "the implementation raised"
 
 
 def contained_rotation(fn, case: RotationCase, device: str, *, on_hang=None, inputs: RotationInputs | None = None,
-                       sync: bool = True):
+                       sync: bool = True, own_deadline: bool = True):
     """:func:`run_rotation` for an implementation that is not trusted to behave: returns (inputs,
     q_out, k_out, failure, raised_cause), where ``failure`` says what it raised, or what it returned
     instead of ``(query_out, key_out)``, and the outputs are then None; ``raised_cause``: for a raise,
@@ -91,12 +91,13 @@ def contained_rotation(fn, case: RotationCase, device: str, *, on_hang=None, inp
     deadline (rope.harness.deadline): past it ``on_hang()`` runs and ImplementationHung is raised.
     ``inputs``: the case's tensors on ``device`` when the caller built them already.  ``sync=False``:
     the device is not waited for (a caller that makes many calls waits once, after the last: an error
-    the device reports late is then that wait's)."""
+    the device reports late is then that wait's).  ``own_deadline=False``: the caller holds one deadline
+    over its many calls (arming one per call costs two signal handler swaps and the watchdog's lock)."""
     if inputs is None:
         with profiling.phase("inputs"):
             inputs = build_rotation_inputs(case, device)
     try:
-        with deadline(call_timeout(), on_hang), profiling.call_phase():
+        with deadline(call_timeout() if own_deadline else None, on_hang), profiling.call_phase():
             result = fn(case.spec, inputs.positions, inputs.query, inputs.key, inputs.cache)
             if sync:
                 synchronize(device)
