@@ -274,19 +274,21 @@ def rotation_cases(draw, *, dtype: str = "float32", kind: str = "chunked3", is_n
                            max_positions=max_positions, full_rotary_only=full_rotary_only, layouts=layouts))
     num_tokens = draw(_token_counts(min_tokens, max_tokens))
     nq, nkv = draw(head_counts())
-    # Keep interpreter runs cheap: large real head counts with big heads only for few tokens.
-    if nq * spec.head_size * max(1, num_tokens) > 64 * 1024:
-        num_tokens = max(min_tokens, min(num_tokens, 4))
+    num_tokens = max(min_tokens, _few_if_large(nq, spec.head_size, num_tokens))
     return RotationCase(spec=spec, num_tokens=num_tokens, num_q_heads=nq, num_kv_heads=nkv, dtype=dtype,
                         positions_kind=draw(_one_of(POSITION_KINDS)), packed_qkv=draw(_BOOLEANS),
                         seed=draw(_SEEDS), nonfinite=nonfinite and draw(_BOOLEANS), generator="counter")
 
 
+def _few_if_large(num_q_heads: int, head_size: int, num_tokens: int) -> int:
+    """Keep interpreter runs cheap: large real head counts with big heads only for few tokens (at most
+    4 where q would pass 64k elements)."""
+    return min(num_tokens, 4) if num_q_heads * head_size * max(1, num_tokens) > 64 * 1024 else num_tokens
+
+
 @st.composite
 def _batch_of(draw, shape: RotationCase):
-    num_tokens = draw(_ints(0, 48))
-    if shape.num_q_heads * shape.spec.head_size * max(1, num_tokens) > 64 * 1024:     # as rotation_cases
-        num_tokens = min(num_tokens, 4)
+    num_tokens = _few_if_large(shape.num_q_heads, shape.spec.head_size, draw(_ints(0, 48)))
     return RotationCase(spec=shape.spec, num_tokens=num_tokens, num_q_heads=shape.num_q_heads,
                         num_kv_heads=shape.num_kv_heads, dtype=shape.dtype,
                         positions_kind=draw(_one_of(POSITION_KINDS)), packed_qkv=draw(_BOOLEANS),
@@ -326,9 +328,8 @@ def seeded_batch(shape: RotationCase, seed: int, i: int) -> RotationCase:
     def pick(stream: int, low: int, high: int) -> int:
         return scalar(base, stream, i, low, high)
     edge = pick(_EDGE, 0, 16)
-    num_tokens = _EDGE_TOKENS[edge] if edge < len(_EDGE_TOKENS) else pick(_TOKENS, 0, 49)
-    if shape.num_q_heads * shape.spec.head_size * max(1, num_tokens) > 64 * 1024:     # as rotation_cases
-        num_tokens = min(num_tokens, 4)
+    num_tokens = _few_if_large(shape.num_q_heads, shape.spec.head_size,
+                               _EDGE_TOKENS[edge] if edge < len(_EDGE_TOKENS) else pick(_TOKENS, 0, 49))
     return RotationCase(spec=shape.spec, num_tokens=num_tokens, num_q_heads=shape.num_q_heads,
                         num_kv_heads=shape.num_kv_heads, dtype=shape.dtype,
                         positions_kind=POSITION_KINDS[pick(_KIND, 0, len(POSITION_KINDS))],

@@ -17,7 +17,8 @@ from rope.spec import RopeSpec
 from rope.triton.grid import cdiv, next_power_of_2
 
 __all__ = [
-    "EVICT_FIRST_MAX_BYTES", "EVICT_FIRST_TOKENS", "FEW_TOKENS", "INTERPRETED_TILE", "KEY_HEAD_BLOCK_TOKENS", "MAX_TILE", "MIN_BLOCK_F",
+    "EVICT_FIRST_MAX_BYTES", "EVICT_FIRST_TOKENS", "FEW_TOKENS", "INTERPRETED_TILE", "KEY_HEAD_BLOCK_TOKENS", "MAX_TILE",
+    "MIN_BLOCK_F",
     "ONE_WAVE_PROGRAMS", "ONE_WAVE_TOKENS", "PDL_MAX_TOKENS", "PER_LANE_TILE_TOKENS", "PER_LANE_WIDE_TOKENS",
     "SMALL_BATCH_TOKENS", "SMALL_GRID_PROGRAMS", "SPECULATE_MAX_TOKENS",
     "cache_offsets_need_64", "check_guesses", "default_plan", "kernel_arguments", "lane_block", "map_table", "plan",

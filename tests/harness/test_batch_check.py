@@ -246,7 +246,7 @@ def test_seeded_batches_cover_what_batches_of_draws():
 
 
 def test_a_call_that_hangs_in_a_batch_ends_it_at_the_deadline(monkeypatch):
-    # The batch's calls share one call deadline (one per call cost two signal handler swaps and the
+    # The batch's calls share one call deadline (one per call would cost two signal handler swaps and the
     # watchdog's lock, a sixth of a small case's check): a hang in any of them still ends the batch.
     import time as clock
     from rope.harness.deadline import CALL_TIMEOUT_ENV, ImplementationHung

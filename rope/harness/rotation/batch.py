@@ -12,7 +12,7 @@ bound as the one-case check).  The inputs go to the device together (rope.harnes
 build_rotation_inputs_many), and the device is waited for once, after the last call, under one call
 deadline: an error it reports in that wait cannot be told to one case and is every unsettled case's
 raise.  The reference is computed from the pristine table, never from the copy the calls are lent: one copy
-for the batch (a clone per case held them all at once), compared with the table once after the wait;
+for the batch (a clone per case would hold them all at once), compared with the table once after the wait;
 a written copy fails every case, and the one-case checks of the cases, in order, find the call that wrote.
 
 What the one-case check (rope.harness.rotation.check) adds and this does not: the read-only checks

@@ -489,14 +489,18 @@ def _own_cache(case: RotationCase, x: RotationInputs, device: str, lend: bool = 
     table must not be writable by the implementation.  ``lend``: the copy may be one an earlier case
     returned unchanged (:func:`return_lent_cache`) instead of a fresh clone of the table (a clone of
     up to 128 MiB per case, then a comparison)."""
-    dev = torch_device(device)
     dtype = DTYPES[case.table_dtype]
-    pristine = shared_table(case.spec, dtype, device)
-    lent_key = _table_key(case.spec, dtype, dev) if lend else None
+    lent_key = _table_key(case.spec, dtype, torch_device(device)) if lend else None
     cache = _LENT.take(lent_key) if lend else None
-    if cache is None:
-        cache = pristine.clone()
-    return RotationInputs(x.positions, x.query, x.key, cache, x.storage, pristine, lent_key)
+    fresh, pristine = _private_table(case, device, cache is None)
+    return RotationInputs(x.positions, x.query, x.key, fresh if cache is None else cache, x.storage, pristine,
+                          lent_key)
+
+
+def _private_table(case: RotationCase, device: str, copy: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(a clone of the case's shared table on ``device``, or None without ``copy``; the shared table)."""
+    pristine = shared_table(case.spec, DTYPES[case.table_dtype], device)
+    return (pristine.clone() if copy else None), pristine
 
 
 def return_lent_cache(inputs: RotationInputs) -> None:
@@ -548,12 +552,11 @@ def _table_copies(device: str, shared: bool):
     copies: dict = {}
 
     def copy_for(case: RotationCase) -> tuple[torch.Tensor, torch.Tensor]:
-        pristine = shared_table(case.spec, DTYPES[case.table_dtype], device)
         if not shared:
-            return pristine.clone(), pristine
+            return _private_table(case, device)
         key = (case.spec, case.table_dtype)
         if key not in copies:
-            copies[key] = (pristine.clone(), pristine)
+            copies[key] = _private_table(case, device)
         return copies[key]
     return copy_for
 
