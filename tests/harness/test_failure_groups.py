@@ -165,3 +165,18 @@ def test_a_wrong_position_step_is_one_cause_in_short_lines():
     assert info["cause"] in ("wrong_positions", "writes_outside") and info["size"] == CHUNK_2.num_tokens, info
     lines = str(failure.value).splitlines()
     assert len(lines) > 1 and all(len(line) <= causes.LINE_WIDTH for line in lines[1:]), lines
+
+
+def test_a_failure_under_pyargs_of_a_module_is_named_with_its_file():
+    # pytest ids a module named by --pyargs outside the rootdir as "::test_name"; the cause block's
+    # "first:" line would name no file.
+    from types import SimpleNamespace
+
+    from rope.harness.plugin.failures import failure_info
+    props = [(causes.REPORT_PROPERTY, {"cause": "wrong_pairing"})]
+    outside = SimpleNamespace(nodeid="::test_known_bug_prompts_match[x]", user_properties=props,
+                              location=("../properties/position_ids/test_position_ids.py", 10, "test"))
+    assert failure_info(outside)["test"] == ("../properties/position_ids/test_position_ids.py"
+                                             "::test_known_bug_prompts_match[x]")
+    inside = SimpleNamespace(nodeid="properties/a.py::test_b", user_properties=props, location=("x.py", 1, "t"))
+    assert failure_info(inside)["test"] == "properties/a.py::test_b"

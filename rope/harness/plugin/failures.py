@@ -122,8 +122,16 @@ def after_report(item, call, report, comparisons_before: int) -> None:
 def failure_info(report) -> dict | None:
     for name, value in getattr(report, "user_properties", ()):
         if name == causes.REPORT_PROPERTY and isinstance(value, dict):
-            return {"test": report.nodeid, **value}
+            return {"test": node_id(report), **value}
     return None
+
+
+def node_id(report) -> str:
+    """The report's node id, with its file where pytest leaves it out (a module named by ``--pyargs``
+    outside the rootdir has the id ``::test_name``)."""
+    if report.nodeid.startswith("::") and getattr(report, "location", None):
+        return f"{report.location[0]}{report.nodeid}"
+    return report.nodeid
 
 
 def record_failure(report) -> None:
