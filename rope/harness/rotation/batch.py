@@ -78,27 +78,29 @@ def check_batch(impl_name: str, fn, cases, device: str) -> list[Verdict]:
     if why is not None:
         return [Verdict(c, "unsupported", detail=why) for c in cases]
     spec, verdicts = first.spec, [None] * len(cases)
-    rows, owners = [], []     # (positions [D, N], input [N, hs], output [N, hs]), case index
+    outputs: list = [None] * len(cases)            # (q_out, k_out) of each call that returned two tensors
     with profiling.phase("inputs"):
         every_input = build_rotation_inputs_many(cases, device, one_table_copy=True)
+        untouched = _rows_of(spec, every_input)    # before any call: an in-place call rotates its own
     table = every_input[0].pristine_cache        # the reference's: never the copy the calls were lent
     with deadline(call_timeout(), what="the batch's calls"):     # one for the calls, one for the wait after them
         for index, (case, inputs) in enumerate(zip(cases, every_input)):
-            _call_one(fn, spec, index, case, inputs, device, verdicts, rows, owners)
+            _call_one(fn, spec, index, case, inputs, device, verdicts, outputs)
     late = wait_for_calls(device, "the batch's calls")
     if late is not None:                   # reported by the device after the calls: no case can be told apart
         return [v if v is not None else Verdict(c, "raised", float("inf"), late) for c, v in zip(cases, verdicts)]
     written = _table_written(every_input)
     if written is not None:                # every later call read another table: none of them is settled
         return [v if v is not None else Verdict(c, "failed", float("inf"), written) for c, v in zip(cases, verdicts)]
-    worst, mismatched, elements = _compare(fn, spec, rows, owners, table, len(cases))
+    worst, mismatched = _compare(fn, spec, untouched, _rows_out(spec, every_input, outputs), table, cases)
     for index, case in enumerate(cases):
         if verdicts[index] is not None:
             continue
+        elements = case.num_tokens * (case.num_q_heads + case.num_kv_heads) * spec.head_size
         count, ratio = int(mismatched[index]), float(worst[index])
-        verdicts[index] = (Verdict(case, "passed", ratio, elements=int(elements[index])) if not count else
-                           Verdict(case, "failed", ratio, f"{count} of {int(elements[index])} elements past the bound, "
-                                   f"worst error/bound {ratio:.3g}", int(elements[index])))
+        verdicts[index] = (Verdict(case, "passed", ratio, elements=elements) if not count else
+                           Verdict(case, "failed", ratio, f"{count} of {elements} elements past the bound, "
+                                   f"worst error/bound {ratio:.3g}", elements))
     return verdicts
 
 
@@ -106,14 +108,12 @@ TABLE_WRITTEN = ("the cos/sin table lent to the batch's calls was written (it is
                  "of each call finds which")
 
 
-def _call_one(fn, spec, index: int, case: RotationCase, inputs, device: str, verdicts, rows, owners) -> None:
+def _call_one(fn, spec, index: int, case: RotationCase, inputs, device: str, verdicts, outputs) -> None:
     """Case ``index``'s call, not waited for: its verdict where the call already tells it (a raise, an
-    output of the wrong kind), else its rows for the batch's comparison."""
+    output of the wrong kind), else its outputs for the batch's comparison."""
     skip_if_stopped()
-    with profiling.phase("inputs"):
-        query = inputs.query.clone()                       # the untouched inputs (an in-place call rotates its own)
-        key = None if inputs.key is None else inputs.key.clone()
     # No wait per call: one GPU shared by a campaign's many processes answers each wait late.
+    query, key = inputs.query, inputs.key          # an in-place call's outputs are these: same shape and dtype
     inputs, q_out, k_out, failure, _ = contained_rotation(fn, case, device, inputs=inputs, sync=False,
                                                           own_deadline=False)
     if failure is not None:
@@ -123,14 +123,50 @@ def _call_one(fn, spec, index: int, case: RotationCase, inputs, device: str, ver
     if problems:
         verdicts[index] = Verdict(case, "failed", float("inf"), "; ".join(problems))
         return
-    positions = inputs.positions.reshape(spec.num_dims, -1)
-    for x, out, heads in ((query, q_out, case.num_q_heads), (key, k_out, case.num_kv_heads)):
-        if x is None or x.numel() == 0:
-            continue
-        # Row t * heads + h is token t's head h: its positions are token t's, repeated per head.
-        rows.append((positions.repeat_interleave(heads, dim=1), x.reshape(-1, spec.head_size),
-                     out.detach().reshape(-1, spec.head_size)))
-        owners.append(torch.full((x.shape[0] * heads,), index, dtype=torch.long))
+    outputs[index] = (q_out, k_out)
+
+
+# The batch's rows: each case's q heads, then its k heads, case after case.  Row t * H + h of a case's
+# q (k) is its token t's head h, so its positions are token t's: the rows' positions are gathered from
+# the cases' positions side by side [num_dims, sum T] by each row's token.  A case whose call settled
+# its verdict (raised, returned the wrong kind) keeps its rows, filled with its inputs; its result is not read.
+def _parts(x) -> list:
+    """A case's tensors whose rows are compared: q, and k where the case has one."""
+    return [x.query] if x.key is None else [x.query, x.key]
+
+
+def _rows(tensors, head_size: int) -> torch.Tensor:
+    """[T, H * head_size] tensors (row-strided views included) as one [sum T * H, head_size] tensor."""
+    return torch.cat([t.reshape(-1, head_size) for t in tensors])
+
+
+def _rows_of(spec, every_input) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(positions [num_dims, sum T], rows [R, head_size] of every q and k: copies made before the calls;
+    each row's token among the sum T and its case index, [R] on the host)."""
+    hs = spec.head_size
+    tokens, heads, owners, firsts, first = [], [], [], [], 0
+    for index, x in enumerate(every_input):
+        for t in _parts(x):
+            tokens.append(t.shape[0])
+            heads.append(t.shape[1] // hs)
+            owners.append(index)
+            firsts.append(first)
+        first += x.query.shape[0]
+    rows = _rows([t for x in every_input for t in _parts(x)], hs)
+    positions = torch.cat([x.positions.reshape(spec.num_dims, -1) for x in every_input], dim=1)
+    # Row r of part p (r counted from the part's first row): token firsts[p] + r // heads[p].
+    tokens, heads = torch.tensor(tokens), torch.tensor(heads)
+    counts = tokens * heads
+    part = torch.repeat_interleave(torch.arange(len(counts)), counts)
+    starts = torch.cumsum(counts, 0) - counts
+    row_token = torch.tensor(firsts)[part] + (torch.arange(int(counts.sum())) - starts[part]) // heads[part]
+    return positions, rows, row_token, torch.tensor(owners)[part]
+
+
+def _rows_out(spec, every_input, outputs) -> torch.Tensor:
+    """The calls' outputs as rows in :func:`_rows_of`'s order (a settled case's: its inputs)."""
+    return _rows([t.detach() for x, o in zip(every_input, outputs)
+                  for t in (_parts(x) if o is None else [o[0]] if x.key is None else list(o))], spec.head_size)
 
 
 def _table_written(every_input) -> str | None:
@@ -142,15 +178,16 @@ def _table_written(every_input) -> str | None:
     return TABLE_WRITTEN
 
 
-def _compare(fn, spec, rows, owners, table, num_cases):
-    """Per case: the worst error/bound, the elements past the bound and the elements compared."""
-    zeros = torch.zeros(num_cases, dtype=torch.float64)
-    if not rows:
-        return zeros, zeros, zeros
-    positions = torch.cat([r[0] for r in rows], dim=1)
-    x = torch.cat([r[1] for r in rows])
-    got = torch.cat([r[2] for r in rows]).to(torch.float64)
-    owner = torch.cat(owners).to(x.device)
+def _compare(fn, spec, untouched, got, table, cases):
+    """Per case: the worst error/bound and the elements past the bound."""
+    positions, x, row_token, owner = untouched
+    num_cases = len(cases)
+    if not x.shape[0]:
+        zeros = torch.zeros(num_cases, dtype=torch.float64)
+        return zeros, zeros
+    got = got.to(torch.float64)
+    owner = owner.to(x.device)
+    positions = positions[:, row_token.to(x.device)]
     pos = positions[0].contiguous() if spec.num_dims == 1 else positions
     with profiling.phase("reference"):
         exp = reference_rotation(fn, spec, pos, x, None, table)[0].to(torch.float64)
@@ -171,9 +208,7 @@ def _compare(fn, spec, rows, owners, table, num_cases):
         worst = torch.zeros(num_cases, dtype=torch.float64, device=x.device).scatter_reduce(
             0, owner, ratio, reduce="amax", include_self=True)
         mismatched = torch.zeros(num_cases, dtype=torch.float64, device=x.device).index_add(0, owner, past)
-        elements = torch.zeros(num_cases, dtype=torch.float64, device=x.device).index_add(
-            0, owner, torch.full_like(past, spec.head_size))
-    return worst.cpu(), mismatched.cpu(), elements.cpu()
+    return worst.cpu(), mismatched.cpu()
 
 
 def assert_batch_matches_reference(impl_name: str, fn, cases, device: str) -> list[Verdict]:

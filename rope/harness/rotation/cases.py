@@ -360,6 +360,11 @@ def _counter_requests(case: RotationCase) -> list[Request]:
     return out
 
 
+# Position patterns made from the seed's scalars alone (no drawn tensor): a batch makes them on the host
+# and carries them to a GPU in one transfer, where each would be a handful of launches on the device.
+_SCALAR_PATTERNS = ("text", "grid")
+
+
 def _counter_positions(case: RotationCase, drawn, dev: torch.device) -> torch.Tensor:
     """make_positions' patterns from the counter, its draws made with the batch's others in one pass
     (make_positions with a CounterDraws would draw per case: a dozen launches each on a GPU)."""
@@ -382,16 +387,22 @@ def _plant(x: torch.Tensor | None, flat: torch.Tensor) -> None:
     so an index drawn twice gets one value whatever order a device writes in."""
     if x is None or not flat.numel():
         return
-    x[flat // x.shape[1], flat % x.shape[1]] = _nonfinite_values(x.dtype, x.device)[flat % 3]
+    values = _nonfinite_values(x.dtype, x.device)[flat % 3]
+    if x.is_contiguous():          # row-major: the flat index is the element's own
+        x.view(-1).index_put_((flat,), values)
+    else:                          # a row-strided slice of packed qkv
+        x[flat // x.shape[1], flat % x.shape[1]] = values
 
 
-def _counter_assemble(case: RotationCase, drawn, dev: torch.device) -> RotationInputs:
+def _counter_assemble(case: RotationCase, drawn, dev: torch.device, positions: torch.Tensor | None = None
+                      ) -> RotationInputs:
     """A counter case's tensors on ``dev`` from its draws (``drawn``: an iterator over them, in
     :func:`_counter_requests`' order), each an allocation of its own (the draws of a batch are views
-    of one buffer); the cache is the shared table, not a copy."""
+    of one buffer); the cache is the shared table, not a copy.  ``positions``: the case's, made already."""
     spec, hs, dtype = case.spec, case.spec.head_size, DTYPES[case.dtype]
     t, q_width, k_width = case.num_tokens, case.num_q_heads * hs, case.num_kv_heads * hs
-    positions = _counter_positions(case, drawn, dev)
+    if positions is None:
+        positions = _counter_positions(case, drawn, dev)
     if case.packed_qkv:
         storage = next(drawn).reshape(t, q_width + 2 * k_width).to(dtype, copy=True)
         query, key = storage[:, :q_width], storage[:, q_width:q_width + k_width] if k_width else None
@@ -414,7 +425,12 @@ def _counter_many(cases, device: str) -> list[RotationInputs]:
     dev = torch_device(device)
     requests = [_counter_requests(c) for c in cases]
     drawn = iter(draw_many([r for rs in requests for r in rs], dev))
-    return [_counter_assemble(c, iter([next(drawn) for _ in rs]), dev) for c, rs in zip(cases, requests)]
+    # The same integers on the host as on any device: made there, carried together (not waited for).
+    on_host = [i for i, c in enumerate(cases) if c.positions_kind in _SCALAR_PATTERNS] if dev.type != "cpu" else []
+    made = _to_device_together([_counter_positions(cases[i], None, torch.device("cpu")) for i in on_host], dev)
+    positions = dict(zip(on_host, made))
+    return [_counter_assemble(c, iter([next(drawn) for _ in rs]), dev, positions.get(i))
+            for i, (c, rs) in enumerate(zip(cases, requests))]
 
 
 def view_layout(view: str, num_tokens: int, q_width: int, k_width: int, head_size: int):
