@@ -5,7 +5,7 @@ them here, never from the command."""
 
 from __future__ import annotations
 
-__all__ = ["CAMPAIGN_BATCHES", "CAMPAIGN_ENV", "DATABASE_ENV", "EXAMPLES_ENV", "ROUNDS_ENV", "SHARED_DATABASE_ENV",
+__all__ = ["BATCHES_ENV", "CAMPAIGN_BATCHES", "CAMPAIGN_ENV", "DATABASE_ENV", "EXAMPLES_ENV", "ROUNDS_ENV", "SHARED_DATABASE_ENV",
            "campaign_batches", "campaign_profile", "campaign_rounds"]
 
 CAMPAIGN_ENV = "ROPE_CAMPAIGN"                 # set in the rounds: conftest records, the campaign merges
@@ -18,7 +18,10 @@ SHARED_DATABASE_ENV = "ROPE_SHARED_DB"         # a Redis URL campaigns on severa
 # batches of the same shape cost a few draws and a share of one batched comparison on the device each
 # (rope.harness.rotation.batch), so a campaign checks many cases per example.  Outside a campaign, and
 # on the CPU (the Triton interpreter runs a program at a time), none: the suite's draws are unchanged.
-CAMPAIGN_BATCHES = (15, 63)
+# A case of the largest shapes holds at most about 2^17 elements of q and k (strategies' few-tokens rule),
+# so a batch's float64 comparison stays within a few hundred MiB of the GPU per process.
+CAMPAIGN_BATCHES = (31, 127)
+BATCHES_ENV = "ROPE_CAMPAIGN_BATCHES"          # "min,max": CAMPAIGN_BATCHES for one campaign (a probe's)
 
 def campaign_profile(env) -> dict:
     """Settings of the ``campaign`` Hypothesis profile (registered by the plugin) for a round's
@@ -38,7 +41,16 @@ def campaign_batches(env, device: str) -> tuple[int, int]:
     session on a GPU, (0, 0) elsewhere."""
     if not env.get(CAMPAIGN_ENV) or device == "cpu" or device.startswith("cpu:"):
         return (0, 0)
-    return CAMPAIGN_BATCHES
+    raw = env.get(BATCHES_ENV)
+    if not raw:
+        return CAMPAIGN_BATCHES
+    try:
+        low, high = (int(v) for v in raw.split(","))
+        if not 0 <= low <= high:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"{BATCHES_ENV}={raw!r}: must be 'min,max' with 0 <= min <= max") from None
+    return low, high
 
 
 def campaign_rounds(env) -> list[tuple[int, int]]:

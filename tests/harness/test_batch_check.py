@@ -118,6 +118,15 @@ def test_more_batches_only_in_a_campaign_on_a_gpu():
     assert CAMPAIGN_BATCHES[0] >= 1
 
 
+def test_a_campaigns_batches_can_be_set_for_one_campaign():
+    from rope.harness.campaign_settings import BATCHES_ENV, CAMPAIGN_ENV, campaign_batches
+    assert campaign_batches({CAMPAIGN_ENV: "1", BATCHES_ENV: "3,9"}, "cuda") == (3, 9)
+    assert campaign_batches({BATCHES_ENV: "3,9"}, "cuda") == (0, 0)        # outside a campaign: none
+    for bad in ("9,3", "x", "1,2,3", "-1,4"):
+        with pytest.raises(ValueError, match=BATCHES_ENV):
+            campaign_batches({CAMPAIGN_ENV: "1", BATCHES_ENV: bad}, "cuda")
+
+
 def test_a_campaigns_more_batches_catch_what_the_drawn_case_passed(monkeypatch):
     # The drawn case has no token (any rotation passes it); the further batches through its shape do,
     # and a wrong pairing in them fails the property with the one-case check's diagnosis.
