@@ -64,18 +64,30 @@ COMPARISONS = [0]
 def record(**fields) -> None:
     """Append one record (a comparison, a skip, a failure) to this process's file.  A comparison
     is counted even where no report is written (the count says whether a test checked anything)."""
-    if fields.get("kind") == "comparison":
-        COMPARISONS[0] += 1
+    record_many([fields])
+
+
+def record_many(records: list[dict]) -> None:
+    """:func:`record` of each of ``records``, in order, in one append (a batch's cases: one write
+    instead of an open, a write and a close each)."""
+    COMPARISONS[0] += sum(1 for r in records if r.get("kind") == "comparison")
     path = _record_file()
-    if path is None:
+    if path is None or not records:
         return
-    fields.setdefault("worker", os.environ.get("PYTEST_XDIST_WORKER", "main"))
-    line = (json.dumps(fields, default=float) + "\n").encode()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    data = b"".join((json.dumps(r if "worker" in r else {**r, "worker": worker}, default=float) + "\n").encode()
+                    for r in records)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
         try:
-            os.write(fd, line)
+            fd = os.open(path, flags, 0o644)
+        except FileNotFoundError:         # the run's folder not made yet (or removed): once more after making it
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, flags, 0o644)
+        try:
+            view = memoryview(data)
+            while view:                   # a regular file takes it all at once; a short write goes on
+                view = view[os.write(fd, view):]
         finally:
             os.close(fd)
     except OSError:   # the report is best effort: it never fails a test run
@@ -84,13 +96,20 @@ def record(**fields) -> None:
 
 def record_comparison(*, test: str, impl: str, device: str, dtype: str, variant: str, comparison,
                       case_file: str | None = None, tokens: int | None = None) -> None:
+    record(**comparison_fields(test=test, impl=impl, device=device, dtype=dtype, variant=variant,
+                               comparison=comparison, case_file=case_file, tokens=tokens))
+
+
+def comparison_fields(*, test: str, impl: str, device: str, dtype: str, variant: str, comparison,
+                      case_file: str | None = None, tokens: int | None = None) -> dict:
+    """The record :func:`record_comparison` appends (for :func:`record_many`)."""
     heat = None
     if not comparison.ok and comparison.bounds:
         heat = _heat_map(comparison)
-    record(kind="comparison", test=test, impl=impl, device=device, dtype=dtype, variant=variant,
-           ok=comparison.ok, worst_ratio=_finite(comparison.worst_ratio), mismatched=comparison.num_mismatched,
-           elements=comparison.num_elements, problems=comparison.problems, case_file=case_file, heat=heat,
-           tokens=tokens)
+    return dict(kind="comparison", test=test, impl=impl, device=device, dtype=dtype, variant=variant,
+                ok=comparison.ok, worst_ratio=_finite(comparison.worst_ratio), mismatched=comparison.num_mismatched,
+                elements=comparison.num_elements, problems=comparison.problems, case_file=case_file, heat=heat,
+                tokens=tokens)
 
 
 def record_exact_check(*, test: str, impl: str, device: str, what: str, ok: bool, elements: int,

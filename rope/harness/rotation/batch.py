@@ -219,9 +219,7 @@ def assert_batch_matches_reference(impl_name: str, fn, cases, device: str) -> li
     verdicts = check_batch(impl_name, fn, cases, device)
     if verdicts and all(v.outcome == "unsupported" for v in verdicts):
         skip_or_reject(verdicts[0].detail)
-    for verdict in verdicts:
-        if verdict.passed:
-            _record(impl_name, verdict, device)
+    _record_passed(impl_name, [v for v in verdicts if v.passed], device)
     for verdict in verdicts:
         if verdict.outcome in ("failed", "raised"):
             assert_matches_reference(impl_name, fn, verdict.case, device)      # raises, reported in full
@@ -233,11 +231,18 @@ def assert_batch_matches_reference(impl_name: str, fn, cases, device: str) -> li
     return verdicts
 
 
-def _record(impl_name: str, verdict: Verdict, device: str) -> None:
+def _record_passed(impl_name: str, passed: list[Verdict], device: str) -> None:
+    """The passed cases' comparison records, in one append (a batch shares its test, spec and dtype)."""
+    if not passed:
+        return
     try:
-        comparison = Comparison(verdict.case.spec, worst_ratio=verdict.worst_ratio, num_elements=verdict.elements)
-        report.record_comparison(test=current_test(), impl=impl_name, device=device_label(device),
-                                 dtype=verdict.case.dtype, variant=verdict.case.spec.variant(), comparison=comparison,
-                                 tokens=verdict.case.num_tokens)
+        test, label = current_test(), device_label(device)
+        records = []
+        for verdict in passed:
+            comparison = Comparison(verdict.case.spec, worst_ratio=verdict.worst_ratio, num_elements=verdict.elements)
+            records.append(report.comparison_fields(test=test, impl=impl_name, device=label, dtype=verdict.case.dtype,
+                                                    variant=verdict.case.spec.variant(), comparison=comparison,
+                                                    tokens=verdict.case.num_tokens))
+        report.record_many(records)
     except Exception:   # noqa: BLE001 - the report is best effort, the assertion is not
         pass
