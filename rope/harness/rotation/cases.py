@@ -394,11 +394,12 @@ def _plant(x: torch.Tensor | None, flat: torch.Tensor) -> None:
         x[flat // x.shape[1], flat % x.shape[1]] = values
 
 
-def _counter_assemble(case: RotationCase, drawn, dev: torch.device, positions: torch.Tensor | None = None
-                      ) -> RotationInputs:
+def _counter_assemble(case: RotationCase, drawn, dev: torch.device, positions: torch.Tensor | None = None,
+                      table: torch.Tensor | None = None) -> RotationInputs:
     """A counter case's tensors on ``dev`` from its draws (``drawn``: an iterator over them, in
     :func:`_counter_requests`' order), each an allocation of its own (the draws of a batch are views
-    of one buffer); the cache is the shared table, not a copy.  ``positions``: the case's, made already."""
+    of one buffer); the cache is the shared table (``table``, where looked up already), not a copy.
+    ``positions``: the case's, made already."""
     spec, hs, dtype = case.spec, case.spec.head_size, DTYPES[case.dtype]
     t, q_width, k_width = case.num_tokens, case.num_q_heads * hs, case.num_kv_heads * hs
     if positions is None:
@@ -416,7 +417,9 @@ def _counter_assemble(case: RotationCase, drawn, dev: torch.device, positions: t
     if case.view != "contiguous":
         filler = next(drawn)
         storage, query, key = lay_out(case.view, query, key, hs, lambda n: filler)
-    return RotationInputs(positions, query, key, shared_table(spec, DTYPES[case.table_dtype], str(dev)), storage)
+    if table is None:
+        table = shared_table(spec, DTYPES[case.table_dtype], str(dev))
+    return RotationInputs(positions, query, key, table, storage)
 
 
 def _counter_many(cases, device: str) -> list[RotationInputs]:
@@ -429,7 +432,11 @@ def _counter_many(cases, device: str) -> list[RotationInputs]:
     on_host = [i for i, c in enumerate(cases) if c.positions_kind in _SCALAR_PATTERNS] if dev.type != "cpu" else []
     made = _to_device_together([_counter_positions(cases[i], None, torch.device("cpu")) for i in on_host], dev)
     positions = dict(zip(on_host, made))
-    return [_counter_assemble(c, iter([next(drawn) for _ in rs]), dev, positions.get(i))
+    tables: dict = {}               # a batch's cases share their table: looked up once
+    for c in cases:
+        if (c.spec, c.table_dtype) not in tables:
+            tables[c.spec, c.table_dtype] = shared_table(c.spec, DTYPES[c.table_dtype], str(dev))
+    return [_counter_assemble(c, iter([next(drawn) for _ in rs]), dev, positions.get(i), tables[c.spec, c.table_dtype])
             for i, (c, rs) in enumerate(zip(cases, requests))]
 
 
