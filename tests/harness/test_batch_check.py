@@ -58,6 +58,27 @@ def test_one_broken_case_fails_alone_in_its_batch():
     assert "1 of" in verdicts[2].detail and verdicts[2].worst_ratio > 1
 
 
+@pytest.mark.parametrize("rows_per_slice", [1, 3, 7])
+def test_a_batch_compared_in_slices_gives_the_same_verdicts(monkeypatch, rows_per_slice):
+    # The batch's rows are compared a slice at a time (its float64 temporaries bounded whatever the
+    # batch's size); a case whose rows fall in two or more slices keeps its worst ratio and its count.
+    from rope.harness.rotation import batch
+    def off_in_two_places(spec, positions, query, key, cache):
+        q, k = NATIVE(spec, positions, query, key, cache)
+        if q.shape[0] in (4, 6):                  # two cases: one element off in their first and last rows
+            q = q.clone()
+            q[0, 0] += 1.0
+            q[-1, -1] -= 2.0
+        return q, k
+    whole = check_batch("off", off_in_two_places, _batch(5), "cpu")
+    monkeypatch.setattr(batch, "DEVICE_SLICE_ELEMENTS", SPEC.head_size * rows_per_slice)
+    sliced = check_batch("off", off_in_two_places, _batch(5), "cpu")
+    assert [v.outcome for v in whole] == ["passed", "failed", "passed", "failed", "passed"]
+    assert [(v.outcome, v.worst_ratio, v.detail) for v in sliced] == [(v.outcome, v.worst_ratio, v.detail)
+                                                                         for v in whole]
+    assert "2 of" in whole[1].detail
+
+
 def test_a_raise_and_a_wrong_shape_are_verdicts_of_their_own():
     def misbehaves(spec, positions, query, key, cache):
         if query.shape[0] == 4:

@@ -29,7 +29,8 @@ from rope.harness import profiling, report
 from rope.harness.deadline import call_timeout, deadline
 from rope.harness.draws import current_test, skip_or_reject
 from rope.harness.placement import device_label
-from rope.harness.rotation.bound import Comparison, element_errors, element_ratios, own_angle_error
+from rope.harness.rotation.bound import (DEVICE_SLICE_ELEMENTS, Comparison, element_errors, element_ratios,
+                                        own_angle_error)
 from rope.harness.rotation.cases import DTYPES, RotationCase, build_rotation_inputs_many
 from rope.harness.rotation.check import (RAISED, angle_source, assert_matches_reference, contained_rotation,
                                          reference_rotation)
@@ -179,15 +180,26 @@ def _table_written(every_input) -> str | None:
 
 
 def _compare(fn, spec, untouched, got, table, cases):
-    """Per case: the worst error/bound and the elements past the bound."""
+    """Per case: the worst error/bound and the elements past the bound, over slices of the rows of at
+    most DEVICE_SLICE_ELEMENTS elements each (a case's rows may fall in two slices: its worst is the
+    larger, its count the sum), so a batch of any size holds one slice's float64 temporaries at a time."""
     positions, x, row_token, owner = untouched
-    num_cases = len(cases)
-    if not x.shape[0]:
-        zeros = torch.zeros(num_cases, dtype=torch.float64)
-        return zeros, zeros
+    worst = torch.zeros(len(cases), dtype=torch.float64, device=x.device)
+    mismatched = torch.zeros(len(cases), dtype=torch.float64, device=x.device)
+    row_token, owner = row_token.to(x.device), owner.to(x.device)
+    step = max(1, DEVICE_SLICE_ELEMENTS // spec.head_size)
+    for first in range(0, x.shape[0], step):
+        rows = slice(first, first + step)
+        ratio, past = _compare_rows(fn, spec, positions[:, row_token[rows]], x[rows], got[rows], table)
+        worst.scatter_reduce_(0, owner[rows], ratio, reduce="amax", include_self=True)
+        mismatched.index_add_(0, owner[rows], past)
+    return worst.cpu(), mismatched.cpu()
+
+
+def _compare_rows(fn, spec, positions, x, got, table):
+    """Per row of ``x`` [R, head_size] (positions [num_dims, R]): the worst error/bound and the
+    elements past the bound."""
     got = got.to(torch.float64)
-    owner = owner.to(x.device)
-    positions = positions[:, row_token.to(x.device)]
     pos = positions[0].contiguous() if spec.num_dims == 1 else positions
     with profiling.phase("reference"):
         exp = reference_rotation(fn, spec, pos, x, None, table)[0].to(torch.float64)
@@ -203,12 +215,7 @@ def _compare(fn, spec, untouched, got, table, cases):
             angle_error, cache_dtype = own_angle_error(spec, pos), None
         err, bound = element_errors(spec, x, got, exp, cos.to(x.device), sin.to(x.device), working_precision(fn),
                                     None if angle_error is None else angle_error.to(x.device), cache_dtype)
-        ratio = element_ratios(err, bound).amax(dim=1)
-        past = (err > bound).sum(dim=1).to(torch.float64)
-        worst = torch.zeros(num_cases, dtype=torch.float64, device=x.device).scatter_reduce(
-            0, owner, ratio, reduce="amax", include_self=True)
-        mismatched = torch.zeros(num_cases, dtype=torch.float64, device=x.device).index_add(0, owner, past)
-    return worst.cpu(), mismatched.cpu()
+        return element_ratios(err, bound).amax(dim=1), (err > bound).sum(dim=1).to(torch.float64)
 
 
 def assert_batch_matches_reference(impl_name: str, fn, cases, device: str) -> list[Verdict]:
