@@ -18,8 +18,8 @@ SHARED_DATABASE_ENV = "ROPE_SHARED_DB"         # a Redis URL campaigns on severa
 # batches of the same shape cost a few draws and a share of one batched comparison on the device each
 # (rope.harness.rotation.batch), so a campaign checks many cases per example.  Outside a campaign, and
 # on the CPU (the Triton interpreter runs a program at a time), none: the suite's draws are unchanged.
-# A case of the largest shapes holds at most about 2^17 elements of q and k (strategies' few-tokens rule),
-# so a batch's float64 comparison stays within a few hundred MiB of the GPU per process.
+# A batch's float64 comparison goes a slice of rows at a time (rope.harness.rotation.batch), so its GPU
+# memory does not grow with the count.
 CAMPAIGN_BATCHES = (31, 127)
 BATCHES_ENV = "ROPE_CAMPAIGN_BATCHES"          # "min,max": CAMPAIGN_BATCHES for one campaign (a probe's)
 
