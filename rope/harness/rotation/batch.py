@@ -1,14 +1,14 @@
 """The rotation's check over a batch of cases, without pytest: one call of the implementation per
-case, then one float64 reference and one bound over every case's elements at once, on the device
-the implementation ran on, and a verdict per case.
+case, then one float64 reference and one bound over every case's elements together (a slice of
+rows at a time), on the device the implementation ran on, and a verdict per case.
 
 A batch shares one spec, one activation dtype and one table dtype (one cos/sin table); the cases may
 differ in tokens, head counts, positions, packing, seeds and planted non-finite values.  Each head
 of each token is a row of ``head_size`` elements whose reference reads only that token's positions
-and the table, so the heads of every case are stacked as rows ``[sum T_i x H_i, head_size]``, with
-each token's positions repeated for its heads, and the reference, cos/sin, the bound and the error
-are computed once for the stack (rope.harness.rotation.bound.element_errors, the same per-element
-bound as the one-case check).  The inputs go to the device together (rope.harness.rotation.cases.
+and the table, so the heads of every case are stacked as rows ``[sum T_i x H_i, head_size]`` (copied
+before the first call), with each token's positions gathered for its heads, and the reference,
+cos/sin, the bound and the error are computed for the stack, up to 2^23 elements at a time
+(rope.harness.rotation.bound.element_errors, the same per-element bound as the one-case check).  The inputs go to the device together (rope.harness.rotation.cases.
 build_rotation_inputs_many), and the device is waited for once, after the last call, under one call
 deadline: an error it reports in that wait cannot be told to one case and is every unsettled case's
 raise.  The reference is computed from the pristine table, never from the copy the calls are lent: one copy
