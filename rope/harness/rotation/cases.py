@@ -394,12 +394,12 @@ def _plant(x: torch.Tensor | None, flat: torch.Tensor) -> None:
         x[flat // x.shape[1], flat % x.shape[1]] = values
 
 
-def _counter_assemble(case: RotationCase, drawn, dev: torch.device, positions: torch.Tensor | None = None,
-                      table: torch.Tensor | None = None) -> RotationInputs:
+def _counter_assemble(case: RotationCase, drawn, dev: torch.device, positions: torch.Tensor | None,
+                      table: torch.Tensor) -> RotationInputs:
     """A counter case's tensors on ``dev`` from its draws (``drawn``: an iterator over them, in
     :func:`_counter_requests`' order), each an allocation of its own (the draws of a batch are views
-    of one buffer); the cache is the shared table (``table``, where looked up already), not a copy.
-    ``positions``: the case's, made already."""
+    of one buffer); the cache is ``table``, the shared table, not a copy.  ``positions``: the case's
+    where made already (on the host), else None: made here from its draws."""
     spec, hs, dtype = case.spec, case.spec.head_size, DTYPES[case.dtype]
     t, q_width, k_width = case.num_tokens, case.num_q_heads * hs, case.num_kv_heads * hs
     if positions is None:
@@ -417,8 +417,6 @@ def _counter_assemble(case: RotationCase, drawn, dev: torch.device, positions: t
     if case.view != "contiguous":
         filler = next(drawn)
         storage, query, key = lay_out(case.view, query, key, hs, lambda n: filler)
-    if table is None:
-        table = shared_table(spec, DTYPES[case.table_dtype], str(dev))
     return RotationInputs(positions, query, key, table, storage)
 
 
