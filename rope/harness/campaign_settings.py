@@ -5,8 +5,8 @@ them here, never from the command."""
 
 from __future__ import annotations
 
-__all__ = ["BATCHES_ENV", "CAMPAIGN_BATCHES", "CAMPAIGN_ENV", "DATABASE_ENV", "EXAMPLES_ENV", "ROUNDS_ENV", "SHARED_DATABASE_ENV",
-           "campaign_batches", "campaign_profile", "campaign_rounds"]
+__all__ = ["BATCHES_ENV", "CAMPAIGN_BATCHES", "CAMPAIGN_ENV", "DATABASE_ENV", "EXAMPLES_ENV", "ROUNDS_ENV",
+           "SHARED_DATABASE_ENV", "campaign_batches", "campaign_profile", "campaign_rounds"]
 
 CAMPAIGN_ENV = "ROPE_CAMPAIGN"                 # set in the rounds: conftest records, the campaign merges
 EXAMPLES_ENV = "ROPE_CAMPAIGN_EXAMPLES"        # examples per test outside the rounds (the campaign profile)
@@ -37,8 +37,8 @@ def campaign_profile(env) -> dict:
 
 
 def campaign_batches(env, device: str) -> tuple[int, int]:
-    """(min, max) further batches per drawn rotation case: :data:`CAMPAIGN_BATCHES` in a campaign's
-    session on a GPU, (0, 0) elsewhere."""
+    """(min, max) further batches per drawn rotation case: :data:`CAMPAIGN_BATCHES` (or the
+    ``min,max`` of :data:`BATCHES_ENV`) in a campaign's session on a GPU, (0, 0) elsewhere."""
     if not env.get(CAMPAIGN_ENV) or device == "cpu" or device.startswith("cpu:"):
         return (0, 0)
     raw = env.get(BATCHES_ENV)
