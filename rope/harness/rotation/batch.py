@@ -9,8 +9,8 @@ and the table, so the heads of every case are stacked as rows ``[sum T_i x H_i, 
 before the first call), with each token's positions gathered for its heads, and the reference,
 cos/sin, the bound and the error are computed for the stack, up to 2^23 elements at a time
 (rope.harness.rotation.bound.element_errors, the same per-element bound as the one-case check).
-The inputs go to the device together (rope.harness.rotation.cases.build_rotation_inputs_many), and the device is waited for once, after the last call, under one call
-deadline: an error it reports in that wait cannot be told to one case and is every unsettled case's
+The inputs go to the device together (rope.harness.rotation.cases.build_rotation_inputs_many), and
+the device is waited for once, after the last call, under one call deadline: an error it reports in that wait cannot be told to one case and is every unsettled case's
 raise.  The reference is computed from the pristine table, never from the copy the calls are lent: one copy
 for the batch (a clone per case would hold them all at once), compared with the table once after the wait;
 a written copy fails every case, and the one-case checks of the cases, in order, find the call that wrote.
