@@ -3,17 +3,18 @@ case, then one float64 reference and one bound over every case's elements togeth
 rows at a time), on the device the implementation ran on, and a verdict per case.
 
 A batch shares one spec, one activation dtype and one table dtype (one cos/sin table); the cases may
-differ in tokens, head counts, positions, packing, seeds and planted non-finite values.  Each head
-of each token is a row of ``head_size`` elements whose reference reads only that token's positions
-and the table, so the heads of every case are stacked as rows ``[sum T_i x H_i, head_size]`` (copied
-before the first call), with each token's positions gathered for its heads, and the reference,
-cos/sin, the bound and the error are computed for the stack, up to 2^23 elements at a time
-(rope.harness.rotation.bound.element_errors, the same per-element bound as the one-case check).
-The inputs go to the device together (rope.harness.rotation.cases.build_rotation_inputs_many), and
-the device is waited for once, after the last call, under one call deadline: an error it reports in that wait cannot be told to one case and is every unsettled case's
-raise.  The reference is computed from the pristine table, never from the copy the calls are lent: one copy
-for the batch (a clone per case would hold them all at once), compared with the table once after the wait;
-a written copy fails every case, and the one-case checks of the cases, in order, find the call that wrote.
+differ in tokens, head counts, positions, packing, seeds and planted non-finite values.  Each head of
+each token is a row of ``head_size`` elements whose reference reads only that token's positions and the
+table, so the heads of every case are stacked as rows ``[sum T_i x H_i, head_size]`` (copied before the
+first call), with each token's positions gathered for its heads, and the reference, cos/sin, the bound
+and the error are computed for the stack, up to 2^23 elements at a time
+(rope.harness.rotation.bound.element_errors, the same per-element bound as the one-case check).  The
+inputs go to the device together (rope.harness.rotation.cases.build_rotation_inputs_many), and the
+device is waited for once, after the last call, under one call deadline: an error it reports in that
+wait cannot be told to one case and is every unsettled case's raise.  The reference is computed from the
+pristine table, never from the copy the calls are lent: one copy for the batch (a clone per case would
+hold them all at once), compared with the table once after the wait; a written copy fails every case,
+and the one-case checks of the cases, in order, find the call that wrote.
 
 What the one-case check (rope.harness.rotation.check) adds and this does not: the read-only checks
 of positions and table, the in-place contract, bytes outside a strided view, the diagnosis and the
