@@ -148,6 +148,17 @@ def test_a_campaigns_batches_can_be_set_for_one_campaign():
             campaign_batches({CAMPAIGN_ENV: "1", BATCHES_ENV: bad}, "cuda")
 
 
+def test_the_one_shape_property_lists_at_most_listed_most_batches():
+    # Its batches are Hypothesis lists (five draws a batch): a campaign's larger counts are the
+    # rotation property's seeded batches, never a list of hundreds of drawn batches.
+    from properties.rotation.checks import LISTED_MOST, listed_batches
+    from rope.harness.campaign_settings import BATCHES_ENV, CAMPAIGN_ENV
+    assert listed_batches({}, "cpu") == listed_batches({CAMPAIGN_ENV: "1"}, "cpu") == 2
+    assert listed_batches({}, "cuda:0") == 12
+    assert listed_batches({CAMPAIGN_ENV: "1", BATCHES_ENV: "3,40"}, "cuda") == 40
+    assert listed_batches({CAMPAIGN_ENV: "1", BATCHES_ENV: "127,511"}, "cuda") == LISTED_MOST == 127
+
+
 def test_a_campaigns_more_batches_catch_what_the_drawn_case_passed(monkeypatch):
     # The drawn case has no token (any rotation passes it); the further batches through its shape do,
     # and a wrong pairing in them fails the property with the one-case check's diagnosis.
