@@ -94,12 +94,13 @@ def check_batch(impl_name: str, fn, cases, device: str) -> list[Verdict]:
     written = _table_written(every_input)
     if written is not None:                # every later call read another table: none of them is settled
         return [v if v is not None else Verdict(c, "failed", float("inf"), written) for c, v in zip(cases, verdicts)]
-    worst, mismatched = _compare(fn, spec, untouched, _rows_out(spec, every_input, outputs), table, cases)
+    worst, mismatched = (t.tolist() for t in _compare(fn, spec, untouched, _rows_out(spec, every_input, outputs),
+                                                      table, cases))
     for index, case in enumerate(cases):
         if verdicts[index] is not None:
             continue
         elements = case.num_tokens * (case.num_q_heads + case.num_kv_heads) * spec.head_size
-        count, ratio = int(mismatched[index]), float(worst[index])
+        count, ratio = int(mismatched[index]), worst[index]
         verdicts[index] = (Verdict(case, "passed", ratio, elements=elements) if not count else
                            Verdict(case, "failed", ratio, f"{count} of {elements} elements past the bound, "
                                    f"worst error/bound {ratio:.3g}", elements))
