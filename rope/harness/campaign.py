@@ -80,7 +80,8 @@ class Campaign:
     wall_s: float = 0.0
     examples: int = 0
     failures: int = 0
-    test_failures: bool = False
+    test_failures: bool = False     # a session's exit said a test failed (an interrupted one's cannot say)
+    failed_tests: int = 0           # tests whose failure the records hold: an interrupted session's too
     per_device: dict = field(default_factory=dict)
     case_files: list[str] = field(default_factory=list)
 
@@ -223,7 +224,10 @@ def _finish(c: Campaign, run_dir: Path, out: Path) -> None:
     records = report.load_records(run_dir)
     report.write_report(records, out, run=run_dir.name)
     summary = json.loads((out / "summary.json").read_text())
-    c.examples, c.failures = summary["examples"], summary["failures"]
+    # A failure outside the comparisons (a test that raised: out of memory, an error in the harness) is a
+    # failed test in the records, whatever the session's exit code: the last session is always stopped
+    # at the deadline (exit 2), so its exit cannot say whether a test failed.
+    c.examples, c.failures, c.failed_tests = summary["examples"], summary["failures"], summary["failed_tests"]
     wall = max(c.wall_s, 1e-9)
     c.per_device = {p["device"]: {"examples": p["examples"], "examples_per_s": round(p["examples"] / wall, 2),
                                   "workers": p["workers"]} for p in summary["placement"]}
@@ -235,12 +239,20 @@ def _finish(c: Campaign, run_dir: Path, out: Path) -> None:
     atomic_write(out / "campaign.md", markdown(data).encode())
 
 
+def _failed_tests_words(data: dict) -> str:
+    """What failed besides the comparisons, as the campaign's line goes on: tests failed (their causes in
+    summary.md), or a session's exit that said so."""
+    n = data.get("failed_tests", 0)
+    if n:
+        return f"; {n} test{'s' if n != 1 else ''} failed (causes: summary.md)"
+    return "; some tests failed (see the session logs)" if data["test_failures"] else ""
+
+
 def markdown(data: dict) -> str:
     lines = ["# rope-harness campaign", "",
              f"{data['minutes']} minutes on {', '.join(data['devices'])} with `-n {data['workers']}`: "
              f"{len(data['runs'])} pytest sessions, {data['examples']} comparisons against the float64 reference "
-             f"({data['examples_per_s']}/s), {data['failures']} failed"
-             + ("; some tests failed (see the round logs)" if data["test_failures"] else "") + ".", "",
+             f"({data['examples_per_s']}/s), {data['failures']} failed" + _failed_tests_words(data) + ".", "",
              "| device | examples | examples/s | workers |", "|---|---:|---:|---|"]
     for device, p in data["per_device"].items():
         lines.append(f"| {device} | {p['examples']} | {p['examples_per_s']} | {report.worker_ranges(p['workers'])} |")
@@ -329,11 +341,11 @@ def cmd_campaign(args) -> int:
         return 2
     wall = max(c.wall_s, 1e-9)
     print(f"campaign: {c.examples} examples in {c.wall_s:.0f} s ({c.examples / wall:.1f}/s), {c.failures} failed, "
-          f"{len(c.runs)} pytest sessions")
+          f"{len(c.runs)} pytest sessions" + _failed_tests_words(c.to_dict()))
     for device, p in c.per_device.items():
         print(f"  {device}: {p['examples']} examples, {p['examples_per_s']}/s")
     print(f"report: {Path(c.out) / 'campaign.md'} (summary.md, plots and case files beside it)")
-    if c.failures or c.test_failures:
+    if c.failures or c.failed_tests or c.test_failures:
         return 1
     if not c.examples:
         print(f"campaign: FAILED: nothing compared, so nothing checked ({len(c.runs)} pytest sessions made no "

@@ -172,3 +172,33 @@ def test_a_campaign_that_compared_nothing_exits_non_zero_saying_why(monkeypatch,
     assert code == compared.NOTHING_COMPARED_EXIT and "campaign: FAILED: nothing compared" in out, out
     empty.examples = 3
     assert campaign.cmd_campaign(parser.parse_args(["campaign", "--minutes", "0.1"])) == 0
+
+
+def test_a_test_that_failed_in_a_stopped_session_fails_the_campaign(monkeypatch, capsys, tmp_path):
+    # A campaign's last session is always stopped at its deadline (pytest exits 2, not 1): a test that
+    # failed there outside the comparisons (out of memory beside another run on the GPU) is in the
+    # records only, and must still fail the campaign, by name, not pass with "0 failed".
+    import json
+
+    from rope.harness import campaign
+    run_dir, out = tmp_path / "records", tmp_path / "out"
+    run_dir.mkdir()
+    out.mkdir()
+    passed = dict(kind="comparison", test="t::test_rotation[native-cuda:0]", impl="native", device="cuda:0",
+                  dtype="float32", variant="1d-neox", ok=True, worst_ratio=0.5, mismatched=0, elements=64,
+                  problems=[], case_file=None, heat=None, tokens=4, worker="gw0")
+    raised = dict(kind="failure", test="t::test_rotation[native-cuda:0]", cause="OutOfMemoryError at cases.py:228",
+                  headline="OutOfMemoryError: CUDA out of memory.", worker="main")
+    stopped = campaign.Run(seeds=[1], examples_per_test=[20], exit_code=2, interrupted=True)
+    c = campaign.Campaign(minutes=0.1, devices=["cuda"], workers="2", tests=[], out=str(out), runs=[stopped],
+                          wall_s=6.0)
+    for records, failed in (([passed], 0), ([passed, raised], 1)):
+        (run_dir / "main.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        campaign._finish(c, run_dir, out)
+        assert (c.examples, c.failures, c.failed_tests, c.test_failures) == (1, 0, failed, False)
+        monkeypatch.setattr(campaign, "run_campaign", lambda *a, **k: c)
+        code = campaign.cmd_campaign(build_parser().parse_args(["campaign", "--minutes", "0.1"]))
+        printed = capsys.readouterr().out
+        assert code == failed, printed
+        assert ("1 test failed (causes: summary.md)" in printed) == bool(failed), printed
+        assert ("1 test failed" in (out / "campaign.md").read_text()) == bool(failed)
