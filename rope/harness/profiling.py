@@ -85,10 +85,31 @@ def _hook_triton() -> None:
     knobs.runtime.jit_cache_hook = count
 
 
+def gpu_memory_peaks() -> dict:
+    """The most GPU memory PyTorch's caching allocator held in this process, on the device where it
+    held the most: {"allocated": bytes, "reserved": bytes} ({} where no GPU was used).  Reserved is
+    what the other processes on the GPU cannot have (allocated, and cached for reuse); the CUDA context
+    and compiled kernels come on top.  Host-side counters: no device wait."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is None or not torch.cuda.is_initialized():
+            return {}
+        peaks = [(torch.cuda.max_memory_allocated(d), torch.cuda.max_memory_reserved(d))
+                 for d in range(torch.cuda.device_count())]
+    except Exception:   # noqa: BLE001 - a profile without memory, never a failed run
+        return {}
+    return {"allocated": max(a for a, _ in peaks), "reserved": max(r for _, r in peaks)} if peaks else {}
+
+
 def snapshot() -> dict:
-    """This process's totals: seconds and counts per phase (and any extra names), compiles."""
-    return {"seconds": {k: round(v, 6) for k, v in _seconds.items()}, "counts": dict(_counts),
-            "compiles": _compiles[0], "tests": {k: [round(v[0], 6), v[1]] for k, v in _by_test.items()}}
+    """This process's totals: seconds and counts per phase (and any extra names), compiles, and its
+    GPU memory peaks where it used a GPU."""
+    out = {"seconds": {k: round(v, 6) for k, v in _seconds.items()}, "counts": dict(_counts),
+           "compiles": _compiles[0], "tests": {k: [round(v[0], 6), v[1]] for k, v in _by_test.items()}}
+    memory = gpu_memory_peaks()
+    if memory:
+        out["gpu_memory"] = memory
+    return out
 
 
 def reset() -> None:
@@ -115,9 +136,29 @@ def combine(profiles: list[dict]) -> dict | None:
         compiles += int(p.get("compiles", 0))
     checked = sum(seconds.get(k, 0.0) for k in PHASES)
     outside = max(0.0, seconds.get("tests", 0.0) - checked)
-    return {"processes": len(profiles), "seconds": dict(seconds), "counts": dict(counts), "compiles": compiles,
-            "calls": counts.get("call", 0) + counts.get("jit", 0), "outside_phases": outside,
-            "tests": {k: v for k, v in sorted(tests.items(), key=lambda kv: -kv[1][0])}}
+    out = {"processes": len(profiles), "seconds": dict(seconds), "counts": dict(counts), "compiles": compiles,
+           "calls": counts.get("call", 0) + counts.get("jit", 0), "outside_phases": outside,
+           "tests": {k: v for k, v in sorted(tests.items(), key=lambda kv: -kv[1][0])}}
+    memory = [p["gpu_memory"] for p in profiles if p.get("gpu_memory")]
+    if memory:
+        # The most one process held, and the sum of every process's peak: what the run may hold at once
+        # at most (the peaks need not coincide).
+        out["gpu_memory"] = {"processes": len(memory),
+                             **{f"{k}_max": max(int(m[k]) for m in memory) for k in ("allocated", "reserved")},
+                             **{f"{k}_sum": sum(int(m[k]) for m in memory) for k in ("allocated", "reserved")}}
+    return out
+
+
+def memory_line(combined: dict) -> str | None:
+    """One sentence on the GPU memory the run's test processes held at their peaks (None: no GPU)."""
+    m = combined.get("gpu_memory")
+    if not m:
+        return None
+    gib = lambda n: f"{n / 2**30:.2f} GiB"       # noqa: E731
+    return (f"GPU memory held by PyTorch in a test process at its peak: allocated up to {gib(m['allocated_max'])}, "
+            f"reserved up to {gib(m['reserved_max'])}; the peaks of the {m['processes']} processes summed (an upper "
+            f"bound of what they held at once): allocated {gib(m['allocated_sum'])}, reserved "
+            f"{gib(m['reserved_sum'])}.  CUDA contexts and compiled kernels come on top.")
 
 
 def markdown_rows(combined: dict, top: int = 8) -> list[str]:
@@ -154,6 +195,9 @@ def markdown_rows(combined: dict, top: int = 8) -> list[str]:
         between = max(0.0, session - s.get("tests", 0.0))
         lines.append(f"| between tests (collection, fixtures, scheduling) | {between:.1f} | - | "
                      f"{per_call(between)} |")
+    memory = memory_line(combined)
+    if memory:
+        lines += ["", memory]
     slowest = list(combined.get("tests", {}).items())[:top]
     if slowest:
         lines += ["", f"The {len(slowest)} slowest test functions:", "",
