@@ -133,11 +133,18 @@ class RotationCase:
 # --------------------------------------------------------------------------- tensors
 class _TableMemo:
     """cos/sin tables by (base, rotary_dim, length, dtype, device), least recently used dropped
-    first past ``budget`` bytes per device kind: a campaign draws caches of up to 131,072 rows
-    (128 MiB) again and again, and rebuilding or re-copying one costs more than the check."""
+    first past a budget of bytes per device (``budget(device)``, asked once per device): a campaign
+    draws caches of up to 131,072 rows (128 MiB) again and again, and rebuilding or re-copying one
+    costs more than the check."""
 
-    def __init__(self, budget: int):
+    def __init__(self, budget):
         self.budget, self.tables, self.held = budget, {}, {}    # held: bytes memoized per device
+        self.budgets: dict[str, int] = {}
+
+    def budget_of(self, device: str) -> int:
+        if device not in self.budgets:
+            self.budgets[device] = int(self.budget(device))
+        return self.budgets[device]
 
     def get(self, key, build):
         table = self.tables.pop(key, None)
@@ -147,8 +154,9 @@ class _TableMemo:
         else:
             self.held[device] -= table.numel() * table.element_size()
         size = table.numel() * table.element_size()
-        if size <= self.budget:
-            while self.held.get(device, 0) + size > self.budget:
+        budget = self.budget_of(device)
+        if size <= budget:
+            while self.held.get(device, 0) + size > budget:
                 oldest = next(k for k in self.tables if k[-1] == device)     # least recently used first
                 gone = self.tables.pop(oldest)
                 self.held[device] -= gone.numel() * gone.element_size()
@@ -164,23 +172,39 @@ class _TableMemo:
         return table
 
 
-def _table_budget() -> int:
-    """Bytes of tables a process keeps per device: a quarter of the machine's memory shared by the
-    test processes (pytest-xdist workers), between 256 MiB and 4 GiB.  A campaign draws 131,072-row
-    tables of many widths; a budget that holds too few of them rebuilds one every few examples."""
+def _device_memory(device: str) -> int | None:
+    """Bytes of memory of an accelerator (None: not known, or the host)."""
+    dev = torch.device(device)
+    module = getattr(torch, dev.type, None) if dev.type != "cpu" else None
+    try:
+        return int(module.get_device_properties(dev).total_memory)
+    except Exception:   # noqa: BLE001 - no such device API: the host's budget instead
+        return None
+
+
+def _table_budget(device: str = "cpu") -> int:
+    """Bytes of tables a process keeps on ``device``.  On the host a quarter of its memory shared by
+    the test processes (pytest-xdist workers), between 256 MiB and 4 GiB: a campaign draws
+    131,072-row tables of many widths, and a budget that holds too few of them rebuilds one every few
+    examples.  On an accelerator an eighth of its memory shared by the test processes, between 64 MiB
+    and 1 GiB: there a table pushed out is one copy from the host's, and the device may be shared
+    with another run (a suite beside a campaign), whose tests need the memory more than this memo."""
     import os
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
+    on_device = _device_memory(device)
+    if on_device is not None:
+        return int(min(1 << 30, max(64 << 20, on_device // (8 * workers))))
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         memory = 8 << 30
-    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
     return int(min(4 << 30, max(256 << 20, memory // (4 * workers))))
 
 
-_TABLES = _TableMemo(budget=_table_budget())
+_TABLES = _TableMemo(budget=_table_budget)
 # Copies of tables lent to implementations and returned unchanged (build_rotation_pair), kept apart:
 # they must not push the tables themselves out (a device table pushed out is copied again).
-_LENT = _TableMemo(budget=_table_budget() // 4)
+_LENT = _TableMemo(budget=lambda device: _table_budget(device) // 4)
 
 
 def _float32_table(base: float, rotary_dim: int, rows: int) -> torch.Tensor:
