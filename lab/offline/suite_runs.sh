@@ -7,9 +7,12 @@
 #
 # Written under $OUT (the device tool's folder; else /tmp/suite-runs): summary.txt, one line per run
 # (its number, exit status, wall time and pytest's last line), failed.txt (the FAILED lines of every
-# run, by run), durations-N.txt (each run's 25 slowest test phases: the poles of its wall time), and the junit XML and reports/summary.md of a run that failed only (the device tool
-# brings back a few files); beside a campaign also memory.txt, the GPU's and the host's memory every 5 s. Each run starts from an empty Triton cache, as a fresh machine does; the
-# campaign gets a cache and an output folder of its own.
+# run, by run), durations.txt (each run's 25 slowest test phases, by run: the poles of its wall time),
+# and the junit XML and reports/summary.md of a run that failed only; beside a campaign also memory.txt
+# (the GPU's and the host's memory every 5 s), the campaign's log and its campaign.md (its time and
+# each process's GPU memory peak).  At most eight files, as many as the device tool brings back.
+# Each run starts from an empty Triton cache, as a fresh machine does; the campaign gets a cache and
+# an output folder of its own.
 set -u
 out=${OUT:-/tmp/suite-runs}
 mkdir -p "$out"
@@ -23,7 +26,7 @@ one_run() {     # one_run NUMBER: the suite once, its lines appended to the summ
     echo "run $i: rc=$rc, $(( $(date +%s) - started )) s wall: $(grep -E '(passed|failed)' "$log" | tail -1)" \
         | tee -a "$out/summary.txt"
     grep '^FAILED' "$log" | sed "s/^/run $i: /" >> "$out/failed.txt"
-    sed -n '/slowest 25 durations/,/^$/p' "$log" > "$out/durations-$i.txt"
+    { echo "## run $i"; sed -n '/slowest 25 durations/,/^$/p' "$log"; } >> "$out/durations.txt"
     if [ "$rc" -eq 0 ]; then
         rm -f "$out/junit-$i.xml"
     else
@@ -34,8 +37,9 @@ one_run() {     # one_run NUMBER: the suite once, its lines appended to the summ
 
 if [ "${1:-}" = "--beside-campaign" ]; then
     minutes=${2:-2}
+    campaign_out=$(mktemp -d)
     TRITON_CACHE_DIR=$(mktemp -d) python3 -m rope.harness.cli campaign --minutes "$minutes" \
-        --out "$(mktemp -d)" > "$out/campaign.log" 2>&1 &
+        --out "$campaign_out" > "$out/campaign.log" 2>&1 &
     campaign=$!
     # Every 5 s the GPU's memory and the host's (a failure beside the campaign may be either running out).
     ( while kill -0 "$campaign" 2>/dev/null; do
@@ -46,6 +50,7 @@ if [ "${1:-}" = "--beside-campaign" ]; then
     sleep 5                         # the campaign's session under way first
     one_run beside
     wait "$campaign"
+    cp "$campaign_out/campaign.md" "$out/" 2>/dev/null
     echo "campaign beside it: $(grep '^campaign:' "$out/campaign.log" | tail -1)" | tee -a "$out/summary.txt"
     exit 0
 fi
