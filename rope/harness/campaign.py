@@ -109,11 +109,12 @@ def _pytest_command(c: Campaign, run: Run, extra: list[str], *, searches_only: b
     return cmd + extra
 
 
-class _RecordCounter:
-    """Counts comparison records as they are appended (reads only the new bytes of each file)."""
+class RecordCounter:
+    """Counts comparison records, and failed tests, as they are appended (reads only the new bytes of
+    each file)."""
 
     def __init__(self, run_dir: Path):
-        self.run_dir, self.offsets, self.examples, self.failures = run_dir, {}, 0, 0
+        self.run_dir, self.offsets, self.examples, self.failures, self.failed_tests = run_dir, {}, 0, 0, 0
 
     def poll(self) -> None:
         for path in self.run_dir.glob("*.jsonl"):
@@ -130,6 +131,15 @@ class _RecordCounter:
                 if b'"kind": "comparison"' in line:
                     self.examples += 1
                     self.failures += b'"ok": false' in line
+                elif b'"kind": "failure"' in line:
+                    self.failed_tests += 1
+
+    def failed_words(self) -> str:
+        """The live line's failures: comparisons, and tests that failed outside them."""
+        if not self.failed_tests:
+            return f"{self.failures}"
+        return (f"{self.failures} comparison{'s' if self.failures != 1 else ''} + {self.failed_tests} "
+                f"test{'s' if self.failed_tests != 1 else ''}")
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -175,7 +185,7 @@ def run_campaign(minutes: float, *, devices: list[str] | None = None, workers: s
         env[SHARED_DATABASE_ENV] = shared_db
     env.pop(report.DISABLE_ENV, None)
     rng = random.Random(seed)
-    counter = _RecordCounter(run_dir)
+    counter = RecordCounter(run_dir)
     start = time.monotonic()
     deadline = start + minutes * 60.0
     progress = _Progress(minutes * 60.0, devices) if show_progress else None
@@ -284,9 +294,9 @@ class _Progress:
         self.progress.start()
         self.task = self.progress.add_task("campaign", total=budget_s, session=0, examples=0, rate="0", failures=0)
 
-    def update(self, elapsed: float, session: int, counter: _RecordCounter) -> None:
+    def update(self, elapsed: float, session: int, counter: RecordCounter) -> None:
         self.progress.update(self.task, completed=elapsed, session=session,
-                             examples=counter.examples, failures=counter.failures,
+                             examples=counter.examples, failures=counter.failed_words(),
                              rate=f"{counter.examples / max(elapsed, 1e-9):.1f}")
 
     def stop(self) -> None:

@@ -174,6 +174,21 @@ def test_a_campaign_that_compared_nothing_exits_non_zero_saying_why(monkeypatch,
     assert campaign.cmd_campaign(parser.parse_args(["campaign", "--minutes", "0.1"])) == 0
 
 
+def test_the_live_line_counts_failed_tests_beside_failed_comparisons(tmp_path):
+    import json
+
+    from rope.harness.campaign import RecordCounter
+    counter = RecordCounter(tmp_path)
+    lines = [{"kind": "comparison", "ok": True}, {"kind": "comparison", "ok": False}]
+    (tmp_path / "gw0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    counter.poll()
+    assert (counter.examples, counter.failures, counter.failed_tests, counter.failed_words()) == (2, 1, 0, "1")
+    with open(tmp_path / "main.jsonl", "a") as f:
+        f.write(json.dumps({"kind": "failure", "test": "t", "cause": "OutOfMemoryError"}) + "\n")
+    counter.poll()
+    assert counter.failed_words() == "1 comparison + 1 test"
+
+
 def test_a_test_that_failed_in_a_stopped_session_fails_the_campaign(monkeypatch, capsys, tmp_path):
     # A campaign's last session is always stopped at its deadline (pytest exits 2, not 1): a test that
     # failed there outside the comparisons (out of memory beside another run on the GPU) is in the
