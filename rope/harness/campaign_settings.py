@@ -19,10 +19,11 @@ SHARED_DATABASE_ENV = "ROPE_SHARED_DB"         # a Redis URL campaigns on severa
 # (rope.harness.rotation.batch), so a campaign checks many cases per example.  Outside a campaign, and
 # on the CPU (the Triton interpreter runs a program at a time), none: the suite's draws are unchanged.
 # A batch's float64 comparison goes a slice of rows at a time (rope.harness.rotation.batch), so its GPU
-# memory does not grow with the count; its inputs do: a case holds at most about 2^17 elements of q and
-# k (the strategies' few-tokens rule), so 511 of them about 0.3 GiB in float32, each copy.  A further batch
-# costs a share of the example's fixed work (the shape's draw, its one-case check, a compile where the
-# shape is new) plus its own call; the more of them, the fewer shapes a minute, the more cases each.
+# memory does not grow with the count, and the further batches are checked at most 127 at a time
+# (properties/rotation/checks.py, CHECKED_TOGETHER: one call deadline and one device wait each), so
+# neither do their inputs.  A further batch costs a share of the example's fixed work (the shape's draw,
+# its one-case check, a compile where the shape is new) plus its own call; the more of them, the fewer
+# shapes a minute, the more cases each.
 CAMPAIGN_BATCHES = (127, 511)
 BATCHES_ENV = "ROPE_CAMPAIGN_BATCHES"          # "min,max": CAMPAIGN_BATCHES for one campaign (a probe's)
 

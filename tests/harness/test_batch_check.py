@@ -159,6 +159,25 @@ def test_the_one_shape_property_lists_at_most_listed_most_batches():
     assert listed_batches({CAMPAIGN_ENV: "1", BATCHES_ENV: "127,511"}, "cuda") == LISTED_MOST == 127
 
 
+def test_a_campaigns_more_batches_are_checked_at_most_checked_together_at_a_time(monkeypatch):
+    # One check's calls share one call deadline and its inputs are alive together: the count an example
+    # draws (up to 511) does not shrink the time a call may take, nor grow the memory a check holds.
+    from properties.rotation import checks
+    monkeypatch.setattr(checks, "campaign_batches", lambda env, device: (300, 300))
+    sizes = []
+    monkeypatch.setattr(checks, "assert_batch_matches_reference",
+                        lambda impl_name, fn, batches, device: sizes.append(len(batches)))
+    shape = RotationCase(RopeSpec(64, 64, True), 4, 2, 1, "float32")
+
+    @settings(max_examples=1, deadline=None, database=None)
+    @given(data=st.data())
+    def prop(data):
+        checks.more_batches_match_reference("native", None, shape, "cuda", data)
+
+    prop()
+    assert checks.CHECKED_TOGETHER == 127 and sizes == [127, 127, 46], sizes
+
+
 def test_a_campaigns_more_batches_catch_what_the_drawn_case_passed(monkeypatch):
     # The drawn case has no token (any rotation passes it); the further batches through its shape do,
     # and a wrong pairing in them fails the property with the one-case check's diagnosis.
