@@ -60,18 +60,11 @@ def one_shape_many_batches_match_reference(impl_name, device, dtype, data) -> No
     assert_batch_matches_reference(impl_name, impl, batches, device)
 
 
-# The most further batches one batched check takes: its calls share one call deadline
-# (rope.harness.deadline.call_timeout: 120 s, so at least 0.9 s a call), one device wait, and their
-# inputs are alive together (at most about 2^17 elements of q and k a case: 64 MiB in float32 for 127).
-# More batches an example are more checks of this size, each a few milliseconds of fixed work.
-CHECKED_TOGETHER = 127
-
-
 def more_batches_match_reference(impl_name, impl, case: RotationCase, device, data) -> None:
     """In a campaign on a GPU, further batches through the drawn case's shape (its spec, head counts and
     dtypes; rope.harness.campaign_settings.campaign_batches), held to the reference together
-    (rope.harness.rotation.batch), at most CHECKED_TOGETHER at a time, after the case's own one-case
-    check; elsewhere nothing is drawn."""
+    (rope.harness.rotation.batch, CHECKED_TOGETHER at a time) after the case's own one-case check;
+    elsewhere nothing is drawn."""
     low, high = campaign_batches(os.environ, device)
     if not high:
         return
@@ -79,8 +72,7 @@ def more_batches_match_reference(impl_name, impl, case: RotationCase, device, da
     batches = data.draw(seeded_batches_of(shape, low, high), label="more batches")
     if shape.cache_dtype is not None:           # batches_of draws the table in q's dtype: keep the case's
         batches = [RotationCase(**{**b.__dict__, "cache_dtype": shape.cache_dtype}) for b in batches]
-    for first in range(0, len(batches), CHECKED_TOGETHER):
-        assert_batch_matches_reference(impl_name, impl, batches[first:first + CHECKED_TOGETHER], device)
+    assert_batch_matches_reference(impl_name, impl, batches, device)
 
 
 def check_text_tokens_reduce_to_1d(impl_name, impl, case: RotationCase, device: str) -> None:

@@ -20,7 +20,7 @@ SHARED_DATABASE_ENV = "ROPE_SHARED_DB"         # a Redis URL campaigns on severa
 # on the CPU (the Triton interpreter runs a program at a time), none: the suite's draws are unchanged.
 # A batch's float64 comparison goes a slice of rows at a time (rope.harness.rotation.batch), so its GPU
 # memory does not grow with the count, and the further batches are checked at most 127 at a time
-# (properties/rotation/checks.py, CHECKED_TOGETHER: one call deadline and one device wait each), so
+# (rope.harness.rotation.batch.CHECKED_TOGETHER: one call deadline and one device wait each), so
 # neither do their inputs.  A further batch costs a share of the example's fixed work (the shape's draw,
 # its one-case check, a compile where the shape is new) plus its own call; the more of them, the fewer
 # shapes a minute, the more cases each.

@@ -159,23 +159,18 @@ def test_the_one_shape_property_lists_at_most_listed_most_batches():
     assert listed_batches({CAMPAIGN_ENV: "1", BATCHES_ENV: "127,511"}, "cuda") == LISTED_MOST == 127
 
 
-def test_a_campaigns_more_batches_are_checked_at_most_checked_together_at_a_time(monkeypatch):
-    # One check's calls share one call deadline and its inputs are alive together: the count an example
-    # draws (up to 511) does not shrink the time a call may take, nor grow the memory a check holds.
-    from properties.rotation import checks
-    monkeypatch.setattr(checks, "campaign_batches", lambda env, device: (300, 300))
-    sizes = []
-    monkeypatch.setattr(checks, "assert_batch_matches_reference",
-                        lambda impl_name, fn, batches, device: sizes.append(len(batches)))
-    shape = RotationCase(RopeSpec(64, 64, True), 4, 2, 1, "float32")
-
-    @settings(max_examples=1, deadline=None, database=None)
-    @given(data=st.data())
-    def prop(data):
-        checks.more_batches_match_reference("native", None, shape, "cuda", data)
-
-    prop()
-    assert checks.CHECKED_TOGETHER == 127 and sizes == [127, 127, 46], sizes
+def test_a_long_batch_is_checked_at_most_checked_together_at_a_time(monkeypatch):
+    # One check's calls share one call deadline and its inputs are alive together: a campaign's count
+    # (up to 511 further batches) does not shrink the time a call may take, nor grow what a check holds.
+    from rope.harness.rotation import batch
+    groups = []
+    together = batch._check_together
+    monkeypatch.setattr(batch, "_check_together",
+                        lambda fn, cases, device: groups.append(len(cases)) or together(fn, cases, device))
+    cases = [RotationCase(RopeSpec(16, 16, True), 1, 1, 1, "float32", seed=i) for i in range(300)]
+    verdicts = batch.check_batch("native", NATIVE, cases, "cpu")
+    assert batch.CHECKED_TOGETHER == 127 and groups == [127, 127, 46], groups
+    assert [v.case for v in verdicts] == cases and all(v.passed for v in verdicts)
 
 
 def test_a_campaigns_more_batches_catch_what_the_drawn_case_passed(monkeypatch):

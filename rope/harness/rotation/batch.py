@@ -39,7 +39,7 @@ from rope.harness.stop import skip_if_stopped
 from rope.harness.verdict import OUTCOMES, Verdict, answered_two_ways, wait_for_calls
 from rope.registry import unsupported_reason, working_precision
 
-__all__ = ["OUTCOMES", "Verdict", "assert_batch_matches_reference", "check_batch"]
+__all__ = ["CHECKED_TOGETHER", "OUTCOMES", "Verdict", "assert_batch_matches_reference", "check_batch"]
 
 
 def _same(cases: list[RotationCase]) -> None:
@@ -68,9 +68,17 @@ def _output_problems(name: str, x: torch.Tensor | None, out) -> list[str]:
     return problems
 
 
+# The most cases checked together: their calls share one call deadline (rope.harness.deadline.
+# call_timeout: 120 s, so at least 0.9 s a call), one device wait, and their inputs are alive together
+# (at most about 2^17 elements of q and k a case: 64 MiB in float32 for 127).  A longer batch is
+# checked this many at a time, each part a few milliseconds of fixed work.
+CHECKED_TOGETHER = 127
+
+
 def check_batch(impl_name: str, fn, cases, device: str) -> list[Verdict]:
-    """A verdict per case, in order.  ValueError naming ``cases`` for a batch that does not share one
-    spec, dtype and table dtype, or holds a strided view."""
+    """A verdict per case, in order, the cases checked :data:`CHECKED_TOGETHER` at a time.  ValueError
+    naming ``cases`` for a batch that does not share one spec, dtype and table dtype, or holds a
+    strided view."""
     cases = list(cases)
     if not cases:
         return []
@@ -79,7 +87,14 @@ def check_batch(impl_name: str, fn, cases, device: str) -> list[Verdict]:
     why = unsupported_reason(impl_name, fn, first.spec, DTYPES[first.dtype], device)
     if why is not None:
         return [Verdict(c, "unsupported", detail=why) for c in cases]
-    spec, verdicts = first.spec, [None] * len(cases)
+    return [v for start in range(0, len(cases), CHECKED_TOGETHER)
+            for v in _check_together(fn, cases[start:start + CHECKED_TOGETHER], device)]
+
+
+def _check_together(fn, cases: list[RotationCase], device: str) -> list[Verdict]:
+    """:func:`check_batch` of at most CHECKED_TOGETHER cases the implementation supports: their inputs
+    built together, their calls under one deadline, one wait, one comparison."""
+    spec, verdicts = cases[0].spec, [None] * len(cases)
     outputs: list = [None] * len(cases)            # (q_out, k_out) of each call that returned two tensors
     with profiling.phase("inputs"):
         every_input = build_rotation_inputs_many(cases, device, one_table_copy=True)
