@@ -5,8 +5,8 @@
 #   lab/offline/suite_runs.sh [RUNS] [FIRST]            # RUNS runs (default 4), numbered from FIRST (default 1)
 #   lab/offline/suite_runs.sh --beside-campaign [MIN]   # one run beside `rope-harness campaign --minutes MIN` (2)
 #
-# Written under $OUT (the device tool's folder; else /tmp/suite-runs): summary.txt, one line per run
-# (its number, exit status, wall time and pytest's last line), failed.txt (the FAILED lines of every
+# Written under $OUT (the device tool's folder; else /tmp/suite-runs): summary.txt, the host's CPUs and GPU,
+# then one line per run (its number, exit status, wall time and pytest's last line), failed.txt (the FAILED lines of every
 # run, by run), durations.txt (each run's 25 slowest test phases, by run: the poles of its wall time),
 # and the junit XML and reports/summary.md of a run that failed only; beside a campaign also memory.txt
 # (the GPU's and the host's memory every 5 s), the campaign's log and its campaign.md (its time and
@@ -16,6 +16,10 @@
 set -u
 out=${OUT:-/tmp/suite-runs}
 mkdir -p "$out"
+# The host first: the suite's time is much of it host work (the interpreter, compiles, CPU references),
+# and two GPU boxes of one kind differ by up to twice in it.
+echo "host: $(nproc) CPUs ($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -1)), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" \
+    >> "$out/summary.txt"
 
 one_run() {     # one_run NUMBER: the suite once, its lines appended to the summary
     local i=$1 log="$out/run-$1.log" started rc

@@ -84,9 +84,31 @@ class Campaign:
     failed_tests: int = 0           # tests whose failure the records hold: an interrupted session's too
     per_device: dict = field(default_factory=dict)
     case_files: list[str] = field(default_factory=list)
+    host: str = ""                  # the host's CPUs: most of a case's cost is host work (host_description)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def host_description(cpuinfo: str | None = None) -> str:
+    """The host's CPUs, e.g. "16 CPUs (Intel(R) Xeon(R) Processor)": a campaign's rate is mostly host
+    work (Hypothesis, building inputs, launches, compiles), so two GPUs of one kind on different hosts
+    differ by up to twice; the rate is read with this beside it.  ``cpuinfo``: /proc/cpuinfo's text
+    (read where there is one); no CUDA call, so the campaign's own process holds no GPU memory."""
+    import platform
+    try:
+        count = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        count = os.cpu_count() or 0
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            cpuinfo = ""
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()
+                  if line.split(":", 1)[0].strip() == "model name" and ":" in line), "")
+    model = " ".join(model.split()) or platform.processor() or platform.machine() or "unknown"
+    return f"{count} CPUs ({model})"
 
 
 def _pytest_command(c: Campaign, run: Run, extra: list[str], *, searches_only: bool = False) -> list[str]:
@@ -173,7 +195,8 @@ def run_campaign(minutes: float, *, devices: list[str] | None = None, workers: s
     select = None if tests else DEFAULT_SELECTION
     tests = [str(suite_path(t)) if suite_path(t).exists() else t
              for t in (tests or DEFAULT_TESTS)]
-    c = Campaign(minutes=minutes, devices=list(devices), workers=str(workers), tests=tests, out=str(out), select=select)
+    c = Campaign(minutes=minutes, devices=list(devices), workers=str(workers), tests=tests, out=str(out), select=select,
+                 host=host_description())
     run_dir = report.reports_dir() / ".records" / f"campaign-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     run_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, CAMPAIGN_ENV: "1", report.RUN_ENV: str(run_dir), DATABASE_ENV: str(out / "hypothesis-db"),
@@ -262,8 +285,11 @@ def markdown(data: dict) -> str:
     lines = ["# rope-harness campaign", "",
              f"{data['minutes']} minutes on {', '.join(data['devices'])} with `-n {data['workers']}`: "
              f"{len(data['runs'])} pytest sessions, {data['examples']} comparisons against the float64 reference "
-             f"({data['examples_per_s']}/s), {data['failures']} failed" + _failed_tests_words(data) + ".", "",
-             "| device | examples | examples/s | workers |", "|---|---:|---:|---|"]
+             f"({data['examples_per_s']}/s), {data['failures']} failed" + _failed_tests_words(data) + ".", ""]
+    if data.get("host"):
+        lines += [f"Host: {data['host']}. Most of a case's cost is the host's work, so a rate is read beside its "
+                  f"host: the same GPU on another host may check half as many or twice as many.", ""]
+    lines += ["| device | examples | examples/s | workers |", "|---|---:|---:|---|"]
     for device, p in data["per_device"].items():
         lines.append(f"| {device} | {p['examples']} | {p['examples_per_s']} | {report.worker_ranges(p['workers'])} |")
     lines += ["", "| session | rounds: examples per test | seeds | wall s | exit | interrupted |",
@@ -354,6 +380,7 @@ def cmd_campaign(args) -> int:
           f"{len(c.runs)} pytest sessions" + _failed_tests_words(c.to_dict()))
     for device, p in c.per_device.items():
         print(f"  {device}: {p['examples']} examples, {p['examples_per_s']}/s")
+    print(f"  host: {c.host}")
     print(f"report: {Path(c.out) / 'campaign.md'} (summary.md, plots and case files beside it)")
     if c.failures or c.failed_tests or c.test_failures:
         return 1

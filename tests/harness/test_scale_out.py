@@ -219,6 +219,20 @@ def test_examples_schedule_deepens_to_the_cap():
     assert list(islice(examples_schedule(5), 2)) == [5, 5]
 
 
+def test_a_campaign_names_its_host_beside_its_rate():
+    # Two GPUs of one kind check cases at rates up to twice apart on different hosts (the host's
+    # cores do most of a case's work): the report says which host a rate was measured on.
+    from rope.harness.campaign import Campaign, host_description, markdown
+    two_cores = ("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R)  Xeon(R) Processor\n\n"
+                 "processor\t: 1\nmodel name\t: Intel(R)  Xeon(R) Processor\n")
+    assert re.fullmatch(r"[1-9]\d* CPUs \(Intel\(R\) Xeon\(R\) Processor\)", host_description(two_cores))
+    assert re.fullmatch(r"[1-9]\d* CPUs \(\S.*\)", host_description("processor\t: 0\n"))   # no model name: the machine's
+    data = Campaign(minutes=2, devices=["cuda:0"], workers="auto", tests=[], out="o",
+                    host="16 CPUs (Intel(R) Xeon(R) Processor)").to_dict() | {"examples_per_s": 5045.1}
+    assert "Host: 16 CPUs (Intel(R) Xeon(R) Processor)." in markdown(data)
+    assert "Host:" not in markdown(data | {"host": ""})
+
+
 def test_campaign_rounds_share_one_example_database(tmp_path):
     from hypothesis.database import DirectoryBasedExampleDatabase
 
@@ -320,6 +334,8 @@ def test_campaign_on_cpu_stops_on_time_and_merges_every_workers_records(tmp_path
     assert data["examples"] == summary["examples"] > 0 and data["failures"] == 0
     assert set(data["per_device"]["cpu"]["workers"]) == {"gw0", "gw1"}      # both workers' records merged
     assert (tmp_path / "c" / "campaign.md").read_text().count("| cpu |") == 1
+    from rope.harness.campaign import host_description
+    assert data["host"] == host_description() and f"Host: {data['host']}." in (tmp_path / "c" / "campaign.md").read_text()
 
 
 @pytest.mark.needs_no_gpu          # a pytest session pinned to the CPU
