@@ -606,3 +606,35 @@ def test_a_gpu_run_starts_the_prefill_sizes_first(monkeypatch, devices, maxfail,
     scheduling.longest_first(_SchedulingConfig("load", maxfail=maxfail), items)
     assert [i.name for i in items][:2] == first
     assert [i.name for i in items if not i.prefill] == ["a", "b"]           # the rest keeps its order
+
+
+def test_one_cases_implementations_run_one_after_another():
+    # pytest collects the model sweep implementation by implementation (every model of native, then
+    # every model of triton): a worker had let a model's table go (up to 2^21 rows, seconds to build)
+    # before the next implementation needed it.  One case's rows come together, in the places that
+    # test's rows held; every other item stays where it was.
+    from types import SimpleNamespace
+
+    from rope.harness.plugin import scheduling
+
+    def item(name, function="test_model", **params):
+        return SimpleNamespace(name=name, path="properties/m.py", originalname=function,
+                               callspec=SimpleNamespace(params=params))
+
+    items = [item("x", function="other"),
+             item("n-a", impl="native", case=("a", 1)), item("n-b", impl="native", case=("b", 2)),
+             SimpleNamespace(name="no-params", path="t.py", originalname="plain"),
+             item("t-a", impl="triton", case=("a", 1)), item("t-b", impl="triton", case=("b", 2)),
+             item("u-a", impl="unhashable", case=["a", 1]), item("y", function="other", case=("b", 2))]
+    scheduling.same_case_together(items)
+    assert [i.name for i in items] == ["x", "n-a", "t-a", "no-params", "n-b", "t-b", "u-a", "y"]
+
+
+def test_the_model_sweep_is_collected_one_model_after_another():
+    # The hook runs in a real collection: a model's rows of both implementations are neighbours.
+    out = run_pytest(["--collect-only", "-q", "-p", "no:cacheprovider", "properties/rotation/test_model_rotation.py",
+                      "--rope-impl", "native", "--rope-impl", "triton", "--rope-device", "cpu"],
+                     Path(__file__).resolve().parents[2])
+    ids = [line.split("[", 1)[1].rstrip("]") for line in out.stdout.splitlines() if "[" in line]
+    assert len(ids) > 20, out.stdout[-2000:] + out.stderr[-2000:]
+    assert ids[0].startswith("native-cpu-") and ids[1] == "triton-cpu-" + ids[0][len("native-cpu-"):], ids[:4]

@@ -299,6 +299,7 @@ def pytest_collection_modifyitems(config, items):
     set_test_timeouts(config, items)
     skip_oracle_tests_without_transformers(items)
     scheduling.longest_first(config, items)
+    scheduling.same_case_together(items)
     order_rounds(items)
 
 

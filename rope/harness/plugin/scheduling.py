@@ -8,6 +8,11 @@ worker's queue of long tests while the others wait idle.
 * :func:`longest_first`: on a run that checks a GPU, the prefill sizes (marker ``prefill``: up to a
   minute each there, the suite's longest) are collected first, so they start first; the rest keeps
   its order.  Not in a fail-fast run or a campaign, which order their tests themselves.
+* :func:`same_case_together`: a test's parametrizations that share one ``case`` (the model sweep: one
+  model's row for every implementation) run one after another, so the worker that builds the case's
+  cos/sin table (up to 2^21 rows, seconds to build on the CPU) still holds it for the next
+  implementation; pytest's order put every model of one implementation first, and a worker's table
+  memo had long let the table go by the time the next implementation came to it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import shlex
 from rope.harness.plugin.rounds import fail_fast
 from rope.harness.plugin.selection import GPU_KINDS, selected_devices
 
-__all__ = ["longest_first", "steal_work"]
+__all__ = ["longest_first", "same_case_together", "steal_work"]
 
 
 def _dist_chosen(config) -> bool:
@@ -52,3 +57,30 @@ def longest_first(config, items) -> None:
     if _ordered_elsewhere(config) or not any(kind in GPU_KINDS for kind in selected_devices(config)):
         return
     items.sort(key=lambda item: item.get_closest_marker("prefill") is None)
+
+
+def same_case_together(items) -> None:
+    """The parametrizations of one test function that share the same ``case`` parameter next to each
+    other, in the order their cases first appear, in the places that test's items held; every other
+    item keeps its place."""
+    places: dict[tuple, list[int]] = {}
+    for index, item in enumerate(items):
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "case" in callspec.params:
+            places.setdefault((str(item.path), item.originalname), []).append(index)
+    for indices in places.values():
+        group = [items[i] for i in indices]
+        first_seen: dict = {}
+        for item in group:
+            first_seen.setdefault(_case_key(item.callspec.params["case"]), len(first_seen))
+        group.sort(key=lambda item: first_seen[_case_key(item.callspec.params["case"])])    # stable
+        for i, item in zip(indices, group, strict=True):
+            items[i] = item
+
+
+def _case_key(case):
+    try:
+        hash(case)
+    except TypeError:
+        return repr(case)
+    return case
