@@ -11,8 +11,8 @@ worker's queue of long tests while the others wait idle.
 * :func:`same_case_together`: a test's parametrizations that share one ``case`` (the model sweep: one
   model's row for every implementation) run one after another, so the worker that builds the case's
   cos/sin table (up to 2^21 rows, seconds to build on the CPU) still holds it for the next
-  implementation; pytest's order put every model of one implementation first, and a worker's table
-  memo had long let the table go by the time the next implementation came to it.
+  implementation.  In pytest's own order every model of one implementation comes first, and by the
+  next implementation's turn a worker's table memo has let the table go.
 """
 
 from __future__ import annotations
