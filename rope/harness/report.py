@@ -166,7 +166,7 @@ def summarize(records: list[dict]) -> dict:
     declared = {}                              # (impl, device) -> switch token counts
     tokens = defaultdict(set)                  # (impl, device) -> token counts compared
     placed = defaultdict(lambda: {"examples": 0, "workers": set()})
-    profiles = []
+    profiles = {}                              # process -> its last profile (recorded as it went, then at its end)
     # Tests that failed as expected (xfail: a pinned upstream mismatch): their comparisons are not
     # the run's failures; they are listed apart with the reason.
     expected = {r["test"]: r.get("reason", "") for r in records if r.get("kind") == "expected_failure"}
@@ -175,7 +175,7 @@ def summarize(records: list[dict]) -> dict:
     compared = defaultdict(lambda: [0, 0])     # checked thing -> [comparisons, failed]
     for r in records:
         if r.get("kind") == "profile":
-            profiles.append(r)
+            profiles[r.get("process") or len(profiles)] = r     # one without a process name stands alone
             continue
         if r.get("kind") == "failure":
             failed_tests.append({k: v for k, v in r.items() if k not in ("kind", "worker")})
@@ -238,7 +238,7 @@ def summarize(records: list[dict]) -> dict:
                                    "failed": expected_counts[t][1]} for t in sorted(expected)],
             "causes": causes.group(failed_tests),
             "examples": examples, "failures": failures,
-            "profile": profiling.combine(profiles)}
+            "profile": profiling.combine(list(profiles.values()))}
 
 
 def checked_thing(record: dict, *, default: str = "rotation") -> str:

@@ -284,7 +284,7 @@ def test_campaign_rounds_run_in_one_session_with_their_own_examples(tmp_path):
     records = [r for r in report.load_records(run_dir) if r.get("kind") == "comparison"
                and "test_rotation_matches_reference" in r["test"]]
     assert len(records) == 3 + 5
-    profiles = [r for r in report.load_records(run_dir) if r.get("kind") == "profile"]
+    profiles = [r for r in report.load_records(run_dir) if r.get("kind") == "profile" and r["final"]]
     assert len(profiles) == 1 and profiles[0]["counts"]["call"] + profiles[0]["counts"].get("jit", 0) >= 8
 
 

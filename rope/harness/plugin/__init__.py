@@ -60,8 +60,7 @@ from rope.harness.plugin.rounds import (FAIL_FAST_SHRINK_S, ROUND, apply_round, 
                                         rope_round, without_round)
 from rope.harness.plugin import compared, failures, run_end, scheduling
 from rope.harness.plugin.run_end import (END_STACKS_FILE, LAST_REPORT_AT, arm_end_stacks, arm_stop_file,
-                                         note_failure_for_stop,
-                                         record_profile)
+                                         note_failure_for_stop, record_profile, record_profile_as_it_goes)
 from rope.harness.plugin.selection import (cpu_work_left_out, device_params, keep_builtins_only_for_builtins,
                                            keep_cpu_work_off_gpu_runs, keep_harness_stages_out,
                                            keep_only_asked_mutant_searches, keep_only_replays,
@@ -464,8 +463,12 @@ def _write_report_line(terminalreporter, config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_teardown(item, nextitem):
-    if nextitem is None and is_active(item.config):
+    if not is_active(item.config):
+        return
+    if nextitem is None:
         arm_end_stacks()
+    else:
+        record_profile_as_it_goes(item.config)
 
 
 def pytest_sessionfinish(session, exitstatus):

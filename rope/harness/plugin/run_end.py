@@ -44,15 +44,35 @@ def note_failure_for_stop(report) -> None:
 LAST_REPORT_AT = [None]      # when this process last heard of a test (the end of a run's tests)
 
 
-def record_profile(config) -> None:
-    """This process's time per phase (rope.harness.profiling) as one record of the run report."""
+# A process's profile is also recorded as its run goes, at most this often: a session ended by a
+# signal (a campaign's deadline past its grace, a killed worker) never reaches its end, and its
+# time and memory would be missing from the report.  The report keeps each process's last.
+PROFILE_EVERY_S = 15.0
+_PROFILE_WRITTEN = [None]     # when this process last recorded its profile (perf_counter), None: not yet
+
+
+def record_profile(config, *, final: bool = True) -> None:
+    """This process's time per phase (rope.harness.profiling) as a record of the run report, named by
+    its process (worker and pid); ``final``: at its session's end (False: as it goes)."""
     from rope.harness import profiling, report
     started = getattr(config, "_rope_session_start", None)
     totals = profiling.snapshot()
     if started is None or not totals["counts"].get("tests"):
         return
     totals["seconds"]["session"] = round(time.perf_counter() - started, 6)
-    report.record(kind="profile", **totals)
+    process = f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}:{os.getpid()}"
+    report.record(kind="profile", process=process, final=final, **totals)
+
+
+def record_profile_as_it_goes(config) -> None:
+    """After a test: this process's profile so far, where PROFILE_EVERY_S have passed since the last
+    (the first test only starts the clock)."""
+    now, last = time.perf_counter(), _PROFILE_WRITTEN[0]
+    if last is None:
+        _PROFILE_WRITTEN[0] = now
+    elif now - last >= PROFILE_EVERY_S:
+        _PROFILE_WRITTEN[0] = now
+        record_profile(config, final=False)
 
 
 END_STACKS_ENV = "ROPE_END_STACKS_S"
