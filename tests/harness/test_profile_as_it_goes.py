@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from rope.harness import report
 from tests.fresh_runs import run_pytest
+
+pytestmark = pytest.mark.needs_no_gpu     # pytest sessions pinned to the CPU: the harness's own machinery
 
 
 def _profile(process, tests_s, final=True):
