@@ -35,38 +35,36 @@ def test_the_report_keeps_each_processes_last_profile():
     assert profile["processes"] == 5 and profile["seconds"]["tests"] == 10.0 + 3.0 + 2.0 + 1.0 + 1.5, profile
 
 
-def test_a_session_ended_by_a_signal_still_reports_its_profile(tmp_path):
-    # The last test kills its own process (as SIGKILL does after a campaign's grace): no session end,
-    # so only the profile recorded as the run went can say where its time went.  (A test file outside
-    # the suite: each test adds its time to the profile as the harness does for its own.)
-    (tmp_path / "test_killed.py").write_text(
+def _three_tests(tmp_path: Path, last: str):
+    """A pytest session of three tests outside the suite, each adding its time to the profile as the
+    harness does for its own, the profile recorded after every test; ``last``: the third's body.
+    Its result and its records."""
+    (tmp_path / "test_three.py").write_text(
         "import os, signal\n"
         "from rope.harness import profiling\n"
         "from rope.harness.plugin import run_end\n\n"
         "def test_a():\n    run_end.PROFILE_EVERY_S = 0.0\n    profiling.add_test('t', 0.5, 3)\n\n"
         "def test_b():\n    profiling.add_test('t', 0.5, 3)\n\n"
-        "def test_c():\n    os.kill(os.getpid(), signal.SIGKILL)\n")
-    run = run_pytest(["-p", "no:cacheprovider", "-q", str(tmp_path / "test_killed.py"), "--rope-device", "cpu"],
+        f"def test_c():\n    {last}\n")
+    run = run_pytest(["-p", "no:cacheprovider", "-q", str(tmp_path / "test_three.py"), "--rope-device", "cpu"],
                      tmp_path, ROPE_REPORTS_DIR=str(tmp_path / "reports"))
+    return run, report.load_records(_run_dir(tmp_path))
+
+
+def test_a_session_ended_by_a_signal_still_reports_its_profile(tmp_path):
+    # The last test kills its own process (as SIGKILL does after a campaign's grace): no session end,
+    # so only the profile recorded as the run went can say where its time went.
+    run, records = _three_tests(tmp_path, "os.kill(os.getpid(), signal.SIGKILL)")
     assert run.returncode != 0, run.stdout[-2000:]            # killed, not ended
-    loaded = report.load_records(_run_dir(tmp_path))
-    profiles = [r for r in loaded if r.get("kind") == "profile"]
-    assert profiles and not any(r["final"] for r in profiles), (run.stdout[-2000:], loaded)
-    summary = report.summarize(loaded)
+    profiles = [r for r in records if r.get("kind") == "profile"]
+    assert profiles and not any(r["final"] for r in profiles), (run.stdout[-2000:], records)
+    summary = report.summarize(records)
     assert summary["profile"]["processes"] == 1 and summary["profile"]["counts"]["tests"] == 2, summary["profile"]
 
 
 def test_a_session_that_ends_records_its_final_profile_last(tmp_path):
-    (tmp_path / "test_ends.py").write_text(
-        "from rope.harness import profiling\n"
-        "from rope.harness.plugin import run_end\n\n"
-        "def test_a():\n    run_end.PROFILE_EVERY_S = 0.0\n    profiling.add_test('t', 0.5, 3)\n\n"
-        "def test_b():\n    profiling.add_test('t', 0.5, 3)\n\n"
-        "def test_c():\n    profiling.add_test('t', 0.5, 3)\n")
-    run = run_pytest(["-p", "no:cacheprovider", "-q", str(tmp_path / "test_ends.py"), "--rope-device", "cpu"],
-                     tmp_path, ROPE_REPORTS_DIR=str(tmp_path / "reports"))
+    run, records = _three_tests(tmp_path, "profiling.add_test('t', 0.5, 3)")
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    records = _run_dir(tmp_path)
-    profiles = [r for r in report.load_records(records) if r.get("kind") == "profile"]
+    profiles = [r for r in records if r.get("kind") == "profile"]
     assert [r["final"] for r in profiles][-1] is True and len({r["process"] for r in profiles}) == 1, profiles
-    assert report.summarize(report.load_records(records))["profile"]["counts"]["tests"] == 3
+    assert report.summarize(records)["profile"]["counts"]["tests"] == 3
