@@ -1,22 +1,28 @@
-"""The floor of a rotation row in ``rope-harness bench``: the bytes a rotation moves in place, in
-the pattern it moves them, by kernels that do nothing else, timed in the same run by the same timers
-as the contenders.
+"""The floor of a rotation row in ``rope-harness bench``: the bytes a rotation moves, in the pattern
+it moves them, by kernels that do nothing else, timed in the same run by the same timers as the
+contenders.
 
-A rotation reads and writes the first ``rotary_dim`` channels of every head row of q and k, where
-they lie.  The 1 GiB device copy (``rope.harness.bench.copy_bandwidth``) measures the device's
-bandwidth, not what such a stream reaches at a row's size: an in-place stream over head rows came
-to 0.73-0.77 of the copy at 4,096 tokens on the interleaved models, an in-place ``mul_`` 0.89 on
-Qwen2.5-VL-72B (H200, ``python -m lab.bench.inplace_ceiling``).  So each row gets its own floor,
-the fastest of these streams under each timer:
+A rotation reads its tokens' positions, gathers for each frequency the cos and sin entries of the
+cache row its position row names, and reads and writes the first ``rotary_dim`` channels of every
+head row of q and k, where they lie.  Where the positions are spread over a long cache (the
+benchmark draws them over the model's whole ``max_position``), the gather is not the few bytes it
+counts: each frequency's entries come from the cache row of that frequency's position row, so an
+interleaved map (lanes cycling through three rows) touches three cache rows a token, every 32-byte
+sector of each, and those rows are mostly not in L2.  So the floor reads the same entries:
 
-- ``mul_``: torch's in-place multiply of q's and of k's rotated channels (``[T, H, rotary_dim]``
-  views, strided where the rotation is partial): two launches;
-- ``rows=R``: one Triton launch over the head rows of q, then of k, ``R`` rows per program, each
-  row's rotated channels scaled in place.
+- ``tile=TxH`` (the floor): one Triton launch over q's and k's head rows, ``T`` tokens x ``H`` heads
+  a program (the key's programs as many heads as it has, rounded up to a power of two, and
+  proportionally more tokens).  Each program reads its tokens' positions through the spec's map,
+  gathers the cos/sin entry of every rotated channel (channel ``j`` reads the cache column ``j`` of
+  the row named by frequency ``j mod rotary_dim/2``'s position: the cos and sin entries a rotation
+  reads, for either pairing), and scales each rotated channel in place by its entry.  The bytes are
+  ``rope.harness.bench.rotation_bytes``; the arithmetic is one multiply an element.
 
-The floor moves the rotated channels only: the cos/sin rows and the positions a rotation reads
-besides (1-3% of its bytes at the benchmark's shapes) are not read, so the floor is, if anything,
-below a stream of the rotation's exact bytes.
+Beside it, the streams that move the rotated channels only (no positions, no cache), the fewer
+bytes an in-place rotation could not do with (``stream_calls``): torch's in-place ``mul_`` and a
+Triton stream over head rows, ``R`` rows a program (``rows=R``).  The 1 GiB device copy
+(``rope.harness.bench.copy_bandwidth``) measures the device's bandwidth, not what a stream reaches at
+a row's size; its figure is quoted from 16,384 tokens only.
 """
 
 from __future__ import annotations
@@ -28,12 +34,15 @@ import torch
 import triton
 import triton.language as tl
 
+from rope.cache import axis_table
 from rope.spec import RopeSpec
+from rope.triton.rotary_plan import position_run
 
-__all__ = ["Floor", "STREAM_ROWS", "floor_bytes", "floor_calls", "measure_floor"]
+__all__ = ["Floor", "FLOOR_TILES", "STREAM_ROWS", "floor_calls", "measure_floor", "stream_bytes", "stream_calls"]
 
-STREAM_ROWS = (16, 32, 64)      # head rows per program of the Triton stream's variants
-_SCALE = 1.0000001              # any factor: the stream's values are never read
+FLOOR_TILES = ((1, 8), (2, 8), (4, 8), (2, 16))   # (tokens, heads) a program of the floor's variants
+STREAM_ROWS = (16, 32, 64)      # head rows per program of the channels-only stream's variants
+_SCALE = 1.0000001              # the channels-only stream's factor: any, its values are never read
 
 
 @triton.jit
@@ -56,14 +65,65 @@ def _scale_rotated_channels(q_ptr, k_ptr, q_rows, k_rows, scale, ROW: tl.constex
     tl.store(x_ptr + offs, (x * scale).to(x_ptr.dtype.element_ty), mask=mask)
 
 
-def floor_bytes(spec: RopeSpec, tokens: int, num_q: int, num_kv: int, elsize: int) -> int:
-    """Bytes the floor moves: the rotated channels of q and k, read and written."""
+@triton.jit
+def _scale_tile_by_entries(x_ptr, pos_ptr, cache_ptr, map_ptr, t_block, h_block, tokens, heads, pos_row_stride,
+                           cache_stride, ROW: tl.constexpr, ROT: tl.constexpr, ROT_P2: tl.constexpr,
+                           HALF: tl.constexpr, RUN: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
+    # The rotated channels as [ROT_P2 // RUN, RUN]: RUN neighbouring channels always share a position
+    # row (rope.triton.rotary_plan.position_run), so each run's entries are one contiguous (vector)
+    # load from one cache row, as the rotation gathers them; RUN 1 for maps whose lanes alternate rows.
+    t = t_block.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    h = h_block * BLOCK_H + tl.arange(0, BLOCK_H)
+    run = tl.arange(0, ROT_P2 // RUN) * RUN
+    j = run[:, None] + tl.arange(0, RUN)[None, :]                         # [runs, RUN]: the channel
+    run_ok = run < ROT
+    lane_ok = j < ROT
+    # Channel j's entry: column j of the cache row named by the position of frequency j mod HALF's
+    # row (the map); j < HALF is that frequency's cos, j >= HALF its sin.
+    axis = tl.load(map_ptr + run % HALF, mask=run_ok, other=0)
+    t_ok = t < tokens
+    pos = tl.load(pos_ptr + axis[None, :] * pos_row_stride + t[:, None], mask=t_ok[:, None] & run_ok[None, :],
+                  other=0)
+    entry_ok = t_ok[:, None, None] & lane_ok[None, :, :]
+    entry = tl.load(cache_ptr + pos[:, :, None] * cache_stride + j[None, :, :], mask=entry_ok,
+                    other=0.0).to(tl.float32)                              # [BLOCK_T, runs, RUN]
+    offs = (t[:, None, None, None] * heads + h[None, :, None, None]) * ROW + j[None, None, :, :]
+    mask = t_ok[:, None, None, None] & (h < heads)[None, :, None, None] & lane_ok[None, None, :, :]
+    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+    tl.store(x_ptr + offs, (x * entry[:, None, :, :]).to(x_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gather_and_scale(q_ptr, k_ptr, pos_ptr, cache_ptr, map_ptr, tokens, num_q, num_k, pos_row_stride, cache_stride,
+                      ROW: tl.constexpr, ROT: tl.constexpr, ROT_P2: tl.constexpr, HALF: tl.constexpr,
+                      RUN: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_TK: tl.constexpr, BLOCK_HK: tl.constexpr):
+    # q's programs first, then k's; within each, the head blocks of one token block are neighbours
+    # (their gathers read the same cache rows), as the rotation kernel's grid orders them.
+    pid = tl.program_id(0)
+    q_head_blocks = tl.cdiv(num_q, BLOCK_H)
+    q_programs = tl.cdiv(tokens, BLOCK_T) * q_head_blocks
+    if pid < q_programs:
+        _scale_tile_by_entries(q_ptr, pos_ptr, cache_ptr, map_ptr, pid // q_head_blocks, pid % q_head_blocks,
+                               tokens, num_q, pos_row_stride, cache_stride, ROW, ROT, ROT_P2, HALF, RUN, BLOCK_T, BLOCK_H)
+    else:
+        k_head_blocks = tl.cdiv(num_k, BLOCK_HK)
+        p = pid - q_programs
+        _scale_tile_by_entries(k_ptr, pos_ptr, cache_ptr, map_ptr, p // k_head_blocks, p % k_head_blocks,
+                               tokens, num_k, pos_row_stride, cache_stride, ROW, ROT, ROT_P2, HALF, RUN, BLOCK_TK, BLOCK_HK)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def stream_bytes(spec: RopeSpec, tokens: int, num_q: int, num_kv: int, elsize: int) -> int:
+    """Bytes the channels-only streams move: the rotated channels of q and k, read and written."""
     return 2 * tokens * (num_q + num_kv) * spec.rotary_dim * elsize
 
 
-def floor_calls(spec: RopeSpec, query: torch.Tensor, key: torch.Tensor | None) -> dict[str, Callable[[], None]]:
-    """Each variant of the stream over these q [T, Hq * head_size] and k [T, Hk * head_size] (in
-    place), by name."""
+def stream_calls(spec: RopeSpec, query: torch.Tensor, key: torch.Tensor | None) -> dict[str, Callable[[], None]]:
+    """Each variant of the channels-only stream over these q [T, Hq * head_size] and k [T, Hk *
+    head_size] (in place), by name."""
     d, rot = spec.head_size, spec.rotary_dim
     views = [x.view(x.shape[0], -1, d)[..., :rot] for x in (query, key) if x is not None and x.numel()]
 
@@ -75,30 +135,58 @@ def floor_calls(spec: RopeSpec, query: torch.Tensor, key: torch.Tensor | None) -
     k_rows = key.numel() // d if key is not None else 0
     k = key if key is not None and key.numel() else query
     for block_rows in STREAM_ROWS:
-        grid = (triton.cdiv(q_rows, block_rows) + triton.cdiv(k_rows, block_rows),)
+        grid = (_cdiv(q_rows, block_rows) + _cdiv(k_rows, block_rows),)
         calls[f"rows={block_rows}"] = (
             lambda g=grid, b=block_rows: _scale_rotated_channels[g](
                 query, k, q_rows, k_rows, _SCALE, ROW=d, PREFIX=rot, PREFIX_P2=triton.next_power_of_2(rot), BLOCK_ROWS=b))
     return calls
 
 
+def floor_calls(spec: RopeSpec, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None,
+                cache: torch.Tensor) -> dict[str, Callable[[], None]]:
+    """Each variant of the floor over these inputs, as a rotation takes them (positions [T] or
+    [num_dims, T], q [T, Hq * head_size], k [T, Hk * head_size] or None, the cos/sin cache
+    [max_position, rotary_dim]), by name: q and k scaled in place by the gathered entries."""
+    d, rot = spec.head_size, spec.rotary_dim
+    tokens = query.shape[0]
+    rows = 1 if positions.dim() == 1 else positions.shape[0]
+    if rows != spec.num_dims or positions.shape[-1] != tokens or positions.stride(-1) != 1:
+        raise ValueError(f"positions: shape {tuple(positions.shape)}, strides {positions.stride()}: must be "
+                         f"[{tokens}] or [{spec.num_dims}, {tokens}] with contiguous rows")
+    if cache.dim() != 2 or cache.shape[1] < rot or cache.stride(1) != 1:
+        raise ValueError(f"cache: shape {tuple(cache.shape)}: must be [max_position, >= {rot}] with contiguous rows")
+    axes = axis_table(spec.axis_map(), query.device)
+    num_q = query.shape[1] // d
+    num_k = key.shape[1] // d if key is not None else 0
+    k = key if key is not None and key.numel() else query
+    row_stride = positions.stride(0) if positions.dim() == 2 else 0
+    run = position_run(spec, cache.stride(0))
+    calls = {}
+    for block_t, block_h in FLOOR_TILES:
+        block_hk = min(block_h, triton.next_power_of_2(max(1, num_k)))
+        block_tk = block_t * block_h // block_hk
+        grid = (_cdiv(tokens, block_t) * _cdiv(num_q, block_h) + _cdiv(tokens, block_tk) * _cdiv(num_k, block_hk),)
+        calls[f"tile={block_t}x{block_h}"] = (
+            lambda g=grid, bt=block_t, bh=block_h, btk=block_tk, bhk=block_hk: _gather_and_scale[g](
+                query, k, positions, cache, axes, tokens, num_q, num_k, row_stride, cache.stride(0),
+                ROW=d, ROT=rot, ROT_P2=triton.next_power_of_2(rot), HALF=rot // 2, RUN=run,
+                BLOCK_T=bt, BLOCK_H=bh, BLOCK_TK=btk, BLOCK_HK=bhk))
+    return calls
+
+
 @dataclass(frozen=True)
 class Floor:
-    ms: float              # under the contenders' graph / rotating timer
+    ms: float              # the floor under the contenders' graph / rotating timer
     how: str               # that timer's name and the fastest variant
-    eager_ms: float        # under the contenders' eager (flushed) timer
+    eager_ms: float        # the floor under the contenders' eager (flushed) timer
     eager_how: str         # the fastest variant there
+    stream_ms: float       # the channels-only stream under the graph / rotating timer
+    stream_how: str
+    stream_eager_ms: float  # ... and under the eager timer
+    stream_eager_how: str
 
 
-def measure_floor(spec: RopeSpec, tokens: int, num_q: int, num_kv: int, dtype: torch.dtype, device: torch.device,
-                  sets: int, time_fn, eager_fn) -> Floor:
-    """The row's floor: every variant over ``sets`` fresh copies of q and k (as many as the
-    contenders rotate through), timed by ``time_fn(calls, tokens) -> (ms, how)`` and by
-    ``eager_fn(call) -> ms`` (the contenders' own timers); the fastest variant under each."""
-    width_q, width_k = num_q * spec.head_size, num_kv * spec.head_size
-    inputs = [(torch.randn(tokens, width_q, device=device, dtype=dtype),
-               torch.randn(tokens, width_k, device=device, dtype=dtype) if num_kv else None) for _ in range(sets)]
-    per_set = [floor_calls(spec, q, k) for q, k in inputs]
+def _fastest(per_set: list[dict], time_fn, eager_fn, tokens: int):
     timed, eager = {}, {}
     for name in per_set[0]:
         calls = [variants[name] for variants in per_set]
@@ -106,4 +194,19 @@ def measure_floor(spec: RopeSpec, tokens: int, num_q: int, num_kv: int, dtype: t
         eager[name] = eager_fn(calls[0])
     best = min(timed, key=lambda name: timed[name][0])
     best_eager = min(eager, key=eager.get)
-    return Floor(timed[best][0], f"{timed[best][1]}, {best}", eager[best_eager], best_eager)
+    return timed[best][0], f"{timed[best][1]}, {best}", eager[best_eager], best_eager
+
+
+def measure_floor(spec: RopeSpec, positions: torch.Tensor, num_q: int, num_kv: int, cache: torch.Tensor,
+                  dtype: torch.dtype, sets: int, time_fn, eager_fn) -> Floor:
+    """The row's floor and the channels-only stream: every variant over ``sets`` fresh copies of
+    the positions, q and k (as many as the contenders rotate through; the cache shared, as theirs
+    is), timed by ``time_fn(calls, tokens) -> (ms, how)`` and by ``eager_fn(call) -> ms`` (the
+    contenders' own timers); the fastest variant of each under each timer."""
+    tokens, device = positions.shape[-1], positions.device
+    width_q, width_k = num_q * spec.head_size, num_kv * spec.head_size
+    inputs = [(positions.clone(), torch.randn(tokens, width_q, device=device, dtype=dtype),
+               torch.randn(tokens, width_k, device=device, dtype=dtype) if num_kv else None) for _ in range(sets)]
+    floor = _fastest([floor_calls(spec, p, q, k, cache) for p, q, k in inputs], time_fn, eager_fn, tokens)
+    stream = _fastest([stream_calls(spec, q, k) for _, q, k in inputs], time_fn, eager_fn, tokens)
+    return Floor(*floor, *stream)

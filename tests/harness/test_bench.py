@@ -216,25 +216,59 @@ def test_the_race_times_ours_in_the_peers_chain_mode_and_against_the_floor():
     assert bad["ours_ms"] == 0.009 and "ours_chain" not in bad
 
 
-@pytest.mark.parametrize("model", ["qwen2.5-vl-72b", "glm-4.1v-9b"])
-def test_every_floor_variant_moves_the_rotated_channels_in_place_and_nothing_else(model):
-    # The floor's streams touch the bytes a rotation touches: the first rotary_dim channels of every
-    # head row of q and k (GLM-4.1V: 64 of 128), in place; the pass-through channels stay.
+def test_the_race_shows_the_channels_only_stream_beside_the_floor():
+    # Where the run measured both, the floor (positions and cos/sin entries read, channels rewritten)
+    # is what ours is held to, and the channels-only stream (fewer bytes) stands beside it in its own
+    # column under each timer; the report says which is which.
+    import math
+    ours = dict(checked="ok", eager_ms=0.0108, host_us=20.0, floor_ms=0.0098, floor_how="rotating+graph, tile=2x8",
+                floor_eager_ms=0.0104, floor_eager_how="tile=4x8", stream_ms=0.0094, stream_eager_ms=0.0099)
+    results = [bench.Result("rotation", "triton-no-pdl", "m", 4096, "bfloat16", 0.010, 1000, 1.0, 0.8, ours=True,
+                            **ours),
+               bench.Result("rotation", "triton", "m", 4096, "bfloat16", 0.010, 1000, 1.0, 0.8, ours=True, **ours),
+               bench.Result("rotation", "peer", "m", 4096, "bfloat16", 0.012, 1000, 1.0, 0.7, checked="ok",
+                            eager_ms=0.013, host_us=30.0)]
+    (race,) = bench.race(results)
+    assert math.isclose(race["floor_frac"], 0.98) and math.isclose(race["stream_frac"], 0.94)
+    assert math.isclose(race["floor_eager_frac"], 0.0104 / 0.0108)
+    assert math.isclose(race["stream_eager_frac"], 0.0099 / 0.0108)
+    md = "\n".join(bench_report.race_markdown({"race": [race], "device": "cuda"}))
+    assert "reads the positions and the cos/sin entries a rotation reads" in md and "`channels only`" in md
+    assert "| floor / ours | channels only (us) | % of copy |" in md
+    assert "| 9.8 | rotating+graph, tile=2x8 | 0.980 | 9.4 | - |" in md
+    assert "| m | 4096 | 10.8 | 10.4 | tile=4x8 | 0.963 | 9.9 | peer |" in md
+    # A run without the stream (older reports) renders its own layout, as written then.
+    for r in (race,):
+        for key in ("stream_ms", "stream_frac", "stream_eager_ms", "stream_eager_frac"):
+            r.pop(key)
+    md = "\n".join(bench_report.race_markdown({"race": [race], "device": "cuda"}))
+    assert "channels only" not in md and "moves the rotated channels of q and k in place and does nothing else" in md
+
+
+def _floor_device():
     from rope.devices import is_interpreter
-    from rope.harness.bench_floor import STREAM_ROWS, floor_bytes, floor_calls
     if not is_interpreter() and not torch.cuda.is_available():
-        pytest.skip("the Triton stream needs a GPU or the interpreter")
-    device = "cuda" if torch.cuda.is_available() and not is_interpreter() else "cpu"
+        pytest.skip("the Triton streams need a GPU or the interpreter")
+    return "cuda" if torch.cuda.is_available() and not is_interpreter() else "cpu"
+
+
+@pytest.mark.parametrize("model", ["qwen2.5-vl-72b", "glm-4.1v-9b"])
+def test_every_channels_only_stream_moves_the_rotated_channels_in_place_and_nothing_else(model):
+    # The channels-only streams touch the rotated channels a rotation touches: the first rotary_dim
+    # channels of every head row of q and k (GLM-4.1V: 64 of 128), in place; the pass-through
+    # channels stay.
+    from rope.harness.bench_floor import STREAM_ROWS, stream_bytes, stream_calls
+    device = _floor_device()
     spec = get_model(model).spec
     tokens, num_q, num_kv = 5, 3, 1
-    assert floor_bytes(spec, tokens, num_q, num_kv, 4) == 2 * tokens * 4 * spec.rotary_dim * 4
+    assert stream_bytes(spec, tokens, num_q, num_kv, 4) == 2 * tokens * 4 * spec.rotary_dim * 4
     gen = torch.Generator().manual_seed(0)
     q0 = torch.randn(tokens, num_q * spec.head_size, generator=gen).to(device)
     k0 = torch.randn(tokens, num_kv * spec.head_size, generator=gen).to(device)
-    names = list(floor_calls(spec, q0.clone(), k0.clone()))
+    names = list(stream_calls(spec, q0.clone(), k0.clone()))
     for name in names:
         q, k = q0.clone(), k0.clone()
-        floor_calls(spec, q, k)[name]()
+        stream_calls(spec, q, k)[name]()
         for before, after in ((q0, q), (k0, k)):
             b = before.view(tokens, -1, spec.head_size)
             a = after.view(tokens, -1, spec.head_size)
@@ -242,3 +276,54 @@ def test_every_floor_variant_moves_the_rotated_channels_in_place_and_nothing_els
             assert torch.equal(a[..., spec.rotary_dim:], b[..., spec.rotary_dim:]), name
             assert not torch.equal(a[..., :spec.rotary_dim], b[..., :spec.rotary_dim]), name
     assert names == ["mul_", *(f"rows={r}" for r in STREAM_ROWS)]
+
+
+@pytest.mark.parametrize("model, num_q, num_kv", [
+    ("qwen2.5-vl-72b", 3, 1),       # chunked sections, 3 position rows
+    ("qwen3-vl-8b", 9, 2),          # interleaved sections: each lane's row cycles through the three
+    ("glm-4.1v-9b", 5, 2),          # GPT-J pairs, 64 of 128 channels rotated
+    ("hunyuan-ocr", 2, 1),          # XD-RoPE, 4 position rows
+    ("qwen2-7b", 3, 0),             # 1-D positions, no key
+])
+def test_every_floor_variant_reads_the_entries_a_rotation_reads_and_rewrites_the_rotated_channels(model, num_q, num_kv):
+    # The floor moves a rotation's bytes: each rotated channel j of token t is scaled in place by
+    # column j of the cache row named by the position of frequency (j mod rotary_dim/2)'s row (the
+    # cos, then the sin, a rotation of that frequency reads), whatever the map; nothing else changes.
+    from rope.harness.bench_floor import FLOOR_TILES, floor_calls
+    device = _floor_device()
+    spec = get_model(model).spec
+    tokens, rows, d, rot = 7, 48, spec.head_size, spec.rotary_dim
+    gen = torch.Generator().manual_seed(1)
+    positions = torch.randint(0, rows, (spec.num_dims, tokens), generator=gen)
+    positions = (positions[0] if spec.num_dims == 1 else positions).to(device)
+    cache = (torch.rand(rows, rot, generator=gen) + 0.5).to(device)
+    q0 = torch.randn(tokens, num_q * d, generator=gen).to(device)
+    k0 = torch.randn(tokens, num_kv * d, generator=gen).to(device) if num_kv else None
+    axis = torch.tensor(spec.axis_map() * 2)                              # channel j -> frequency j mod rot/2's row
+    entries = cache.cpu()[positions.cpu().view(spec.num_dims, tokens)[axis].T, torch.arange(rot)]   # [T, rot]
+    names = list(floor_calls(spec, positions, q0.clone(), k0.clone() if num_kv else None, cache))
+    assert names == [f"tile={t}x{h}" for t, h in FLOOR_TILES]
+    for name in names:
+        q = q0.clone()
+        k = k0.clone() if num_kv else None
+        floor_calls(spec, positions, q, k, cache)[name]()
+        for before, after in ((q0, q), (k0, k)):
+            if before is None:
+                continue
+            b = before.cpu().view(tokens, -1, d)
+            a = after.cpu().view(tokens, -1, d)
+            torch.testing.assert_close(a[..., :rot], b[..., :rot] * entries[:, None, :], msg=name)
+            assert torch.equal(a[..., rot:], b[..., rot:]), name
+
+
+def test_the_floor_refuses_positions_it_cannot_read():
+    from rope.harness.bench_floor import floor_calls
+    spec = get_model("qwen2.5-vl-72b").spec
+    q = torch.zeros(4, spec.head_size)
+    cache = torch.zeros(8, spec.rotary_dim)
+    with pytest.raises(ValueError, match="positions"):
+        floor_calls(spec, torch.zeros(4, dtype=torch.long), q, None, cache)          # 1 row for a 3-row map
+    with pytest.raises(ValueError, match="positions"):
+        floor_calls(spec, torch.zeros(4, 3, dtype=torch.long).T, q, None, cache)     # strided rows
+    with pytest.raises(ValueError, match="cache"):
+        floor_calls(spec, torch.zeros(3, 4, dtype=torch.long), q, None, cache[:, :4])
