@@ -418,13 +418,18 @@ def run(models=None, tokens=None, dtypes=("bfloat16",), device="cuda", extra_imp
                     for name, us in host.items():
                         row[name].host_us = us
                     copy_eager = eager_ms(same_bytes_copy(device, nbytes))
-                    floor = measure_floor(spec, positions_t, num_q, num_kv, cache, dtype,
-                                          input_sets(device, nbytes, t), time_fn, eager_ms)
+                    try:
+                        floor = measure_floor(spec, positions_t, num_q, num_kv, cache, dtype,
+                                              input_sets(device, nbytes, t), time_fn, eager_ms)
+                    except Exception as exc:       # recorded, the row goes on without a floor ('-' in the report)
+                        progress(f"  {key} {t:>6} floor: error {type(exc).__name__}: {exc}")
+                        floor = None
                     for r in row.values():
                         r.copy_eager_ms = copy_eager
-                        r.floor_ms, r.floor_how = floor.ms, floor.how
-                        r.floor_eager_ms, r.floor_eager_how = floor.eager_ms, floor.eager_how
-                        r.stream_ms, r.stream_eager_ms = floor.stream_ms, floor.stream_eager_ms
+                        if floor is not None:
+                            r.floor_ms, r.floor_how = floor.ms, floor.how
+                            r.floor_eager_ms, r.floor_eager_how = floor.eager_ms, floor.eager_how
+                            r.stream_ms, r.stream_eager_ms = floor.stream_ms, floor.stream_eager_ms
                 base = row.get("native")
                 for r in row.values():
                     r.speedup_vs_native = base.ms / r.ms if base and r.ms == r.ms else None
