@@ -376,39 +376,43 @@ def _write_omni(family: str, prompt: Prompt) -> _MRopeWriter:
 
 
 # ---------------------------------------------------------------------------------- XD-RoPE layout
-def _write_xdrope(family: str, prompt: Prompt) -> tuple[list[list[int]], list[int], list[str]]:
-    """Rows [P, W, H, T] per token (the caller drops P for hunyuan_ocr_3d), modality, roles."""
-    rows: list[list[int]] = []
+def _write_xdrope(family: str, prompt: Prompt) -> tuple[torch.Tensor, list[int], list[str]]:
+    """Rows [P, W, H, T] per token as a [4, tokens] tensor (the caller drops P for hunyuan_ocr_3d),
+    modality, roles."""
+    blocks: list[torch.Tensor] = []        # [4, k] each, the tokens in order
     modality: list[int] = []
     roles: list[str] = []
 
-    def plain(role: str, kind: int = TEXT) -> None:
-        n = len(rows)
-        rows.append([n, n, n, n])
-        modality.append(kind)
-        roles.append(role)
+    def add(block: torch.Tensor, role: str, kind: int) -> None:
+        blocks.append(block)
+        modality.extend([kind] * block.shape[1])
+        roles.extend([role] * block.shape[1])
+
+    def plain(count: int, role: str, kind: int = TEXT) -> None:
+        n = sum(b.shape[1] for b in blocks)
+        add(torch.arange(n, n + count).expand(4, count), role, kind)     # every row the plain index
 
     m = prompt.spatial_merge_size
     image_ordinal = 0
-    for i, seg in enumerate(prompt.segments):
+    for seg in prompt.segments:
         if isinstance(seg, Text):
-            for _ in range(seg.length):
-                plain("text")
+            plain(seg.length, "text")
             continue
         t, h, w = llm_grid(seg.grid_thw, m)
         for _ in range(t if isinstance(seg, Video) else 1):    # arc_hunyuan_video: a frame is an image
-            plain("vision_start")
-            plain("image", IMAGE)                      # ViT begin token: plain index
-            for row in range(h):
-                for col in range(w + 1):               # w' patches, then the row-end token
-                    n = len(rows)
-                    rows.append([n, col, row, image_ordinal])
-                    modality.append(IMAGE)
-                    roles.append("image")
-            plain("image", IMAGE)                      # ViT end token: plain index
-            plain("vision_end")
+            plain(1, "vision_start")
+            plain(1, "image", IMAGE)                   # ViT begin token: plain index
+            # h rows of w' patches then the row-end token, row by row: P the plain index, W the
+            # column (the row-end token's is w'), H the row, T the image's ordinal.
+            n = sum(b.shape[1] for b in blocks)
+            count = h * (w + 1)
+            add(torch.stack((torch.arange(n, n + count), torch.arange(w + 1).repeat(h),
+                             torch.arange(h).repeat_interleave(w + 1), torch.full((count,), image_ordinal))),
+                "image", IMAGE)
+            plain(1, "image", IMAGE)                   # ViT end token: plain index
+            plain(1, "vision_end")
             image_ordinal += 1
-    return rows, modality, roles
+    return torch.cat(blocks, dim=1) if blocks else torch.empty(4, 0, dtype=torch.int64), modality, roles
 
 
 # ---------------------------------------------------------------------------------- entry point
@@ -426,15 +430,16 @@ def prompt_positions(family: str, prompt: Prompt) -> PromptPositions:
         raise ValueError(f"prompt={prompt!r}: must be a Prompt (got {type(prompt).__name__})")
     check_segments(family, prompt)
     if family in XDROPE_FAMILIES:
-        rows, modality, roles = _write_xdrope(family, prompt)
+        positions, modality, roles = _write_xdrope(family, prompt)
         if family == "hunyuan_ocr_3d":
-            rows = [r[1:] for r in rows]               # W, H, T
+            positions = positions[1:]                  # W, H, T
     else:
         out = (_write_omni if family in OMNI_FAMILIES else _write_mrope)(family, prompt)
-        rows, modality, roles = out.rows, out.modality, out.roles
-    if not rows:
+        positions = torch.tensor(out.rows, dtype=torch.int64).T if out.rows else torch.empty(3, 0, dtype=torch.int64)
+        modality, roles = out.modality, out.roles
+    if not modality:
         raise ValueError(f"segments={prompt.segments!r}: must produce at least one token (got 0 tokens)")
-    positions = torch.tensor(rows, dtype=torch.int64).T.contiguous()
+    positions = positions.contiguous()
     delta = 0 if family in XDROPE_FAMILIES else mrope_delta(positions)
     return PromptPositions(
         family=family,
