@@ -5,10 +5,10 @@ Rotary embedding is memory bound.  The floor for one call is the bytes it must m
 rotated channels of q and k read and written, one cos and one sin value per frequency per
 token, and the positions.  Each result is reported as time, achieved GB/s over those bytes,
 the fraction of the device's measured copy bandwidth, and the speedup over native eager; on a GPU
-each row also gets its own floor, a stream that reads the positions and the cos/sin entries a
-rotation reads and rewrites the rotated channels in place, doing nothing else, timed by the same
-timers (rope.harness.bench_floor), and ours is raced in the peers' chain mode
-(rope.harness.bench.race).  The reports: rope.harness.bench_report.
+each row also gets its own floor, the fastest of streams that move no more than a rotation must
+(the rotated channels in place, alone or with the positions and cos/sin entries gathered as a
+rotation gathers them) and do nothing else, timed by the same timers (rope.harness.bench_floor),
+and ours is raced in the peers' chain mode (rope.harness.bench.race).  The reports: rope.harness.bench_report.
 
 Timing on CUDA: CUDA graphs for small sizes (``do_bench_cudagraph``: no Python launch
 overhead); above, input rotation: the call cycles through enough copies of its inputs that one
@@ -89,8 +89,8 @@ class Result:
     floor_how: str = ""               # rotating timer, and its timer and variant (GPU only)
     floor_eager_ms: float = math.nan  # the same floor under the eager timer, and its variant
     floor_eager_how: str = ""
-    stream_ms: float = math.nan       # the channels-only stream (no positions, no cos/sin; bench_floor) under
-    stream_eager_ms: float = math.nan  # the graph / rotating timer and the eager one (GPU only)
+    gathered_ms: float = math.nan     # the floor's gathering kind alone (the rotation's bytes; bench_floor) under
+    gathered_eager_ms: float = math.nan  # the graph / rotating timer and the eager one (GPU only)
 
 
 # ------------------------------------------------------------------------------------ bytes
@@ -429,7 +429,7 @@ def run(models=None, tokens=None, dtypes=("bfloat16",), device="cuda", extra_imp
                         if floor is not None:
                             r.floor_ms, r.floor_how = floor.ms, floor.how
                             r.floor_eager_ms, r.floor_eager_how = floor.eager_ms, floor.eager_how
-                            r.stream_ms, r.stream_eager_ms = floor.stream_ms, floor.stream_eager_ms
+                            r.gathered_ms, r.gathered_eager_ms = floor.gathered_ms, floor.gathered_eager_ms
                 base = row.get("native")
                 for r in row.values():
                     r.speedup_vs_native = base.ms / r.ms if base and r.ms == r.ms else None
@@ -482,8 +482,8 @@ def race(results: list[Result]) -> list[dict]:
         if ours.floor_ms == ours.floor_ms:
             row |= {"floor_ms": ours.floor_ms, "floor_how": ours.floor_how, "floor_frac": ours.floor_ms / raced.ms,
                     "copy_frac": raced.frac_copy}
-        if ours.stream_ms == ours.stream_ms:
-            row |= {"stream_ms": ours.stream_ms, "stream_frac": ours.stream_ms / raced.ms}
+        if ours.gathered_ms == ours.gathered_ms:
+            row |= {"gathered_ms": ours.gathered_ms, "gathered_frac": ours.gathered_ms / raced.ms}
         eager = [r for r in peers if r.eager_ms == r.eager_ms]
         if ours.eager_ms == ours.eager_ms and eager:
             best_eager = min(eager, key=lambda r: r.eager_ms)
@@ -498,8 +498,9 @@ def race(results: list[Result]) -> list[dict]:
             if ours.floor_eager_ms == ours.floor_eager_ms:
                 row |= {"floor_eager_ms": ours.floor_eager_ms, "floor_eager_how": ours.floor_eager_how,
                         "floor_eager_frac": ours.floor_eager_ms / ours.eager_ms}
-            if ours.stream_eager_ms == ours.stream_eager_ms:
-                row |= {"stream_eager_ms": ours.stream_eager_ms, "stream_eager_frac": ours.stream_eager_ms / ours.eager_ms}
+            if ours.gathered_eager_ms == ours.gathered_eager_ms:
+                row |= {"gathered_eager_ms": ours.gathered_eager_ms,
+                        "gathered_eager_frac": ours.gathered_eager_ms / ours.eager_ms}
         out.append(row)
     return out
 

@@ -1,6 +1,6 @@
-"""The floor of a rotation row in ``rope-harness bench``: the bytes a rotation moves, in the pattern
-it moves them, by kernels that do nothing else, timed in the same run by the same timers as the
-contenders.
+"""The floor of a rotation row in ``rope-harness bench``: the fastest of streams that move no more
+than a rotation must, in the pattern it moves them, doing nothing else, timed in the same run by the
+same timers as the contenders.
 
 A rotation reads its tokens' positions, gathers for each frequency the cos and sin entries of the
 cache row its position row names, and reads and writes the first ``rotary_dim`` channels of every
@@ -8,19 +8,21 @@ head row of q and k, where they lie.  Where the positions are spread over a long
 benchmark draws them over the model's whole ``max_position``), the gather is not the few bytes it
 counts: each frequency's entries come from the cache row of that frequency's position row, so an
 interleaved map (lanes cycling through three rows) touches three cache rows a token, every 32-byte
-sector of each, and those rows are mostly not in L2.  So the floor reads the same entries:
+sector of each, and those rows are mostly not in L2.  Two kinds of stream:
 
-- ``tile=TxH`` (the floor): one Triton launch over q's and k's head rows, ``T`` tokens x ``H`` heads
-  a program (the key's programs as many heads as it has, rounded up to a power of two, and
-  proportionally more tokens).  Each program reads its tokens' positions through the spec's map,
-  gathers the cos/sin entry of every rotated channel (channel ``j`` reads the cache column ``j`` of
-  the row named by frequency ``j mod rotary_dim/2``'s position: the cos and sin entries a rotation
-  reads, for either pairing), and scales each rotated channel in place by its entry.  The bytes are
-  ``rope.harness.bench.rotation_bytes``; the arithmetic is one multiply an element.
+- the rotated channels alone (``stream_calls``): torch's in-place ``mul_`` of q's and k's rotated
+  channels, and a Triton stream over their head rows, ``R`` rows a program (``rows=R``): fewer
+  bytes than a rotation moves (no positions, no cos/sin);
+- gathering (``floor_calls``): one Triton launch over q's and k's head rows, ``T`` tokens x ``H``
+  heads a program (``tile=TxH``; the key's programs as many heads as it has, rounded up to a power
+  of two, and proportionally more tokens).  Each program reads its tokens' positions through the
+  spec's map, gathers the cos/sin entry of every rotated channel (channel ``j`` reads the cache
+  column ``j`` of the row named by frequency ``j mod rotary_dim/2``'s position: the entries a
+  rotation reads, for either pairing; runs of channels that share a row as one vector load), and
+  scales each rotated channel in place by its entry: a rotation's bytes
+  (``rope.harness.bench.rotation_bytes``), one multiply an element.
 
-Beside it, the streams that move the rotated channels only (no positions, no cache), the fewer
-bytes an in-place rotation could not do with (``stream_calls``): torch's in-place ``mul_`` and a
-Triton stream over head rows, ``R`` rows a program (``rows=R``).  The 1 GiB device copy
+The floor is the fastest variant of either kind (``measure_floor``).  The 1 GiB device copy
 (``rope.harness.bench.copy_bandwidth``) measures the device's bandwidth, not what a stream reaches at
 a row's size; its figure is quoted from 16,384 tokens only.
 """
@@ -176,17 +178,27 @@ def floor_calls(spec: RopeSpec, positions: torch.Tensor, query: torch.Tensor, ke
 
 @dataclass(frozen=True)
 class Floor:
-    ms: float              # the floor under the contenders' graph / rotating timer
+    ms: float              # the floor under the contenders' graph / rotating timer: the fastest variant of either kind
     how: str               # that timer's name and the fastest variant
     eager_ms: float        # the floor under the contenders' eager (flushed) timer
     eager_how: str         # the fastest variant there
-    stream_ms: float       # the channels-only stream under the graph / rotating timer
-    stream_how: str
-    stream_eager_ms: float  # ... and under the eager timer
-    stream_eager_how: str
+    gathered_ms: float     # the fastest gathering variant (the rotation's bytes) under the graph / rotating timer
+    gathered_eager_ms: float  # ... and under the eager timer
 
 
-def _fastest(per_set: list[dict], time_fn, eager_fn, tokens: int):
+def measure_floor(spec: RopeSpec, positions: torch.Tensor, num_q: int, num_kv: int, cache: torch.Tensor,
+                  dtype: torch.dtype, sets: int, time_fn, eager_fn) -> Floor:
+    """The row's floor: every variant of both kinds over ``sets`` fresh copies of the positions, q
+    and k (as many as the contenders rotate through; the cache shared, as theirs is), timed by
+    ``time_fn(calls, tokens) -> (ms, how)`` and by ``eager_fn(call) -> ms`` (the contenders' own
+    timers).  The floor under each timer is the fastest variant of either kind: each moves no more
+    than a rotation must, so none is slower than the fastest stream a rotation could be.  The
+    gathering kind's own fastest is kept beside it."""
+    tokens, device = positions.shape[-1], positions.device
+    width_q, width_k = num_q * spec.head_size, num_kv * spec.head_size
+    inputs = [(positions.clone(), torch.randn(tokens, width_q, device=device, dtype=dtype),
+               torch.randn(tokens, width_k, device=device, dtype=dtype) if num_kv else None) for _ in range(sets)]
+    per_set = [floor_calls(spec, p, q, k, cache) | stream_calls(spec, q, k) for p, q, k in inputs]
     timed, eager = {}, {}
     for name in per_set[0]:
         calls = [variants[name] for variants in per_set]
@@ -194,19 +206,6 @@ def _fastest(per_set: list[dict], time_fn, eager_fn, tokens: int):
         eager[name] = eager_fn(calls[0])
     best = min(timed, key=lambda name: timed[name][0])
     best_eager = min(eager, key=eager.get)
-    return timed[best][0], f"{timed[best][1]}, {best}", eager[best_eager], best_eager
-
-
-def measure_floor(spec: RopeSpec, positions: torch.Tensor, num_q: int, num_kv: int, cache: torch.Tensor,
-                  dtype: torch.dtype, sets: int, time_fn, eager_fn) -> Floor:
-    """The row's floor and the channels-only stream: every variant over ``sets`` fresh copies of
-    the positions, q and k (as many as the contenders rotate through; the cache shared, as theirs
-    is), timed by ``time_fn(calls, tokens) -> (ms, how)`` and by ``eager_fn(call) -> ms`` (the
-    contenders' own timers); the fastest variant of each under each timer."""
-    tokens, device = positions.shape[-1], positions.device
-    width_q, width_k = num_q * spec.head_size, num_kv * spec.head_size
-    inputs = [(positions.clone(), torch.randn(tokens, width_q, device=device, dtype=dtype),
-               torch.randn(tokens, width_k, device=device, dtype=dtype) if num_kv else None) for _ in range(sets)]
-    floor = _fastest([floor_calls(spec, p, q, k, cache) for p, q, k in inputs], time_fn, eager_fn, tokens)
-    stream = _fastest([stream_calls(spec, q, k) for _, q, k in inputs], time_fn, eager_fn, tokens)
-    return Floor(*floor, *stream)
+    gathering = [name for name in timed if name.startswith("tile=")]
+    return Floor(timed[best][0], f"{timed[best][1]}, {best}", eager[best_eager], best_eager,
+                 min(timed[name][0] for name in gathering), min(eager[name] for name in gathering))

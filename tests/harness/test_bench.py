@@ -216,33 +216,49 @@ def test_the_race_times_ours_in_the_peers_chain_mode_and_against_the_floor():
     assert bad["ours_ms"] == 0.009 and "ours_chain" not in bad
 
 
-def test_the_race_shows_the_channels_only_stream_beside_the_floor():
-    # Where the run measured both, the floor (positions and cos/sin entries read, channels rewritten)
-    # is what ours is held to, and the channels-only stream (fewer bytes) stands beside it in its own
-    # column under each timer; the report says which is which.
+def test_the_race_shows_the_gathering_stream_beside_the_floor():
+    # Where the run measured both kinds of stream, the floor is the fastest of either (here a
+    # channels-only variant), and the gathering kind's own time stands beside it in its own column
+    # under each timer; the report says which is which.
     import math
-    ours = dict(checked="ok", eager_ms=0.0108, host_us=20.0, floor_ms=0.0098, floor_how="rotating+graph, tile=2x8",
-                floor_eager_ms=0.0104, floor_eager_how="tile=4x8", stream_ms=0.0094, stream_eager_ms=0.0099)
+    ours = dict(checked="ok", eager_ms=0.0108, host_us=20.0, floor_ms=0.0094, floor_how="rotating+graph, rows=16",
+                floor_eager_ms=0.0099, floor_eager_how="mul_", gathered_ms=0.0106, gathered_eager_ms=0.0112)
     results = [bench.Result("rotation", "triton-no-pdl", "m", 4096, "bfloat16", 0.010, 1000, 1.0, 0.8, ours=True,
                             **ours),
                bench.Result("rotation", "triton", "m", 4096, "bfloat16", 0.010, 1000, 1.0, 0.8, ours=True, **ours),
                bench.Result("rotation", "peer", "m", 4096, "bfloat16", 0.012, 1000, 1.0, 0.7, checked="ok",
                             eager_ms=0.013, host_us=30.0)]
     (race,) = bench.race(results)
-    assert math.isclose(race["floor_frac"], 0.98) and math.isclose(race["stream_frac"], 0.94)
-    assert math.isclose(race["floor_eager_frac"], 0.0104 / 0.0108)
-    assert math.isclose(race["stream_eager_frac"], 0.0099 / 0.0108)
+    assert math.isclose(race["floor_frac"], 0.94) and math.isclose(race["gathered_frac"], 1.06)
+    assert math.isclose(race["floor_eager_frac"], 0.0099 / 0.0108)
+    assert math.isclose(race["gathered_eager_frac"], 0.0112 / 0.0108)
     md = "\n".join(bench_report.race_markdown({"race": [race], "device": "cuda"}))
-    assert "reads the positions and the cos/sin entries a rotation reads" in md and "`channels only`" in md
-    assert "| floor / ours | channels only (us) | % of copy |" in md
-    assert "| 9.8 | rotating+graph, tile=2x8 | 0.980 | 9.4 | - |" in md
-    assert "| m | 4096 | 10.8 | 10.4 | tile=4x8 | 0.963 | 9.9 | peer |" in md
-    # A run without the stream (older reports) renders its own layout, as written then.
-    for r in (race,):
-        for key in ("stream_ms", "stream_frac", "stream_eager_ms", "stream_eager_frac"):
-            r.pop(key)
+    assert "moves no more than a rotation must" in md and "`gathering` column" in md
+    assert "| floor / ours | gathering (us) | % of copy |" in md
+    assert "| 9.4 | rotating+graph, rows=16 | 0.940 | 10.6 | - |" in md
+    assert "| m | 4096 | 10.8 | 9.9 | mul_ | 0.917 | 11.2 | peer |" in md
+    # A run without the gathering kind (older reports) renders its own layout, as written then.
+    for key in ("gathered_ms", "gathered_frac", "gathered_eager_ms", "gathered_eager_frac"):
+        race.pop(key)
     md = "\n".join(bench_report.race_markdown({"race": [race], "device": "cuda"}))
-    assert "channels only" not in md and "moves the rotated channels of q and k in place and does nothing else" in md
+    assert "gathering" not in md and "moves the rotated channels of q and k in place and does nothing else" in md
+
+
+def test_the_floor_is_the_fastest_stream_of_either_kind(monkeypatch):
+    # A floor is a lower bound only if nothing that moves no more than a rotation must beats it: the
+    # floor under each timer is the fastest variant of both kinds (the channels alone, the gathering
+    # tiles), and the gathering kind's own fastest is kept beside it.  Timers faked, variants stubbed.
+    from rope.harness import bench_floor
+    monkeypatch.setattr(bench_floor, "floor_calls", lambda spec, p, q, k, cache: {"tile=1x8": 1, "tile=2x8": 2})
+    monkeypatch.setattr(bench_floor, "stream_calls", lambda spec, q, k: {"mul_": 3, "rows=16": 4})
+    graph = {1: 0.012, 2: 0.011, 3: 0.013, 4: 0.010}       # rows=16 fastest under the graph timer
+    eager = {1: 0.014, 2: 0.020, 3: 0.016, 4: 0.015}       # tile=1x8 fastest eagerly
+    spec = get_model("qwen2-7b").spec
+    floor = bench_floor.measure_floor(spec, torch.zeros(5, dtype=torch.long), 2, 1, torch.zeros(8, spec.rotary_dim),
+                                      torch.float32, 2, lambda calls, tokens: (graph[calls[0]], "rotating+graph"),
+                                      lambda call: eager[call])
+    assert (floor.ms, floor.how, floor.eager_ms, floor.eager_how) == (0.010, "rotating+graph, rows=16", 0.014, "tile=1x8")
+    assert (floor.gathered_ms, floor.gathered_eager_ms) == (0.011, 0.014)
 
 
 def _floor_device():
