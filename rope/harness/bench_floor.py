@@ -42,7 +42,7 @@ from rope.triton.rotary_plan import position_run
 
 __all__ = ["Floor", "FLOOR_TILES", "STREAM_ROWS", "floor_calls", "measure_floor", "stream_bytes", "stream_calls"]
 
-FLOOR_TILES = ((1, 8), (2, 8), (4, 8), (2, 16))   # (tokens, heads) a program of the floor's variants
+FLOOR_TILES = ((1, 8), (2, 8), (4, 8), (2, 16))   # (tokens, heads) a program of the gathering variants
 STREAM_ROWS = (16, 32, 64)      # head rows per program of the channels-only stream's variants
 _SCALE = 1.0000001              # the channels-only stream's factor: any, its values are never read
 
@@ -146,9 +146,10 @@ def stream_calls(spec: RopeSpec, query: torch.Tensor, key: torch.Tensor | None) 
 
 def floor_calls(spec: RopeSpec, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None,
                 cache: torch.Tensor) -> dict[str, Callable[[], None]]:
-    """Each variant of the floor over these inputs, as a rotation takes them (positions [T] or
-    [num_dims, T], q [T, Hq * head_size], k [T, Hk * head_size] or None, the cos/sin cache
-    [max_position, rotary_dim]), by name: q and k scaled in place by the gathered entries."""
+    """Each variant of the gathering stream over these inputs, as a rotation takes them (positions
+    [T] or [num_dims, T], each in [0, cache rows), q [T, Hq * head_size], k [T, Hk * head_size] or
+    None, the cos/sin cache [max_position, rotary_dim]), by name: q and k scaled in place by the
+    gathered entries."""
     d, rot = spec.head_size, spec.rotary_dim
     tokens = query.shape[0]
     rows = 1 if positions.dim() == 1 else positions.shape[0]
@@ -157,6 +158,9 @@ def floor_calls(spec: RopeSpec, positions: torch.Tensor, query: torch.Tensor, ke
                          f"[{tokens}] or [{spec.num_dims}, {tokens}] with contiguous rows")
     if cache.dim() != 2 or cache.shape[1] < rot or cache.stride(1) != 1:
         raise ValueError(f"cache: shape {tuple(cache.shape)}: must be [max_position, >= {rot}] with contiguous rows")
+    if positions.numel() and not (0 <= int(positions.min()) and int(positions.max()) < cache.shape[0]):
+        raise ValueError(f"positions: range [{int(positions.min())}, {int(positions.max())}]: must lie in "
+                         f"[0, {cache.shape[0]}), the cache's rows")
     axes = axis_table(spec.axis_map(), query.device)
     num_q = query.shape[1] // d
     num_k = key.shape[1] // d if key is not None else 0

@@ -343,3 +343,7 @@ def test_the_floor_refuses_positions_it_cannot_read():
         floor_calls(spec, torch.zeros(4, 3, dtype=torch.long).T, q, None, cache)     # strided rows
     with pytest.raises(ValueError, match="cache"):
         floor_calls(spec, torch.zeros(3, 4, dtype=torch.long), q, None, cache[:, :4])
+    with pytest.raises(ValueError, match="positions: range"):
+        floor_calls(spec, torch.full((3, 4), 8, dtype=torch.long), q, None, cache)      # row 8 of 8 rows
+    with pytest.raises(ValueError, match="positions: range"):
+        floor_calls(spec, torch.full((3, 4), -1, dtype=torch.long), q, None, cache)
