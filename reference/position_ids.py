@@ -389,7 +389,7 @@ def _write_xdrope(family: str, prompt: Prompt) -> tuple[torch.Tensor, list[int],
         roles.extend([role] * block.shape[1])
 
     def plain(count: int, role: str, kind: int = TEXT) -> None:
-        n = sum(b.shape[1] for b in blocks)
+        n = len(roles)                                                   # the tokens so far
         add(torch.arange(n, n + count).expand(4, count), role, kind)     # every row the plain index
 
     m = prompt.spatial_merge_size
@@ -404,7 +404,7 @@ def _write_xdrope(family: str, prompt: Prompt) -> tuple[torch.Tensor, list[int],
             plain(1, "image", IMAGE)                   # ViT begin token: plain index
             # h rows of w' patches then the row-end token, row by row: P the plain index, W the
             # column (the row-end token's is w'), H the row, T the image's ordinal.
-            n = sum(b.shape[1] for b in blocks)
+            n = len(roles)
             count = h * (w + 1)
             add(torch.stack((torch.arange(n, n + count), torch.arange(w + 1).repeat(h),
                              torch.arange(h).repeat_interleave(w + 1), torch.full((count,), image_ordinal))),

@@ -38,6 +38,7 @@ import triton.language as tl
 
 from rope.cache import axis_table
 from rope.spec import RopeSpec
+from rope.triton.grid import cdiv, next_power_of_2
 from rope.triton.rotary_plan import position_run
 
 __all__ = ["Floor", "FLOOR_TILES", "STREAM_ROWS", "floor_calls", "measure_floor", "stream_bytes", "stream_calls"]
@@ -114,10 +115,6 @@ def _gather_and_scale(q_ptr, k_ptr, pos_ptr, cache_ptr, map_ptr, tokens, num_q, 
                                tokens, num_k, pos_row_stride, cache_stride, ROW, ROT, ROT_P2, HALF, RUN, BLOCK_TK, BLOCK_HK)
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def stream_bytes(spec: RopeSpec, tokens: int, num_q: int, num_kv: int, elsize: int) -> int:
     """Bytes the channels-only streams move: the rotated channels of q and k, read and written."""
     return 2 * tokens * (num_q + num_kv) * spec.rotary_dim * elsize
@@ -137,10 +134,10 @@ def stream_calls(spec: RopeSpec, query: torch.Tensor, key: torch.Tensor | None) 
     k_rows = key.numel() // d if key is not None else 0
     k = key if key is not None and key.numel() else query
     for block_rows in STREAM_ROWS:
-        grid = (_cdiv(q_rows, block_rows) + _cdiv(k_rows, block_rows),)
+        grid = (cdiv(q_rows, block_rows) + cdiv(k_rows, block_rows),)
         calls[f"rows={block_rows}"] = (
             lambda g=grid, b=block_rows: _scale_rotated_channels[g](
-                query, k, q_rows, k_rows, _SCALE, ROW=d, PREFIX=rot, PREFIX_P2=triton.next_power_of_2(rot), BLOCK_ROWS=b))
+                query, k, q_rows, k_rows, _SCALE, ROW=d, PREFIX=rot, PREFIX_P2=next_power_of_2(rot), BLOCK_ROWS=b))
     return calls
 
 
@@ -169,13 +166,13 @@ def floor_calls(spec: RopeSpec, positions: torch.Tensor, query: torch.Tensor, ke
     run = position_run(spec, cache.stride(0))
     calls = {}
     for block_t, block_h in FLOOR_TILES:
-        block_hk = min(block_h, triton.next_power_of_2(max(1, num_k)))
+        block_hk = min(block_h, next_power_of_2(max(1, num_k)))
         block_tk = block_t * block_h // block_hk
-        grid = (_cdiv(tokens, block_t) * _cdiv(num_q, block_h) + _cdiv(tokens, block_tk) * _cdiv(num_k, block_hk),)
+        grid = (cdiv(tokens, block_t) * cdiv(num_q, block_h) + cdiv(tokens, block_tk) * cdiv(num_k, block_hk),)
         calls[f"tile={block_t}x{block_h}"] = (
             lambda g=grid, bt=block_t, bh=block_h, btk=block_tk, bhk=block_hk: _gather_and_scale[g](
                 query, k, positions, cache, axes, tokens, num_q, num_k, row_stride, cache.stride(0),
-                ROW=d, ROT=rot, ROT_P2=triton.next_power_of_2(rot), HALF=rot // 2, RUN=run,
+                ROW=d, ROT=rot, ROT_P2=next_power_of_2(rot), HALF=rot // 2, RUN=run,
                 BLOCK_T=bt, BLOCK_H=bh, BLOCK_TK=btk, BLOCK_HK=bhk))
     return calls
 
@@ -202,7 +199,8 @@ def measure_floor(spec: RopeSpec, positions: torch.Tensor, num_q: int, num_kv: i
     width_q, width_k = num_q * spec.head_size, num_kv * spec.head_size
     inputs = [(positions.clone(), torch.randn(tokens, width_q, device=device, dtype=dtype),
                torch.randn(tokens, width_k, device=device, dtype=dtype) if num_kv else None) for _ in range(sets)]
-    per_set = [floor_calls(spec, p, q, k, cache) | stream_calls(spec, q, k) for p, q, k in inputs]
+    gathering = [floor_calls(spec, p, q, k, cache) for p, q, k in inputs]
+    per_set = [g | stream_calls(spec, q, k) for g, (_, q, k) in zip(gathering, inputs)]
     timed, eager = {}, {}
     for name in per_set[0]:
         calls = [variants[name] for variants in per_set]
@@ -210,6 +208,5 @@ def measure_floor(spec: RopeSpec, positions: torch.Tensor, num_q: int, num_kv: i
         eager[name] = eager_fn(calls[0])
     best = min(timed, key=lambda name: timed[name][0])
     best_eager = min(eager, key=eager.get)
-    gathering = [name for name in timed if name.startswith("tile=")]
     return Floor(timed[best][0], f"{timed[best][1]}, {best}", eager[best_eager], best_eager,
-                 min(timed[name][0] for name in gathering), min(eager[name] for name in gathering))
+                 min(timed[name][0] for name in gathering[0]), min(eager[name] for name in gathering[0]))
