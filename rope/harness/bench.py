@@ -5,10 +5,11 @@ Rotary embedding is memory bound.  The floor for one call is the bytes it must m
 rotated channels of q and k read and written, one cos and one sin value per frequency per
 token, and the positions.  Each result is reported as time, achieved GB/s over those bytes,
 the fraction of the device's measured copy bandwidth, and the speedup over native eager; on a GPU
-each row also gets its own floor, the fastest of streams that move no more than a rotation must
-(the rotated channels in place, alone or with the positions and cos/sin entries gathered as a
-rotation gathers them) and do nothing else, timed by the same timers (rope.harness.bench_floor),
-and ours is raced in the peers' chain mode (rope.harness.bench.race).  The reports: rope.harness.bench_report.
+each row also gets its own floor, the fastest stream that moves a rotation's bytes in its pattern
+(the rotated channels in place, with the positions read and the cos/sin entries gathered as a
+rotation gathers them) and does nothing else, and beside it the fastest stream over the rotated
+channels alone, timed by the same timers (rope.harness.bench_floor), and ours is raced in the
+peers' chain mode (rope.harness.bench.race).  The reports: rope.harness.bench_report.
 
 Timing on CUDA: CUDA graphs for small sizes (``do_bench_cudagraph``: no Python launch
 overhead); above, input rotation: the call cycles through enough copies of its inputs that one
@@ -85,12 +86,13 @@ class Result:
     host_us: float = math.nan    # the host's time per call, calls back to back (GPU only)
     eager_ms: float = math.nan   # triton.testing.do_bench: launched from Python, the L2 flushed (GPU only)
     copy_eager_ms: float = math.nan   # the same bytes copied, under the same timer (GPU only): the flush's floor
-    floor_ms: float = math.nan        # the row's in-place floor (rope.harness.bench_floor) under the graph /
+    floor_ms: float = math.nan        # the row's same-bytes floor (rope.harness.bench_floor) under the graph /
     floor_how: str = ""               # rotating timer, and its timer and variant (GPU only)
     floor_eager_ms: float = math.nan  # the same floor under the eager timer, and its variant
     floor_eager_how: str = ""
-    gathered_ms: float = math.nan     # the floor's gathering kind alone (the rotation's bytes; bench_floor) under
-    gathered_eager_ms: float = math.nan  # the graph / rotating timer and the eager one (GPU only)
+    channels_ms: float = math.nan     # the fastest stream over the rotated channels alone (fewer bytes;
+    channels_how: str = ""            # bench_floor) under the graph / rotating timer, its variant,
+    channels_eager_ms: float = math.nan  # and under the eager timer (GPU only)
 
 
 # ------------------------------------------------------------------------------------ bytes
@@ -429,7 +431,8 @@ def run(models=None, tokens=None, dtypes=("bfloat16",), device="cuda", extra_imp
                         if floor is not None:
                             r.floor_ms, r.floor_how = floor.ms, floor.how
                             r.floor_eager_ms, r.floor_eager_how = floor.eager_ms, floor.eager_how
-                            r.gathered_ms, r.gathered_eager_ms = floor.gathered_ms, floor.gathered_eager_ms
+                            r.channels_ms, r.channels_how = floor.channels_ms, floor.channels_how
+                            r.channels_eager_ms = floor.channels_eager_ms
                 base = row.get("native")
                 for r in row.values():
                     r.speedup_vs_native = base.ms / r.ms if base and r.ms == r.ms else None
@@ -459,7 +462,7 @@ def race(results: list[Result]) -> list[dict]:
     run has ours without it (``triton-no-pdl``), that is the figure raced (``ours_chain``: "no
     overlap") and the overlapping one is kept beside it (``ours_pdl_ms``).  Where the row's floor was
     measured, ``floor_frac`` is the floor's time over ours (1: ours moves the bytes as fast as a
-    stream that does nothing else), under each timer."""
+    stream that does nothing else), under each timer; ``channels_frac`` the channels-only stream's."""
     out = []
     groups: dict[tuple, list[Result]] = {}
     for r in results:
@@ -482,8 +485,9 @@ def race(results: list[Result]) -> list[dict]:
         if ours.floor_ms == ours.floor_ms:
             row |= {"floor_ms": ours.floor_ms, "floor_how": ours.floor_how, "floor_frac": ours.floor_ms / raced.ms,
                     "copy_frac": raced.frac_copy}
-        if ours.gathered_ms == ours.gathered_ms:
-            row |= {"gathered_ms": ours.gathered_ms, "gathered_frac": ours.gathered_ms / raced.ms}
+        if ours.channels_ms == ours.channels_ms:
+            row |= {"channels_ms": ours.channels_ms, "channels_how": ours.channels_how,
+                    "channels_frac": ours.channels_ms / raced.ms}
         eager = [r for r in peers if r.eager_ms == r.eager_ms]
         if ours.eager_ms == ours.eager_ms and eager:
             best_eager = min(eager, key=lambda r: r.eager_ms)
@@ -498,9 +502,9 @@ def race(results: list[Result]) -> list[dict]:
             if ours.floor_eager_ms == ours.floor_eager_ms:
                 row |= {"floor_eager_ms": ours.floor_eager_ms, "floor_eager_how": ours.floor_eager_how,
                         "floor_eager_frac": ours.floor_eager_ms / ours.eager_ms}
-            if ours.gathered_eager_ms == ours.gathered_eager_ms:
-                row |= {"gathered_eager_ms": ours.gathered_eager_ms,
-                        "gathered_eager_frac": ours.gathered_eager_ms / ours.eager_ms}
+            if ours.channels_eager_ms == ours.channels_eager_ms:
+                row |= {"channels_eager_ms": ours.channels_eager_ms,
+                        "channels_eager_frac": ours.channels_eager_ms / ours.eager_ms}
         out.append(row)
     return out
 

@@ -1,6 +1,6 @@
-"""The floor of a rotation row in ``rope-harness bench``: the fastest of streams that move no more
-than a rotation must, in the pattern it moves them, doing nothing else, timed in the same run by the
-same timers as the contenders.
+"""The floor of a rotation row in ``rope-harness bench``: the fastest stream that moves the bytes a
+rotation moves, in the pattern it moves them, and does nothing else, timed in the same run by the
+same timers as the contenders; and beside it, the fastest stream over the rotated channels alone.
 
 A rotation reads its tokens' positions, gathers for each frequency the cos and sin entries of the
 cache row its position row names, and reads and writes the first ``rotary_dim`` channels of every
@@ -8,23 +8,30 @@ head row of q and k, where they lie.  Where the positions are spread over a long
 benchmark draws them over the model's whole ``max_position``), the gather is not the few bytes it
 counts: each frequency's entries come from the cache row of that frequency's position row, so an
 interleaved map (lanes cycling through three rows) touches three cache rows a token, every 32-byte
-sector of each, and those rows are mostly not in L2.  Two kinds of stream:
+sector of each, and those rows are mostly not in L2.  The streams:
 
-- the rotated channels alone (``stream_calls``): torch's in-place ``mul_`` of q's and k's rotated
+- the same bytes (``same_bytes_calls``), whose fastest variant is the floor:
+
+  - the rotation kernel with its STREAM switch on (``kernel``; ``kernel,block_t=N``: N tokens a
+    program instead of the plan's): the rotation's launch plan, every load and store as the
+    rotation's, each pair (x1, x2) stored back as (x1 * cos, x2 * sin), one multiply an element
+    (rope.triton.rotary.stream_launch), launched without programmatic dependent launch, as the
+    graph timer races ours;
+  - a gathering stream written apart from the rotation (``tile=TxH``): one Triton launch over q's and
+    k's head rows, ``T`` tokens x ``H`` heads a program (the key's programs as many heads as it has,
+    rounded up to a power of two, and proportionally more tokens).  Each program reads its tokens'
+    positions through the spec's map, gathers the cos/sin entry of every rotated channel (channel
+    ``j`` reads the cache column ``j`` of the row named by frequency ``j mod rotary_dim/2``'s
+    position: the entries a rotation reads, for either pairing; runs of channels that share a row as
+    one vector load), and scales each rotated channel in place by its entry;
+
+- the rotated channels alone (``channels_calls``): torch's in-place ``mul_`` of q's and k's rotated
   channels, and a Triton stream over their head rows, ``R`` rows a program (``rows=R``): fewer
-  bytes than a rotation moves (no positions, no cos/sin);
-- gathering (``floor_calls``): one Triton launch over q's and k's head rows, ``T`` tokens x ``H``
-  heads a program (``tile=TxH``; the key's programs as many heads as it has, rounded up to a power
-  of two, and proportionally more tokens).  Each program reads its tokens' positions through the
-  spec's map, gathers the cos/sin entry of every rotated channel (channel ``j`` reads the cache
-  column ``j`` of the row named by frequency ``j mod rotary_dim/2``'s position: the entries a
-  rotation reads, for either pairing; runs of channels that share a row as one vector load), and
-  scales each rotated channel in place by its entry: a rotation's bytes
-  (``rope.harness.bench.rotation_bytes``), one multiply an element.
+  bytes than a rotation moves (no positions, no cos/sin), so faster than any rotation can be where
+  the cache rows it gathers miss L2; reported beside the floor, never as it.
 
-The floor is the fastest variant of either kind (``measure_floor``).  The 1 GiB device copy
-(``rope.harness.bench.copy_bandwidth``) measures the device's bandwidth, not what a stream reaches at
-a row's size; its figure is quoted from 16,384 tokens only.
+The 1 GiB device copy (``rope.harness.bench.copy_bandwidth``) measures the device's bandwidth, not
+what a stream reaches at a row's size; its figure is quoted from 16,384 tokens only.
 """
 
 from __future__ import annotations
@@ -39,12 +46,14 @@ import triton.language as tl
 from rope.cache import axis_table
 from rope.spec import RopeSpec
 from rope.triton.grid import cdiv, next_power_of_2
-from rope.triton.rotary_plan import position_run
+from rope.triton.rotary import launch_signature, stream_launch
+from rope.triton.rotary_plan import default_plan, position_run
 
-__all__ = ["Floor", "FLOOR_TILES", "STREAM_ROWS", "floor_calls", "measure_floor", "stream_bytes", "stream_calls"]
+__all__ = ["CHANNEL_ROWS", "Floor", "GATHER_TILES", "channels_bytes", "channels_calls", "gathering_calls",
+           "kernel_stream_calls", "measure_floor", "same_bytes_calls"]
 
-FLOOR_TILES = ((1, 8), (2, 8), (4, 8), (2, 16))   # (tokens, heads) a program of the gathering variants
-STREAM_ROWS = (16, 32, 64)      # head rows per program of the channels-only stream's variants
+GATHER_TILES = ((1, 8), (2, 8), (2, 16))   # (tokens, heads) a program of the gathering stream's variants
+CHANNEL_ROWS = (16, 32, 64)     # head rows per program of the channels-only stream's variants
 _SCALE = 1.0000001              # the channels-only stream's factor: any, its values are never read
 
 
@@ -115,12 +124,12 @@ def _gather_and_scale(q_ptr, k_ptr, pos_ptr, cache_ptr, map_ptr, tokens, num_q, 
                                tokens, num_k, pos_row_stride, cache_stride, ROW, ROT, ROT_P2, HALF, RUN, BLOCK_TK, BLOCK_HK)
 
 
-def stream_bytes(spec: RopeSpec, tokens: int, num_q: int, num_kv: int, elsize: int) -> int:
+def channels_bytes(spec: RopeSpec, tokens: int, num_q: int, num_kv: int, elsize: int) -> int:
     """Bytes the channels-only streams move: the rotated channels of q and k, read and written."""
     return 2 * tokens * (num_q + num_kv) * spec.rotary_dim * elsize
 
 
-def stream_calls(spec: RopeSpec, query: torch.Tensor, key: torch.Tensor | None) -> dict[str, Callable[[], None]]:
+def channels_calls(spec: RopeSpec, query: torch.Tensor, key: torch.Tensor | None) -> dict[str, Callable[[], None]]:
     """Each variant of the channels-only stream over these q [T, Hq * head_size] and k [T, Hk *
     head_size] (in place), by name."""
     d, rot = spec.head_size, spec.rotary_dim
@@ -133,7 +142,7 @@ def stream_calls(spec: RopeSpec, query: torch.Tensor, key: torch.Tensor | None) 
     q_rows = query.numel() // d
     k_rows = key.numel() // d if key is not None else 0
     k = key if key is not None and key.numel() else query
-    for block_rows in STREAM_ROWS:
+    for block_rows in CHANNEL_ROWS:
         grid = (cdiv(q_rows, block_rows) + cdiv(k_rows, block_rows),)
         calls[f"rows={block_rows}"] = (
             lambda g=grid, b=block_rows: _scale_rotated_channels[g](
@@ -141,8 +150,8 @@ def stream_calls(spec: RopeSpec, query: torch.Tensor, key: torch.Tensor | None) 
     return calls
 
 
-def floor_calls(spec: RopeSpec, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None,
-                cache: torch.Tensor) -> dict[str, Callable[[], None]]:
+def gathering_calls(spec: RopeSpec, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None,
+                    cache: torch.Tensor) -> dict[str, Callable[[], None]]:
     """Each variant of the gathering stream over these inputs, as a rotation takes them (positions
     [T] or [num_dims, T], each in [0, cache rows), q [T, Hq * head_size], k [T, Hk * head_size] or
     None, the cos/sin cache [max_position, rotary_dim]), by name: q and k scaled in place by the
@@ -165,7 +174,7 @@ def floor_calls(spec: RopeSpec, positions: torch.Tensor, query: torch.Tensor, ke
     row_stride = positions.stride(0) if positions.dim() == 2 else 0
     run = position_run(spec, cache.stride(0))
     calls = {}
-    for block_t, block_h in FLOOR_TILES:
+    for block_t, block_h in GATHER_TILES:
         block_hk = min(block_h, next_power_of_2(max(1, num_k)))
         block_tk = block_t * block_h // block_hk
         grid = (cdiv(tokens, block_t) * cdiv(num_q, block_h) + cdiv(tokens, block_tk) * cdiv(num_k, block_hk),)
@@ -177,14 +186,35 @@ def floor_calls(spec: RopeSpec, positions: torch.Tensor, query: torch.Tensor, ke
     return calls
 
 
+def kernel_stream_calls(spec: RopeSpec, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None,
+                        cache: torch.Tensor) -> dict[str, Callable[[], None]]:
+    """The rotation kernel's stream (rope.triton.rotary.stream_launch) over these inputs by name: at
+    the rotation's plan (``kernel``), and with half and twice its tokens a program
+    (``kernel,block_t=N``), q and k scaled in place."""
+    calls = {"kernel": stream_launch(spec, positions, query, key, cache)}      # checks the inputs first
+    block_t = default_plan(*launch_signature(spec, positions, query, key, cache))[1]["BLOCK_T"]
+    for other in (block_t // 2, 2 * block_t):
+        if other >= 1:
+            calls[f"kernel,block_t={other}"] = stream_launch(spec, positions, query, key, cache, block_t=other)
+    return calls
+
+
+def same_bytes_calls(spec: RopeSpec, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None,
+                     cache: torch.Tensor) -> dict[str, Callable[[], None]]:
+    """Every variant of the streams that move a rotation's bytes in its pattern, by name: the kernel's
+    (:func:`kernel_stream_calls`), then the gathering stream's (:func:`gathering_calls`)."""
+    return kernel_stream_calls(spec, positions, query, key, cache) | gathering_calls(spec, positions, query, key, cache)
+
+
 @dataclass(frozen=True)
 class Floor:
-    ms: float              # the floor under the contenders' graph / rotating timer: the fastest variant of either kind
+    ms: float              # the floor under the contenders' graph / rotating timer: the fastest same-bytes variant
     how: str               # that timer's name and the fastest variant
     eager_ms: float        # the floor under the contenders' eager (flushed) timer
     eager_how: str         # the fastest variant there
-    gathered_ms: float     # the fastest gathering variant (the rotation's bytes) under the graph / rotating timer
-    gathered_eager_ms: float  # ... and under the eager timer
+    channels_ms: float     # the fastest channels-only variant (fewer bytes) under the graph / rotating timer
+    channels_how: str      # ... and its name
+    channels_eager_ms: float  # ... under the eager timer
 
 
 def measure_floor(spec: RopeSpec, positions: torch.Tensor, num_q: int, num_kv: int, cache: torch.Tensor,
@@ -192,21 +222,22 @@ def measure_floor(spec: RopeSpec, positions: torch.Tensor, num_q: int, num_kv: i
     """The row's floor: every variant of both kinds over ``sets`` fresh copies of the positions, q
     and k (as many as the contenders rotate through; the cache shared, as theirs is), timed by
     ``time_fn(calls, tokens) -> (ms, how)`` and by ``eager_fn(call) -> ms`` (the contenders' own
-    timers).  The floor under each timer is the fastest variant of either kind: each moves no more
-    than a rotation must, so none is slower than the fastest stream a rotation could be.  The
-    gathering kind's own fastest is kept beside it."""
+    timers).  The floor under each timer is the fastest same-bytes variant; the channels-only
+    kind's fastest is kept beside it."""
     tokens, device = positions.shape[-1], positions.device
     width_q, width_k = num_q * spec.head_size, num_kv * spec.head_size
     inputs = [(positions.clone(), torch.randn(tokens, width_q, device=device, dtype=dtype),
                torch.randn(tokens, width_k, device=device, dtype=dtype) if num_kv else None) for _ in range(sets)]
-    gathering = [floor_calls(spec, p, q, k, cache) for p, q, k in inputs]
-    per_set = [g | stream_calls(spec, q, k) for g, (_, q, k) in zip(gathering, inputs)]
+    same = [same_bytes_calls(spec, p, q, k, cache) for p, q, k in inputs]
+    per_set = [s | channels_calls(spec, q, k) for s, (_, q, k) in zip(same, inputs)]
     timed, eager = {}, {}
     for name in per_set[0]:
         calls = [variants[name] for variants in per_set]
         timed[name] = time_fn(calls, tokens)
         eager[name] = eager_fn(calls[0])
-    best = min(timed, key=lambda name: timed[name][0])
-    best_eager = min(eager, key=eager.get)
-    return Floor(timed[best][0], f"{timed[best][1]}, {best}", eager[best_eager], best_eager,
-                 min(timed[name][0] for name in gathering[0]), min(eager[name] for name in gathering[0]))
+    floor = min(same[0], key=lambda name: timed[name][0])
+    floor_eager = min(same[0], key=eager.get)
+    channels = [name for name in per_set[0] if name not in same[0]]
+    fastest = min(channels, key=lambda name: timed[name][0])
+    return Floor(timed[floor][0], f"{timed[floor][1]}, {floor}", eager[floor_eager], floor_eager,
+                 timed[fastest][0], fastest, min(eager[name] for name in channels))

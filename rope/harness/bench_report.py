@@ -104,14 +104,15 @@ def _frac(r: dict, key: str) -> str:
     return f"{r[key]:.3f}" if key in r else "-"
 
 
-# The floor as measured: both kinds of stream, the gathering kind's own time beside it, or (older
-# runs) the channels alone.
-_BOTH_FLOOR = ("the fastest stream that moves no more than a rotation must and does nothing else "
-               "(`rope/harness/bench_floor.py`; floor / ours of 1: as fast as the floor): either the rotated "
-               "channels of q and k alone, in place (`mul_`, `rows=R`: fewer bytes than a rotation moves), or "
-               "those with the positions read and the cos/sin entries gathered as a rotation gathers them, from "
-               "the cache rows each frequency's position row names (`tile=TxH`: a rotation's bytes); the "
-               "gathering stream's own fastest time in the `gathering` column")
+# The floor as measured: the same-bytes streams, the channels-only stream beside them, or (older
+# runs) the channels-only stream as the floor.
+_SAME_BYTES_FLOOR = ("the fastest stream that moves a rotation's bytes in its pattern and does nothing else "
+                     "(`rope/harness/bench_floor.py`; floor / ours of 1: as fast as the floor): the rotation "
+                     "kernel with its STREAM switch on (`kernel`: the rotation's plan, each pair stored back as "
+                     "x1 * cos, x2 * sin; `kernel,block_t=N`: N tokens a program) or a gathering stream written "
+                     "apart from it (`tile=TxH`); beside it the fastest stream over the rotated channels of q and k "
+                     "alone (`mul_`, `rows=R`), which moves fewer bytes (no positions, no cos/sin) and is never the "
+                     "floor")
 _STREAM_FLOOR = ("the fastest stream that moves the rotated channels of q and k in place and does nothing else "
                  "(`rope/harness/bench_floor.py`; floor / ours of 1: as fast as the stream)")
 
@@ -121,32 +122,35 @@ def floor_race_markdown(data: dict) -> list[str]:
     same way (one chain mode under the graph timer, the flushed timer eagerly), ours against the
     fastest peer and against the floor; the 1 GiB copy quoted from COPY_QUOTED_FROM tokens only."""
     chained = any(r.get("ours_chain") == "no overlap" for r in data["race"])
-    gathered = any("gathered_ms" in r for r in data["race"])
+    same_bytes = any("channels_ms" in r for r in data["race"])
     chain = ("every call of the chain waits for the one before (ours launched without programmatic dependent "
              "launch, as no peer overlaps its calls either; ours with it, its calls overlapping, in the last column)"
              if chained else "every call of the chain waits for the one before")
     lines = ["## Ours against the fastest peer and the floor", "",
              "Under the timer (`cudagraph` up to 256 tokens, `rotating+graph` above), calls back to back: " + chain
              + ".  `triton` (our unchecked launch) against the fastest other contender whose output passed its "
-             "check (below 1 we are faster), and against the row's floor: " + (_BOTH_FLOOR if gathered else _STREAM_FLOOR)
+             "check (below 1 we are faster), and against the row's floor: "
+             + (_SAME_BYTES_FLOOR if same_bytes else _STREAM_FLOOR)
              + ", timed in the same run by the same timer.  The device copy's bandwidth is quoted from "
              f"{COPY_QUOTED_FROM} tokens only, where a stream of this size reaches it.", "",
              "| model | tokens | dtype | ours, no overlap (us) | fastest peer | its time (us) | ours / peer "
-             "| floor (us) | floor variant | floor / ours | " + ("gathering (us) | " if gathered else "")
+             "| floor (us) | floor variant | floor / ours | "
+             + ("channels only (us) | channels / ours | " if same_bytes else "")
              + "% of copy | ours, overlapping (us) |",
-             "|---|---:|---|---:|---|---:|---:|---:|---|---:|" + ("---:|" if gathered else "") + "---:|---:|"]
+             "|---|---:|---|---:|---|---:|---:|---:|---|---:|" + ("---:|---:|" if same_bytes else "") + "---:|---:|"]
     for r in data["race"]:
         copy = f"{100 * r['copy_frac']:.1f}" if "copy_frac" in r and r["tokens"] >= COPY_QUOTED_FROM else "-"
-        gathering = f"{_us(r.get('gathered_ms', math.nan))} | " if gathered else ""
+        channels = (f"{_us(r.get('channels_ms', math.nan))} | {_frac(r, 'channels_frac')} | " if same_bytes else "")
         lines.append(f"| {r['model']} | {r['tokens']} | {r['dtype']} | {_us(r['ours_ms'])} | {r['best_peer']} | "
                      f"{_us(r['best_peer_ms'])} | {r['ratio']:.2f} | {_us(r.get('floor_ms', math.nan))} | "
-                     f"{r.get('floor_how', '-')} | {_frac(r, 'floor_frac')} | {gathering}{copy} | "
+                     f"{r.get('floor_how', '-')} | {_frac(r, 'floor_frac')} | {channels}{copy} | "
                      f"{_us(r.get('ours_pdl_ms', math.nan))} |")
     floor_cells = [("floor (us) | floor variant | floor / ours", "---:|---|---:",
                     lambda r: [_us(r.get("floor_eager_ms", math.nan)), r.get("floor_eager_how", "-"),
                                _frac(r, "floor_eager_frac")])]
-    if gathered:
-        floor_cells.append(("gathering (us)", "---:", lambda r: [_us(r.get("gathered_eager_ms", math.nan))]))
+    if same_bytes:
+        floor_cells.append(("channels only (us) | channels / ours", "---:|---:",
+                            lambda r: [_us(r.get("channels_eager_ms", math.nan)), _frac(r, "channels_eager_frac")]))
     lines += _eager_table(data, "Eager: `triton.testing.do_bench` for every contender and the floor (each call launched "
                           "from Python after its L2 flush, median): ours unchecked against the fastest peer's, and "
                           "against the row's floor under the same timer.", floor_cells)

@@ -1,6 +1,7 @@
 """The entry points of the rotation kernel: ``rotate_triton`` (the registered ``"triton"``
 implementation: checks its inputs, then launches), ``launch_rotary`` (the launch alone, every
-launch option exposed) and ``bare_launch`` (the benchmark's yardstick of the host path).
+launch option exposed), ``bare_launch`` (the benchmark's yardstick of the host path) and
+``stream_launch`` (the kernel's loads and stores without the rotation: the benchmark's floor).
 
 The kernel itself is rope/triton/rotary_kernel.py; what a launch runs (grid, tile, constexprs, the
 kernel's arguments), computed from the shapes alone, is rope/triton/rotary_plan.py, whose defaults
@@ -24,7 +25,8 @@ from rope.triton.rotary_plan import (EVICT_FIRST_TOKENS, FEW_TOKENS, KEY_HEAD_BL
 from rope.triton.rotary_kernel import rotary_kernel as _rotary_kernel
 from rope.triton.targets import launch_target
 
-__all__ = ["SUPPORTED_DTYPES", "bare_launch", "launch_rotary", "launch_signature", "rotate_triton", "supports",
+__all__ = ["SUPPORTED_DTYPES", "bare_launch", "launch_rotary", "launch_signature", "rotate_triton", "stream_launch",
+           "supports",
            # the plan's token bands the benchmark reads (rope.harness.bench), from rope/triton/rotary_plan.py
            "ONE_WAVE_TOKENS", "PDL_MAX_TOKENS"]
 
@@ -108,6 +110,29 @@ def bare_launch(spec: RopeSpec, positions, query, key, cos_sin_cache):
     def call():
         if signature[1]:                # tokens
             _rotary_kernel[grid](*args, **constexprs)
+        return query, key
+    return call
+
+
+def stream_launch(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block_t: int | None = None):
+    """The kernel's same-bytes stream over these inputs (validated as a rotation's) as a function of
+    no arguments: the launch of the rotation's plan without programmatic dependent launch (as the
+    benchmark's graph timer races ours), ``block_t`` tokens a program where given, with the kernel's
+    STREAM switch on: every position, cos/sin entry and rotated channel the rotation reads, read
+    alike, and each pair (x1, x2) stored back as (x1 * cos, x2 * sin).  The benchmark's floor
+    (rope.harness.bench_floor).  Returns (query, key) per call, scaled in place."""
+    _check_inputs(spec, positions, query, key, cos_sin_cache)
+    if (cos_sin_cache.stride(1) != 1 or positions.stride(-1) != 1 or query.stride(-1) != 1
+            or (key is not None and key.stride(-1) != 1)):
+        raise ValueError("stream_launch: positions, query, key and cos_sin_cache need unit-stride columns")
+    signature = launch_signature(spec, positions, query, key, cos_sin_cache)
+    grid, constexprs = plan(*signature, block_t=block_t, pdl=False, stream=True)
+    args = kernel_arguments(signature, positions, query, key, cos_sin_cache, None, constexprs["MAP_TABLE"])
+    plan_key = (signature, "stream", block_t)
+
+    def call():
+        if signature[1]:                # tokens
+            launch(_rotary_kernel, grid, args, constexprs, plan_key)
         return query, key
     return call
 

@@ -76,17 +76,22 @@ def _load_tile(row_ptrs, token_ok, heads, num_heads, head_size, freq, half,
 def _rotate_store_tile(row_ptrs, token_ok, heads, num_heads, head_size, freq, half, x1, x2, cos, sin,
                        IS_NEOX: tl.constexpr, ROUND_BF16: tl.constexpr,
                        BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr, EVICT: tl.constexpr,
-                       INVERSE: tl.constexpr):
+                       INVERSE: tl.constexpr, STREAM: tl.constexpr):
     """Rotate the loaded pairs in fp32 (cos/sin: [BLOCK_T, 1 or BLOCK_H, BLOCK_F]) and store them in place,
-    under the same masks as :func:`_load_tile`.  INVERSE: by -θ (the sine negated)."""
+    under the same masks as :func:`_load_tile`.  INVERSE: by -θ (the sine negated).  STREAM: no
+    rotation: x1 scaled by cos and x2 by sin (one multiply an element; the benchmark's floor)."""
     c = cos     # [BLOCK_T, 1 or BLOCK_H, BLOCK_F]
     s = sin
     if INVERSE:
         s = -sin
     x1 = x1.to(tl.float32)
     x2 = x2.to(tl.float32)
-    o1 = x1 * c - x2 * s
-    o2 = x2 * c + x1 * s
+    if STREAM:
+        o1 = x1 * c
+        o2 = x2 * s
+    else:
+        o1 = x1 * c - x2 * s
+        o2 = x2 * c + x1 * s
     out_ty = row_ptrs.dtype.element_ty
     head_base = row_ptrs[:, None, None] + heads[None, :, None] * head_size
     row_ok = token_ok[:, None, None] & (heads[None, :, None] < num_heads)
@@ -282,7 +287,8 @@ def _rotate_tile(x_ptr, x_stride, token, heads, x_heads, cache_ptr, cache_row_st
                  ROUND_BF16: tl.constexpr,
                  BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr, POS_RUN: tl.constexpr,
                  GATHER_3D: tl.constexpr, QK_EVICT: tl.constexpr, CACHE_I64: tl.constexpr, PDL: tl.constexpr,
-                 EARLY_POSITIONS: tl.constexpr, SPECULATE: tl.constexpr, INVERSE: tl.constexpr):
+                 EARLY_POSITIONS: tl.constexpr, SPECULATE: tl.constexpr, INVERSE: tl.constexpr,
+                 STREAM: tl.constexpr):
     """Rotate the given tokens [BLOCK_T] (int64) x heads [BLOCK_H] of one tensor in place (the key-head
     branch of _rotary_kernel, whose two arms differ in tile shape; its default path writes this body out)."""
     freq = tl.arange(0, BLOCK_F)
@@ -296,7 +302,7 @@ def _rotate_tile(x_ptr, x_stride, token, heads, x_heads, cache_ptr, cache_row_st
                                BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN, GATHER_3D, CACHE_I64, SPECULATE)
     # Rotate and store: NeoX pairs (i, i + half), GPT-J pairs (2i, 2i + 1).
     _rotate_store_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half, x1, x2, cos, sin,
-                       IS_NEOX, ROUND_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT, INVERSE)
+                       IS_NEOX, ROUND_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT, INVERSE, STREAM)
 
 
 # Head counts, sections, the token count and the positions row stride vary per call but do not
@@ -312,7 +318,7 @@ def _rotary_kernel(
     SPLIT_QK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr,
     POS_RUN: tl.constexpr, GATHER_3D: tl.constexpr, PDL: tl.constexpr, QK_EVICT: tl.constexpr,
     HEADS_FASTEST: tl.constexpr, BLOCK_HK: tl.constexpr, CACHE_I64: tl.constexpr, EARLY_POSITIONS: tl.constexpr,
-    SPECULATE: tl.constexpr, INVERSE: tl.constexpr,
+    SPECULATE: tl.constexpr, INVERSE: tl.constexpr, STREAM: tl.constexpr,
 ):
     # PDL (launched with programmatic dependent launch): wait for the previous kernel in the stream
     # to finish and flush before reading anything (positions, the cache and q/k may all be its
@@ -340,6 +346,8 @@ def _rotary_kernel(
     # MAP_TABLE: the lanes' rows are read from map_ptr (every map but chunked and interleaved).
     # INVERSE: every pair is rotated by -θ (the sine negated at the rotation, nothing else changes):
     # the backward of the rotation, run on the upstream gradient in place of q and k.
+    # STREAM: no rotation, every load and store as the rotation's (the benchmark's same-bytes floor:
+    # rope/harness/bench_floor.py): x1 scaled by its cos, x2 by its sin.
     # HEADS_FASTEST: a 1-D grid whose consecutive programs take the head blocks of one token block
     # (programs in flight then cover a contiguous band of rows, walked once), else a 2-D grid
     # (token blocks fastest: each head block sweeps the whole tensor).
@@ -365,7 +373,7 @@ def _rotary_kernel(
                          cache_ptr, cache_row_stride, cache_rows, pos_ptr, guess_ptr, map_ptr, pos_row_stride, num_tokens,
                          head_size, half, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, MAP_TABLE, IS_NEOX, ROUND_BF16,
                          BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN, GATHER_3D, QK_EVICT, CACHE_I64, PDL, EARLY_POSITIONS,
-                         SPECULATE, INVERSE)
+                         SPECULATE, INVERSE, STREAM)
         else:
             _rotate_tile(k_ptr, k_row_stride,
                          group.to(tl.int64) * (R * BLOCK_T) + tl.arange(0, R * BLOCK_T),
@@ -373,7 +381,7 @@ def _rotary_kernel(
                          cache_ptr, cache_row_stride, cache_rows, pos_ptr, guess_ptr, map_ptr, pos_row_stride, num_tokens,
                          head_size, half, sec0, sec1, sec2, NUM_DIMS, INTERLEAVED, MAP_TABLE, IS_NEOX, ROUND_BF16,
                          R * BLOCK_T, BLOCK_HK, BLOCK_F, POS_RUN, GATHER_3D, QK_EVICT, CACHE_I64, PDL,
-                         EARLY_POSITIONS, SPECULATE, INVERSE)
+                         EARLY_POSITIONS, SPECULATE, INVERSE, STREAM)
     else:
         if HEADS_FASTEST:
             if SPLIT_QK:
@@ -414,14 +422,14 @@ def _rotary_kernel(
                                    MAP_TABLE, BLOCK_T, BLOCK_H, BLOCK_F, POS_RUN, GATHER_3D, CACHE_I64, SPECULATE)
         # Rotate and store: NeoX pairs (i, i + half), GPT-J pairs (2i, 2i + 1).
         _rotate_store_tile(x_rows, token_ok, heads, x_heads, head_size, freq, half, x1, x2, cos, sin,
-                           IS_NEOX, ROUND_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT, INVERSE)
+                           IS_NEOX, ROUND_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT, INVERSE, STREAM)
         if not SPLIT_QK and HAS_KEY:
             # The same tokens' heads of k, with the same cos/sin.
             k_rows = k_ptr + token * k_row_stride
             y1, y2 = _load_tile(k_rows, token_ok, heads, num_kv_heads, head_size, freq, half,
                                 IS_NEOX, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT)
             _rotate_store_tile(k_rows, token_ok, heads, num_kv_heads, head_size, freq, half, y1, y2, cos, sin,
-                               IS_NEOX, ROUND_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT, INVERSE)
+                               IS_NEOX, ROUND_BF16, BLOCK_T, BLOCK_H, BLOCK_F, QK_EVICT, INVERSE, STREAM)
 
 
 # The public names: the kernel the entry points launch (rope/triton/rotary.py), and the lanes' position

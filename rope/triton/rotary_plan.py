@@ -143,10 +143,12 @@ def plan(spec: RopeSpec, num_tokens: int, num_q: int, num_k: int, has_key: bool,
           cache_rows: int, cache_row_stride: int, target, block_h=None, num_warps=None, block_t=None, split_qk=None,
           gather_3d=None, pdl=None, evict_first=None, heads_fastest=None, bf16_rounding=None, block_hk=None,
           cache_offsets_64=None, speculate_positions=None, positions_before_wait: bool = False,
-          inverse: bool = False):
+          inverse: bool = False, stream: bool = False):
     """(grid, constexprs and compile options) of a launch: every option the caller left None takes
     its default (docs/launch-defaults.md), computed from the shapes alone.  ``inverse``: the rotation
-    by -θ (the backward), the same plan with the kernel's INVERSE switch on."""
+    by -θ (the backward), the same plan with the kernel's INVERSE switch on.  ``stream``: the same
+    plan with the STREAM switch on: the rotation's loads and stores, no rotation (the benchmark's
+    floor, rope.triton.rotary.stream_launch)."""
     if bf16_rounding is None:
         bf16_rounding = "convert" if target.compiled else "by_hand"
     block_f = lane_block(spec)
@@ -190,7 +192,8 @@ def plan(spec: RopeSpec, num_tokens: int, num_q: int, num_k: int, has_key: bool,
         SPLIT_QK=split_qk, BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_F=block_f,
         POS_RUN=pos_run, GATHER_3D=gather_3d, PDL=pdl, QK_EVICT="evict_first" if evict_first else "",
         HEADS_FASTEST=bool(heads_fastest), BLOCK_HK=block_hk, CACHE_I64=bool(cache_offsets_64),
-        EARLY_POSITIONS=bool(positions_before_wait), SPECULATE=speculate, INVERSE=bool(inverse), **extra,
+        EARLY_POSITIONS=bool(positions_before_wait), SPECULATE=speculate, INVERSE=bool(inverse), STREAM=bool(stream),
+        **extra,
     )
     return grid, constexprs
 

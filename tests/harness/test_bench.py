@@ -216,49 +216,52 @@ def test_the_race_times_ours_in_the_peers_chain_mode_and_against_the_floor():
     assert bad["ours_ms"] == 0.009 and "ours_chain" not in bad
 
 
-def test_the_race_shows_the_gathering_stream_beside_the_floor():
-    # Where the run measured both kinds of stream, the floor is the fastest of either (here a
-    # channels-only variant), and the gathering kind's own time stands beside it in its own column
-    # under each timer; the report says which is which.
+def test_the_race_shows_the_channels_only_stream_beside_the_same_bytes_floor():
+    # Where the run measured both kinds of stream, the floor is the same-bytes stream and the
+    # channels-only stream (fewer bytes) stands beside it in its own columns under each timer, with
+    # its ratio to ours; the report says which is which.
     import math
-    ours = dict(checked="ok", eager_ms=0.0108, host_us=20.0, floor_ms=0.0094, floor_how="rotating+graph, rows=16",
-                floor_eager_ms=0.0099, floor_eager_how="mul_", gathered_ms=0.0106, gathered_eager_ms=0.0112)
+    ours = dict(checked="ok", eager_ms=0.0108, host_us=20.0, floor_ms=0.0097, floor_how="rotating+graph, kernel",
+                floor_eager_ms=0.0104, floor_eager_how="kernel,block_t=4", channels_ms=0.0090, channels_how="rows=16",
+                channels_eager_ms=0.0095)
     results = [bench.Result("rotation", "triton-no-pdl", "m", 4096, "bfloat16", 0.010, 1000, 1.0, 0.8, ours=True,
                             **ours),
                bench.Result("rotation", "triton", "m", 4096, "bfloat16", 0.010, 1000, 1.0, 0.8, ours=True, **ours),
                bench.Result("rotation", "peer", "m", 4096, "bfloat16", 0.012, 1000, 1.0, 0.7, checked="ok",
                             eager_ms=0.013, host_us=30.0)]
     (race,) = bench.race(results)
-    assert math.isclose(race["floor_frac"], 0.94) and math.isclose(race["gathered_frac"], 1.06)
-    assert math.isclose(race["floor_eager_frac"], 0.0099 / 0.0108)
-    assert math.isclose(race["gathered_eager_frac"], 0.0112 / 0.0108)
+    assert math.isclose(race["floor_frac"], 0.97) and math.isclose(race["channels_frac"], 0.90)
+    assert race["channels_how"] == "rows=16"
+    assert math.isclose(race["floor_eager_frac"], 0.0104 / 0.0108)
+    assert math.isclose(race["channels_eager_frac"], 0.0095 / 0.0108)
     md = "\n".join(bench_report.race_markdown({"race": [race], "device": "cuda"}))
-    assert "moves no more than a rotation must" in md and "`gathering` column" in md
-    assert "| floor / ours | gathering (us) | % of copy |" in md
-    assert "| 9.4 | rotating+graph, rows=16 | 0.940 | 10.6 | - |" in md
-    assert "| m | 4096 | 10.8 | 9.9 | mul_ | 0.917 | 11.2 | peer |" in md
-    # A run without the gathering kind (older reports) renders its own layout, as written then.
-    for key in ("gathered_ms", "gathered_frac", "gathered_eager_ms", "gathered_eager_frac"):
+    assert "moves a rotation's bytes in its pattern" in md and "is never the floor" in md
+    assert "| floor / ours | channels only (us) | channels / ours | % of copy |" in md
+    assert "| 9.7 | rotating+graph, kernel | 0.970 | 9.0 | 0.900 | - |" in md
+    assert "| m | 4096 | 10.8 | 10.4 | kernel,block_t=4 | 0.963 | 9.5 | 0.880 | peer |" in md
+    # A run whose floor was the channels-only stream (older reports) renders its own layout, as written then.
+    for key in ("channels_ms", "channels_how", "channels_frac", "channels_eager_ms", "channels_eager_frac"):
         race.pop(key)
     md = "\n".join(bench_report.race_markdown({"race": [race], "device": "cuda"}))
-    assert "gathering" not in md and "moves the rotated channels of q and k in place and does nothing else" in md
+    assert "channels only" not in md and "moves the rotated channels of q and k in place and does nothing else" in md
 
 
-def test_the_floor_is_the_fastest_stream_of_either_kind(monkeypatch):
-    # A floor is a lower bound only if nothing that moves no more than a rotation must beats it: the
-    # floor under each timer is the fastest variant of both kinds (the channels alone, the gathering
-    # tiles), and the gathering kind's own fastest is kept beside it.  Timers faked, variants stubbed.
+def test_the_floor_is_the_fastest_same_bytes_stream_never_the_channels_only_one(monkeypatch):
+    # The floor moves what a rotation moves: under each timer it is the fastest same-bytes variant
+    # (the kernel's stream, the gathering tiles), even where a channels-only variant, which moves
+    # fewer bytes, is faster; the channels-only kind's fastest is kept beside it.  Timers faked,
+    # variants stubbed.
     from rope.harness import bench_floor
-    monkeypatch.setattr(bench_floor, "floor_calls", lambda spec, p, q, k, cache: {"tile=1x8": 1, "tile=2x8": 2})
-    monkeypatch.setattr(bench_floor, "stream_calls", lambda spec, q, k: {"mul_": 3, "rows=16": 4})
-    graph = {1: 0.012, 2: 0.011, 3: 0.013, 4: 0.010}       # rows=16 fastest under the graph timer
-    eager = {1: 0.014, 2: 0.020, 3: 0.016, 4: 0.015}       # tile=1x8 fastest eagerly
+    monkeypatch.setattr(bench_floor, "same_bytes_calls", lambda spec, p, q, k, cache: {"kernel": 1, "tile=2x8": 2})
+    monkeypatch.setattr(bench_floor, "channels_calls", lambda spec, q, k: {"mul_": 3, "rows=16": 4})
+    graph = {1: 0.012, 2: 0.011, 3: 0.013, 4: 0.010}       # rows=16 fastest, tile=2x8 the fastest same-bytes one
+    eager = {1: 0.014, 2: 0.020, 3: 0.016, 4: 0.015}       # kernel fastest eagerly
     spec = get_model("qwen2-7b").spec
     floor = bench_floor.measure_floor(spec, torch.zeros(5, dtype=torch.long), 2, 1, torch.zeros(8, spec.rotary_dim),
                                       torch.float32, 2, lambda calls, tokens: (graph[calls[0]], "rotating+graph"),
                                       lambda call: eager[call])
-    assert (floor.ms, floor.how, floor.eager_ms, floor.eager_how) == (0.010, "rotating+graph, rows=16", 0.014, "tile=1x8")
-    assert (floor.gathered_ms, floor.gathered_eager_ms) == (0.011, 0.014)
+    assert (floor.ms, floor.how, floor.eager_ms, floor.eager_how) == (0.011, "rotating+graph, tile=2x8", 0.014, "kernel")
+    assert (floor.channels_ms, floor.channels_how, floor.channels_eager_ms) == (0.010, "rows=16", 0.015)
 
 
 def _floor_device():
@@ -273,25 +276,25 @@ def test_every_channels_only_stream_moves_the_rotated_channels_in_place_and_noth
     # The channels-only streams touch the rotated channels a rotation touches: the first rotary_dim
     # channels of every head row of q and k (GLM-4.1V: 64 of 128), in place; the pass-through
     # channels stay.
-    from rope.harness.bench_floor import STREAM_ROWS, stream_bytes, stream_calls
+    from rope.harness.bench_floor import CHANNEL_ROWS, channels_bytes, channels_calls
     device = _floor_device()
     spec = get_model(model).spec
     tokens, num_q, num_kv = 5, 3, 1
-    assert stream_bytes(spec, tokens, num_q, num_kv, 4) == 2 * tokens * 4 * spec.rotary_dim * 4
+    assert channels_bytes(spec, tokens, num_q, num_kv, 4) == 2 * tokens * 4 * spec.rotary_dim * 4
     gen = torch.Generator().manual_seed(0)
     q0 = torch.randn(tokens, num_q * spec.head_size, generator=gen).to(device)
     k0 = torch.randn(tokens, num_kv * spec.head_size, generator=gen).to(device)
-    names = list(stream_calls(spec, q0.clone(), k0.clone()))
+    names = list(channels_calls(spec, q0.clone(), k0.clone()))
     for name in names:
         q, k = q0.clone(), k0.clone()
-        stream_calls(spec, q, k)[name]()
+        channels_calls(spec, q, k)[name]()
         for before, after in ((q0, q), (k0, k)):
             b = before.view(tokens, -1, spec.head_size)
             a = after.view(tokens, -1, spec.head_size)
             torch.testing.assert_close(a[..., :spec.rotary_dim], b[..., :spec.rotary_dim] * 1.0000001)
             assert torch.equal(a[..., spec.rotary_dim:], b[..., spec.rotary_dim:]), name
             assert not torch.equal(a[..., :spec.rotary_dim], b[..., :spec.rotary_dim]), name
-    assert names == ["mul_", *(f"rows={r}" for r in STREAM_ROWS)]
+    assert names == ["mul_", *(f"rows={r}" for r in CHANNEL_ROWS)]
 
 
 @pytest.mark.parametrize("model, num_q, num_kv", [
@@ -302,10 +305,12 @@ def test_every_channels_only_stream_moves_the_rotated_channels_in_place_and_noth
     ("qwen2-7b", 3, 0),             # 1-D positions, no key
 ])
 def test_every_floor_variant_reads_the_entries_a_rotation_reads_and_rewrites_the_rotated_channels(model, num_q, num_kv):
-    # The floor moves a rotation's bytes: each rotated channel j of token t is scaled in place by
-    # column j of the cache row named by the position of frequency (j mod rotary_dim/2)'s row (the
-    # cos, then the sin, a rotation of that frequency reads), whatever the map; nothing else changes.
-    from rope.harness.bench_floor import FLOOR_TILES, floor_calls
+    # The floor moves a rotation's bytes: each rotated channel is scaled in place by an entry of the
+    # cache row named by the position of its frequency's row, whatever the map; nothing else
+    # changes.  The gathering tiles scale channel j by column j (frequency j mod rotary_dim/2's cos,
+    # then its sin); the kernel's stream scales each pair as the rotation pairs it (NeoX (i, i +
+    # half), GPT-J (2i, 2i + 1)): x1 by frequency i's cos, x2 by its sin.
+    from rope.harness.bench_floor import GATHER_TILES, same_bytes_calls
     device = _floor_device()
     spec = get_model(model).spec
     tokens, rows, d, rot = 7, 48, spec.head_size, spec.rotary_dim
@@ -317,33 +322,44 @@ def test_every_floor_variant_reads_the_entries_a_rotation_reads_and_rewrites_the
     k0 = torch.randn(tokens, num_kv * d, generator=gen).to(device) if num_kv else None
     axis = torch.tensor(spec.axis_map() * 2)                              # channel j -> frequency j mod rot/2's row
     entries = cache.cpu()[positions.cpu().view(spec.num_dims, tokens)[axis].T, torch.arange(rot)]   # [T, rot]
-    names = list(floor_calls(spec, positions, q0.clone(), k0.clone() if num_kv else None, cache))
-    assert names == [f"tile={t}x{h}" for t, h in FLOOR_TILES]
+    half = rot // 2
+    pairs = torch.arange(half)
+    x1, x2 = (pairs, pairs + half) if spec.is_neox_style else (2 * pairs, 2 * pairs + 1)
+    paired = torch.empty_like(entries)                                    # the kernel's factor of each channel
+    paired[:, x1], paired[:, x2] = entries[:, :half], entries[:, half:]
+    names = list(same_bytes_calls(spec, positions, q0.clone(), k0.clone() if num_kv else None, cache))
+    assert names[0] == "kernel" and all(n.startswith("kernel,block_t=") for n in names[1:-len(GATHER_TILES)])
+    assert names[-len(GATHER_TILES):] == [f"tile={t}x{h}" for t, h in GATHER_TILES]
+    assert not spec.is_neox_style or torch.equal(paired, entries)
     for name in names:
         q = q0.clone()
         k = k0.clone() if num_kv else None
-        floor_calls(spec, positions, q, k, cache)[name]()
+        same_bytes_calls(spec, positions, q, k, cache)[name]()
+        factor = entries if name.startswith("tile=") else paired
         for before, after in ((q0, q), (k0, k)):
             if before is None:
                 continue
             b = before.cpu().view(tokens, -1, d)
             a = after.cpu().view(tokens, -1, d)
-            torch.testing.assert_close(a[..., :rot], b[..., :rot] * entries[:, None, :], msg=name)
+            torch.testing.assert_close(a[..., :rot], b[..., :rot] * factor[:, None, :], msg=name)
             assert torch.equal(a[..., rot:], b[..., rot:]), name
 
 
 def test_the_floor_refuses_positions_it_cannot_read():
-    from rope.harness.bench_floor import floor_calls
+    # Both same-bytes kinds refuse them: the kernel's stream by the rotation's own checks (the values
+    # among them on the CPU), the gathering stream by its own on any device.
+    from rope.harness.bench_floor import gathering_calls, same_bytes_calls
     spec = get_model("qwen2.5-vl-72b").spec
     q = torch.zeros(4, spec.head_size)
     cache = torch.zeros(8, spec.rotary_dim)
-    with pytest.raises(ValueError, match="positions"):
-        floor_calls(spec, torch.zeros(4, dtype=torch.long), q, None, cache)          # 1 row for a 3-row map
-    with pytest.raises(ValueError, match="positions"):
-        floor_calls(spec, torch.zeros(4, 3, dtype=torch.long).T, q, None, cache)     # strided rows
-    with pytest.raises(ValueError, match="cache"):
-        floor_calls(spec, torch.zeros(3, 4, dtype=torch.long), q, None, cache[:, :4])
-    with pytest.raises(ValueError, match="positions: range"):
-        floor_calls(spec, torch.full((3, 4), 8, dtype=torch.long), q, None, cache)      # row 8 of 8 rows
-    with pytest.raises(ValueError, match="positions: range"):
-        floor_calls(spec, torch.full((3, 4), -1, dtype=torch.long), q, None, cache)
+    for calls in (same_bytes_calls, gathering_calls):
+        with pytest.raises(ValueError, match="positions"):
+            calls(spec, torch.zeros(4, dtype=torch.long), q, None, cache)          # 1 row for a 3-row map
+        with pytest.raises(ValueError, match="positions"):
+            calls(spec, torch.zeros(4, 3, dtype=torch.long).T, q, None, cache)     # strided rows
+        with pytest.raises(ValueError, match="cache"):
+            calls(spec, torch.zeros(3, 4, dtype=torch.long), q, None, cache[:, :4])
+        with pytest.raises(ValueError, match="positions"):
+            calls(spec, torch.full((3, 4), 8, dtype=torch.long), q, None, cache)      # row 8 of 8 rows
+        with pytest.raises(ValueError, match="positions"):
+            calls(spec, torch.full((3, 4), -1, dtype=torch.long), q, None, cache)
