@@ -426,6 +426,11 @@ def run(models=None, tokens=None, dtypes=("bfloat16",), device="cuda", extra_imp
                     except Exception as exc:       # recorded, the row goes on without a floor ('-' in the report)
                         progress(f"  {key} {t:>6} floor: error {type(exc).__name__}: {exc}")
                         floor = None
+                    else:
+                        progress(f"  {key:<16} {t:>6} floor {floor.ms * 1e3:9.1f} us ({floor.how}), eager "
+                                 f"{floor.eager_ms * 1e3:.1f} us ({floor.eager_how}); channels only "
+                                 f"{floor.channels_ms * 1e3:.1f} us ({floor.channels_how}), eager "
+                                 f"{floor.channels_eager_ms * 1e3:.1f} us")
                     for r in row.values():
                         r.copy_eager_ms = copy_eager
                         if floor is not None:
