@@ -363,3 +363,32 @@ def test_the_floor_refuses_positions_it_cannot_read():
             calls(spec, torch.full((3, 4), 8, dtype=torch.long), q, None, cache)      # row 8 of 8 rows
         with pytest.raises(ValueError, match="positions"):
             calls(spec, torch.full((3, 4), -1, dtype=torch.long), q, None, cache)
+
+
+@pytest.mark.parametrize("model, tokens", [("qwen2.5-vl-72b", 4096), ("qwen3-vl-8b", 4096), ("glm-4.1v-9b", 16384),
+                                           ("hunyuan-ocr", 4096), ("qwen2-7b", 65536)])
+def test_the_kernels_stream_is_the_rotations_launch_with_the_rotation_switched_off(model, tokens):
+    # The floor's `kernel` variant moves a rotation's bytes in its pattern only if it is the very
+    # launch the raced `triton-no-pdl` makes: the same grid, arguments and constexprs (tile, gather,
+    # eviction hint, key programs), PDL off, the STREAM switch on and nothing else changed.
+    # Launches recorded for an H100/H200 (sm_90), the kernel intercepted.
+    from rope.triton import rotary
+    from rope.triton.rotary import launch_rotary, stream_launch
+    from tests.kernels.compile_offline import record_launches
+    device = _floor_device()
+    spec = get_model(model).spec
+    num_q, num_kv = get_model(model).sharded(1)
+    positions = torch.zeros((spec.num_dims, tokens) if spec.num_dims > 1 else (tokens,), dtype=torch.long,
+                            device=device)
+    q = torch.zeros(tokens, num_q * spec.head_size, dtype=torch.bfloat16, device=device)
+    k = torch.zeros(tokens, num_kv * spec.head_size, dtype=torch.bfloat16, device=device)
+    cache = torch.zeros(spec.max_position, spec.rotary_dim, dtype=torch.bfloat16, device=device)
+    (_, grid, args, raced), = record_launches(rotary, "_rotary_kernel",
+                                              lambda: launch_rotary(spec, positions, q, k, cache, pdl=False))
+    (_, stream_grid, stream_args, stream), = record_launches(rotary, "_rotary_kernel",
+                                                             lambda: stream_launch(spec, positions, q, k, cache)())
+    assert stream_grid == grid and len(stream_args) == len(args)
+    assert all(a is b or a == b for a, b in zip(stream_args, args))
+    assert raced["STREAM"] is False and stream["STREAM"] is True and not stream["PDL"]
+    assert {name: value for name, value in stream.items() if name != "STREAM"} == \
+        {name: value for name, value in raced.items() if name != "STREAM"}
