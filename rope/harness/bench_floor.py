@@ -46,8 +46,8 @@ import triton.language as tl
 from rope.cache import axis_table
 from rope.spec import RopeSpec
 from rope.triton.grid import cdiv, next_power_of_2
-from rope.triton.rotary import launch_signature, stream_launch
-from rope.triton.rotary_plan import default_plan, position_run
+from rope.triton.rotary import stream_launch
+from rope.triton.rotary_plan import position_run
 
 __all__ = ["CHANNEL_ROWS", "Floor", "GATHER_TILES", "channels_bytes", "channels_calls", "gathering_calls",
            "kernel_stream_calls", "measure_floor", "same_bytes_calls"]
@@ -191,8 +191,8 @@ def kernel_stream_calls(spec: RopeSpec, positions: torch.Tensor, query: torch.Te
     """The rotation kernel's stream (rope.triton.rotary.stream_launch) over these inputs by name: at
     the rotation's plan (``kernel``), and with half and twice its tokens a program
     (``kernel,block_t=N``), q and k scaled in place."""
-    calls = {"kernel": stream_launch(spec, positions, query, key, cache)}      # checks the inputs first
-    block_t = default_plan(*launch_signature(spec, positions, query, key, cache))[1]["BLOCK_T"]
+    calls = {"kernel": stream_launch(spec, positions, query, key, cache)}
+    block_t = calls["kernel"].block_t
     for other in (block_t // 2, 2 * block_t):
         if other >= 1:
             calls[f"kernel,block_t={other}"] = stream_launch(spec, positions, query, key, cache, block_t=other)

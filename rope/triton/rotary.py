@@ -120,7 +120,8 @@ def stream_launch(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
     benchmark's graph timer races ours), ``block_t`` tokens a program where given, with the kernel's
     STREAM switch on: every position, cos/sin entry and rotated channel the rotation reads, read
     alike, and each pair (x1, x2) stored back as (x1 * cos, x2 * sin).  The benchmark's floor
-    (rope.harness.bench_floor).  Returns (query, key) per call, scaled in place."""
+    (rope.harness.bench_floor).  Returns (query, key) per call, scaled in place; the function's
+    ``block_t`` is the tokens a program its plan took."""
     _check_inputs(spec, positions, query, key, cos_sin_cache)
     if (cos_sin_cache.stride(1) != 1 or positions.stride(-1) != 1 or query.stride(-1) != 1
             or (key is not None and key.stride(-1) != 1)):
@@ -134,6 +135,7 @@ def stream_launch(spec: RopeSpec, positions, query, key, cos_sin_cache, *, block
         if signature[1]:                # tokens
             launch(_rotary_kernel, grid, args, constexprs, plan_key)
         return query, key
+    call.block_t = constexprs["BLOCK_T"]
     return call
 
 

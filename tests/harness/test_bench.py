@@ -385,10 +385,12 @@ def test_the_kernels_stream_is_the_rotations_launch_with_the_rotation_switched_o
     cache = torch.zeros(spec.max_position, spec.rotary_dim, dtype=torch.bfloat16, device=device)
     (_, grid, args, raced), = record_launches(rotary, "_rotary_kernel",
                                               lambda: launch_rotary(spec, positions, q, k, cache, pdl=False))
-    (_, stream_grid, stream_args, stream), = record_launches(rotary, "_rotary_kernel",
-                                                             lambda: stream_launch(spec, positions, q, k, cache)())
+    launched = []
+    (_, stream_grid, stream_args, stream), = record_launches(
+        rotary, "_rotary_kernel", lambda: launched.append(stream_launch(spec, positions, q, k, cache)) or launched[0]())
     assert stream_grid == grid and len(stream_args) == len(args)
     assert all(a is b or a == b for a, b in zip(stream_args, args))
     assert raced["STREAM"] is False and stream["STREAM"] is True and not stream["PDL"]
+    assert launched[0].block_t == stream["BLOCK_T"]            # the tile the floor's block_t variants halve and double
     assert {name: value for name, value in stream.items() if name != "STREAM"} == \
         {name: value for name, value in raced.items() if name != "STREAM"}
